@@ -1,0 +1,1 @@
+"""attnmetrics: does a model's attention explain its decision?"""

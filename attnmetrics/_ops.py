@@ -1,0 +1,79 @@
+"""Builds the C++ extension once per process and registers the ops' fake impls.
+
+The sources ship inside the package (``attnmetrics/csrc``) and are compiled on first
+use by ``torch.utils.cpp_extension.load`` (ninja). The build is cached in
+``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), so later processes
+only load the shared library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from torch.utils import cpp_extension
+
+_CSRC = Path(__file__).resolve().parent / "csrc"
+_loaded = False
+
+
+def _sources() -> list[str]:
+    return [str(_CSRC / "ops.cpp")] + sorted(str(p) for p in (_CSRC / "cpu").glob("*.cpp"))
+
+
+def load() -> None:
+    """Compile (first time) and load the extension; idempotent."""
+    global _loaded
+    if _loaded:
+        return
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        raise RuntimeError(
+            "attnmetrics needs a C++ compiler to build its kernels on first use: "
+            f"no '{os.environ.get('CXX', 'c++')}' on PATH (install g++, or set CXX)."
+        )
+    cpp_extension.load(
+        name="attnmetrics_C",
+        sources=_sources(),
+        extra_include_paths=[str(_CSRC)],
+        # -fopenmp turns at::parallel_for into a real parallel loop.
+        extra_cflags=["-O3", "-fopenmp", "-std=c++17"],
+        extra_ldflags=["-fopenmp"],
+        is_python_module=False,
+        verbose=os.environ.get("ATTNMETRICS_VERBOSE_BUILD") == "1",
+    )
+    _loaded = True
+
+
+load()
+ops = torch.ops.attnmetrics
+
+
+# Fake impls: shapes and dtypes only, so torch.compile can trace through the ops.
+
+@torch.library.register_fake("attnmetrics::tvd")
+def _tvd_fake(p, q):
+    return p.new_empty(p.shape[:-1])
+
+
+@torch.library.register_fake("attnmetrics::jsd")
+def _jsd_fake(p, q):
+    return p.new_empty(p.shape[:-1])
+
+
+@torch.library.register_fake("attnmetrics::kendall_tau")
+def _kendall_tau_fake(x, y, lengths):
+    return x.new_empty(x.shape[:1]), x.new_empty(x.shape[:1])
+
+
+@torch.library.register_fake("attnmetrics::flip_search_linear")
+def _flip_search_linear_fake(attention, projected, bias, order, lengths):
+    b = attention.shape[:1]
+    return attention.new_empty(b, dtype=torch.int64), attention.new_empty(b)
+
+
+@torch.library.register_fake("attnmetrics::renormalised_contexts")
+def _renormalised_contexts_fake(attention, values, order, lengths, offsets):
+    n = torch.library.get_ctx().new_dynamic_size()
+    return values.new_empty(n, values.shape[-1])

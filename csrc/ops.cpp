@@ -1,0 +1,32 @@
+// Op schemas, registered once. Back ends live in cpu/ (and cuda/) and register
+// their impls under TORCH_LIBRARY_IMPL(attnmetrics, <key>, m).
+// Going through the dispatcher keeps every op visible to torch.compile; the
+// fake (meta) impls are registered in Python (attnmetrics/_ops.py).
+#include <torch/library.h>
+
+TORCH_LIBRARY(attnmetrics, m) {
+  // Distances between distributions along the last dim of contiguous [N, K]
+  // inputs: TVD = 1/2 sum |p - q|; JSD in nats (0 log 0 = 0). Returns [N].
+  m.def("tvd(Tensor p, Tensor q) -> Tensor");
+  m.def("jsd(Tensor p, Tensor q) -> Tensor");
+
+  // Kendall tau-b and its two-sided p-value (scipy.stats.kendalltau defaults)
+  // over each row's valid prefix: x, y [B, T] float, lengths [B] int64.
+  m.def("kendall_tau(Tensor x, Tensor y, Tensor lengths) -> (Tensor, Tensor)");
+
+  // Flip search with a linear decoder, closed form on projected values
+  // (S&S 2019, sec. 4). attention [B, T], projected [B, T, C] = values @ W.T,
+  // bias [C], order [B, T] int64 (removal order; first lengths[b] entries are a
+  // permutation of 0..lengths[b]-1), lengths [B] int64.
+  // Returns removed [B] int64 (-1: never flips) and removed_mass [B] (NaN: never).
+  m.def("flip_search_linear(Tensor attention, Tensor projected, Tensor bias, "
+        "Tensor order, Tensor lengths) -> (Tensor, Tensor)");
+
+  // Every renormalised context of every row, for a general decoder:
+  // attention [B, T], values [B, T, H], order [B, T] int64, lengths [B] int64,
+  // offsets [B] int64 (exclusive cumsum of lengths). Returns [sum(lengths), H];
+  // row b's block k (k = 0 .. L-1) is the context after removing the first k
+  // items of its order, renormalised (zero when the remaining mass is 0).
+  m.def("renormalised_contexts(Tensor attention, Tensor values, Tensor order, "
+        "Tensor lengths, Tensor offsets) -> Tensor");
+}
