@@ -22,6 +22,7 @@ setup(
         "ninja",
         "matplotlib",
         "tqdm",
+        "tabulate",
     ],
     extras_require={"test": ["pytest", "pytest-benchmark", "hypothesis"]},
     entry_points={"console_scripts": ["attnmetrics = attnmetrics_models.cli:main"]},
