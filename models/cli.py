@@ -1,0 +1,226 @@
+"""``attnmetrics``: train an attention classifier on real data, run the faithfulness battery,
+write a report.
+
+    attnmetrics run --dataset mr --out runs/mr-lstm            # train + experiments + report
+    attnmetrics run --dataset sst --data-dir ../shared/data/sst
+    attnmetrics train --dataset sst --data-dir DIR --out runs/sst-model
+    attnmetrics evaluate runs/sst-model --out runs/sst-eval      # experiments on a saved model
+    attnmetrics report runs/sst-lstm                             # re-render report.md and figures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy
+import torch
+
+import attnmetrics
+from attnmetrics.io import run_folder, write_json_atomic
+from attnmetrics.report import render
+from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
+from attnmetrics_models.data import DATASETS, load_dataset
+from attnmetrics_models.experiments import DEFAULT_ORDERS, run_battery
+from attnmetrics_models.text import Vocabulary, glove_matrix
+from attnmetrics_models.training import (
+    TrainConfig,
+    evaluate,
+    load_checkpoint,
+    save_checkpoint,
+    train,
+    train_config_dict,
+)
+
+CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.json
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", choices=DATASETS, default="mr", help="dataset (default: mr, the SST stand-in)")
+    p.add_argument("--data-dir", type=Path, help="folder with the dataset's files (sst: train.txt, dev.txt, test.txt)")
+    p.add_argument("--limit", type=int, help="use only the first N examples of each split (quick runs)")
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--embeddings", choices=("glove", "random"), default="glove",
+                   help="initialise embeddings from GloVe 6B 50-d (default) or at random")
+    p.add_argument("--embed-dim", type=int, default=300, help="embedding size with --embeddings random")
+    p.add_argument("--hidden-size", type=int, default=128, help="LSTM units per direction")
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=1e-5)
+
+
+def _add_battery_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--orders", nargs="+", default=list(DEFAULT_ORDERS),
+                   choices=("attention", "reverse", "random", "gradient", "attn_grad", "sign_grad_attn"),
+                   help="removal orderings for the flip search")
+    p.add_argument("--random-samples", type=int, default=1, help="random permutations per instance")
+    p.add_argument("--never-flipped", choices=("nan", "one"), default="nan",
+                   help="fraction for rows that never flip: NaN and left out (S&S), or 1.0 (Mohankumar et al.)")
+
+
+def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> None:
+    p.add_argument("--out", type=Path, required=out_required, help="run folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnmetrics", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train a model, run every experiment, write a report")
+    tr = sub.add_parser("train", help="train a model and save it in a run folder")
+    ev = sub.add_parser("evaluate", help="run the experiments on a saved model")
+    ev.add_argument("model_run", type=Path, help="run folder written by 'train' or 'run'")
+    for p in (run, tr):
+        _add_data_args(p)
+        _add_train_args(p)
+    for p in (run, ev):
+        _add_battery_args(p)
+    _add_common_args(run)
+    _add_common_args(tr)
+    _add_common_args(ev, out_required=True)
+    ev.add_argument("--data-dir", type=Path, help="dataset folder, if not the one the model was trained with")
+    ev.add_argument("--limit", type=int, help="use only the first N test examples")
+    rep = sub.add_parser("report", help="re-render report.md and the figures from a run's results.json")
+    rep.add_argument("run_dir", type=Path)
+    return parser
+
+
+def _environment(seed: int) -> dict:
+    return {
+        "seed": seed,
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "versions": {
+            "attnmetrics": attnmetrics.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+        },
+        "machine": platform.platform(),
+    }
+
+
+def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int):
+    splits = load_dataset(dataset, data_dir=data_dir, seed=seed)
+    if limit:
+        splits = type(splits)(splits.name, splits.classes, splits.train[:limit], splits.dev[:limit],
+                              splits.test[:limit], splits.info)
+    print(splits.summary(), file=sys.stderr)
+    return splits
+
+
+def _train(args, results: dict):
+    splits = _load_data(args.dataset, args.data_dir, args.limit, args.seed)
+    vocab = Vocabulary.build(text for text, _ in splits.train)
+    embeddings, embed_dim = None, args.embed_dim
+    if args.embeddings == "glove":
+        embeddings, found = glove_matrix(vocab, seed=args.seed)
+        embed_dim = embeddings.shape[1]
+        results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
+    classes = len(splits.classes)
+    config = ModelConfig(vocab_size=len(vocab), embed_dim=embed_dim, hidden_size=args.hidden_size,
+                         num_classes=1 if classes == 2 else classes)
+    torch.manual_seed(args.seed)
+    model = AttentionClassifier(config, embeddings)
+    tconf = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                        weight_decay=args.weight_decay, seed=args.seed, progress=not args.no_progress)
+    train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
+    result = train(model, train_data, dev_data, tconf)
+    results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes(),
+                           vocabulary=len(vocab), info=splits.info)
+    results["model"] = config.to_dict()
+    results["training"] = {"config": train_config_dict(tconf), "best_epoch": result.best_epoch,
+                           "best_dev": result.best_dev, "history": result.history}
+    results["wall_time_s"]["training"] = result.seconds
+    return model, vocab, splits
+
+
+def _battery(args, model, vocab, splits, results: dict) -> None:
+    test = vocab.encode_split(splits.test)
+    results["test"] = evaluate(model, test)
+    never = float("nan") if args.never_flipped == "nan" else 1.0
+    t0 = time.perf_counter()
+    batches = ((b.tokens, b.lengths) for b in test.batches(256))
+    summary, instances = run_battery(model, batches, splits.classes, orders=args.orders, seed=args.seed,
+                                     random_samples=args.random_samples, never_flipped=never,
+                                     progress=not args.no_progress)
+    results["wall_time_s"]["experiments"] = time.perf_counter() - t0
+    results.update(summary)
+    results["instances"] = instances
+    results["conventions"] = {
+        "special_tokens": "<SOS>/<EOS> masked out of attention; statistics over real tokens only",
+        "renormalisation": "L1 over the remaining attention weights",
+        "flip_ties": "equal scores removed lower index first",
+        "flip_denominator": "number of real tokens (attention items)",
+        "flip_max_removed": "L - 1 (the last item is never removed)",
+        "never_flipped": "NaN, left out of fraction statistics" if args.never_flipped == "nan"
+        else "fraction 1.0 (Mohankumar et al. 2020)",
+        "gradient_importance": "J&W: |grad x input| summed over classes, attention detached, L1-normalised",
+        "kendall": "tau-b, two-sided p as scipy.stats.kendalltau defaults",
+    }
+
+
+def _finish(results: dict, folder: Path, start: float) -> None:
+    results["wall_time_s"]["total"] = time.perf_counter() - start
+    write_json_atomic(folder / "results.json", results)
+    render(results, folder)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    if args.command == "report":
+        results = json.loads((args.run_dir / "results.json").read_text())
+        print(render(results, args.run_dir))
+        return 0
+
+    start = time.perf_counter()
+    results = {"command": args.command, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+               **_environment(args.seed), "data": {}, "wall_time_s": {}}
+    if args.command in ("run", "train") and args.out is None:
+        args.out = Path("runs") / f"{args.dataset}-lstm"
+    try:
+        with run_folder(args.out, args.overwrite) as folder:
+            if args.command == "evaluate":
+                ckpt = load_checkpoint(args.model_run / CHECKPOINT)
+                saved = ckpt.extra
+                data_dir = args.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
+                splits = _load_data(saved["dataset"], data_dir, args.limit, saved.get("seed", 0))
+                results["config"]["dataset"] = saved["dataset"]
+                results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
+                results["model"] = ckpt.model.config.to_dict()
+                model, vocab = ckpt.model, ckpt.vocab
+            else:
+                torch.use_deterministic_algorithms(True)
+                model, vocab, splits = _train(args, results)
+                data_dir = str(args.data_dir.resolve()) if args.data_dir else None
+                save_checkpoint(folder / CHECKPOINT, model, vocab,
+                                extra={"dataset": args.dataset, "data_dir": data_dir, "seed": args.seed})
+            if args.command == "train":
+                results["test"] = evaluate(model, vocab.encode_split(splits.test))
+            else:
+                _battery(args, model, vocab, splits, results)
+            _finish(results, folder, start)
+    except FileExistsError as e:
+        print(f"attnmetrics: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out / 'report.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

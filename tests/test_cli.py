@@ -1,0 +1,68 @@
+"""The command line end to end on a slice of the real SST (skipped when the treebank is absent)."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from attnmetrics_models.cli import main
+
+SST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sst"
+pytestmark = pytest.mark.skipif(not (SST / "train.txt").is_file(), reason="real SST not found beside the project")
+
+QUICK = ["--dataset", "sst", "--data-dir", str(SST), "--limit", "160", "--epochs", "1", "--embeddings", "random",
+         "--embed-dim", "24", "--hidden-size", "16", "--no-progress", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "sst"
+    assert main(["run", *QUICK, "--out", str(out)]) == 0
+    return out
+
+
+def test_run_writes_a_complete_report(run_dir):
+    names = {p.name for p in run_dir.iterdir()}
+    assert {"results.json", "report.md", "flip_fraction.png", "kendall_tau.png", "model"} <= names
+    assert not [n for n in names if n.startswith(".")]  # no temporaries left
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["data"]["sizes"] == {"train": 160, "dev": 160, "test": 160}
+    assert results["seed"] == 0 and results["versions"]["torch"]
+    for metric in ("accuracy", "f1", "roc_auc"):
+        key = metric if metric in results["test"] else "macro_f1"
+        assert 0 <= results["test"][key] <= 1
+    assert set(results["flip"]) == {"attention", "random", "gradient", "attn_grad", "reverse"}
+    for name, s in results["flip"].items():
+        assert s["rows"] == 160
+        assert math.isclose(s["flipped_rate"] + s["never_flipped_rate"], 1.0)
+        if s["fraction"]["n"]:
+            assert 0 < s["fraction"]["mean"] <= 1
+        fractions = [f for f in results["instances"]["flip_fraction"][name] if f is not None]
+        assert all(0 < f < 1 for f in fractions)
+    tau = results["kendall"]["attention vs gradient"]["overall"]
+    assert -1 <= tau["mean"] <= 1 and 0 <= tau["significant"] <= 1
+    assert tau["n"] + tau["undefined"] == 160
+    report = (run_dir / "report.md").read_text()
+    assert "Decision flip" in report and "Kendall" in report
+
+
+def test_run_refuses_to_overwrite(run_dir, capsys):
+    before = (run_dir / "results.json").read_text()
+    assert main(["run", *QUICK, "--out", str(run_dir)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (run_dir / "results.json").read_text() == before
+
+
+def test_report_rerenders_from_results(run_dir):
+    (run_dir / "report.md").unlink()
+    assert main(["report", str(run_dir)]) == 0
+    assert "Kendall" in (run_dir / "report.md").read_text()
+
+
+def test_evaluate_a_saved_model(run_dir, tmp_path):
+    out = tmp_path / "eval"
+    assert main(["evaluate", str(run_dir), "--out", str(out), "--limit", "40", "--orders", "attention",
+                 "--no-progress"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["flip"]) == {"attention"} and results["flip"]["attention"]["rows"] == 40
