@@ -155,7 +155,7 @@ def render(results: dict, folder: str | Path) -> Path:
         t = results["test"]
         lines += [
             tabulate(
-                [[_fmt(t.get("accuracy")), _fmt(t.get("f1")), _fmt(t.get("roc_auc")), results.get("training", {}).get("best_epoch", "–")]],
+                [[_fmt(t.get("accuracy")), _fmt(t.get("macro_f1")), _fmt(t.get("roc_auc")), results.get("training", {}).get("best_epoch", "–")]],
                 headers=["test accuracy", "macro F1", "ROC-AUC", "best epoch"],
                 tablefmt="github",
             ),
