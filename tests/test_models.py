@@ -1,0 +1,217 @@
+"""The attention classifier, its training loop, metrics and checkpoints."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from attnmetrics_models.classifier import AttentionClassifier, ModelConfig, real_token_mask
+from attnmetrics_models.data import load_sst
+from attnmetrics_models.text import EncodedSplit, Vocabulary, collate
+from attnmetrics_models.training import (
+    TrainConfig,
+    classification_metrics,
+    evaluate,
+    load_checkpoint,
+    loss_fn,
+    make_optimizer,
+    predict,
+    roc_auc,
+    save_checkpoint,
+    seed_everything,
+    train,
+)
+
+SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst"))
+needs_sst = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason=f"SST not found at {SST_DIR}")
+
+
+def small_model(num_classes: int = 1, vocab_size: int = 30, seed: int = 0) -> AttentionClassifier:
+    torch.manual_seed(seed)
+    return AttentionClassifier(ModelConfig(vocab_size, embed_dim=8, hidden_size=6, num_classes=num_classes)).eval()
+
+
+def ragged_batch(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    rows = [[2] + torch.randint(4, 30, (n,), generator=g).tolist() + [3] for n in (5, 1, 9, 3)]
+    return rows, *collate(rows)
+
+
+def test_implements_the_protocol():
+    model = small_model()
+    assert (model.lead, model.trail) == (1, 1)
+    assert isinstance(model.decoder, nn.Linear) and model.decoder.in_features == 12
+    try:
+        from attnmetrics.protocol import AttentionClassifier as Protocol
+    except Exception as exc:  # the library's import builds its C++ extension
+        pytest.skip(f"attnmetrics not importable here: {exc}")
+    assert isinstance(model, Protocol)
+
+
+def test_real_token_mask():
+    mask = real_token_mask(torch.tensor([4, 2, 3]), 5)
+    assert mask.tolist() == [
+        [False, True, True, False, False],
+        [False, False, False, False, False],
+        [False, True, False, False, False],
+    ]
+
+
+@pytest.mark.parametrize("num_classes", [1, 3])
+def test_attention_masks_specials_and_padding(num_classes):
+    model = small_model(num_classes)
+    _, tokens, lengths = ragged_batch()
+    logits, attention = model(tokens, lengths)
+    assert logits.shape == (4, num_classes) and attention.shape == tokens.shape
+    real = real_token_mask(lengths, tokens.shape[1])
+    assert torch.all(attention[~real] == 0)  # exactly zero at <SOS>, <EOS> and padding
+    assert torch.allclose(attention.sum(1), torch.ones(4), atol=1e-6)
+    assert torch.all(attention[real] > 0)
+    hidden = model.encode(model.embed(tokens), lengths)
+    pad = torch.arange(tokens.shape[1]) >= lengths[:, None]
+    assert torch.all(hidden[pad] == 0)
+    assert torch.equal(model.attend(hidden, lengths), attention)
+
+
+def test_padded_batch_equals_rows_alone():
+    model = small_model()
+    rows, tokens, lengths = ragged_batch(1)
+    logits, attention = model(tokens, lengths)
+    for i, row in enumerate(rows):
+        alone_logits, alone_attention = model(*collate([row]))
+        assert torch.allclose(logits[i], alone_logits[0], atol=1e-6)
+        assert torch.allclose(attention[i, : len(row)], alone_attention[0], atol=1e-6)
+
+
+def test_imposed_attention():
+    model = small_model()
+    _, tokens, lengths = ragged_batch(2)
+    logits, attention = model(tokens, lengths)
+    same, _ = model(tokens, lengths, attention=attention)
+    assert torch.allclose(same, logits)
+    real = real_token_mask(lengths, tokens.shape[1]).float()
+    uniform = real / real.sum(1, keepdim=True)
+    imposed, used = model(tokens, lengths, attention=uniform)
+    assert used is uniform and not torch.allclose(imposed, logits)
+    hidden = model.encode(model.embed(tokens), lengths)
+    expected = model.decoder((uniform.unsqueeze(-1) * hidden).sum(1))
+    assert torch.allclose(imposed, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="imposed attention"):
+        model(tokens, lengths, attention=uniform[:, :-1])
+
+
+def test_pretrained_embeddings_and_bad_config():
+    weights = torch.randn(30, 8)
+    model = AttentionClassifier(ModelConfig(30, embed_dim=8, hidden_size=6), weights)
+    assert torch.equal(model.embedding.weight[1:], weights[1:]) and torch.all(model.embedding.weight[0] == 0)
+    with pytest.raises(ValueError, match="embeddings must be"):
+        AttentionClassifier(ModelConfig(30, embed_dim=8), torch.randn(30, 9))
+    with pytest.raises(ValueError, match="unknown encoder"):
+        AttentionClassifier(ModelConfig(30, encoder="cnn"))
+
+
+def test_weight_decay_spares_attention():
+    model = small_model()
+    decayed, free = make_optimizer(model, TrainConfig()).param_groups
+    assert decayed["weight_decay"] == 1e-5 and free["weight_decay"] == 0.0
+    assert {id(p) for p in free["params"]} == {id(p) for p in model.attention.parameters()}
+    assert len(decayed["params"]) + len(free["params"]) == len(list(model.parameters()))
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def test_roc_auc_against_pair_counting():
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 5, 40).astype(float)  # many ties
+    labels = rng.integers(0, 2, 40).astype(bool)
+    pairs = [(1.0 if p > n else 0.5 if p == n else 0.0) for p, n in itertools.product(scores[labels], scores[~labels])]
+    assert roc_auc(scores, labels) == pytest.approx(np.mean(pairs))
+    assert np.isnan(roc_auc(scores, np.ones(40, bool)))
+
+
+def test_classification_metrics():
+    logits = torch.tensor([[2.0], [-1.0], [0.0], [3.0]])  # decisions 1, 0, 0 (p = 0.5 -> 0), 1
+    m = classification_metrics(logits, torch.tensor([1, 0, 1, 0]))
+    assert m["accuracy"] == 0.5
+    assert m["macro_f1"] == pytest.approx(0.5)  # both classes: tp 1, fp 1, fn 1
+    assert m["roc_auc"] == pytest.approx(0.5)
+    three = classification_metrics(torch.eye(3).repeat(2, 1), torch.tensor([0, 1, 2, 0, 1, 2]))
+    assert three == {"accuracy": 1.0, "macro_f1": 1.0, "roc_auc": 1.0}
+
+
+def test_predict_keeps_split_order():
+    model = small_model()
+    rows, tokens, lengths = ragged_batch(3)
+    split = EncodedSplit(rows, [0, 1, 0, 1])
+    shuffled = list(split.batches(3, shuffle=True, generator=torch.Generator().manual_seed(0)))
+    p = predict(model, shuffled)
+    logits, attention = model(tokens, lengths)
+    assert torch.allclose(p.logits, logits, atol=1e-6) and torch.allclose(p.attention, attention, atol=1e-6)
+    assert p.lengths.tolist() == lengths.tolist() and p.labels.tolist() == [0, 1, 0, 1]
+    assert set(evaluate(model, split)) == {"accuracy", "macro_f1", "roc_auc", "loss"}
+
+
+# --------------------------------------------------------------------------- training on real data
+
+
+@pytest.fixture(scope="module")
+def sst_slice():
+    if not (SST_DIR / "train.txt").is_file():
+        pytest.skip(f"SST not found at {SST_DIR}")
+    splits = load_sst(SST_DIR)
+    vocab = Vocabulary.build([t for t, _ in splits.train[:400]])
+    return vocab, vocab.encode_split(splits.train[:400]), vocab.encode_split(splits.dev[:100])
+
+
+def fresh(vocab, seed=0):
+    seed_everything(seed)
+    return AttentionClassifier(ModelConfig(len(vocab), embed_dim=32, hidden_size=16))
+
+
+def test_one_epoch_lowers_loss_and_is_deterministic(sst_slice):
+    vocab, tr, dv = sst_slice
+    config = TrainConfig(epochs=1, progress=False)
+    model = fresh(vocab)
+    before = evaluate(model, tr)["loss"]
+    result = train(model, tr, dv, config)
+    assert evaluate(model, tr)["loss"] < before
+    assert result.best_epoch == 1 and len(result.history) == 1
+
+    again = fresh(vocab)
+    train(again, tr, dv, config)
+    assert torch.equal(predict(model, dv).logits, predict(again, dv).logits)
+
+
+def test_keeps_best_dev_epoch_and_checkpoint_round_trip(sst_slice, tmp_path):
+    vocab, tr, dv = sst_slice
+    model = fresh(vocab, seed=1)
+    config = TrainConfig(epochs=2, progress=False, seed=1)
+    result = train(model, tr.subset(200), dv, config)
+    best = max(result.history, key=lambda h: h["dev_roc_auc"])
+    assert result.best_epoch == best["epoch"]
+    assert evaluate(model, dv)["roc_auc"] == pytest.approx(result.best_dev["roc_auc"])
+
+    save_checkpoint(tmp_path / "ckpt", model, vocab, extra={"train": {"epochs": 2}})
+    loaded, loaded_vocab, extra = load_checkpoint(tmp_path / "ckpt")
+    assert loaded.config == model.config and loaded_vocab.itos == vocab.itos and extra == {"train": {"epochs": 2}}
+    assert torch.equal(predict(loaded, dv).logits, predict(model, dv).logits)
+    with pytest.raises(FileNotFoundError, match="not a checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_multiclass_training_step():
+    model = small_model(num_classes=3)
+    _, tokens, lengths = ragged_batch()
+    labels = torch.tensor([0, 1, 2, 1])
+    logits, _ = model(tokens, lengths)
+    loss = loss_fn(logits, labels)
+    assert loss.shape == () and torch.isfinite(loss)
+    loss.backward()
+    assert model.attention.proj.weight.grad is not None
