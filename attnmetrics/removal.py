@@ -290,6 +290,8 @@ def _first_flip(decisions: Tensor, lengths: Tensor) -> Tensor:
 
 def _removed_mass(attention: Tensor, order: Tensor, removed: Tensor) -> Tensor:
     """Sum of the first ``removed`` weights in order (double accumulation); NaN if -1."""
+    if attention.shape[1] == 0:  # nothing to remove: no row flips
+        return attention.new_full(removed.shape, math.nan)
     cum = torch.cumsum(attention.gather(1, order), 1, dtype=torch.float64)
     at = cum.gather(1, (removed - 1).clamp(min=0)[:, None]).squeeze(1)
     return torch.where(removed > 0, at, math.nan).to(attention.dtype)
