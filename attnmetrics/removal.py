@@ -79,10 +79,19 @@ def _check_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> 
     return lengths
 
 
+def _is_plain_linear(decoder) -> bool:
+    """An nn.Linear whose call is exactly x @ W.T + b: no overridden forward, no hooks."""
+    return (
+        isinstance(decoder, nn.Linear)
+        and type(decoder).forward is nn.Linear.forward
+        and not (decoder._forward_hooks or decoder._forward_pre_hooks)
+    )
+
+
 def _check_decoder(decoder, values: Tensor) -> None:
     if not callable(decoder):
         raise TypeError(f"decoder must be callable [N, H] -> [N, C], got {type(decoder).__name__}")
-    if isinstance(decoder, nn.Linear):
+    if _is_plain_linear(decoder):
         h = values.shape[2]
         if decoder.in_features != h:
             raise ValueError(
@@ -143,11 +152,10 @@ def removal_order(scores: Tensor, lengths: Tensor | None = None) -> Tensor:
     mask = valid_mask(lengths, width)
     if scores.is_floating_point() and torch.isnan(scores).logical_and(mask).any():
         raise ValueError("scores contain NaN on a row's valid prefix")
-    # A stable descending sort keeps equal scores in index order; a second stable sort
-    # on "is padding" moves padding behind the prefix without disturbing either group.
-    by_score = torch.sort(scores, dim=1, descending=True, stable=True).indices
-    padding = (~mask).gather(1, by_score).to(torch.uint8)
-    return by_score.gather(1, torch.sort(padding, dim=1, stable=True).indices)
+    # A stable descending sort keeps equal scores in index order. Padding gets the lowest
+    # value: a valid score equal to it still sorts first, its index being below L.
+    lowest = -math.inf if scores.is_floating_point() else torch.iinfo(scores.dtype).min
+    return torch.sort(scores.masked_fill(~mask, lowest), dim=1, descending=True, stable=True).indices
 
 
 def random_scores(batch: int, width: int, generator: torch.Generator | None = None,
@@ -390,13 +398,15 @@ def flip_fraction(attention: Tensor, values: Tensor, decoder: Decoder,
             or not finite.
 
     Example:
-        >>> torch.manual_seed(0)  # doctest: +ELLIPSIS
-        <torch._C.Generator object at ...>
-        >>> att = torch.softmax(torch.randn(4, 6, dtype=torch.float64), 1)
-        >>> dec = torch.nn.Linear(8, 2).double()
-        >>> res = flip_fraction(att, torch.randn(4, 6, 8, dtype=torch.float64), dec)
-        >>> res.removed.shape, res.removed.dtype
-        (torch.Size([4]), torch.int64)
+        The top item alone pulls the context to class 1; removing it flips the decision.
+
+        >>> att = torch.tensor([[0.6, 0.3, 0.1]], dtype=torch.float64)
+        >>> values = torch.tensor([[[0.0, 5.0], [1.0, 0.0], [1.0, 0.0]]], dtype=torch.float64)
+        >>> dec = torch.nn.Linear(2, 2, bias=False).double()
+        >>> _ = dec.weight.data.copy_(torch.eye(2))
+        >>> res = flip_fraction(att, values, dec)
+        >>> res.removed, res.fraction, res.mass
+        (tensor([1]), tensor([0.3333], dtype=torch.float64), tensor([0.6000], dtype=torch.float64))
     """
     lengths = _check_inputs(attention, values, lengths)
     _check_decoder(decoder, values)
@@ -411,7 +421,7 @@ def flip_fraction(attention: Tensor, values: Tensor, decoder: Decoder,
     batch, width, _ = values.shape
 
     with torch.no_grad():
-        linear = isinstance(decoder, nn.Linear)
+        linear = _is_plain_linear(decoder)
         if linear:
             projected = _project(values, decoder, lengths, budget)
             bias = decoder.bias.detach() if decoder.bias is not None else projected.new_zeros(projected.shape[2])

@@ -268,6 +268,15 @@ def test_closed_form_equals_general_path(classes):
         assert closed.flipped.sum() > 10
 
 
+def test_linear_with_a_hook_is_called_as_is():
+    # a hook changes what the Linear computes: the closed form must not bypass it
+    att, values, lengths = batch(b=30, t=10, seed=53)
+    lin = linear(6, 2)
+    lin.register_forward_hook(lambda mod, inp, out: out.flip(1))
+    got = flip_fraction(att, values, lin, lengths)
+    assert_same(got, flip_fraction_reference(att, values, lin, lengths))
+
+
 @pytest.mark.parametrize("kind", ["linear", "mlp", "lambda"])
 def test_any_memory_budget_same_answer(kind):
     att, values, lengths = batch(b=50, t=14, h=6, seed=23)
