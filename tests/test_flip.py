@@ -272,9 +272,11 @@ def test_linear_with_a_hook_is_called_as_is():
     # a hook changes what the Linear computes: the closed form must not bypass it
     att, values, lengths = batch(b=30, t=10, seed=53)
     lin = linear(6, 2)
-    lin.register_forward_hook(lambda mod, inp, out: out.flip(1))
+    plain = flip_fraction(att, values, lin, lengths)
+    lin.register_forward_hook(lambda mod, inp, out: out * torch.tensor([1.0, -1.0], dtype=F64))
     got = flip_fraction(att, values, lin, lengths)
     assert_same(got, flip_fraction_reference(att, values, lin, lengths))
+    assert not torch.equal(got.removed, plain.removed)
 
 
 @pytest.mark.parametrize("kind", ["linear", "mlp", "lambda"])
