@@ -10,3 +10,137 @@ from __future__ import annotations
 # ---- distances and rank correlation (J&W 2019) -------------------------------------------
 
 # ---- removal and flip search (S&S 2019) ----------------------------------------------------
+
+import math  # noqa: E402  (imports kept inside this section)
+
+import torch  # noqa: E402
+
+from attnmetrics.outputs import decision, output_distribution  # noqa: E402
+from attnmetrics.removal import FlipResult  # noqa: E402
+
+
+def _flip_result(removed, lengths, mass, dtype):
+    removed = torch.as_tensor(removed, dtype=torch.int64)
+    lengths = torch.as_tensor(lengths, dtype=torch.int64)
+    flipped = removed >= 0
+    fraction = torch.where(flipped, removed.to(dtype) / lengths.to(dtype), math.nan)
+    return FlipResult(removed, fraction, flipped, torch.as_tensor(mass, dtype=torch.float64).to(dtype))
+
+
+def _reference_scores(order, attention, values, decoder, lengths):
+    """[B, T] scores of an order, the gradient ones by autograd on each row's attention."""
+    if not isinstance(order, str):
+        return order
+    if order == "attention":
+        return attention
+    if order == "reverse":
+        return -attention
+    if order not in ("gradient", "attn_grad", "sign_grad_attn"):
+        raise ValueError(f"reference order must be a score tensor or a deterministic name, got {order!r}")
+    grad = torch.zeros_like(attention)
+    for b in range(attention.shape[0]):
+        n = int(lengths[b])
+        if n == 0:
+            continue
+        with torch.enable_grad():
+            alpha = attention[b, :n].detach().clone().requires_grad_(True)
+            context = (alpha[:, None] * values[b, :n].detach()).sum(0)
+            logits = decoder(context[None])
+            y = int(decision(logits.detach())[0])
+            (g,) = torch.autograd.grad(output_distribution(logits)[0, y], alpha)
+        grad[b, :n] = g
+    if order == "gradient":
+        return grad
+    if order == "attn_grad":
+        return attention * grad
+    return torch.sign(grad) * attention
+
+
+def flip_fraction_reference(attention, values, decoder, lengths, order="attention"):
+    """S&S 2019 flip search, one row and one removal step at a time (DESIGN §4).
+
+    For each row: sort its valid prefix by score (descending, ties to the lower index);
+    for k = 1 .. L-1 zero the next weight, renormalise the rest to sum to 1 (a zero
+    context if nothing is left), rebuild the context sum_t alpha'_t h_t, run the decoder
+    on that one context and compare its decision with the one at k = 0.
+    ``order``: "attention", "reverse", "gradient", "attn_grad", "sign_grad_attn" or a
+    [B, T] score tensor (for random orders pass the scores). Returns a FlipResult.
+    """
+    scores = _reference_scores(order, attention, values, decoder, lengths)
+    removed, mass = [], []
+    with torch.no_grad():
+        for b in range(attention.shape[0]):
+            n = int(lengths[b])
+            row_scores = [float(x) for x in scores[b, :n]]
+            ranked = sorted(range(n), key=lambda i: -row_scores[i])  # stable: ties keep index order
+            weights = attention[b, :n].clone()
+            h = values[b, :n]
+
+            def decide(w):
+                total = w.sum()
+                context = (w / total)[:, None].mul(h).sum(0) if total != 0 else torch.zeros_like(h[0])
+                return int(decision(decoder(context[None]))[0])
+
+            first, gone = -1, math.nan
+            if n >= 2:
+                original = decide(weights)
+                for k in range(1, n):
+                    weights[ranked[k - 1]] = 0
+                    if decide(weights) != original:
+                        first = k
+                        gone = math.fsum(float(attention[b, i]) for i in ranked[:k])
+                        break
+            removed.append(first)
+            mass.append(gone)
+    return _flip_result(removed, lengths, mass, attention.dtype)
+
+
+def flip_search_sequential(attention, values, decoder, lengths, order_scores="attention"):
+    """The batch-level loop of S&S's code: at step k zero the k-th item of every row still
+    searching, renormalise, re-run the decoder on the whole live batch, drop the rows whose
+    decision flipped (or that have only one item left). Same result as
+    :func:`flip_fraction_reference`; this is the approach the benchmarks time against.
+    ``order_scores``: a [B, T] score tensor or an order name as in the reference above.
+    """
+    with torch.no_grad():
+        batch, width = attention.shape
+        lengths = torch.as_tensor(lengths, dtype=torch.int64)
+        scores = _reference_scores(order_scores, attention, values, decoder, lengths)
+        valid = torch.arange(width) < lengths[:, None]
+        # ascending stable sort of -score = descending with ties to the lower index
+        key = torch.where(valid, -scores.to(torch.float64), math.inf)
+        order = torch.argsort(key, dim=1, stable=True)
+        weights = attention.masked_fill(~valid, 0)
+
+        def decide(w, h):
+            total = w.sum(1, keepdim=True)
+            norm = torch.where(total > 0, w / torch.where(total > 0, total, 1), 0)
+            return decision(decoder(torch.bmm(norm.unsqueeze(1), h).squeeze(1)))
+
+        original = decide(weights, values)
+        removed = torch.full((batch,), -1, dtype=torch.int64)
+        mass = torch.full((batch,), math.nan, dtype=torch.float64)
+        rows = torch.nonzero(lengths >= 2).squeeze(1)
+        w, h, o = weights[rows], values[rows], order[rows]
+        n_items, base = lengths[rows], original[rows]
+        gone = torch.zeros(rows.shape[0], dtype=torch.float64)
+        live = torch.ones(rows.shape[0], dtype=torch.bool)
+        k = 0
+        while live.any():
+            k += 1
+            pos = o[:, k - 1 : k]
+            gone += w.gather(1, pos).squeeze(1).to(torch.float64)
+            w.scatter_(1, pos, 0)
+            flip = live & (decide(w, h) != base)
+            removed[rows[flip]] = k
+            mass[rows[flip]] = gone[flip]
+            live &= ~flip & (n_items - 1 > k)
+            # Drop finished rows from the batch once a quarter of it is dead (copying the
+            # batch on every step would cost as much as the decoder pass itself).
+            if live.sum() < 0.75 * live.shape[0]:
+                keep = torch.nonzero(live).squeeze(1)
+                span = int(n_items[keep].max()) if keep.numel() else 0  # trim trailing padding
+                rows, n_items, base, gone = rows[keep], n_items[keep], base[keep], gone[keep]
+                w, h, o = w[keep, :span], h[keep, :span], o[keep, :span]
+                live = live[keep]
+    return _flip_result(removed, lengths, mass, attention.dtype)

@@ -1,0 +1,130 @@
+"""Flip search (S&S 2019): the kernels against S&S's sequential search, same inputs, one run.
+
+Run: python -m pytest benchmarks/test_bench_flip.py --benchmark-only -q
+The sequential search is timed once per case (it takes seconds); the kernel's median over
+its rounds is compared with it, and the ratio goes in ``extra_info["speedup"]``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from attnmetrics.reference import flip_search_sequential
+from attnmetrics.removal import flip_fraction
+
+# (batch, min length, max length, hidden)
+CASES = {
+    "sst": (1821, 10, 55, 256),  # SST-like: test-set size, sentence lengths
+    "imdb": (1000, 20, 400, 256),  # IMDB-like: long reviews
+}
+
+
+def make_inputs(batch, lo, hi, hidden, *, temperature=2.0, seed=0, dtype=torch.float32):
+    """Ragged batch: attention = softmax(temperature * N(0, 1)) over each prefix, so it is
+    peaked enough that removing the top items matters but rarely a one-hot; values carry a
+    per-row shared direction so some rows are confidently one class and never flip."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
+    width = int(lengths.max())
+    mask = torch.arange(width) < lengths[:, None]
+    logits = torch.randn(batch, width, generator=g) * temperature
+    attention = torch.softmax(logits.masked_fill(~mask, -math.inf), 1)
+    direction = torch.randn(hidden, generator=g)
+    values = torch.randn(batch, width, hidden, generator=g)
+    values += 0.5 * torch.randn(batch, 1, 1, generator=g) * direction
+    return attention.to(dtype), values.to(dtype), lengths
+
+
+def make_decoder(kind, hidden, classes=2, seed=0):
+    torch.manual_seed(seed)
+    if kind == "linear":
+        return nn.Linear(hidden, classes)
+    return nn.Sequential(nn.Linear(hidden, 64), nn.Tanh(), nn.Linear(64, classes)).eval()
+
+
+def describe(result, lengths):
+    flipped = result.flipped
+    return {
+        "rows": int(lengths.shape[0]),
+        "mean_length": float(lengths.double().mean()),
+        "flipped_share": float(flipped.double().mean()),
+        "removed_p10_p50_p90": torch.quantile(
+            result.removed[flipped].double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+        ).tolist(),
+    }
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_flip_fraction_vs_sequential(benchmark, case, kind):
+    attention, values, lengths = make_inputs(*CASES[case])
+    decoder = make_decoder(kind, values.shape[2])
+    benchmark.group = f"flip-{case}"
+    result = benchmark.pedantic(
+        flip_fraction, args=(attention, values, decoder, lengths, "attention"),
+        rounds=5, iterations=1, warmup_rounds=1,
+    )
+    start = time.perf_counter()
+    sequential = flip_search_sequential(attention, values, decoder, lengths, attention)
+    sequential_s = time.perf_counter() - start
+    kernel_s = benchmark.stats.stats.median
+    agree = float((sequential.removed == result.removed).double().mean())
+    benchmark.extra_info.update(
+        describe(result, lengths),
+        decoder=kind,
+        threads=torch.get_num_threads(),
+        kernel_median_s=kernel_s,
+        sequential_s=sequential_s,
+        speedup=sequential_s / kernel_s,
+        agreement_with_sequential=agree,
+    )
+    # float32 inputs: a row may sit within rounding of a tie at some step
+    assert agree >= 0.99
+
+
+def _status_mib(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def _peak_extra_mib(fn):
+    """Peak resident memory above the current level while fn runs (Linux), in MiB."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets the high-water mark VmHWM
+    except OSError:
+        return math.nan
+    before = _status_mib("VmRSS")
+    fn()
+    return _status_mib("VmHWM") - before
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_flip_fraction_large_bounded_memory(benchmark, kind):
+    # 100k rows of ~30 items: every context at once would take sum(L) * H * 4 bytes
+    attention, values, lengths = make_inputs(100_000, 20, 40, 64, seed=1)
+    decoder = make_decoder(kind, values.shape[2])
+    budget = 64 * 2**20
+    benchmark.group = "flip-large"
+    peak = _peak_extra_mib(lambda: flip_fraction(attention, values, decoder, lengths, memory_budget=budget))
+    result = benchmark.pedantic(
+        flip_fraction, args=(attention, values, decoder, lengths),
+        kwargs={"memory_budget": budget}, rounds=3, iterations=1,
+    )
+    benchmark.extra_info.update(
+        describe(result, lengths),
+        decoder=kind,
+        threads=torch.get_num_threads(),
+        memory_budget_mib=budget / 2**20,
+        values_mib=values.numel() * values.element_size() / 2**20,
+        all_contexts_mib=int(lengths.sum()) * values.shape[2] * values.element_size() / 2**20,
+        peak_extra_rss_mib=peak,
+    )
