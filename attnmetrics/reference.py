@@ -47,4 +47,5 @@ def kendall_tau_reference(x: torch.Tensor, y: torch.Tensor, lengths: torch.Tenso
             tau[b], pvalue[b] = res.statistic, res.pvalue
     return torch.from_numpy(tau).to(x.dtype), torch.from_numpy(pvalue).to(x.dtype)
 
+
 # ---- removal and flip search (S&S 2019) ----------------------------------------------------
