@@ -140,13 +140,20 @@ def test_constant_rows():
     assert tau.isnan().all() and p.isnan().all()
 
 
-def test_infinities_rank_like_scipy():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_infinities_and_signed_zeros_rank_like_scipy(dtype):
+    """float32 rows are sorted on integer keys: -0 must tie with +0, infinities order."""
     rng = np.random.default_rng(4)
-    x = torch.from_numpy(rng.standard_normal((10, 40)))
-    y = torch.from_numpy(rng.standard_normal((10, 40)))
+    x = torch.from_numpy(np.round(rng.standard_normal((10, 40)))).to(dtype)
+    y = torch.from_numpy(rng.standard_normal((10, 40))).to(dtype)
     x[:, ::7] = float("inf")
+    x[:, 1::6] = -0.0
+    x[:, 2::6] = 0.0
     y[:, ::5] = -float("inf")
+    y[:, 1::4] = -0.0
+    y[:, 3::4] = 0.0
     check(x, y)
+    check(-x, y, ragged(rng, 10, 40))
 
 
 def test_non_contiguous_inputs():

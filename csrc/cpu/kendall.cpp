@@ -41,6 +41,16 @@ void check_inputs(const at::Tensor& x, const at::Tensor& y, const at::Tensor& le
   }
 }
 
+// Counts behind the exact p-value, built on first use (thread-safe static).
+const double* exact_table() {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(kendall::exact_table_size());
+    kendall::build_exact_table(t.data());
+    return t;
+  }();
+  return table.data();
+}
+
 std::tuple<at::Tensor, at::Tensor> kendall_tau_cpu(const at::Tensor& x, const at::Tensor& y,
                                                    const at::Tensor& lengths) {
   check_inputs(x, y, lengths);
@@ -59,13 +69,15 @@ std::tuple<at::Tensor, at::Tensor> kendall_tau_cpu(const at::Tensor& x, const at
     const int64_t* len = lengths.const_data_ptr<int64_t>();
     scalar_t* tau_out = tau.mutable_data_ptr<scalar_t>();
     scalar_t* p_out = pvalue.mutable_data_ptr<scalar_t>();
+    const double* table = exact_table();
     at::parallel_for(0, batch, grain, [&](int64_t begin, int64_t end) {
       // Scratch sized for the widest row, allocated once per chunk.
-      std::vector<kendall::Pair> pairs(kendall::pair_work_size(width));
-      std::vector<double> values(kendall::value_work_size(width));
+      using Keys = kendall::RowKeys<scalar_t>;
+      std::vector<typename Keys::pair_t> pairs(2 * width);
+      std::vector<typename Keys::y_t> y_keys(2 * width);
       for (int64_t b = begin; b < end; ++b) {
         double t, p;
-        kendall::tau_row(xs + b * width, ys + b * width, len[b], pairs.data(), values.data(),
+        kendall::tau_row(xs + b * width, ys + b * width, len[b], pairs.data(), y_keys.data(), table,
                          &t, &p);
         tau_out[b] = static_cast<scalar_t>(t);
         p_out[b] = static_cast<scalar_t>(p);
