@@ -105,25 +105,30 @@ def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
     if p.dtype != q.dtype:
         raise ValueError(f"p and q must have one dtype, got p {p.dtype} and q {q.dtype}")
     check_same_device(p=p, q=q)
-    try:
-        shape = torch.broadcast_shapes(p.shape, q.shape)
-    except RuntimeError:
-        raise ValueError(
-            f"p and q must be broadcastable, got shapes {list(p.shape)} and {list(q.shape)}"
-        ) from None
+    shape = p.shape
+    if q.shape != shape:  # torch.broadcast_shapes costs more than a small kernel call
+        try:
+            shape = torch.broadcast_shapes(p.shape, q.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"p and q must be broadcastable, got shapes {list(p.shape)} and {list(q.shape)}"
+            ) from None
+        p, q = p.expand(shape), q.expand(shape)
     if not -len(shape) <= dim < len(shape):
         raise ValueError(f"dim must lie in [{-len(shape)}, {len(shape) - 1}] for shape {list(shape)}, got {dim}")
     if not isinstance(memory_budget, int) or memory_budget <= 0:
         raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
 
     # Views only: the kernel input is copied below, chunk by chunk.
-    p = p.expand(shape).movedim(dim, -1)
-    q = q.expand(shape).movedim(dim, -1)
+    if dim % len(shape) != len(shape) - 1:
+        p, q = p.movedim(dim, -1), q.movedim(dim, -1)
     batch, width = p.shape[:-1], p.shape[-1]
-    out = torch.empty(batch, dtype=p.dtype, device=p.device)
-    flat = out.view(-1)
     # Per row: a contiguous copy of p and of q, plus the output.
     max_rows = max(1, memory_budget // ((2 * width + 1) * p.element_size()))
+    if math.prod(batch) <= max_rows:  # one block: no output buffer to fill
+        return op(p.reshape(-1, width).contiguous(), q.reshape(-1, width).contiguous()).view(batch)
+    out = torch.empty(batch, dtype=p.dtype, device=p.device)
+    flat = out.view(-1)
     start = 0
     for index in _row_blocks(tuple(batch), max_rows):
         pb = p[index].reshape(-1, width).contiguous()

@@ -51,11 +51,16 @@ at::Tensor tvd_cpu(const at::Tensor& p, const at::Tensor& q) {
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "tvd_cpu", [&] {
     using acc_t = at::acc_type<scalar_t, /*is_cuda=*/false>;
     out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k) {
-      acc_t s = 0;
-      for (int64_t i = 0; i < k; ++i) {
-        s += std::abs(static_cast<acc_t>(a[i]) - static_cast<acc_t>(b[i]));
+      // Four running sums: one would make every add wait for the previous one.
+      acc_t s[4] = {0, 0, 0, 0};
+      int64_t i = 0;
+      for (; i + 4 <= k; i += 4) {
+        for (int j = 0; j < 4; ++j) {
+          s[j] += std::abs(static_cast<acc_t>(a[i + j]) - static_cast<acc_t>(b[i + j]));
+        }
       }
-      return acc_t(0.5) * s;
+      for (; i < k; ++i) s[0] += std::abs(static_cast<acc_t>(a[i]) - static_cast<acc_t>(b[i]));
+      return acc_t(0.5) * ((s[0] + s[1]) + (s[2] + s[3]));
     });
   });
   return out;
@@ -72,7 +77,8 @@ at::Tensor jsd_cpu(const at::Tensor& p, const at::Tensor& q) {
         const acc_t pa = a[i];
         const acc_t qb = b[i];
         const acc_t m = acc_t(0.5) * (pa + qb);
-        // 0 log 0 = 0; m > 0 whenever the term is taken.
+        // 0 log 0 = 0; m > 0 whenever a term is taken. The logs dominate the
+        // cost here, so one running sum is as fast as several.
         if (pa > 0) s += pa * std::log(pa / m);
         if (qb > 0) s += qb * std::log(qb / m);
       }
