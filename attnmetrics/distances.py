@@ -1,9 +1,154 @@
-"""TVD and JSD between distributions (J&W 2019, sec. 4). Stub: filled in by the kernels work."""
+"""Total variation and Jensen-Shannon distances between distributions (J&W 2019, sec. 4).
+
+Both reduce one dimension of broadcastable tensors ``p`` and ``q`` and run on the C++
+kernels (``attnmetrics::tvd`` / ``attnmetrics::jsd``), which take contiguous ``[N, K]``
+rows: this layer broadcasts, moves ``dim`` last and copies to that layout in row
+chunks, so the extra memory stays within ``memory_budget`` however large the batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from attnmetrics._ops import ops
+from attnmetrics._validation import check_float, check_same_device
+
+#: Default bound, in bytes, on the contiguous copies made per chunk.
+DEFAULT_MEMORY_BUDGET = 256 * 2**20
 
 
-def tvd(p, q, dim=-1):
-    raise NotImplementedError
+def tvd(p: Tensor, q: Tensor, dim: int = -1, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+    """Total variation distance ``½ Σ |p - q|`` along ``dim`` (J&W 2019, sec. 4).
+
+    Args:
+        p, q: non-negative, finite float32 or float64 tensors of one dtype and device,
+            broadcastable to a common shape ``S``. Rows along ``dim`` are distributions
+            (not renormalised here).
+        dim: the dimension to reduce (of the broadcast shape).
+        memory_budget: bound in bytes on the temporary contiguous copies; large
+            inputs are processed in chunks of rows.
+
+    Returns:
+        ``S`` with ``dim`` removed, in the inputs' dtype (accumulated in float64).
+        For distributions the value lies in ``[0, 1]``.
+
+    Raises:
+        TypeError: an input is not a tensor.
+        ValueError: wrong dtype, mismatched dtypes or devices, shapes that do not
+            broadcast, ``dim`` out of range, an empty input, or NaN, infinite or
+            negative entries.
+
+    Example:
+        >>> import torch
+        >>> from attnmetrics import tvd
+        >>> tvd(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.0, 0.5, 0.5]))
+        tensor(0.5000)
+    """
+    return _rowwise(ops.tvd, p, q, dim, memory_budget)
 
 
-def jsd(p, q, dim=-1):
-    raise NotImplementedError
+def jsd(p: Tensor, q: Tensor, dim: int = -1, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+    """Jensen-Shannon divergence along ``dim``, in nats (J&W 2019, sec. 4).
+
+    ``JSD(p, q) = ½ KL(p ‖ m) + ½ KL(q ‖ m)`` with ``m = (p + q) / 2``, natural log and
+    ``0 · log 0 = 0``. This is the divergence, not the distance:
+    ``scipy.spatial.distance.jensenshannon(p, q)`` returns its square root (and
+    renormalises ``p`` and ``q`` first, which this function does not).
+
+    Args:
+        p, q: non-negative, finite float32 or float64 tensors of one dtype and device,
+            broadcastable to a common shape ``S``. Rows along ``dim`` are distributions.
+        dim: the dimension to reduce (of the broadcast shape).
+        memory_budget: bound in bytes on the temporary contiguous copies; large
+            inputs are processed in chunks of rows.
+
+    Returns:
+        ``S`` with ``dim`` removed, in the inputs' dtype (accumulated in float64).
+        For distributions the value lies in ``[0, ln 2]``.
+
+    Raises:
+        TypeError: an input is not a tensor.
+        ValueError: wrong dtype, mismatched dtypes or devices, shapes that do not
+            broadcast, ``dim`` out of range, an empty input, or NaN, infinite or
+            negative entries.
+
+    Example:
+        >>> import torch
+        >>> from attnmetrics import jsd
+        >>> jsd(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]))  # ln 2
+        tensor(0.6931)
+    """
+    return _rowwise(ops.jsd, p, q, dim, memory_budget)
+
+
+def _check_distribution(name: str, x: Tensor) -> None:
+    check_float(name, x)
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have at least one dimension, got a 0-d tensor")
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {list(x.shape)}); expected at least one entry")
+    # One reduction, no full-size temporary: min/max propagate NaN.
+    low, high = (float(v) for v in torch.aminmax(x))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError(f"{name} must be finite, got NaN or infinite values")
+    if low < 0:
+        raise ValueError(f"{name} must be non-negative, got min {low:.4g}")
+
+
+def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
+    _check_distribution("p", p)
+    _check_distribution("q", q)
+    if p.dtype != q.dtype:
+        raise ValueError(f"p and q must have one dtype, got p {p.dtype} and q {q.dtype}")
+    check_same_device(p=p, q=q)
+    shape = p.shape
+    if q.shape != shape:  # torch.broadcast_shapes costs more than a small kernel call
+        try:
+            shape = torch.broadcast_shapes(p.shape, q.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"p and q must be broadcastable, got shapes {list(p.shape)} and {list(q.shape)}"
+            ) from None
+        p, q = p.expand(shape), q.expand(shape)
+    if not -len(shape) <= dim < len(shape):
+        raise ValueError(f"dim must lie in [{-len(shape)}, {len(shape) - 1}] for shape {list(shape)}, got {dim}")
+    if not isinstance(memory_budget, int) or memory_budget <= 0:
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+
+    # Views only: the kernel input is copied below, chunk by chunk.
+    if dim % len(shape) != len(shape) - 1:
+        p, q = p.movedim(dim, -1), q.movedim(dim, -1)
+    batch, width = p.shape[:-1], p.shape[-1]
+    # Per row: a contiguous copy of p and of q, plus the output.
+    max_rows = max(1, memory_budget // ((2 * width + 1) * p.element_size()))
+    if math.prod(batch) <= max_rows:  # one block: no output buffer to fill
+        return op(p.reshape(-1, width).contiguous(), q.reshape(-1, width).contiguous()).view(batch)
+    out = torch.empty(batch, dtype=p.dtype, device=p.device)
+    flat = out.view(-1)
+    start = 0
+    for index in _row_blocks(tuple(batch), max_rows):
+        pb = p[index].reshape(-1, width).contiguous()
+        qb = q[index].reshape(-1, width).contiguous()
+        flat[start : start + pb.shape[0]] = op(pb, qb)
+        start += pb.shape[0]
+    return out
+
+
+def _row_blocks(batch: tuple[int, ...], max_rows: int, prefix: tuple = ()) -> Iterator[tuple]:
+    """Indices into the batch dims, each selecting <= max_rows rows that are
+    consecutive in row-major order, together covering the batch in order."""
+    if not batch:
+        yield prefix
+        return
+    inner = math.prod(batch[1:])
+    if inner <= max_rows:
+        step = max_rows // inner
+        for i in range(0, batch[0], step):
+            yield prefix + (slice(i, i + step),)
+    else:
+        for i in range(batch[0]):
+            yield from _row_blocks(batch[1:], max_rows, prefix + (i,))

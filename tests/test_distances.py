@@ -1,0 +1,217 @@
+"""tvd / jsd against independent references: scipy's jensenshannon and a numpy formula."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.spatial.distance import jensenshannon
+
+from attnmetrics import jsd, tvd
+from attnmetrics._ops import ops
+from attnmetrics.reference import jsd_reference, tvd_reference
+
+LN2 = math.log(2.0)
+
+
+def distributions(rng, shape, zeros=0.0):
+    """Rows along the last dim summing to 1 (float64), a fraction `zeros` of entries exactly 0."""
+    w = rng.exponential(size=shape)
+    if zeros:
+        w[rng.random(shape) < zeros] = 0.0
+        w[..., 0] += (w.sum(-1) == 0)  # keep every row a distribution
+    return w / w.sum(-1, keepdims=True)
+
+
+def scipy_jsd(p, q):
+    # jensenshannon is the distance (square root) and renormalises; base e by default.
+    return np.array([jensenshannon(a, b) ** 2 for a, b in zip(p, q)])
+
+
+def numpy_tvd(p, q):
+    return 0.5 * np.abs(p - q).sum(-1)
+
+
+@pytest.mark.parametrize("zeros", [0.0, 0.3, 0.8])
+@pytest.mark.parametrize("k", [1, 2, 7, 64, 300])
+def test_matches_scipy_and_numpy_float64(k, zeros):
+    rng = np.random.default_rng(k)
+    p, q = distributions(rng, (50, k), zeros), distributions(rng, (50, k), zeros)
+    got_j = jsd(torch.from_numpy(p), torch.from_numpy(q)).numpy()
+    got_t = tvd(torch.from_numpy(p), torch.from_numpy(q)).numpy()
+    np.testing.assert_allclose(got_j, scipy_jsd(p, q), rtol=1e-10, atol=1e-15)
+    np.testing.assert_allclose(got_t, numpy_tvd(p, q), rtol=1e-13, atol=1e-16)
+
+
+def test_float32_accumulates_in_double():
+    rng = np.random.default_rng(0)
+    p32 = torch.from_numpy(distributions(rng, (100, 500), 0.2)).float()
+    q32 = torch.from_numpy(distributions(rng, (100, 500), 0.2)).float()
+    p64, q64 = p32.double().numpy(), q32.double().numpy()  # the float32 values, exactly
+    got_j, got_t = jsd(p32, q32), tvd(p32, q32)
+    assert got_j.dtype == got_t.dtype == torch.float32
+    # One rounding to float32 at the end, nothing accumulated in float32.
+    np.testing.assert_allclose(got_j.numpy(), scipy_jsd(p64 / p64.sum(1, keepdims=True),
+                                                       q64 / q64.sum(1, keepdims=True)), rtol=1e-5)
+    expected_t = numpy_tvd(p64, q64)
+    np.testing.assert_allclose(got_t.numpy(), expected_t.astype(np.float32), rtol=2e-7)
+
+
+def test_disjoint_and_identical_rows():
+    p = torch.tensor([[1.0, 0.0, 0.0], [0.2, 0.3, 0.5], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    q = torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    np.testing.assert_allclose(jsd(p, q).numpy(), [LN2, 0.0, 0.0], atol=1e-16)
+    np.testing.assert_allclose(tvd(p, q).numpy(), [1.0, 0.0, 0.0], atol=1e-16)
+
+
+def test_matches_reference():
+    rng = np.random.default_rng(3)
+    p = torch.from_numpy(distributions(rng, (20, 9), 0.3))
+    q = torch.from_numpy(distributions(rng, (20, 9), 0.3))
+    torch.testing.assert_close(jsd(p, q), jsd_reference(p, q), rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(tvd(p, q), tvd_reference(p, q), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, -1, -2, -3])
+def test_dim(dim):
+    rng = np.random.default_rng(5)
+    p = torch.from_numpy(rng.random((4, 5, 6)))
+    q = torch.from_numpy(rng.random((4, 5, 6)))
+    p, q = p / p.sum(dim, keepdim=True), q / q.sum(dim, keepdim=True)
+    for fn, ref in ((jsd, jsd_reference), (tvd, tvd_reference)):
+        got = fn(p, q, dim=dim)
+        assert got.shape == ref(p, q, dim).shape
+        torch.testing.assert_close(got, ref(p, q, dim), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize(
+    "p_shape, q_shape, dim",
+    [((6, 5), (5,), -1), ((1, 5), (6, 5), -1), ((3, 1, 5), (4, 5), -1), ((5, 1), (5, 7), 0), ((5,), (5,), 0)],
+)
+def test_broadcasting(p_shape, q_shape, dim):
+    rng = np.random.default_rng(7)
+    p = torch.from_numpy(rng.random(p_shape))
+    q = torch.from_numpy(rng.random(q_shape))
+    shape = torch.broadcast_shapes(p.shape, q.shape)
+    pe, qe = p.expand(shape), q.expand(shape)
+    for fn, ref in ((jsd, jsd_reference), (tvd, tvd_reference)):
+        got = fn(p, q, dim=dim)
+        torch.testing.assert_close(got, ref(pe, qe, dim), rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(got, fn(pe.contiguous(), qe.contiguous(), dim=dim), rtol=0, atol=0)
+
+
+def test_non_contiguous_inputs():
+    rng = np.random.default_rng(11)
+    p = torch.from_numpy(distributions(rng, (30, 8)))
+    q = torch.from_numpy(distributions(rng, (30, 8)))
+    pt = p.t().contiguous().t()  # column-major storage
+    qs = torch.zeros(30, 16, dtype=torch.float64)[:, ::2]
+    qs.copy_(q)  # strided view
+    assert not pt.is_contiguous() and not qs.is_contiguous()
+    for fn in (jsd, tvd):
+        torch.testing.assert_close(fn(pt, qs), fn(p, q), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("budget", [1, 100, 1000, 10**9])
+@pytest.mark.parametrize(
+    "p_shape, q_shape, dim", [((37, 5), (37, 5), -1), ((3, 11, 4), (4,), -1), ((2, 3, 7, 5), (3, 1, 5), 2)]
+)
+def test_chunking_matches_unchunked(budget, p_shape, q_shape, dim):
+    rng = np.random.default_rng(13)
+    p = torch.from_numpy(rng.random(p_shape))
+    q = torch.from_numpy(rng.random(q_shape))
+    for fn in (jsd, tvd):
+        torch.testing.assert_close(fn(p, q, dim, memory_budget=budget), fn(p, q, dim), rtol=0, atol=0)
+
+
+def test_large_batch_bounded_chunks():
+    rng = np.random.default_rng(17)
+    p = torch.from_numpy(distributions(rng, (200_000, 3))).float()
+    q = torch.from_numpy(distributions(rng, (3,))).float()  # broadcast over the batch
+    got = jsd(p, q, memory_budget=2**20)
+    torch.testing.assert_close(got, jsd_reference(p.double(), q.double()).float(), rtol=1e-5, atol=1e-7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    k=st.integers(1, 40),
+    rows=st.integers(1, 8),
+    zeros=st.sampled_from([0.0, 0.5, 0.9]),
+    seed=st.integers(0, 2**32 - 1),
+    dtype=st.sampled_from([torch.float32, torch.float64]),
+)
+def test_bounds_and_symmetry(k, rows, zeros, seed, dtype):
+    rng = np.random.default_rng(seed)
+    p = torch.from_numpy(distributions(rng, (rows, k), zeros)).to(dtype)
+    q = torch.from_numpy(distributions(rng, (rows, k), zeros)).to(dtype)
+    eps = 1e-6 if dtype == torch.float32 else 1e-12
+    j, t = jsd(p, q), tvd(p, q)
+    assert ((j >= 0) & (j <= LN2 + eps)).all()
+    assert ((t >= 0) & (t <= 1 + eps)).all()
+    assert torch.equal(tvd(q, p), t)
+    torch.testing.assert_close(jsd(q, p), j, rtol=eps, atol=eps)
+    assert (jsd(p, p) == 0).all() and (tvd(p, p) == 0).all()
+
+
+@pytest.mark.parametrize("op", [ops.tvd, ops.jsd])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck(op, dtype):
+    rng = np.random.default_rng(19)
+    for shape in [(4, 3), (1, 10), (0, 5)]:
+        p = torch.from_numpy(rng.random(shape)).to(dtype)
+        q = torch.from_numpy(rng.random(shape)).to(dtype)
+        torch.library.opcheck(op, (p, q))
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+GOOD = torch.tensor([[0.5, 0.5], [0.1, 0.9]])
+
+
+@pytest.mark.parametrize("fn", [tvd, jsd])
+@pytest.mark.parametrize(
+    "p, q, match",
+    [
+        (torch.tensor([[0.5, float("nan")]]), GOOD, "p must be finite"),
+        (GOOD, torch.tensor([[float("inf"), 0.5]]), "q must be finite"),
+        (GOOD, torch.tensor([[-float("inf"), 0.5]]), "q must be finite"),
+        (torch.tensor([[1.5, -0.5]]), GOOD, "p must be non-negative, got min -0.5"),
+        (GOOD, torch.ones(2, 3) / 3, r"p and q must be broadcastable, got shapes \[2, 2\] and \[2, 3\]"),
+        (GOOD, GOOD.double(), "p and q must have one dtype, got p torch.float32 and q torch.float64"),
+        (GOOD.long(), GOOD, "p must be float32 or float64, got torch.int64"),
+        (GOOD, GOOD.half(), "q must be float32 or float64, got torch.float16"),
+        (torch.empty(0, 2), GOOD, r"p is empty \(shape \[0, 2\]\)"),
+        (GOOD, torch.empty(2, 0), r"q is empty"),
+        (torch.tensor(0.5), GOOD, "p must have at least one dimension"),
+    ],
+)
+def test_errors_name_the_argument(fn, p, q, match):
+    with pytest.raises(ValueError, match=match):
+        fn(p, q)
+
+
+@pytest.mark.parametrize("fn", [tvd, jsd])
+def test_bad_dim_budget_and_type(fn):
+    with pytest.raises(ValueError, match=r"dim must lie in \[-2, 1\] for shape \[2, 2\], got 2"):
+        fn(GOOD, GOOD, dim=2)
+    with pytest.raises(ValueError, match="memory_budget must be a positive number of bytes"):
+        fn(GOOD, GOOD, memory_budget=0)
+    with pytest.raises(TypeError, match="p must be a torch.Tensor, got list"):
+        fn([0.5, 0.5], GOOD)
+
+
+@pytest.mark.parametrize("op", [ops.tvd, ops.jsd])
+def test_op_rejects_bad_input_without_crashing(op):
+    good = torch.rand(3, 4)
+    bad = [
+        ((torch.rand(4), torch.rand(4)), "p must be \\[N, K\\]"),
+        ((good, torch.rand(3, 5)), "q must have p's shape"),
+        ((good, good.double()), "q must have p's dtype"),
+        ((good.long(), good.long()), "p must be float32 or float64"),
+        ((good.t(), good.t()), "must be contiguous"),
+    ]
+    for args, match in bad:
+        with pytest.raises(RuntimeError, match=match):
+            op(*args)
