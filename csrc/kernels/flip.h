@@ -11,18 +11,14 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ATTNMETRICS_HD __host__ __device__
-#else
-#define ATTNMETRICS_HD
-#endif
+#include "kernels/macros.h"
 
 namespace attnmetrics {
 namespace flip {
 
 // True iff order[0..L-1] is a permutation of 0..L-1. `seen` is scratch of at
 // least L bytes. On failure *bad_pos is the offending position in `order`.
-ATTNMETRICS_HD inline bool order_is_permutation(const int64_t* order, int64_t L,
+AM_HOST_DEVICE inline bool order_is_permutation(const int64_t* order, int64_t L,
                                                 unsigned char* seen, int64_t* bad_pos) {
   for (int64_t i = 0; i < L; ++i) seen[i] = 0;
   for (int64_t k = 0; k < L; ++k) {
@@ -40,7 +36,7 @@ ATTNMETRICS_HD inline bool order_is_permutation(const int64_t* order, int64_t L,
 // argmax with ties to the lower class; with C == 1 a sigmoid, class 1 iff logit > 0.
 // Computed on the fly so that no logits buffer is needed.
 template <typename scalar_t, typename acc_t>
-ATTNMETRICS_HD inline int64_t affine_decision(const acc_t* suffix, acc_t mass,
+AM_HOST_DEVICE inline int64_t affine_decision(const acc_t* suffix, acc_t mass,
                                               const scalar_t* bias, int64_t C) {
   const bool empty = (mass == acc_t(0));
   if (C == 1) {
@@ -70,7 +66,7 @@ ATTNMETRICS_HD inline int64_t affine_decision(const acc_t* suffix, acc_t mass,
 // differs from d_k; at k = 0 that answers the question in O(1) extra state.
 // `suffix` is scratch of C acc_t.
 template <typename scalar_t, typename acc_t>
-ATTNMETRICS_HD inline int64_t linear_row(const scalar_t* att, const scalar_t* proj,
+AM_HOST_DEVICE inline int64_t linear_row(const scalar_t* att, const scalar_t* proj,
                                          const scalar_t* bias, const int64_t* order,
                                          int64_t L, int64_t C, acc_t* suffix,
                                          acc_t* removed_mass) {
@@ -100,7 +96,7 @@ ATTNMETRICS_HD inline int64_t linear_row(const scalar_t* att, const scalar_t* pr
 // context after removing the first k items of `order`; values[i * H + h] is h_i.
 // `suffix` is scratch of H acc_t.
 template <typename scalar_t, typename acc_t>
-ATTNMETRICS_HD inline void contexts_row(const scalar_t* att, const scalar_t* values,
+AM_HOST_DEVICE inline void contexts_row(const scalar_t* att, const scalar_t* values,
                                         const int64_t* order, int64_t L, int64_t H,
                                         acc_t* suffix, scalar_t* out) {
   for (int64_t h = 0; h < H; ++h) suffix[h] = acc_t(0);
