@@ -99,17 +99,22 @@ def _batches(data: EncodedSplit | Iterable[Batch], batch_size: int) -> Iterable[
     return data.batches(batch_size) if isinstance(data, EncodedSplit) else data
 
 
+def _to(batch: Batch, device: torch.device) -> Batch:
+    return Batch(*(t.to(device) for t in batch))
+
+
 @torch.no_grad()
 def predict(model: AttentionClassifier, batches: EncodedSplit | Iterable[Batch], batch_size: int = 256) -> Predictions:
-    """Run the model over a split (an :class:`EncodedSplit` or its batches); rows come back
-    in split order (by ``Batch.index``)."""
+    """Run the model (on whatever device it is) over a split (an :class:`EncodedSplit` or its
+    batches); rows come back on the CPU in split order (by ``Batch.index``)."""
     was_training = model.training
     model.eval()
+    device = next(model.parameters()).device
     parts = []
     try:
         for b in _batches(batches, batch_size):
-            logits, attention = model(b.tokens, b.lengths)
-            parts.append((b.index, logits, attention, b.lengths, b.labels))
+            logits, attention = model(b.tokens.to(device), b.lengths.to(device))
+            parts.append((b.index, logits.cpu(), attention.cpu(), b.lengths, b.labels))
     finally:
         model.train(was_training)
     if not parts:
@@ -169,9 +174,10 @@ def evaluate(model: AttentionClassifier, data: EncodedSplit | Iterable[Batch], b
 
 def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: EncodedSplit,
           config: TrainConfig | None = None) -> TrainResult:
-    """Train in place; at the end the model holds the weights of the epoch with the best dev
-    ROC-AUC (the first such epoch on ties)."""
+    """Train in place, on the device the model is on; at the end the model holds the weights
+    of the epoch with the best dev ROC-AUC (the first such epoch on ties)."""
     config = config or TrainConfig()
+    device = next(model.parameters()).device
     seed_everything(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = make_optimizer(model, config)
@@ -186,6 +192,7 @@ def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: Encode
         bar = tqdm(train_data.batches(config.batch_size, shuffle=True, generator=generator), total=n_batches,
                    desc=f"epoch {epoch}/{config.epochs}", disable=not config.progress, leave=False)
         for b in bar:
+            b = _to(b, device)
             logits, _ = model(b.tokens, b.lengths)
             loss = loss_fn(logits, b.labels)
             optimizer.zero_grad(set_to_none=True)
