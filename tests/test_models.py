@@ -29,7 +29,6 @@ from attnmetrics_models.training import (
 )
 
 SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst"))
-needs_sst = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason=f"SST not found at {SST_DIR}")
 
 
 def small_model(num_classes: int = 1, vocab_size: int = 30, seed: int = 0) -> AttentionClassifier:
