@@ -23,6 +23,8 @@ setup(
         "matplotlib",
         "tqdm",
         "tabulate",
+        "scikit-learn",
+        "pyarrow",
     ],
     extras_require={"test": ["pytest", "pytest-benchmark", "hypothesis"]},
     entry_points={"console_scripts": ["attnmetrics = attnmetrics_models.cli:main"]},

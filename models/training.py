@@ -19,10 +19,11 @@ from typing import Iterable, NamedTuple
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy.stats import rankdata
+from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from attnmetrics.outputs import decision, output_distribution
 from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
 from attnmetrics_models.text import Batch, EncodedSplit, Vocabulary
 
@@ -71,14 +72,6 @@ def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
     if logits.shape[1] == 1:
         return F.binary_cross_entropy_with_logits(logits[:, 0], labels.to(logits.dtype))
     return F.cross_entropy(logits, labels)
-
-
-def probabilities(logits: Tensor) -> Tensor:
-    """logits [N, C] -> [N, max(C, 2)], the (1 - p, p) convention for C = 1 (DESIGN §2)."""
-    if logits.shape[1] == 1:
-        p = torch.sigmoid(logits)
-        return torch.cat([1 - p, p], dim=1)
-    return torch.softmax(logits, dim=1)
 
 
 def make_optimizer(model: AttentionClassifier, config: TrainConfig) -> torch.optim.Optimizer:
@@ -134,36 +127,26 @@ def predict(model: AttentionClassifier, batches: EncodedSplit | Iterable[Batch],
     return Predictions(logits, attention, lengths, labels)
 
 
-def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float:
-    """Binary ROC-AUC as the Mann–Whitney statistic (ties count ½); NaN if one class is absent."""
-    positive = np.asarray(positive, dtype=bool)
-    n_pos = int(positive.sum())
-    n_neg = len(positive) - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    ranks = rankdata(scores)
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
-
-
 def classification_metrics(logits: Tensor, labels: Tensor) -> dict:
-    """accuracy, macro F1 and ROC-AUC (binary; macro one-vs-rest for C >= 3) from logits [N, C]."""
-    probs = probabilities(logits.float()).numpy()
+    """accuracy, macro F1 and ROC-AUC (binary; macro one-vs-rest for C >= 3) from logits [N, C].
+
+    ROC-AUC is NaN when the labels hold a single class (it is undefined there).
+    """
+    probs = output_distribution(logits.float()).numpy()
     y = labels.numpy()
-    K = probs.shape[1]
-    # argmax ties go to the lower class, as attnmetrics.outputs.decision (p = 0.5 -> 0)
-    pred = (logits[:, 0] > 0).long().numpy() if logits.shape[1] == 1 else probs.argmax(1)
-    f1s = []
-    for k in range(K):
-        tp = np.sum((pred == k) & (y == k))
-        denom = np.sum(pred == k) + np.sum(y == k)
-        f1s.append(2 * tp / denom if denom else 0.0)
-    if K == 2:
-        auc = roc_auc(probs[:, 1], y == 1)
+    pred = decision(logits).numpy()  # argmax ties go to the lower class (p = 0.5 -> 0)
+    classes = np.arange(probs.shape[1])
+    if len(np.unique(y)) < 2:
+        auc = float("nan")
+    elif probs.shape[1] == 2:
+        auc = float(roc_auc_score(y, probs[:, 1]))
     else:
-        aucs = [roc_auc(probs[:, k], y == k) for k in range(K)]
-        aucs = [a for a in aucs if not math.isnan(a)]
-        auc = float(np.mean(aucs)) if aucs else float("nan")
-    return {"accuracy": float(np.mean(pred == y)), "macro_f1": float(np.mean(f1s)), "roc_auc": auc}
+        auc = float(roc_auc_score(y, probs, multi_class="ovr", average="macro", labels=classes))
+    return {
+        "accuracy": float(accuracy_score(y, pred)),
+        "macro_f1": float(f1_score(y, pred, average="macro", labels=classes, zero_division=0)),
+        "roc_auc": auc,
+    }
 
 
 def evaluate(model: AttentionClassifier, data: EncodedSplit | Iterable[Batch], batch_size: int = 256) -> dict:

@@ -177,23 +177,6 @@ def test_read_member_from_zip_and_tar(tmp_path):
     assert D.read_member(tmp_path / "b.tar.gz", "b-1.0/x.txt") == b"abc"
 
 
-# --------------------------------------------------------------------------- parquet pieces
-
-
-def test_snappy_literals_and_overlapping_copies():
-    # "abcd" literal, then copy len 8 offset 4 (1-byte-offset form), then copy len 5 offset 1 (2-byte form)
-    stream = bytes([17, 0x0C]) + b"abcd" + bytes([(4 << 2) | 1, 4]) + bytes([(4 << 2) | 2, 1, 0])
-    assert D._snappy_decompress(stream) == b"abcdabcdabcdddddd"
-
-
-def test_rle_bitpacked_hybrid():
-    # RLE run: 3 x value 5 (width 3), then one bit-packed group of 8 values 0..7
-    vals = np.arange(8)
-    packed = np.packbits(((vals[:, None] >> np.arange(3)) & 1).astype(np.uint8).ravel(), bitorder="little")
-    buf = bytes([3 << 1, 5, (1 << 1) | 1]) + packed.tobytes()
-    assert D._rle_hybrid(buf, 0, len(buf), 3, 11).tolist() == [5, 5, 5, 0, 1, 2, 3, 4, 5, 6, 7]
-
-
 # --------------------------------------------------------------------------- registry corpora
 
 
