@@ -31,9 +31,6 @@ from attnmetrics.removal import (
     _project,
 )
 
-_LN2 = math.log(2.0)
-
-
 class AdversarialResult(NamedTuple):
     """Per-row outcome of :func:`adversarial_attention`.
 
@@ -73,9 +70,10 @@ def _check_real(name: str, value, *, positive: bool = False) -> float:
 
 
 def _row_bytes(width: int, k: int, pairs: int, out_width: int, item: int) -> int:
-    """Rough working memory of one row of a chunk: logits, gradient and Adam moments
-    (4 K T), the step's saved activations (~8 K T + 8 P T), outputs (~8 K out_width)."""
-    return item * (width * (12 * k + 8 * pairs) + 8 * k * out_width)
+    """Working memory of one row of a chunk, as measured on CPU: logits, gradient and Adam
+    moments (4 K T), a step's activations and their gradients (~16 K T + 12 P T), the
+    outputs (~12 K out_width; out_width = C, or 2 H for contexts and a decoder's own)."""
+    return item * (width * (20 * k + 12 * pairs) + 12 * k * out_width)
 
 
 def _chunks(lens: list[int], row_bytes, budget: int):
@@ -104,31 +102,29 @@ def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | N
     return output_distribution(logits).view(n, k, -1)
 
 
-def _log_softmax(z: Tensor, valid: Tensor) -> tuple[Tensor, Tensor]:
-    """log a and a = softmax(z) over the valid prefix, both 0 on padding: finite everywhere,
-    so no 0 * inf in the forward or backward pass. (z - logsumexp rather than
-    torch.log_softmax, whose CPU kernel opens a thread pool even for tiny inputs.)"""
-    masked = z.masked_fill(~valid, -math.inf)
-    la = (masked - masked.logsumexp(-1, keepdim=True)).masked_fill(~valid, 0.0)
-    return la, la.exp().masked_fill(~valid, 0.0)
+def _xlogx_mean(p: Tensor, q: Tensor) -> Tensor:
+    """sum_t m log m with m = (p + q) / 2. The clamp keeps the log finite where m = 0
+    (padding), so the gradient there is finite too, and is then masked."""
+    m = 0.5 * (p + q)
+    return (m * m.clamp_min(torch.finfo(m.dtype).tiny).log()).sum(-1)
 
 
-def _loss(z, valid, alpha, log_alpha, alpha_xlogx, y0, feats, decoder, bias, classes,
+def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes,
           pair_i, pair_j, penalty, margin) -> Tensor:
     """Sum over rows of -mean_k JSD(a_k, alpha) + penalty * mean_k ReLU(TVD_k - margin)
-    - mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, W]."""
-    la, a = _log_softmax(z, valid)
-    # JSD = 1/2 sum p (log p - log m) + q (log q - log m), log m = logaddexp - ln 2:
-    # exact where alpha has zeros (log alpha = -inf there, alpha log alpha = 0).
-    lm = torch.logaddexp(la, log_alpha) - _LN2
-    far = 0.5 * (a * (la - lm) + alpha_xlogx - alpha * lm).sum(-1)
+    - mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, W].
+
+    JSD(p, q) = (sum p log p + sum q log q) / 2 - sum m log m, m = (p + q) / 2, with
+    0 log 0 = 0: log a is -inf on padding, so it is zeroed before multiplying."""
+    la = torch.log_softmax(z.masked_fill(~valid, -math.inf), -1)
+    a = la.exp()  # exactly 0 on padding
+    a_xlogx = (a * la.masked_fill(~valid, 0.0)).sum(-1)  # [n, K]
+    far = 0.5 * (a_xlogx + alpha_xlogx) - _xlogx_mean(a, alpha)
     change = 0.5 * (_outputs(a, feats, decoder, bias, classes) - y0).abs().sum(-1)
-    loss = -far.mean(1) + penalty * torch.relu(change - margin).mean(1)
+    loss = penalty * torch.relu(change - margin).mean(1) - far.mean(1)
     if pair_i.numel():
-        li, lj = la[:, pair_i], la[:, pair_j]
-        ai, aj = a[:, pair_i], a[:, pair_j]
-        lmp = torch.logaddexp(li, lj) - _LN2
-        loss = loss - 0.5 * (ai * (li - lmp) + aj * (lj - lmp)).sum(-1).mean(1)
+        cross = 0.5 * (a_xlogx[:, pair_i] + a_xlogx[:, pair_j]) - _xlogx_mean(a[:, pair_i], a[:, pair_j])
+        loss = loss - cross.mean(1)
     return loss.sum()
 
 
@@ -241,7 +237,7 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
         bias = decoder.bias.detach() if decoder.bias is not None else feats_all.new_zeros(c)
         head, out_width = None, c
     else:
-        feats_all, bias, head, out_width = values, None, decoder, hidden + 1
+        feats_all, bias, head, out_width = values, None, decoder, 2 * hidden
     pair_i, pair_j = torch.triu_indices(k, k, 1, device=device)
     classes: list[int] = []
 
@@ -258,8 +254,7 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
         alpha = out_att[idx, None, :w]  # [n, 1, w], zero on padding
         # padding of the features is zeroed: 0 * NaN would poison the products
         feats = feats_all[idx, :w].masked_fill(~valid.transpose(1, 2), 0.0)
-        log_alpha = torch.log(alpha).masked_fill(~valid, 0.0)
-        alpha_xlogx = torch.special.xlogy(alpha, alpha)
+        alpha_xlogx = torch.special.xlogy(alpha, alpha).sum(-1)  # [n, 1]
         with torch.no_grad():
             y0 = _outputs(alpha, feats, head, bias, classes)  # [n, 1, C']
         start = -torch.log(lengths[idx].to(dtype))[:, None, None]
@@ -267,13 +262,13 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
         opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad)
         with torch.enable_grad():
             for _ in range(steps):
-                loss = _loss(z, valid, alpha, log_alpha, alpha_xlogx, y0, feats, head, bias,
-                             classes, pair_i, pair_j, penalty, margin)
+                loss = _loss(z, valid, alpha, alpha_xlogx, y0, feats, head, bias, classes,
+                             pair_i, pair_j, penalty, margin)
                 (z.grad,) = torch.autograd.grad(loss, [z])
                 opt.step()
 
         with torch.no_grad():
-            a = _log_softmax(z.detach(), valid)[1]  # [n, K, w]
+            a = torch.softmax(z.detach().masked_fill(~valid, -math.inf), -1)  # [n, K, w]
             far = jsd(a, alpha, memory_budget=budget)  # [n, K]
             change = tvd(_outputs(a, feats, head, bias, classes), y0, memory_budget=budget)
             score = torch.where(change <= threshold, far, -1.0)
