@@ -102,7 +102,7 @@ def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | N
     return output_distribution(logits).view(n, k, -1)
 
 
-def _xlogx_mean(p: Tensor, q: Tensor) -> Tensor:
+def _mixture_xlogx(p: Tensor, q: Tensor) -> Tensor:
     """sum_t m log m with m = (p + q) / 2. The clamp keeps the log finite where m = 0
     (padding), so the gradient there is finite too, and is then masked."""
     m = 0.5 * (p + q)
@@ -119,11 +119,11 @@ def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes,
     la = torch.log_softmax(z.masked_fill(~valid, -math.inf), -1)
     a = la.exp()  # exactly 0 on padding
     a_xlogx = (a * la.masked_fill(~valid, 0.0)).sum(-1)  # [n, K]
-    far = 0.5 * (a_xlogx + alpha_xlogx) - _xlogx_mean(a, alpha)
+    far = 0.5 * (a_xlogx + alpha_xlogx) - _mixture_xlogx(a, alpha)
     change = 0.5 * (_outputs(a, feats, decoder, bias, classes) - y0).abs().sum(-1)
     loss = penalty * torch.relu(change - margin).mean(1) - far.mean(1)
     if pair_i.numel():
-        cross = 0.5 * (a_xlogx[:, pair_i] + a_xlogx[:, pair_j]) - _xlogx_mean(a[:, pair_i], a[:, pair_j])
+        cross = 0.5 * (a_xlogx[:, pair_i] + a_xlogx[:, pair_j]) - _mixture_xlogx(a[:, pair_i], a[:, pair_j])
         loss = loss - cross.mean(1)
     return loss.sum()
 
