@@ -183,3 +183,36 @@ def flip_search_sequential(attention, values, decoder, lengths, order_scores="at
                 w, h, o = w[keep, :span], h[keep, :span], o[keep, :span]
                 live = live[keep]
     return _flip_result(removed, lengths, mass, attention.dtype)
+
+
+# ---- permutation (J&W 2019) ----------------------------------------------------------------
+
+from attnmetrics.permutation import attention_permutations  # noqa: E402
+
+
+def permutation_test_reference(attention, values, decoder, lengths, permutations, seed):
+    """J&W 2019 (sec. 4.2) permutation loop: for each of the P permutations, permute every
+    row's attention among its real tokens (the permutation ``attention_permutations`` gives
+    row b for this seed), run the decoder once over the whole batch, and score the TVD of
+    each output distribution from the unpermuted one; then ``np.median`` over the
+    permutations per row (rows with L <= 1 count 0, as the definition gives them).
+
+    Returns ``(median [B], tvd [B, P])`` in the attention dtype. This is the approach the
+    benchmarks time against: one decoder pass per permutation.
+    """
+    with torch.no_grad():
+        batch, width = attention.shape
+        lengths = torch.as_tensor(lengths, dtype=torch.int64)
+        valid = torch.arange(width) < lengths[:, None]
+        alpha = attention.masked_fill(~valid, 0)
+        h = values.masked_fill(~valid[..., None], 0)  # padding never enters a context
+        original = output_distribution(decoder(torch.bmm(alpha[:, None], h)[:, 0]))
+        tvds = torch.empty(batch, permutations, dtype=attention.dtype)
+        for p in range(permutations):
+            perm = attention_permutations(lengths, width, 1, seed, permutation_offset=p)[:, 0]
+            permuted = alpha.gather(1, perm)
+            out = output_distribution(decoder(torch.bmm(permuted[:, None], h)[:, 0]))
+            tvds[:, p] = tvd_reference(out, original)
+        tvds[lengths <= 1] = 0
+        median = torch.from_numpy(np.median(tvds.numpy(), axis=1)).to(attention.dtype)
+    return median, tvds

@@ -1,0 +1,239 @@
+"""Permutation test (J&W 2019, sec. 4.2; DESIGN §4 "Permutation").
+
+Encode once; shuffle each row's attention weights among its real tokens while the
+hidden states stay in place (context ``sum_t alpha_{pi(t)} h_t``), re-run the layers
+after attention (the *decoder*), and score the output TVD from the original output;
+per instance, the median over the permutations.
+
+Permutations come from a counter-based generator in the kernels
+(``attnmetrics::attention_permutations``, algorithm in ``csrc/kernels/permutation.h``):
+permutation p of row r is a pure function of (seed, r, p), with one seed drawn per
+call from a ``torch.Generator``. A row's permutations therefore do not depend on the
+other rows, on chunking or on the decoder path, but they do depend on its index r.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnmetrics._validation import check_lengths, valid_mask
+from attnmetrics.distances import tvd
+from attnmetrics.outputs import output_distribution
+from attnmetrics.removal import (
+    _DEFAULT_BUDGET,
+    Decoder,
+    _check_budget,
+    _check_decoder,
+    _check_inputs,
+    _check_logits,
+    _is_plain_linear,
+    _ops,
+    _project,
+    _rows_per_chunk,
+)
+
+
+class PermutationResult(NamedTuple):
+    """Per-row outcome of :func:`permutation_test`.
+
+    median_tvd: ``[B]``, median over the permutations of the output TVD (attention dtype).
+    max_attention: ``[B]``, the row's largest attention weight (J&W plot ``median_tvd``
+        against it); NaN for rows with L = 0.
+    tvd: ``[B, P]``, every permutation's output TVD, or ``None`` unless ``return_all``.
+    """
+
+    median_tvd: Tensor
+    max_attention: Tensor
+    tvd: Tensor | None
+
+
+def draw_seed(generator: torch.Generator | None = None) -> int:
+    """The seed a call draws: one non-negative int64, ``Tensor.random_(generator=generator)``
+    on the generator's device (the default CPU generator when ``None``)."""
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.empty((), dtype=torch.int64, device=device).random_(generator=generator))
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def attention_permutations(lengths: Tensor, width: int, permutations: int, seed: int, *,
+                           row_offset: int = 0, permutation_offset: int = 0) -> Tensor:
+    """The random permutations a permutation test with ``seed`` applies.
+
+    Args:
+        lengths: ``[B]`` integer valid-prefix lengths in ``[0, width]``.
+        width: T, the padded row width (``< 2**32``).
+        permutations: P >= 1, permutations per row.
+        seed: int64 (see :func:`draw_seed`).
+        row_offset: global index of row 0 (a row's permutations depend on its index).
+        permutation_offset: global index of permutation 0.
+
+    Returns:
+        ``[B, P, T]`` int64: entry ``[b, p, :L]`` is a uniformly random permutation of
+        ``0 .. L-1`` (L = ``lengths[b]``), permutation ``permutation_offset + p`` of row
+        ``row_offset + b``; ``[b, p, L:]`` is the identity. The permuted attention is
+        ``attention.gather(1, perm)``.
+
+    Raises:
+        ValueError: bad lengths, ``permutations < 1`` or negative offsets.
+    """
+    _check_int("width", width, 0)
+    _check_int("permutations", permutations, 1)
+    _check_int("row_offset", row_offset, 0)
+    _check_int("permutation_offset", permutation_offset, 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
+        raise ValueError(f"seed must be an int64, got {seed!r}")
+    if not isinstance(lengths, Tensor) or lengths.dim() != 1:
+        got = list(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__
+        raise ValueError(f"lengths must be a [B] integer tensor, got {got}")
+    lengths = check_lengths(lengths, lengths.shape[0], width, lengths.device)
+    return _ops().attention_permutations(lengths, width, permutations, seed, row_offset,
+                                         permutation_offset)
+
+
+def _median(x: Tensor) -> Tensor:
+    """numpy's median along dim 1 (mean of the two middle values for even n), in float64."""
+    s = x.to(torch.float64).sort(dim=1).values
+    n = x.shape[1]
+    return (s[:, (n - 1) // 2] + s[:, n // 2]) / 2
+
+
+def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor,
+             permutations: int, seed: int, budget: int) -> Tensor:
+    """Output TVD [B, P] (float64) with any decoder: the permuted contexts of a chunk of rows
+    (kernel), decoded in batched calls."""
+    batch, width, hidden = values.shape
+    item = values.element_size()
+    # A chunk's contexts take about half the budget; the decoder is fed slices of an
+    # eighth, leaving room for its own activations (a few times its input).
+    row_bytes = (permutations + 1) * hidden * item + (0 if values.is_contiguous() else width * hidden * item)
+    rows = _rows_per_chunk(row_bytes, budget // 2)
+    call_rows = max(1, budget // (8 * hidden * item))
+    ops = _ops()
+    classes: list[int] = []
+
+    def distributions(contexts: Tensor) -> Tensor:
+        out = []
+        for c in range(0, contexts.shape[0], call_rows):
+            part = contexts[c:c + call_rows]
+            logits = _check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
+            classes[:] = [logits.shape[1]]
+            out.append(output_distribution(logits.to(torch.float64)))
+        return torch.cat(out)
+
+    result = torch.empty(batch, permutations, dtype=torch.float64, device=values.device)
+    for s in range(0, batch, rows):
+        e = min(batch, s + rows)
+        original, permuted = ops.permuted_contexts(attention[s:e].contiguous(), values[s:e].contiguous(),
+                                                   lengths[s:e], permutations, seed, s)
+        if not torch.isfinite(original).all():
+            raise ValueError("values must be finite on each row's valid prefix")
+        base = distributions(original)
+        moved = distributions(permuted.view(-1, hidden)).view(e - s, permutations, -1)
+        result[s:e] = tvd(moved, base[:, None, :], memory_budget=budget)
+    return result
+
+
+def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
+                     lengths: Tensor | None = None, *, permutations: int = 100,
+                     generator: torch.Generator | None = None, return_all: bool = False,
+                     memory_budget: int = _DEFAULT_BUDGET) -> PermutationResult:
+    """Median output TVD over random permutations of the attention (J&W 2019, sec. 4.2).
+
+    Definition (DESIGN §4): the hidden states are encoded once; for each row (valid
+    prefix of length L) and each of ``permutations`` uniformly random permutations pi
+    of ``0 .. L-1``, the context ``sum_t alpha_{pi(t)} h_t`` is decoded and the output
+    distribution compared with the original one (the unpermuted context
+    ``sum_t alpha_t h_t``) by ``TVD = ½ Σ |p - q|``. ``median_tvd`` is the median over the
+    permutations with numpy's definition (J&W used ``np.median``): for even P the mean
+    of the two middle values (``torch.median`` would return the lower one). Rows with
+    L <= 1 have TVD 0. Output distributions: softmax for C >= 2 logits, ``(1 - p, p)``
+    with ``p = sigmoid(logit)`` for C == 1.
+
+    Permutation p of row b is ``attention_permutations(lengths, T, P, seed)[b, p]``
+    with ``seed = draw_seed(generator)`` (one int64 per call): it depends on
+    (seed, b, p) only, so the result does not depend on ``memory_budget``, on the
+    decoder path or on the other rows, but a row's permutations depend on its index b.
+
+    An ``nn.Linear`` decoder (a plain one: no hooks, no overridden forward) runs the
+    whole test in one kernel on the projected values ``values @ W.T`` (``[B, T, C]``,
+    built in chunks; no context is formed; double accumulation). Any other decoder gets
+    the permuted contexts of a chunk of rows (about ``memory_budget`` bytes) in batched
+    calls; it must treat rows independently (put models in eval mode). Runs under
+    ``torch.no_grad()``.
+
+    Args:
+        attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing
+            to 1 over its first ``lengths[b]`` items (rejected otherwise). Any strides.
+        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``, C >= 1.
+        lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
+        permutations: P >= 1 (J&W: 100).
+        generator: ``torch.Generator`` the seed is drawn from (default: torch's global one).
+        return_all: also return every TVD, ``[B, P]``.
+        memory_budget: approximate bytes of working memory per chunk of rows (one row's
+            P contexts are processed whole even when they exceed it).
+
+    Returns:
+        :class:`PermutationResult`: ``median_tvd`` ``[B]`` (unitless, in [0, 1],
+        attention dtype), ``max_attention`` ``[B]`` (NaN where L = 0), ``tvd`` ``[B, P]``
+        or ``None``.
+
+    Raises:
+        ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
+            values not ``[B, T, H]`` or of another dtype/device, or not finite on a valid
+            prefix; bad lengths; ``permutations`` not an int >= 1; a bad
+            ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose bias
+            is not finite; decoder output not ``[N, C]`` or not finite.
+        TypeError: ``decoder`` not callable.
+
+    Example:
+        >>> att = torch.tensor([[0.9, 0.1], [1.0, 0.0]], dtype=torch.float64)
+        >>> values = torch.tensor([[[4.0], [-4.0]], [[1.0], [2.0]]], dtype=torch.float64)
+        >>> dec = torch.nn.Linear(1, 1, bias=False).double()
+        >>> _ = dec.weight.data.fill_(1.0)
+        >>> res = permutation_test(att, values, dec, torch.tensor([2, 1]), permutations=3,
+        ...                        generator=torch.Generator().manual_seed(0))
+        >>> res.median_tvd.shape, res.median_tvd[1].item(), res.max_attention.tolist()
+        (torch.Size([2]), 0.0, [0.9, 1.0])
+    """
+    lengths = _check_inputs(attention, values, lengths)
+    _check_decoder(decoder, values)
+    budget = _check_budget(memory_budget)
+    permutations = _check_int("permutations", permutations, 1)
+    if not isinstance(return_all, bool):
+        raise ValueError(f"return_all must be a bool, got {return_all!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    seed = draw_seed(generator)
+    batch, width, _ = values.shape
+
+    with torch.no_grad():
+        if _is_plain_linear(decoder):
+            projected = _project(values, decoder, lengths, budget)
+            if decoder.bias is None:
+                bias = projected.new_zeros(projected.shape[2])
+            else:
+                bias = decoder.bias.detach().contiguous()
+                if not torch.isfinite(bias).all():
+                    raise ValueError("decoder bias must be finite")
+            median, tvds = _ops().permutation_tvd_linear(attention.contiguous(), projected, bias,
+                                                         lengths, permutations, seed)
+        else:
+            tvds = _general(attention, values, decoder, lengths, permutations, seed, budget)
+            tvds[lengths <= 1] = 0  # equal contexts; a batched decoder call may round them apart
+            median = _median(tvds).to(attention.dtype)
+            tvds = tvds.to(attention.dtype)
+        if width:
+            real = attention.masked_fill(~valid_mask(lengths, width), -torch.inf)
+            top = torch.where(lengths > 0, real.amax(1), torch.nan)
+        else:
+            top = attention.new_full((batch,), torch.nan)
+    return PermutationResult(median, top, tvds if return_all else None)

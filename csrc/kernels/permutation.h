@@ -1,0 +1,233 @@
+// Per-row permutation test (J&W 2019, sec. 4.2; DESIGN §4 "Permutation"), shared
+// by the CPU and CUDA back ends. Plain functions on raw pointers, no torch
+// headers, so that `nvcc -c` can compile-check them without a CUDA build of torch.
+//
+// Random permutations come from a counter-based generator: permutation p of row
+// r under a 64-bit seed is a pure function of (seed, r, p), so any subset of rows
+// or permutations can be generated in any order, chunk or thread, and a row's
+// permutations do not depend on the other rows. They do depend on the row's
+// index r (its global position in the batch).
+//
+//   fin(z)   = splitmix64 finaliser: z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
+//              z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31
+//   mix(z)   = fin(z + 0x9E3779B97F4A7C15)
+//   state_0  = mix(mix(mix(seed) ^ r) ^ p)
+//   next64() : state += 0x9E3779B97F4A7C15; return fin(state)   (splitmix64)
+//   next32() : the low 32 bits of a next64(), then its high 32 bits
+//   below(n) : uniform integer in [0, n), n < 2^32, by Lemire's multiply-and-
+//              reject method (unbiased): m = next32() * n until (m mod 2^32) >=
+//              (2^32 - n) mod n; return m >> 32
+//   permutation: perm[t] = t; for i = L-1 down to 1: swap(perm[i], perm[below(i+1)])
+//              (Fisher-Yates: every one of the L! orders has probability 1/L!)
+//
+// The permuted attention of a row is alpha'_t = alpha_{perm[t]}: the weights move,
+// the hidden states stay, and the context is sum_t alpha_{perm[t]} h_t.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/macros.h"
+
+namespace attnmetrics {
+namespace permutation {
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ULL;
+
+AM_HOST_DEVICE inline uint64_t finalise(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+AM_HOST_DEVICE inline uint64_t mix(uint64_t z) { return finalise(z + kGolden); }
+
+// One (seed, row, permutation) stream of random numbers.
+struct Stream {
+  uint64_t state;
+  uint32_t spare;
+  bool has_spare;
+};
+
+AM_HOST_DEVICE inline Stream make_stream(uint64_t seed, uint64_t row, uint64_t perm) {
+  Stream s;
+  s.state = mix(mix(mix(seed) ^ row) ^ perm);
+  s.spare = 0;
+  s.has_spare = false;
+  return s;
+}
+
+AM_HOST_DEVICE inline uint32_t next32(Stream& s) {
+  if (s.has_spare) {
+    s.has_spare = false;
+    return s.spare;
+  }
+  s.state += kGolden;
+  const uint64_t z = finalise(s.state);
+  s.spare = static_cast<uint32_t>(z >> 32);
+  s.has_spare = true;
+  return static_cast<uint32_t>(z);
+}
+
+// Uniform in [0, n) for 1 <= n < 2^32, without modulo bias.
+AM_HOST_DEVICE inline uint32_t below(Stream& s, uint32_t n) {
+  uint64_t m = static_cast<uint64_t>(next32(s)) * n;
+  uint32_t low = static_cast<uint32_t>(m);
+  if (low < n) {
+    const uint32_t threshold = (0u - n) % n;  // 2^32 mod n
+    while (low < threshold) {
+      m = static_cast<uint64_t>(next32(s)) * n;
+      low = static_cast<uint32_t>(m);
+    }
+  }
+  return static_cast<uint32_t>(m >> 32);
+}
+
+// perm[0..L-1] = permutation p of row `row` (Fisher-Yates on the identity);
+// L < 2^32. Positions L.. are not touched.
+AM_HOST_DEVICE inline void permutation_row(uint64_t seed, uint64_t row, uint64_t p, int64_t L,
+                                           int64_t* perm) {
+  for (int64_t t = 0; t < L; ++t) perm[t] = t;
+  if (L <= 1) return;
+  Stream s = make_stream(seed, row, p);
+  for (int64_t i = L - 1; i >= 1; --i) {
+    const int64_t j = below(s, static_cast<uint32_t>(i + 1));
+    const int64_t tmp = perm[i];
+    perm[i] = perm[j];
+    perm[j] = tmp;
+  }
+}
+
+// The k-th smallest of a[0..n-1] (0-based), reordering a (Hoare quickselect,
+// middle pivot). Every scan is bounded, so NaN input cannot run out of range.
+template <typename acc_t>
+AM_HOST_DEVICE inline acc_t select_kth(acc_t* a, int64_t n, int64_t k) {
+  int64_t lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const acc_t pivot = a[lo + (hi - lo) / 2];
+    int64_t i = lo, j = hi;
+    while (i <= j) {
+      while (i <= hi && a[i] < pivot) ++i;
+      while (j >= lo && a[j] > pivot) --j;
+      if (i <= j) {
+        const acc_t tmp = a[i];
+        a[i] = a[j];
+        a[j] = tmp;
+        ++i;
+        --j;
+      }
+    }
+    // now a[lo..j] <= pivot <= a[i..hi] and every a[j+1..i-1] equals the pivot
+    if (k <= j) {
+      hi = j;
+    } else if (k >= i) {
+      lo = i;
+    } else {
+      return a[k];
+    }
+  }
+  return a[k];
+}
+
+// numpy's median (np.median): the middle value, or for even n the mean of the
+// two middle values. Reorders a; n >= 1.
+template <typename acc_t>
+AM_HOST_DEVICE inline acc_t median(acc_t* a, int64_t n) {
+  const int64_t k = (n - 1) / 2;
+  const acc_t low = select_kth(a, n, k);
+  if (n % 2 == 1) return low;
+  acc_t high = a[k + 1];  // after selection a[k+1..n-1] >= a[k]: the next one is their min
+  for (int64_t i = k + 2; i < n; ++i) high = a[i] < high ? a[i] : high;
+  return (low + high) / acc_t(2);
+}
+
+// In place: logits z[0..C-1] -> the output distribution. C == 1: z[0] becomes the
+// sigmoid p (the distribution is (1 - p, p)); C >= 2: softmax (max subtracted).
+template <typename acc_t>
+AM_HOST_DEVICE inline void distribution(acc_t* z, int64_t C) {
+  if (C == 1) {
+    z[0] = acc_t(1) / (acc_t(1) + exp(-z[0]));
+    return;
+  }
+  acc_t top = z[0];
+  for (int64_t c = 1; c < C; ++c) top = z[c] > top ? z[c] : top;
+  acc_t total = acc_t(0);
+  for (int64_t c = 0; c < C; ++c) {
+    z[c] = exp(z[c] - top);
+    total += z[c];
+  }
+  for (int64_t c = 0; c < C; ++c) z[c] /= total;
+}
+
+// TVD between two distributions as left by `distribution` (C == 1: ½(|Δ(1-p)| + |Δp|) = |Δp|).
+template <typename acc_t>
+AM_HOST_DEVICE inline acc_t tvd(const acc_t* p, const acc_t* q, int64_t C) {
+  if (C == 1) return fabs(p[0] - q[0]);
+  acc_t s = acc_t(0);
+  for (int64_t c = 0; c < C; ++c) s += fabs(p[c] - q[c]);
+  return acc_t(0.5) * s;
+}
+
+// Permutation test of one row with a linear decoder, on projected values
+// proj[t * C + c] = (W h_t)_c: logits = sum_t alpha_{perm[t]} proj_t + bias for each
+// permutation p = 0..P-1 (global index `row` for the generator), TVD of the output
+// distribution from the original one (identity permutation). Writes tvd[0..P-1]
+// and returns their median; rows with L <= 1 get TVD 0. Scratch: perm (L int64),
+// z and base (C acc_t each), sorted (P acc_t).
+template <typename scalar_t, typename acc_t>
+AM_HOST_DEVICE inline acc_t linear_row(const scalar_t* att, const scalar_t* proj,
+                                       const scalar_t* bias, int64_t L, int64_t C, int64_t P,
+                                       uint64_t seed, uint64_t row, int64_t* perm, acc_t* z,
+                                       acc_t* base, acc_t* tvds, acc_t* sorted) {
+  if (L <= 1) {
+    for (int64_t p = 0; p < P; ++p) tvds[p] = acc_t(0);
+    return acc_t(0);
+  }
+  for (int64_t c = 0; c < C; ++c) base[c] = static_cast<acc_t>(bias[c]);
+  for (int64_t t = 0; t < L; ++t) {
+    const acc_t a = static_cast<acc_t>(att[t]);
+    for (int64_t c = 0; c < C; ++c) base[c] += a * static_cast<acc_t>(proj[t * C + c]);
+  }
+  distribution(base, C);
+  for (int64_t p = 0; p < P; ++p) {
+    permutation_row(seed, row, static_cast<uint64_t>(p), L, perm);
+    for (int64_t c = 0; c < C; ++c) z[c] = static_cast<acc_t>(bias[c]);
+    for (int64_t t = 0; t < L; ++t) {
+      const acc_t a = static_cast<acc_t>(att[perm[t]]);
+      for (int64_t c = 0; c < C; ++c) z[c] += a * static_cast<acc_t>(proj[t * C + c]);
+    }
+    distribution(z, C);
+    tvds[p] = tvd(z, base, C);
+    sorted[p] = tvds[p];
+  }
+  return median(sorted, P);
+}
+
+// Original and permuted contexts of one row for a general decoder:
+// original[h] = sum_t alpha_t v_t[h], permuted[p * H + h] = sum_t alpha_{perm[t]} v_t[h]
+// (zero vectors when L == 0); values[t * H + h] = v_t[h]. Scratch: perm (L int64),
+// acc (H acc_t).
+template <typename scalar_t, typename acc_t>
+AM_HOST_DEVICE inline void contexts_row(const scalar_t* att, const scalar_t* values, int64_t L,
+                                        int64_t H, int64_t P, uint64_t seed, uint64_t row,
+                                        int64_t* perm, acc_t* acc, scalar_t* original,
+                                        scalar_t* permuted) {
+  for (int64_t p = -1; p < P; ++p) {  // p = -1: the original, unpermuted context
+    if (p < 0) {
+      for (int64_t t = 0; t < L; ++t) perm[t] = t;
+    } else {
+      permutation_row(seed, row, static_cast<uint64_t>(p), L, perm);
+    }
+    for (int64_t h = 0; h < H; ++h) acc[h] = acc_t(0);
+    for (int64_t t = 0; t < L; ++t) {
+      const acc_t a = static_cast<acc_t>(att[perm[t]]);
+      const scalar_t* v = values + t * H;
+      for (int64_t h = 0; h < H; ++h) acc[h] += a * static_cast<acc_t>(v[h]);
+    }
+    scalar_t* out = p < 0 ? original : permuted + p * H;
+    for (int64_t h = 0; h < H; ++h) out[h] = static_cast<scalar_t>(acc[h]);
+  }
+}
+
+}  // namespace permutation
+}  // namespace attnmetrics
