@@ -10,6 +10,8 @@ from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import AttentionClassifier
 from attnmetrics.ranking import KendallTau, kendall_tau
 from attnmetrics.removal import FlipResult, attention_gradient, flip_fraction
+from attnmetrics.permutation import PermutationResult, permutation_test
+from attnmetrics.single import SingleRemovalResult, single_removal
 
 __version__ = "0.1.0"
 
@@ -24,4 +26,8 @@ __all__ = [
     "kendall_tau",
     "output_distribution",
     "tvd",
+    "PermutationResult",
+    "permutation_test",
+    "SingleRemovalResult",
+    "single_removal",
 ]
