@@ -143,6 +143,8 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
     budget = _check_budget(memory_budget)
     if not isinstance(which, str) or which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if generator is not None and generator.device != attention.device:
         raise ValueError(f"generator is on {generator.device}, attention on {attention.device}")
     batch, width, hidden = values.shape

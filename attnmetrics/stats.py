@@ -26,6 +26,8 @@ def _as_bool(name: str, x) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu().numpy()
     arr = np.asarray(x)
+    if arr.size == 0 and arr.ndim == 1:  # [] has no dtype to check
+        arr = arr.astype(np.bool_)
     if arr.dtype != np.bool_:
         raise ValueError(f"{name} must hold booleans, got dtype {arr.dtype}")
     if arr.ndim != 1:
