@@ -120,13 +120,14 @@ std::tuple<at::Tensor, at::Tensor> permutation_tvd_linear_cpu(
     const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, T * C * P));
     at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
       std::vector<int64_t> order(static_cast<size_t>(T));
+      std::vector<acc_t> u(static_cast<size_t>(T));
       std::vector<acc_t> z(static_cast<size_t>(C)), base(static_cast<size_t>(C));
       std::vector<acc_t> tvds(static_cast<size_t>(P)), sorted(static_cast<size_t>(P));
       for (int64_t b = begin; b < end; ++b) {
         const acc_t m = perm::linear_row<scalar_t, acc_t>(
             att + b * T, proj + b * T * C, bi, len[b], C, P, static_cast<uint64_t>(seed),
-            static_cast<uint64_t>(row_offset) + static_cast<uint64_t>(b), order.data(), z.data(),
-            base.data(), tvds.data(), sorted.data());
+            static_cast<uint64_t>(row_offset) + static_cast<uint64_t>(b), order.data(), u.data(),
+            z.data(), base.data(), tvds.data(), sorted.data());
         out_median[b] = static_cast<scalar_t>(m);
         for (int64_t p = 0; p < P; ++p) out_tvd[b * P + p] = static_cast<scalar_t>(tvds[p]);
       }

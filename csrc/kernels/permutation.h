@@ -83,19 +83,29 @@ AM_HOST_DEVICE inline uint32_t below(Stream& s, uint32_t n) {
   return static_cast<uint32_t>(m >> 32);
 }
 
-// perm[0..L-1] = permutation p of row `row` (Fisher-Yates on the identity);
-// L < 2^32. Positions L.. are not touched.
-AM_HOST_DEVICE inline void permutation_row(uint64_t seed, uint64_t row, uint64_t p, int64_t L,
-                                           int64_t* perm) {
+// Fisher-Yates for permutation p of row `row` into perm[0..L-1] (L < 2^32;
+// positions L.. untouched), calling visit(i, perm[i]) for i = L-1 down to 0 as
+// each position becomes final, so callers can consume the permutation in the
+// same pass that draws it.
+template <typename Visit>
+AM_HOST_DEVICE inline void shuffle(uint64_t seed, uint64_t row, uint64_t p, int64_t L,
+                                   int64_t* perm, Visit&& visit) {
+  if (L <= 0) return;
   for (int64_t t = 0; t < L; ++t) perm[t] = t;
-  if (L <= 1) return;
   Stream s = make_stream(seed, row, p);
   for (int64_t i = L - 1; i >= 1; --i) {
     const int64_t j = below(s, static_cast<uint32_t>(i + 1));
-    const int64_t tmp = perm[i];
-    perm[i] = perm[j];
-    perm[j] = tmp;
+    const int64_t picked = perm[j];
+    perm[j] = perm[i];
+    perm[i] = picked;
+    visit(i, picked);
   }
+  visit(int64_t(0), perm[0]);
+}
+
+AM_HOST_DEVICE inline void permutation_row(uint64_t seed, uint64_t row, uint64_t p, int64_t L,
+                                           int64_t* perm) {
+  shuffle(seed, row, p, L, perm, [](int64_t, int64_t) {});
 }
 
 // The k-th smallest of a[0..n-1] (0-based), reordering a (Hoare quickselect,
@@ -171,31 +181,56 @@ AM_HOST_DEVICE inline acc_t tvd(const acc_t* p, const acc_t* q, int64_t C) {
 // Permutation test of one row with a linear decoder, on projected values
 // proj[t * C + c] = (W h_t)_c: logits = sum_t alpha_{perm[t]} proj_t + bias for each
 // permutation p = 0..P-1 (global index `row` for the generator), TVD of the output
-// distribution from the original one (identity permutation). Writes tvd[0..P-1]
-// and returns their median; rows with L <= 1 get TVD 0. Scratch: perm (L int64),
-// z and base (C acc_t each), sorted (P acc_t).
+// distribution from the original one (identity permutation). Writes tvds[0..P-1]
+// and returns their median; rows with L <= 1 get TVD 0. Sums run over t = L-1
+// down to 0 (the order the shuffle finalises positions), the original's too, so a
+// permutation that changes no weight gives exactly TVD 0.
+// C <= 2 needs one number per token: the output is sigmoid(d) with d the logit
+// (C == 1) or the logit difference z_1 - z_0 (C == 2, the softmax of two), and
+// TVD = |sigmoid(d) - sigmoid(d_0)|.
+// Scratch: perm (L int64), u (L acc_t), z and base (C acc_t each), sorted (P acc_t).
 template <typename scalar_t, typename acc_t>
 AM_HOST_DEVICE inline acc_t linear_row(const scalar_t* att, const scalar_t* proj,
                                        const scalar_t* bias, int64_t L, int64_t C, int64_t P,
-                                       uint64_t seed, uint64_t row, int64_t* perm, acc_t* z,
-                                       acc_t* base, acc_t* tvds, acc_t* sorted) {
+                                       uint64_t seed, uint64_t row, int64_t* perm, acc_t* u,
+                                       acc_t* z, acc_t* base, acc_t* tvds, acc_t* sorted) {
   if (L <= 1) {
     for (int64_t p = 0; p < P; ++p) tvds[p] = acc_t(0);
     return acc_t(0);
   }
-  for (int64_t c = 0; c < C; ++c) base[c] = static_cast<acc_t>(bias[c]);
-  for (int64_t t = 0; t < L; ++t) {
+  if (C <= 2) {
+    acc_t offset = static_cast<acc_t>(bias[0]);
+    if (C == 2) offset = static_cast<acc_t>(bias[1]) - offset;
+    for (int64_t t = 0; t < L; ++t) {
+      u[t] = C == 1 ? static_cast<acc_t>(proj[t])
+                    : static_cast<acc_t>(proj[2 * t + 1]) - static_cast<acc_t>(proj[2 * t]);
+    }
+    acc_t d0 = acc_t(0);
+    for (int64_t t = L - 1; t >= 0; --t) d0 += static_cast<acc_t>(att[t]) * u[t];
+    const acc_t p0 = acc_t(1) / (acc_t(1) + exp(-(d0 + offset)));
+    for (int64_t p = 0; p < P; ++p) {
+      acc_t d = acc_t(0);
+      shuffle(seed, row, static_cast<uint64_t>(p), L, perm,
+              [&](int64_t t, int64_t from) { d += static_cast<acc_t>(att[from]) * u[t]; });
+      tvds[p] = fabs(acc_t(1) / (acc_t(1) + exp(-(d + offset))) - p0);
+      sorted[p] = tvds[p];
+    }
+    return median(sorted, P);
+  }
+  for (int64_t c = 0; c < C; ++c) base[c] = acc_t(0);
+  for (int64_t t = L - 1; t >= 0; --t) {
     const acc_t a = static_cast<acc_t>(att[t]);
     for (int64_t c = 0; c < C; ++c) base[c] += a * static_cast<acc_t>(proj[t * C + c]);
   }
+  for (int64_t c = 0; c < C; ++c) base[c] += static_cast<acc_t>(bias[c]);
   distribution(base, C);
   for (int64_t p = 0; p < P; ++p) {
-    permutation_row(seed, row, static_cast<uint64_t>(p), L, perm);
-    for (int64_t c = 0; c < C; ++c) z[c] = static_cast<acc_t>(bias[c]);
-    for (int64_t t = 0; t < L; ++t) {
-      const acc_t a = static_cast<acc_t>(att[perm[t]]);
+    for (int64_t c = 0; c < C; ++c) z[c] = acc_t(0);
+    shuffle(seed, row, static_cast<uint64_t>(p), L, perm, [&](int64_t t, int64_t from) {
+      const acc_t a = static_cast<acc_t>(att[from]);
       for (int64_t c = 0; c < C; ++c) z[c] += a * static_cast<acc_t>(proj[t * C + c]);
-    }
+    });
+    for (int64_t c = 0; c < C; ++c) z[c] += static_cast<acc_t>(bias[c]);
     distribution(z, C);
     tvds[p] = tvd(z, base, C);
     sorted[p] = tvds[p];
@@ -205,26 +240,25 @@ AM_HOST_DEVICE inline acc_t linear_row(const scalar_t* att, const scalar_t* proj
 
 // Original and permuted contexts of one row for a general decoder:
 // original[h] = sum_t alpha_t v_t[h], permuted[p * H + h] = sum_t alpha_{perm[t]} v_t[h]
-// (zero vectors when L == 0); values[t * H + h] = v_t[h]. Scratch: perm (L int64),
-// acc (H acc_t).
+// (zero vectors when L == 0; sums over t = L-1 down to 0, as in linear_row);
+// values[t * H + h] = v_t[h]. Scratch: perm (L int64), acc (H acc_t).
 template <typename scalar_t, typename acc_t>
 AM_HOST_DEVICE inline void contexts_row(const scalar_t* att, const scalar_t* values, int64_t L,
                                         int64_t H, int64_t P, uint64_t seed, uint64_t row,
                                         int64_t* perm, acc_t* acc, scalar_t* original,
                                         scalar_t* permuted) {
-  for (int64_t p = -1; p < P; ++p) {  // p = -1: the original, unpermuted context
-    if (p < 0) {
-      for (int64_t t = 0; t < L; ++t) perm[t] = t;
-    } else {
-      permutation_row(seed, row, static_cast<uint64_t>(p), L, perm);
-    }
+  auto add = [&](int64_t t, int64_t from) {
+    const acc_t a = static_cast<acc_t>(att[from]);
+    const scalar_t* v = values + t * H;
+    for (int64_t h = 0; h < H; ++h) acc[h] += a * static_cast<acc_t>(v[h]);
+  };
+  for (int64_t h = 0; h < H; ++h) acc[h] = acc_t(0);
+  for (int64_t t = L - 1; t >= 0; --t) add(t, t);
+  for (int64_t h = 0; h < H; ++h) original[h] = static_cast<scalar_t>(acc[h]);
+  for (int64_t p = 0; p < P; ++p) {
     for (int64_t h = 0; h < H; ++h) acc[h] = acc_t(0);
-    for (int64_t t = 0; t < L; ++t) {
-      const acc_t a = static_cast<acc_t>(att[perm[t]]);
-      const scalar_t* v = values + t * H;
-      for (int64_t h = 0; h < H; ++h) acc[h] += a * static_cast<acc_t>(v[h]);
-    }
-    scalar_t* out = p < 0 ? original : permuted + p * H;
+    shuffle(seed, row, static_cast<uint64_t>(p), L, perm, add);
+    scalar_t* out = permuted + p * H;
     for (int64_t h = 0; h < H; ++h) out[h] = static_cast<scalar_t>(acc[h]);
   }
 }
