@@ -191,7 +191,8 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
                     raise ValueError("values must be finite on each row's valid prefix")
                 contexts = torch.bmm(torch.stack([before, after], 1).to(h.dtype), h)
                 n = keep.numel()
-                z = _check_logits(decoder(contexts.view(2 * n, hidden)), 2 * n, classes[0] if classes else None)
+                z = _check_logits(decoder(contexts.view(2 * n, hidden)), 2 * n,
+                                  classes[0] if classes else None)
                 classes[:] = [z.shape[1]]
                 z = z.view(n, 2, -1)
             dist = output_distribution(z.reshape(-1, z.shape[2]).to(torch.float64)).view(z.shape[0], 2, -1)
