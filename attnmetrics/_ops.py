@@ -89,8 +89,3 @@ def _permutation_tvd_linear_fake(attention, projected, bias, lengths, permutatio
     b = attention.shape[0]
     return attention.new_empty(b), attention.new_empty(b, permutations)
 
-
-@torch.library.register_fake("attnmetrics::permuted_contexts")
-def _permuted_contexts_fake(attention, values, lengths, permutations, seed, row_offset=0):
-    b, h = values.shape[0], values.shape[2]
-    return values.new_empty(b, h), values.new_empty(b, permutations, h)

@@ -107,37 +107,41 @@ def _median(x: Tensor) -> Tensor:
 
 def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor,
              permutations: int, seed: int, budget: int) -> Tensor:
-    """Output TVD [B, P] (float64) with any decoder: the permuted contexts of a chunk of rows
-    (kernel), decoded in batched calls."""
+    """Output TVD [B, P] (float64) with any decoder. Per chunk of rows: the permutations
+    (kernel), the permuted weights by gather, the original and every permuted context of a
+    row in one batched matmul (row b: ``[P + 1, T] @ [T, H]``), decoded in batched calls."""
     batch, width, hidden = values.shape
     item = values.element_size()
-    # A chunk's contexts take about half the budget; the decoder is fed slices of an
-    # eighth, leaving room for its own activations (a few times its input).
-    row_bytes = (permutations + 1) * hidden * item + (0 if values.is_contiguous() else width * hidden * item)
+    p1 = permutations + 1
+    # A chunk (permutations, weights, a zero-padded copy of its values, contexts) takes
+    # about half the budget; the decoder is fed slices of an eighth, leaving room for its
+    # own activations (a few times its input).
+    row_bytes = p1 * width * (8 + item) + width * hidden * item + p1 * hidden * item
     rows = _rows_per_chunk(row_bytes, budget // 2)
     call_rows = max(1, budget // (8 * hidden * item))
     ops = _ops()
     classes: list[int] = []
-
-    def distributions(contexts: Tensor) -> Tensor:
-        out = []
-        for c in range(0, contexts.shape[0], call_rows):
-            part = contexts[c:c + call_rows]
-            logits = _check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
-            classes[:] = [logits.shape[1]]
-            out.append(output_distribution(logits.to(torch.float64)))
-        return torch.cat(out)
-
     result = torch.empty(batch, permutations, dtype=torch.float64, device=values.device)
     for s in range(0, batch, rows):
         e = min(batch, s + rows)
-        original, permuted = ops.permuted_contexts(attention[s:e].contiguous(), values[s:e].contiguous(),
-                                                   lengths[s:e], permutations, seed, s)
-        if not torch.isfinite(original).all():
+        n, lens = e - s, lengths[s:e]
+        mask = valid_mask(lens, width)
+        alpha = attention[s:e].masked_fill(~mask, 0)
+        h = values[s:e].masked_fill(~mask[..., None], 0)  # padding never enters a context
+        perms = ops.attention_permutations(lens, width, permutations, seed, s, 0)
+        permuted = alpha.gather(1, perms.view(n, -1)).view(n, permutations, width)
+        weights = torch.cat([alpha[:, None], permuted], 1)  # [n, P + 1, T]
+        contexts = torch.bmm(weights, h).view(n * p1, hidden)  # row b: original, then permuted
+        if not torch.isfinite(contexts[::p1]).all():
             raise ValueError("values must be finite on each row's valid prefix")
-        base = distributions(original)
-        moved = distributions(permuted.view(-1, hidden)).view(e - s, permutations, -1)
-        result[s:e] = tvd(moved, base[:, None, :], memory_budget=budget)
+        dists = []
+        for c in range(0, n * p1, call_rows):
+            part = contexts[c:c + call_rows]
+            logits = _check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
+            classes[:] = [logits.shape[1]]
+            dists.append(output_distribution(logits.to(torch.float64)))
+        dist = torch.cat(dists).view(n, p1, -1)
+        result[s:e] = tvd(dist[:, 1:], dist[:, :1], memory_budget=budget)
     return result
 
 
@@ -165,9 +169,9 @@ def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
     An ``nn.Linear`` decoder (a plain one: no hooks, no overridden forward) runs the
     whole test in one kernel on the projected values ``values @ W.T`` (``[B, T, C]``,
     built in chunks; no context is formed; double accumulation). Any other decoder gets
-    the permuted contexts of a chunk of rows (about ``memory_budget`` bytes) in batched
-    calls; it must treat rows independently (put models in eval mode). Runs under
-    ``torch.no_grad()``.
+    the original and permuted contexts of a chunk of rows (about ``memory_budget`` bytes;
+    one batched matmul, accumulating in the inputs' dtype) in batched calls; it must treat
+    rows independently (put models in eval mode). Runs under ``torch.no_grad()``.
 
     Args:
         attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing

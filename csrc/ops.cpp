@@ -45,8 +45,4 @@ TORCH_LIBRARY(attnmetrics, m) {
   // each permutation from the unpermuted output (0 for rows with L <= 1).
   m.def("permutation_tvd_linear(Tensor attention, Tensor projected, Tensor bias, "
         "Tensor lengths, int permutations, int seed, int row_offset=0) -> (Tensor, Tensor)");
-  // Any decoder: original contexts [B, H] = sum_t alpha_t v_t and permuted
-  // contexts [B, P, H] = sum_t alpha_{perm[t]} v_t over each valid prefix.
-  m.def("permuted_contexts(Tensor attention, Tensor values, Tensor lengths, "
-        "int permutations, int seed, int row_offset=0) -> (Tensor, Tensor)");
 }

@@ -1,7 +1,7 @@
-// CPU impls of attention_permutations, permutation_tvd_linear and
-// permuted_contexts (schemas in ops.cpp). The per-row algorithm is in
-// kernels/permutation.h; this file validates the inputs so that no input can make
-// it read or write out of bounds, and runs rows in parallel.
+// CPU impls of attention_permutations and permutation_tvd_linear (schemas in
+// ops.cpp). The per-row algorithm is in kernels/permutation.h; this file
+// validates the inputs so that no input can make it read or write out of
+// bounds, and runs rows in parallel.
 #include <ATen/ATen.h>
 #include <ATen/AccumulateType.h>
 #include <ATen/Parallel.h>
@@ -136,51 +136,9 @@ std::tuple<at::Tensor, at::Tensor> permutation_tvd_linear_cpu(
   return {median, tvd};
 }
 
-std::tuple<at::Tensor, at::Tensor> permuted_contexts_cpu(const at::Tensor& attention,
-                                                         const at::Tensor& values,
-                                                         const at::Tensor& lengths,
-                                                         int64_t permutations, int64_t seed,
-                                                         int64_t row_offset) {
-  check_attention(attention, lengths);
-  check_counts(permutations, row_offset);
-  check_cpu_contiguous(values, "values");
-  const int64_t B = attention.size(0), T = attention.size(1), P = permutations;
-  TORCH_CHECK(values.dim() == 3 && values.size(0) == B && values.size(1) == T,
-              "values must have shape [B, T, H] = [", B, ", ", T, ", H], got ", values.sizes());
-  TORCH_CHECK(values.scalar_type() == attention.scalar_type(), "values dtype ",
-              values.scalar_type(), " must match attention dtype ", attention.scalar_type());
-  const int64_t H = values.size(2);
-
-  auto original = at::empty({B, H}, values.options());
-  auto permuted = at::empty({B, P, H}, values.options());
-  AT_DISPATCH_FLOATING_TYPES(attention.scalar_type(), "permuted_contexts", [&] {
-    using acc_t = at::acc_type<scalar_t, /*is_cuda=*/false>;
-    const scalar_t* att = attention.data_ptr<scalar_t>();
-    const scalar_t* val = values.data_ptr<scalar_t>();
-    const int64_t* len = lengths.data_ptr<int64_t>();
-    scalar_t* out_original = original.data_ptr<scalar_t>();
-    scalar_t* out_permuted = permuted.data_ptr<scalar_t>();
-    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, T * H * P));
-    at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
-      std::vector<int64_t> order(static_cast<size_t>(T));
-      std::vector<acc_t> acc(static_cast<size_t>(H));
-      for (int64_t b = begin; b < end; ++b) {
-        perm::contexts_row<scalar_t, acc_t>(att + b * T, val + b * T * H, len[b], H, P,
-                                            static_cast<uint64_t>(seed),
-                                            static_cast<uint64_t>(row_offset) +
-                                                static_cast<uint64_t>(b),
-                                            order.data(), acc.data(), out_original + b * H,
-                                            out_permuted + b * P * H);
-      }
-    });
-  });
-  return {original, permuted};
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnmetrics, CPU, m) {
   m.impl("attention_permutations", &attention_permutations_cpu);
   m.impl("permutation_tvd_linear", &permutation_tvd_linear_cpu);
-  m.impl("permuted_contexts", &permuted_contexts_cpu);
 }

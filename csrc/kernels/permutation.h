@@ -238,30 +238,5 @@ AM_HOST_DEVICE inline acc_t linear_row(const scalar_t* att, const scalar_t* proj
   return median(sorted, P);
 }
 
-// Original and permuted contexts of one row for a general decoder:
-// original[h] = sum_t alpha_t v_t[h], permuted[p * H + h] = sum_t alpha_{perm[t]} v_t[h]
-// (zero vectors when L == 0; sums over t = L-1 down to 0, as in linear_row);
-// values[t * H + h] = v_t[h]. Scratch: perm (L int64), acc (H acc_t).
-template <typename scalar_t, typename acc_t>
-AM_HOST_DEVICE inline void contexts_row(const scalar_t* att, const scalar_t* values, int64_t L,
-                                        int64_t H, int64_t P, uint64_t seed, uint64_t row,
-                                        int64_t* perm, acc_t* acc, scalar_t* original,
-                                        scalar_t* permuted) {
-  auto add = [&](int64_t t, int64_t from) {
-    const acc_t a = static_cast<acc_t>(att[from]);
-    const scalar_t* v = values + t * H;
-    for (int64_t h = 0; h < H; ++h) acc[h] += a * static_cast<acc_t>(v[h]);
-  };
-  for (int64_t h = 0; h < H; ++h) acc[h] = acc_t(0);
-  for (int64_t t = L - 1; t >= 0; --t) add(t, t);
-  for (int64_t h = 0; h < H; ++h) original[h] = static_cast<scalar_t>(acc[h]);
-  for (int64_t p = 0; p < P; ++p) {
-    for (int64_t h = 0; h < H; ++h) acc[h] = acc_t(0);
-    shuffle(seed, row, static_cast<uint64_t>(p), L, perm, add);
-    scalar_t* out = permuted + p * H;
-    for (int64_t h = 0; h < H; ++h) out[h] = static_cast<scalar_t>(acc[h]);
-  }
-}
-
 }  // namespace permutation
 }  // namespace attnmetrics
