@@ -89,3 +89,8 @@ def _permutation_tvd_linear_fake(attention, projected, bias, lengths, permutatio
     b = attention.shape[0]
     return attention.new_empty(b), attention.new_empty(b, permutations)
 
+
+
+@torch.library.register_fake("attnmetrics::project_prefix")
+def _project_prefix_fake(values, weight, lengths):
+    return values.new_empty(values.shape[0], values.shape[1], weight.shape[0])

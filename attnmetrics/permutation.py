@@ -31,7 +31,6 @@ from attnmetrics.removal import (
     _check_logits,
     _is_plain_linear,
     _ops,
-    _project,
     _rows_per_chunk,
 )
 
@@ -96,6 +95,24 @@ def attention_permutations(lengths: Tensor, width: int, permutations: int, seed:
     lengths = check_lengths(lengths, lengths.shape[0], width, lengths.device)
     return _ops().attention_permutations(lengths, width, permutations, seed, row_offset,
                                          permutation_offset)
+
+
+def _project_prefix(values: Tensor, weight: Tensor, lengths: Tensor, budget: int) -> Tensor:
+    """values @ W.T as [B, T, C] on each valid prefix, zero on padding (kernel; padding is
+    never read). Non-contiguous values are copied in row chunks of about ``budget`` bytes."""
+    batch, width, hidden = values.shape
+    weight = weight.detach().contiguous()
+    ops = _ops()
+    if values.is_contiguous():
+        out = ops.project_prefix(values, weight, lengths)
+    else:
+        out = values.new_empty(batch, width, weight.shape[0])
+        rows = _rows_per_chunk(width * hidden * values.element_size(), budget)
+        for s in range(0, batch, rows):
+            out[s:s + rows] = ops.project_prefix(values[s:s + rows].contiguous(), weight, lengths[s:s + rows])
+    if not torch.isfinite(out).all():
+        raise ValueError("values must be finite on each row's valid prefix")
+    return out
 
 
 def _median(x: Tensor) -> Tensor:
@@ -168,7 +185,8 @@ def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
 
     An ``nn.Linear`` decoder (a plain one: no hooks, no overridden forward) runs the
     whole test in one kernel on the projected values ``values @ W.T`` (``[B, T, C]``,
-    built in chunks; no context is formed; double accumulation). Any other decoder gets
+    projected by a kernel that reads only the valid prefixes; no context is formed;
+    double accumulation over tokens). Any other decoder gets
     the original and permuted contexts of a chunk of rows (about ``memory_budget`` bytes;
     one batched matmul, accumulating in the inputs' dtype) in batched calls; it must treat
     rows independently (put models in eval mode). Runs under ``torch.no_grad()``.
@@ -221,7 +239,7 @@ def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
 
     with torch.no_grad():
         if _is_plain_linear(decoder):
-            projected = _project(values, decoder, lengths, budget)
+            projected = _project_prefix(values, decoder.weight, lengths, budget)
             if decoder.bias is None:
                 bias = projected.new_zeros(projected.shape[2])
             else:

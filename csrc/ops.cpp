@@ -45,4 +45,8 @@ TORCH_LIBRARY(attnmetrics, m) {
   // each permutation from the unpermuted output (0 for rows with L <= 1).
   m.def("permutation_tvd_linear(Tensor attention, Tensor projected, Tensor bias, "
         "Tensor lengths, int permutations, int seed, int row_offset=0) -> (Tensor, Tensor)");
+  // Projection of each row's valid prefix for linear decoders: values [B, T, H],
+  // weight [C, H], lengths [B] int64 -> [B, T, C] = values @ weight.T on
+  // t < lengths[b], zero on padding (never read).
+  m.def("project_prefix(Tensor values, Tensor weight, Tensor lengths) -> Tensor");
 }

@@ -97,28 +97,27 @@ def _mix(z):
 def python_permutation(seed, row, p, n):
     """The algorithm documented in csrc/kernels/permutation.h, written again in Python."""
     state = _mix(_mix(_mix(seed & _M64) ^ row) ^ p)
-    spare = []
 
-    def next32():
+    def next64():
         nonlocal state
-        if spare:
-            return spare.pop()
         state = (state + _GOLDEN) & _M64
-        z = _fin(state)
-        spare.append(z >> 32)
-        return z & 0xFFFFFFFF
+        return _fin(state)
 
-    def below(k):  # Lemire: uniform in [0, k)
-        m = next32() * k
-        if (m & 0xFFFFFFFF) < k:
-            while (m & 0xFFFFFFFF) < (2**32 - k) % k:
-                m = next32() * k
+    def bounded(x, k):  # Lemire: uniform in [0, k) from a 32-bit x
+        m = x * k
+        while (m & 0xFFFFFFFF) < (2**32 - k) % k:
+            m = (next64() & 0xFFFFFFFF) * k
         return m >> 32
 
     out = list(range(n))
-    for i in range(n - 1, 0, -1):
-        j = below(i + 1)
-        out[i], out[j] = out[j], out[i]
+    i = n - 1
+    while i >= 1:
+        z = next64()
+        for step, x in ((i, z & 0xFFFFFFFF), (i - 1, z >> 32)):
+            if step >= 1:
+                j = bounded(x, step + 1)
+                out[step], out[j] = out[j], out[step]
+        i -= 2
     return out
 
 

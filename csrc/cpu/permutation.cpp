@@ -18,7 +18,7 @@ namespace {
 
 namespace perm = attnmetrics::permutation;
 
-// permutation_row draws below(n) with n < 2^32.
+// The generator draws bounded(x, n) with n <= L < 2^32.
 constexpr int64_t kMaxWidth = (int64_t(1) << 32) - 1;
 
 void check_cpu_contiguous(const at::Tensor& t, const char* name) {
@@ -74,12 +74,13 @@ at::Tensor attention_permutations_cpu(const at::Tensor& lengths, int64_t width,
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, P * T));
   at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
+      // unsigned sums: offsets near INT64_MAX wrap instead of overflowing
+      const uint64_t key = perm::row_key(static_cast<uint64_t>(seed),
+                                         static_cast<uint64_t>(row_offset) + static_cast<uint64_t>(b));
       for (int64_t p = 0; p < P; ++p) {
         int64_t* o = dst + (b * P + p) * T;
-        // unsigned sums: offsets near INT64_MAX wrap instead of overflowing
-        const uint64_t row = static_cast<uint64_t>(row_offset) + static_cast<uint64_t>(b);
-        const uint64_t index = static_cast<uint64_t>(permutation_offset) + static_cast<uint64_t>(p);
-        perm::permutation_row(static_cast<uint64_t>(seed), row, index, len[b], o);
+        perm::permutation_row(key, static_cast<uint64_t>(permutation_offset) + static_cast<uint64_t>(p),
+                              len[b], o);
         for (int64_t t = len[b]; t < T; ++t) o[t] = t;  // padding: identity
       }
     }
@@ -119,7 +120,7 @@ std::tuple<at::Tensor, at::Tensor> permutation_tvd_linear_cpu(
     scalar_t* out_tvd = tvd.data_ptr<scalar_t>();
     const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, T * C * P));
     at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
-      std::vector<int64_t> order(static_cast<size_t>(T));
+      std::vector<uint32_t> order(static_cast<size_t>(T));  // T < 2^32 is checked
       std::vector<acc_t> u(static_cast<size_t>(T));
       std::vector<acc_t> z(static_cast<size_t>(C)), base(static_cast<size_t>(C));
       std::vector<acc_t> tvds(static_cast<size_t>(P)), sorted(static_cast<size_t>(P));

@@ -8,17 +8,20 @@
 // permutations do not depend on the other rows. They do depend on the row's
 // index r (its global position in the batch).
 //
-//   fin(z)   = splitmix64 finaliser: z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
-//              z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31
-//   mix(z)   = fin(z + 0x9E3779B97F4A7C15)
-//   state_0  = mix(mix(mix(seed) ^ r) ^ p)
-//   next64() : state += 0x9E3779B97F4A7C15; return fin(state)   (splitmix64)
-//   next32() : the low 32 bits of a next64(), then its high 32 bits
-//   below(n) : uniform integer in [0, n), n < 2^32, by Lemire's multiply-and-
-//              reject method (unbiased): m = next32() * n until (m mod 2^32) >=
-//              (2^32 - n) mod n; return m >> 32
-//   permutation: perm[t] = t; for i = L-1 down to 1: swap(perm[i], perm[below(i+1)])
-//              (Fisher-Yates: every one of the L! orders has probability 1/L!)
+//   fin(z)    = splitmix64 finaliser: z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
+//               z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31
+//   mix(z)    = fin(z + 0x9E3779B97F4A7C15)
+//   state_0   = mix(mix(mix(seed) ^ r) ^ p)
+//   next64()  : state += 0x9E3779B97F4A7C15; return fin(state)   (splitmix64)
+//   bounded(x, n), x a uniform 32-bit number, 1 <= n < 2^32: uniform in [0, n) by
+//               Lemire's multiply-and-reject method (unbiased): m = x * n; while
+//               (m mod 2^32) < (2^32 - n) mod n: m = (next64() mod 2^32) * n;
+//               return m >> 32
+//   permutation: perm[t] = t; for i = L-1 down to 1, swap(perm[i], perm[j_i]) with
+//               j_i = bounded(x_i, i + 1) (Fisher-Yates: every one of the L! orders
+//               has probability 1/L!). The x_i come in pairs: z = next64(), x_i =
+//               its low 32 bits, x_{i-1} its high 32 bits; a lone x_1 is the low
+//               32 bits of one more next64().
 //
 // The permuted attention of a row is alpha'_t = alpha_{perm[t]}: the weights move,
 // the hidden states stay, and the context is sum_t alpha_{perm[t]} h_t.
@@ -42,70 +45,59 @@ AM_HOST_DEVICE inline uint64_t finalise(uint64_t z) {
 
 AM_HOST_DEVICE inline uint64_t mix(uint64_t z) { return finalise(z + kGolden); }
 
-// One (seed, row, permutation) stream of random numbers.
-struct Stream {
-  uint64_t state;
-  uint32_t spare;
-  bool has_spare;
-};
-
-AM_HOST_DEVICE inline Stream make_stream(uint64_t seed, uint64_t row, uint64_t perm) {
-  Stream s;
-  s.state = mix(mix(mix(seed) ^ row) ^ perm);
-  s.spare = 0;
-  s.has_spare = false;
-  return s;
+// state_0 = mix(row_key ^ p) with row_key = mix(mix(seed) ^ r), computed once per row.
+AM_HOST_DEVICE inline uint64_t row_key(uint64_t seed, uint64_t row) {
+  return mix(mix(seed) ^ row);
 }
 
-AM_HOST_DEVICE inline uint32_t next32(Stream& s) {
-  if (s.has_spare) {
-    s.has_spare = false;
-    return s.spare;
-  }
-  s.state += kGolden;
-  const uint64_t z = finalise(s.state);
-  s.spare = static_cast<uint32_t>(z >> 32);
-  s.has_spare = true;
-  return static_cast<uint32_t>(z);
+AM_HOST_DEVICE inline uint64_t next64(uint64_t& state) {
+  state += kGolden;
+  return finalise(state);
 }
 
-// Uniform in [0, n) for 1 <= n < 2^32, without modulo bias.
-AM_HOST_DEVICE inline uint32_t below(Stream& s, uint32_t n) {
-  uint64_t m = static_cast<uint64_t>(next32(s)) * n;
-  uint32_t low = static_cast<uint32_t>(m);
-  if (low < n) {
+// Uniform in [0, n) for 1 <= n < 2^32 from the uniform 32-bit x, drawing more
+// from the stream only to reject (probability < n / 2^32).
+AM_HOST_DEVICE inline uint32_t bounded(uint32_t x, uint32_t n, uint64_t& state) {
+  uint64_t m = static_cast<uint64_t>(x) * n;
+  if (static_cast<uint32_t>(m) < n) {
     const uint32_t threshold = (0u - n) % n;  // 2^32 mod n
-    while (low < threshold) {
-      m = static_cast<uint64_t>(next32(s)) * n;
-      low = static_cast<uint32_t>(m);
+    while (static_cast<uint32_t>(m) < threshold) {
+      m = static_cast<uint64_t>(static_cast<uint32_t>(next64(state))) * n;
     }
   }
   return static_cast<uint32_t>(m >> 32);
 }
 
-// Fisher-Yates for permutation p of row `row` into perm[0..L-1] (L < 2^32;
-// positions L.. untouched), calling visit(i, perm[i]) for i = L-1 down to 0 as
-// each position becomes final, so callers can consume the permutation in the
-// same pass that draws it.
-template <typename Visit>
-AM_HOST_DEVICE inline void shuffle(uint64_t seed, uint64_t row, uint64_t p, int64_t L,
-                                   int64_t* perm, Visit&& visit) {
+// Fisher-Yates for permutation p of the row whose row_key is `key`, into
+// perm[0..L-1] (L < 2^32; positions L.. untouched), calling visit(i, perm[i])
+// for i = L-1 down to 0 as each position becomes final, so callers can consume
+// the permutation in the same pass that draws it. Index: any integer type
+// holding 0..L-1.
+template <typename Index, typename Visit>
+AM_HOST_DEVICE inline void shuffle(uint64_t key, uint64_t p, int64_t L, Index* perm,
+                                   Visit&& visit) {
   if (L <= 0) return;
-  for (int64_t t = 0; t < L; ++t) perm[t] = t;
-  Stream s = make_stream(seed, row, p);
-  for (int64_t i = L - 1; i >= 1; --i) {
-    const int64_t j = below(s, static_cast<uint32_t>(i + 1));
-    const int64_t picked = perm[j];
+  for (int64_t t = 0; t < L; ++t) perm[t] = static_cast<Index>(t);
+  uint64_t state = mix(key ^ p);
+  auto step = [&](int64_t i, uint32_t x) {
+    const uint32_t j = bounded(x, static_cast<uint32_t>(i + 1), state);
+    const Index picked = perm[j];
     perm[j] = perm[i];
     perm[i] = picked;
-    visit(i, picked);
+    visit(i, static_cast<int64_t>(picked));
+  };
+  int64_t i = L - 1;
+  for (; i >= 2; i -= 2) {
+    const uint64_t z = next64(state);
+    step(i, static_cast<uint32_t>(z));
+    step(i - 1, static_cast<uint32_t>(z >> 32));
   }
-  visit(int64_t(0), perm[0]);
+  if (i == 1) step(1, static_cast<uint32_t>(next64(state)));
+  visit(int64_t(0), static_cast<int64_t>(perm[0]));
 }
 
-AM_HOST_DEVICE inline void permutation_row(uint64_t seed, uint64_t row, uint64_t p, int64_t L,
-                                           int64_t* perm) {
-  shuffle(seed, row, p, L, perm, [](int64_t, int64_t) {});
+AM_HOST_DEVICE inline void permutation_row(uint64_t key, uint64_t p, int64_t L, int64_t* perm) {
+  shuffle(key, p, L, perm, [](int64_t, int64_t) {});
 }
 
 // The k-th smallest of a[0..n-1] (0-based), reordering a (Hoare quickselect,
@@ -188,16 +180,17 @@ AM_HOST_DEVICE inline acc_t tvd(const acc_t* p, const acc_t* q, int64_t C) {
 // C <= 2 needs one number per token: the output is sigmoid(d) with d the logit
 // (C == 1) or the logit difference z_1 - z_0 (C == 2, the softmax of two), and
 // TVD = |sigmoid(d) - sigmoid(d_0)|.
-// Scratch: perm (L int64), u (L acc_t), z and base (C acc_t each), sorted (P acc_t).
+// Scratch: perm (L uint32), u (L acc_t), z and base (C acc_t each), sorted (P acc_t).
 template <typename scalar_t, typename acc_t>
 AM_HOST_DEVICE inline acc_t linear_row(const scalar_t* att, const scalar_t* proj,
                                        const scalar_t* bias, int64_t L, int64_t C, int64_t P,
-                                       uint64_t seed, uint64_t row, int64_t* perm, acc_t* u,
+                                       uint64_t seed, uint64_t row, uint32_t* perm, acc_t* u,
                                        acc_t* z, acc_t* base, acc_t* tvds, acc_t* sorted) {
   if (L <= 1) {
     for (int64_t p = 0; p < P; ++p) tvds[p] = acc_t(0);
     return acc_t(0);
   }
+  const uint64_t key = row_key(seed, row);
   if (C <= 2) {
     acc_t offset = static_cast<acc_t>(bias[0]);
     if (C == 2) offset = static_cast<acc_t>(bias[1]) - offset;
@@ -210,7 +203,7 @@ AM_HOST_DEVICE inline acc_t linear_row(const scalar_t* att, const scalar_t* proj
     const acc_t p0 = acc_t(1) / (acc_t(1) + exp(-(d0 + offset)));
     for (int64_t p = 0; p < P; ++p) {
       acc_t d = acc_t(0);
-      shuffle(seed, row, static_cast<uint64_t>(p), L, perm,
+      shuffle(key, static_cast<uint64_t>(p), L, perm,
               [&](int64_t t, int64_t from) { d += static_cast<acc_t>(att[from]) * u[t]; });
       tvds[p] = fabs(acc_t(1) / (acc_t(1) + exp(-(d + offset))) - p0);
       sorted[p] = tvds[p];
@@ -226,7 +219,7 @@ AM_HOST_DEVICE inline acc_t linear_row(const scalar_t* att, const scalar_t* proj
   distribution(base, C);
   for (int64_t p = 0; p < P; ++p) {
     for (int64_t c = 0; c < C; ++c) z[c] = acc_t(0);
-    shuffle(seed, row, static_cast<uint64_t>(p), L, perm, [&](int64_t t, int64_t from) {
+    shuffle(key, static_cast<uint64_t>(p), L, perm, [&](int64_t t, int64_t from) {
       const acc_t a = static_cast<acc_t>(att[from]);
       for (int64_t c = 0; c < C; ++c) z[c] += a * static_cast<acc_t>(proj[t * C + c]);
     });
