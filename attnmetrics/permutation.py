@@ -84,6 +84,8 @@ def attention_permutations(lengths: Tensor, width: int, permutations: int, seed:
         ValueError: bad lengths, ``permutations < 1`` or negative offsets.
     """
     _check_int("width", width, 0)
+    if width >= 2**32:
+        raise ValueError(f"width must be < 2**32, got {width}")
     _check_int("permutations", permutations, 1)
     _check_int("row_offset", row_offset, 0)
     _check_int("permutation_offset", permutation_offset, 0)
@@ -109,7 +111,8 @@ def _project_prefix(values: Tensor, weight: Tensor, lengths: Tensor, budget: int
         out = values.new_empty(batch, width, weight.shape[0])
         rows = _rows_per_chunk(width * hidden * values.element_size(), budget)
         for s in range(0, batch, rows):
-            out[s:s + rows] = ops.project_prefix(values[s:s + rows].contiguous(), weight, lengths[s:s + rows])
+            chunk = values[s:s + rows].contiguous()
+            out[s:s + rows] = ops.project_prefix(chunk, weight, lengths[s:s + rows])
     if not torch.isfinite(out).all():
         raise ValueError("values must be finite on each row's valid prefix")
     return out
@@ -180,16 +183,16 @@ def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
 
     Permutation p of row b is ``attention_permutations(lengths, T, P, seed)[b, p]``
     with ``seed = draw_seed(generator)`` (one int64 per call): it depends on
-    (seed, b, p) only, so the result does not depend on ``memory_budget``, on the
-    decoder path or on the other rows, but a row's permutations depend on its index b.
+    (seed, b, p) only, so the result does not depend on ``memory_budget`` or on the
+    other rows, but a row's permutations depend on its index b.
 
     An ``nn.Linear`` decoder (a plain one: no hooks, no overridden forward) runs the
     whole test in one kernel on the projected values ``values @ W.T`` (``[B, T, C]``,
     projected by a kernel that reads only the valid prefixes; no context is formed;
-    double accumulation over tokens). Any other decoder gets
-    the original and permuted contexts of a chunk of rows (about ``memory_budget`` bytes;
-    one batched matmul, accumulating in the inputs' dtype) in batched calls; it must treat
-    rows independently (put models in eval mode). Runs under ``torch.no_grad()``.
+    double accumulation over tokens). Any other decoder gets the original and permuted
+    contexts of a chunk of rows (about ``memory_budget`` bytes; one batched matmul in the
+    inputs' dtype) in batched calls; it must treat rows independently (put models in
+    eval mode). The two paths agree up to rounding. Runs under ``torch.no_grad()``.
 
     Args:
         attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing

@@ -163,12 +163,13 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
         linear = _is_plain_linear(decoder)
         if linear:
             projected = _project(values, decoder, lengths, budget)
-            classes = projected.shape[2]
+            n_classes = projected.shape[2]
             bias = (decoder.bias.detach().to(torch.float64) if decoder.bias is not None
-                    else torch.zeros(classes, dtype=torch.float64, device=device))
-            row_bytes = width * (classes + 2) * 8
+                    else torch.zeros(n_classes, dtype=torch.float64, device=device))
+            row_bytes = width * (n_classes + 2) * 8
         else:  # a copy of the chunk's values, two float64 weight rows, two contexts
-            row_bytes = width * (hidden * values.element_size() + 16) + 2 * hidden * values.element_size()
+            item = values.element_size()
+            row_bytes = width * (hidden * item + 16) + 2 * hidden * item
         rows = _rows_per_chunk(row_bytes, budget)
         classes: list[int] = []  # C of the first decoder call, checked on later ones
         for s in range(0, batch, rows):
@@ -195,7 +196,8 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
                                   classes[0] if classes else None)
                 classes[:] = [z.shape[1]]
                 z = z.view(n, 2, -1)
-            dist = output_distribution(z.reshape(-1, z.shape[2]).to(torch.float64)).view(z.shape[0], 2, -1)
+            dist = output_distribution(z.reshape(-1, z.shape[2]).to(torch.float64))
+            dist = dist.view(z.shape[0], 2, -1)
             divergence[keep] = jsd(dist[:, 0], dist[:, 1], memory_budget=budget)
             flipped[keep] = decision(z[:, 0]) != decision(z[:, 1])
     return SingleRemovalResult(divergence.to(dtype), flipped, index, removed_weight)

@@ -434,6 +434,28 @@ def test_opcheck(dtype):
     torch.library.opcheck(ops.permutation_tvd_linear.default, (att, proj, bias, lengths, 3, -5, 9))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_project_prefix(dtype):
+    # values @ W.T on each valid prefix, zero on padding, which is never read (NaN there)
+    att, values, lengths = batch(b=30, t=9, h=37, dtype=dtype, seed=44)  # H not a multiple of 8 or 16
+    weight = torch.randn(3, 37, generator=gen(1), dtype=F64).to(dtype)
+    pad = torch.arange(9) >= lengths[:, None]
+    got = _ops().project_prefix(values.masked_fill(pad[..., None], math.nan), weight, lengths)
+    want = (values.double() @ weight.double().t()).masked_fill(pad[..., None], 0)
+    tol = 1e-5 if dtype == torch.float32 else 1e-13
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    assert got.dtype == dtype and (got[pad] == 0).all()
+    torch.library.opcheck(_ops().project_prefix.default, (values, weight, lengths))
+    for kw, word in [(dict(weight=weight[:, :5].contiguous()), "weight"), (dict(weight=weight.t()), "weight"),
+                     (dict(weight=weight.to(F64 if dtype == torch.float32 else torch.float32)), "weight dtype"),
+                     (dict(values=values.transpose(1, 2)), "values"), (dict(values=values[0]), "values"),
+                     (dict(values=values.long()), "values"), (dict(lengths=lengths[:3]), "lengths"),
+                     (dict(lengths=lengths + 9), "lengths"), (dict(lengths=lengths.int()), "lengths")]:
+        a = dict(values=values, weight=weight, lengths=lengths) | kw
+        with pytest.raises(RuntimeError, match=word):
+            _ops().project_prefix(a["values"], a["weight"], a["lengths"])
+
+
 def test_raw_ops_reject_bad_input():
     att, values, proj, bias, lengths = raw_inputs()
     ops = _ops()
