@@ -11,6 +11,8 @@ from attnmetrics.protocol import AttentionClassifier
 from attnmetrics.ranking import KendallTau, kendall_tau
 from attnmetrics.removal import FlipResult, attention_gradient, flip_fraction
 from attnmetrics.adversarial import AdversarialResult, adversarial_attention
+from attnmetrics.permutation import PermutationResult, permutation_test
+from attnmetrics.single import SingleRemovalResult, single_removal
 
 __version__ = "0.1.0"
 
@@ -27,4 +29,8 @@ __all__ = [
     "tvd",
     "AdversarialResult",
     "adversarial_attention",
+    "PermutationResult",
+    "permutation_test",
+    "SingleRemovalResult",
+    "single_removal",
 ]

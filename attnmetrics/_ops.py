@@ -77,3 +77,20 @@ def _flip_search_linear_fake(attention, projected, bias, order, lengths):
 def _renormalised_contexts_fake(attention, values, order, lengths, offsets):
     n = torch.library.get_ctx().new_dynamic_size()
     return values.new_empty(n, values.shape[-1])
+
+
+@torch.library.register_fake("attnmetrics::attention_permutations")
+def _attention_permutations_fake(lengths, width, permutations, seed, row_offset=0, permutation_offset=0):
+    return lengths.new_empty((lengths.shape[0], permutations, width), dtype=torch.int64)
+
+
+@torch.library.register_fake("attnmetrics::permutation_tvd_linear")
+def _permutation_tvd_linear_fake(attention, projected, bias, lengths, permutations, seed, row_offset=0):
+    b = attention.shape[0]
+    return attention.new_empty(b), attention.new_empty(b, permutations)
+
+
+
+@torch.library.register_fake("attnmetrics::project_prefix")
+def _project_prefix_fake(values, weight, lengths):
+    return values.new_empty(values.shape[0], values.shape[1], weight.shape[0])

@@ -244,3 +244,82 @@ def adversarial_attention_reference(attention, values, decoder, lengths=None, *,
             if best is not None:
                 max_jsd[b], adv[b, :n], out_tvd[b] = far[best], a[best], change[best]
     return AdversarialResult(max_jsd, adv, out_tvd)
+
+
+# ---- permutation (J&W 2019) ----------------------------------------------------------------
+
+from attnmetrics.permutation import attention_permutations  # noqa: E402
+
+
+def permutation_test_reference(attention, values, decoder, lengths, permutations, seed):
+    """J&W 2019 (sec. 4.2) permutation loop: for each of the P permutations, permute every
+    row's attention among its real tokens (the permutation ``attention_permutations`` gives
+    row b for this seed), run the decoder once over the whole batch, and score the TVD of
+    each output distribution from the unpermuted one; then ``np.median`` over the
+    permutations per row (rows with L <= 1 count 0, as the definition gives them).
+
+    Returns ``(median [B], tvd [B, P])`` in the attention dtype. This is the approach the
+    benchmarks time against: one decoder pass per permutation.
+    """
+    with torch.no_grad():
+        batch, width = attention.shape
+        lengths = torch.as_tensor(lengths, dtype=torch.int64)
+        valid = torch.arange(width) < lengths[:, None]
+        alpha = attention.masked_fill(~valid, 0)
+        h = values.masked_fill(~valid[..., None], 0)  # padding never enters a context
+        original = output_distribution(decoder(torch.bmm(alpha[:, None], h)[:, 0]))
+        tvds = torch.empty(batch, permutations, dtype=attention.dtype)
+        for p in range(permutations):
+            perm = attention_permutations(lengths, width, 1, seed, permutation_offset=p)[:, 0]
+            permuted = alpha.gather(1, perm)
+            out = output_distribution(decoder(torch.bmm(permuted[:, None], h)[:, 0]))
+            tvds[:, p] = tvd_reference(out, original)
+        tvds[lengths <= 1] = 0
+        median = torch.from_numpy(np.median(tvds.numpy(), axis=1)).to(attention.dtype)
+    return median, tvds
+
+
+# ---- single removal (S&S 2019) -------------------------------------------------------------
+
+from attnmetrics.single import SingleRemovalResult  # noqa: E402
+
+
+def single_removal_reference(attention, values, decoder, lengths, which="top"):
+    """S&S 2019 (sec. 3) single-weight removal, one row at a time: pick the weight
+    (``"top"``: highest, ties to the lower index; ``"second"``: next in that order;
+    ``"lowest"``: lowest, ties to the lower index; or a ``[B]`` tensor of positions, e.g.
+    the random ones a run drew), zero it, renormalise the rest (a zero context if they
+    sum to 0), decode the new and the original (renormalised) context one row at a time,
+    and compare: JSD of the output distributions (float64, :func:`jsd_reference`) and
+    whether the decision changed. Rows with L <= 1: NaN, False, -1, NaN.
+    """
+    jsds, flips, positions, weights = [], [], [], []
+    with torch.no_grad():
+        for b in range(attention.shape[0]):
+            n = int(lengths[b])
+            if n <= 1:
+                jsds.append(math.nan), flips.append(False), positions.append(-1), weights.append(math.nan)
+                continue
+            w = attention[b, :n]
+            by_weight = sorted(range(n), key=lambda t: (-float(w[t]), t))  # descending, ties by index
+            if isinstance(which, str):
+                i = {"top": by_weight[0], "second": by_weight[1],
+                     "lowest": min(range(n), key=lambda t: (float(w[t]), t))}[which]
+            else:
+                i = int(which[b])
+            h = values[b, :n]
+            before = decoder(((w / w.sum())[:, None] * h).sum(0)[None])
+            kept = w.clone()
+            kept[i] = 0
+            total = kept.sum()
+            context = ((kept / total)[:, None] * h).sum(0) if total != 0 else torch.zeros_like(h[0])
+            after = decoder(context[None])
+            p, q = output_distribution(before.double()), output_distribution(after.double())
+            jsds.append(float(jsd_reference(p, q)[0]))
+            flips.append(bool(decision(before)[0] != decision(after)[0]))
+            positions.append(i)
+            weights.append(float(w[i]))
+    dtype = attention.dtype
+    return SingleRemovalResult(torch.tensor(jsds, dtype=torch.float64).to(dtype), torch.tensor(flips),
+                               torch.tensor(positions, dtype=torch.int64),
+                               torch.tensor(weights, dtype=torch.float64).to(dtype))

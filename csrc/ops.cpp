@@ -29,4 +29,24 @@ TORCH_LIBRARY(attnmetrics, m) {
   // items of its order, renormalised (zero when the remaining mass is 0).
   m.def("renormalised_contexts(Tensor attention, Tensor values, Tensor order, "
         "Tensor lengths, Tensor offsets) -> Tensor");
+
+  // Permutation test (J&W 2019, sec. 4.2). Permutation p of row r is a pure
+  // function of (seed, r, p): splitmix64 stream keyed by them, Fisher-Yates
+  // (kernels/permutation.h), so chunks of rows or permutations pass their global
+  // offsets. alpha'_t = alpha_{perm[t]}; the hidden states stay in place.
+  // attention_permutations: lengths [B] int64 in [0, width] -> [B, P, width]
+  // int64, row b / slot p holding permutation (permutation_offset + p) of row
+  // (row_offset + b) on its prefix, the identity on padding.
+  m.def("attention_permutations(Tensor lengths, int width, int permutations, int seed, "
+        "int row_offset=0, int permutation_offset=0) -> Tensor");
+  // Linear decoder, on projected values: attention [B, T], projected [B, T, C]
+  // = values @ W.T, bias [C], lengths [B] int64. Returns median [B] (numpy's:
+  // mean of the two middle values for even P) and tvd [B, P], the output TVD of
+  // each permutation from the unpermuted output (0 for rows with L <= 1).
+  m.def("permutation_tvd_linear(Tensor attention, Tensor projected, Tensor bias, "
+        "Tensor lengths, int permutations, int seed, int row_offset=0) -> (Tensor, Tensor)");
+  // Projection of each row's valid prefix for linear decoders: values [B, T, H],
+  // weight [C, H], lengths [B] int64 -> [B, T, C] = values @ weight.T on
+  // t < lengths[b], zero on padding (never read).
+  m.def("project_prefix(Tensor values, Tensor weight, Tensor lengths) -> Tensor");
 }

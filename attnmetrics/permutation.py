@@ -1,0 +1,264 @@
+"""Permutation test (J&W 2019, sec. 4.2; DESIGN §4 "Permutation").
+
+Encode once; shuffle each row's attention weights among its real tokens while the
+hidden states stay in place (context ``sum_t alpha_{pi(t)} h_t``), re-run the layers
+after attention (the *decoder*), and score the output TVD from the original output;
+per instance, the median over the permutations.
+
+Permutations come from a counter-based generator in the kernels
+(``attnmetrics::attention_permutations``, algorithm in ``csrc/kernels/permutation.h``):
+permutation p of row r is a pure function of (seed, r, p), with one seed drawn per
+call from a ``torch.Generator``. A row's permutations therefore do not depend on the
+other rows, on chunking or on the decoder path, but they do depend on its index r.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnmetrics._validation import check_lengths, valid_mask
+from attnmetrics.distances import tvd
+from attnmetrics.outputs import output_distribution
+from attnmetrics.removal import (
+    _DEFAULT_BUDGET,
+    Decoder,
+    _check_budget,
+    _check_decoder,
+    _check_inputs,
+    _check_logits,
+    _is_plain_linear,
+    _ops,
+    _rows_per_chunk,
+)
+
+
+class PermutationResult(NamedTuple):
+    """Per-row outcome of :func:`permutation_test`.
+
+    median_tvd: ``[B]``, median over the permutations of the output TVD (attention dtype).
+    max_attention: ``[B]``, the row's largest attention weight (J&W plot ``median_tvd``
+        against it); NaN for rows with L = 0.
+    tvd: ``[B, P]``, every permutation's output TVD, or ``None`` unless ``return_all``.
+    """
+
+    median_tvd: Tensor
+    max_attention: Tensor
+    tvd: Tensor | None
+
+
+def draw_seed(generator: torch.Generator | None = None) -> int:
+    """The seed a call draws: one non-negative int64, ``Tensor.random_(generator=generator)``
+    on the generator's device (the default CPU generator when ``None``)."""
+    device = generator.device if generator is not None else "cpu"
+    return int(torch.empty((), dtype=torch.int64, device=device).random_(generator=generator))
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def attention_permutations(lengths: Tensor, width: int, permutations: int, seed: int, *,
+                           row_offset: int = 0, permutation_offset: int = 0) -> Tensor:
+    """The random permutations a permutation test with ``seed`` applies.
+
+    Args:
+        lengths: ``[B]`` integer valid-prefix lengths in ``[0, width]``.
+        width: T, the padded row width (``< 2**32``).
+        permutations: P >= 1, permutations per row.
+        seed: int64 (see :func:`draw_seed`).
+        row_offset: global index of row 0 (a row's permutations depend on its index).
+        permutation_offset: global index of permutation 0.
+
+    Returns:
+        ``[B, P, T]`` int64: entry ``[b, p, :L]`` is a uniformly random permutation of
+        ``0 .. L-1`` (L = ``lengths[b]``), permutation ``permutation_offset + p`` of row
+        ``row_offset + b``; ``[b, p, L:]`` is the identity. The permuted attention is
+        ``attention.gather(1, perm)``.
+
+    Raises:
+        ValueError: bad lengths, ``permutations < 1`` or negative offsets.
+    """
+    _check_int("width", width, 0)
+    if width >= 2**32:
+        raise ValueError(f"width must be < 2**32, got {width}")
+    _check_int("permutations", permutations, 1)
+    _check_int("row_offset", row_offset, 0)
+    _check_int("permutation_offset", permutation_offset, 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
+        raise ValueError(f"seed must be an int64, got {seed!r}")
+    if not isinstance(lengths, Tensor) or lengths.dim() != 1:
+        got = list(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__
+        raise ValueError(f"lengths must be a [B] integer tensor, got {got}")
+    lengths = check_lengths(lengths, lengths.shape[0], width, lengths.device)
+    return _ops().attention_permutations(lengths, width, permutations, seed, row_offset,
+                                         permutation_offset)
+
+
+def _project_prefix(values: Tensor, weight: Tensor, lengths: Tensor, budget: int) -> Tensor:
+    """values @ W.T as [B, T, C] on each valid prefix, zero on padding (kernel; padding is
+    never read). Non-contiguous values are copied in row chunks of about ``budget`` bytes."""
+    batch, width, hidden = values.shape
+    weight = weight.detach().contiguous()
+    ops = _ops()
+    if values.is_contiguous():
+        out = ops.project_prefix(values, weight, lengths)
+    else:
+        out = values.new_empty(batch, width, weight.shape[0])
+        rows = _rows_per_chunk(width * hidden * values.element_size(), budget)
+        for s in range(0, batch, rows):
+            chunk = values[s:s + rows].contiguous()
+            out[s:s + rows] = ops.project_prefix(chunk, weight, lengths[s:s + rows])
+    if not torch.isfinite(out).all():
+        raise ValueError("values must be finite on each row's valid prefix")
+    return out
+
+
+def _median(x: Tensor) -> Tensor:
+    """numpy's median along dim 1 (mean of the two middle values for even n), in float64."""
+    s = x.to(torch.float64).sort(dim=1).values
+    n = x.shape[1]
+    return (s[:, (n - 1) // 2] + s[:, n // 2]) / 2
+
+
+def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor,
+             permutations: int, seed: int, budget: int) -> Tensor:
+    """Output TVD [B, P] (float64) with any decoder. Per chunk of rows: the permutations
+    (kernel), the permuted weights by gather, the original and every permuted context of a
+    row in one batched matmul (row b: ``[P + 1, T] @ [T, H]``), decoded in batched calls."""
+    batch, width, hidden = values.shape
+    item = values.element_size()
+    p1 = permutations + 1
+    # A chunk (permutations, weights, a zero-padded copy of its values, contexts) takes
+    # about half the budget; the decoder is fed slices of an eighth, leaving room for its
+    # own activations (a few times its input).
+    row_bytes = p1 * width * (8 + item) + width * hidden * item + p1 * hidden * item
+    rows = _rows_per_chunk(row_bytes, budget // 2)
+    call_rows = max(1, budget // (8 * hidden * item))
+    ops = _ops()
+    classes: list[int] = []
+    result = torch.empty(batch, permutations, dtype=torch.float64, device=values.device)
+    for s in range(0, batch, rows):
+        e = min(batch, s + rows)
+        n, lens = e - s, lengths[s:e]
+        mask = valid_mask(lens, width)
+        alpha = attention[s:e].masked_fill(~mask, 0)
+        h = values[s:e].masked_fill(~mask[..., None], 0)  # padding never enters a context
+        perms = ops.attention_permutations(lens, width, permutations, seed, s, 0)
+        permuted = alpha.gather(1, perms.view(n, -1)).view(n, permutations, width)
+        weights = torch.cat([alpha[:, None], permuted], 1)  # [n, P + 1, T]
+        contexts = torch.bmm(weights, h).view(n * p1, hidden)  # row b: original, then permuted
+        if not torch.isfinite(contexts[::p1]).all():
+            raise ValueError("values must be finite on each row's valid prefix")
+        dists = []
+        for c in range(0, n * p1, call_rows):
+            part = contexts[c:c + call_rows]
+            logits = _check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
+            classes[:] = [logits.shape[1]]
+            dists.append(output_distribution(logits.to(torch.float64)))
+        dist = torch.cat(dists).view(n, p1, -1)
+        result[s:e] = tvd(dist[:, 1:], dist[:, :1], memory_budget=budget)
+    return result
+
+
+def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
+                     lengths: Tensor | None = None, *, permutations: int = 100,
+                     generator: torch.Generator | None = None, return_all: bool = False,
+                     memory_budget: int = _DEFAULT_BUDGET) -> PermutationResult:
+    """Median output TVD over random permutations of the attention (J&W 2019, sec. 4.2).
+
+    Definition (DESIGN §4): the hidden states are encoded once; for each row (valid
+    prefix of length L) and each of ``permutations`` uniformly random permutations pi
+    of ``0 .. L-1``, the context ``sum_t alpha_{pi(t)} h_t`` is decoded and the output
+    distribution compared with the original one (the unpermuted context
+    ``sum_t alpha_t h_t``) by ``TVD = ½ Σ |p - q|``. ``median_tvd`` is the median over the
+    permutations with numpy's definition (J&W used ``np.median``): for even P the mean
+    of the two middle values (``torch.median`` would return the lower one). Rows with
+    L <= 1 have TVD 0. Output distributions: softmax for C >= 2 logits, ``(1 - p, p)``
+    with ``p = sigmoid(logit)`` for C == 1.
+
+    Permutation p of row b is ``attention_permutations(lengths, T, P, seed)[b, p]``
+    with ``seed = draw_seed(generator)`` (one int64 per call): it depends on
+    (seed, b, p) only, so the result does not depend on ``memory_budget`` or on the
+    other rows, but a row's permutations depend on its index b.
+
+    An ``nn.Linear`` decoder (a plain one: no hooks, no overridden forward) runs the
+    whole test in one kernel on the projected values ``values @ W.T`` (``[B, T, C]``,
+    projected by a kernel that reads only the valid prefixes; no context is formed;
+    double accumulation over tokens). Any other decoder gets the original and permuted
+    contexts of a chunk of rows (about ``memory_budget`` bytes; one batched matmul in the
+    inputs' dtype) in batched calls; it must treat rows independently (put models in
+    eval mode). The two paths agree up to rounding. Runs under ``torch.no_grad()``.
+
+    Args:
+        attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing
+            to 1 over its first ``lengths[b]`` items (rejected otherwise). Any strides.
+        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``, C >= 1.
+        lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
+        permutations: P >= 1 (J&W: 100).
+        generator: ``torch.Generator`` the seed is drawn from (default: torch's global one).
+        return_all: also return every TVD, ``[B, P]``.
+        memory_budget: approximate bytes of working memory per chunk of rows (one row's
+            P contexts are processed whole even when they exceed it).
+
+    Returns:
+        :class:`PermutationResult`: ``median_tvd`` ``[B]`` (unitless, in [0, 1],
+        attention dtype), ``max_attention`` ``[B]`` (NaN where L = 0), ``tvd`` ``[B, P]``
+        or ``None``.
+
+    Raises:
+        ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
+            values not ``[B, T, H]`` or of another dtype/device, or not finite on a valid
+            prefix; bad lengths; ``permutations`` not an int >= 1; a bad
+            ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose bias
+            is not finite; decoder output not ``[N, C]`` or not finite.
+        TypeError: ``decoder`` not callable.
+
+    Example:
+        >>> att = torch.tensor([[0.9, 0.1], [1.0, 0.0]], dtype=torch.float64)
+        >>> values = torch.tensor([[[4.0], [-4.0]], [[1.0], [2.0]]], dtype=torch.float64)
+        >>> dec = torch.nn.Linear(1, 1, bias=False).double()
+        >>> _ = dec.weight.data.fill_(1.0)
+        >>> res = permutation_test(att, values, dec, torch.tensor([2, 1]), permutations=3,
+        ...                        generator=torch.Generator().manual_seed(0))
+        >>> res.median_tvd.shape, res.median_tvd[1].item(), res.max_attention.tolist()
+        (torch.Size([2]), 0.0, [0.9, 1.0])
+    """
+    lengths = _check_inputs(attention, values, lengths)
+    _check_decoder(decoder, values)
+    budget = _check_budget(memory_budget)
+    permutations = _check_int("permutations", permutations, 1)
+    if not isinstance(return_all, bool):
+        raise ValueError(f"return_all must be a bool, got {return_all!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    seed = draw_seed(generator)
+    batch, width, _ = values.shape
+
+    with torch.no_grad():
+        if _is_plain_linear(decoder):
+            projected = _project_prefix(values, decoder.weight, lengths, budget)
+            if decoder.bias is None:
+                bias = projected.new_zeros(projected.shape[2])
+            else:
+                bias = decoder.bias.detach().contiguous()
+                if not torch.isfinite(bias).all():
+                    raise ValueError("decoder bias must be finite")
+            median, tvds = _ops().permutation_tvd_linear(attention.contiguous(), projected, bias,
+                                                         lengths, permutations, seed)
+        else:
+            tvds = _general(attention, values, decoder, lengths, permutations, seed, budget)
+            tvds[lengths <= 1] = 0  # equal contexts; a batched decoder call may round them apart
+            median = _median(tvds).to(attention.dtype)
+            tvds = tvds.to(attention.dtype)
+        if width:
+            real = attention.masked_fill(~valid_mask(lengths, width), -torch.inf)
+            top = torch.where(lengths > 0, real.amax(1), torch.nan)
+        else:
+            top = attention.new_full((batch,), torch.nan)
+    return PermutationResult(median, top, tvds if return_all else None)

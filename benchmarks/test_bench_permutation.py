@@ -1,0 +1,142 @@
+"""Permutation test (J&W 2019, sec. 4.2): the kernels against J&W's loop, same inputs, one run.
+
+Run: python -m pytest benchmarks/test_bench_permutation.py --benchmark-only -q
+J&W's loop (one decoder pass over the whole batch per permutation, the same permutations:
+``permutation_test_reference``) is timed once per case; the kernel's median over its
+rounds is compared with it, and the ratio goes in ``extra_info["speedup"]``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from attnmetrics.permutation import draw_seed, permutation_test
+from attnmetrics.reference import permutation_test_reference
+
+PERMUTATIONS = 100  # J&W
+
+# (batch, min length, max length, hidden)
+CASES = {
+    "sst": (1821, 10, 55, 256),  # SST-like: test-set size, sentence lengths
+    "imdb": (1000, 20, 400, 256),  # IMDB-like: long reviews
+}
+
+
+def make_inputs(batch, lo, hi, hidden, *, temperature=2.0, seed=0, dtype=torch.float32):
+    """Ragged batch: attention = softmax(temperature * N(0, 1)) over each prefix; values with a
+    per-row shared direction, so outputs range from confident to near the boundary."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
+    width = int(lengths.max())
+    mask = torch.arange(width) < lengths[:, None]
+    logits = torch.randn(batch, width, generator=g) * temperature
+    attention = torch.softmax(logits.masked_fill(~mask, -math.inf), 1)
+    direction = torch.randn(hidden, generator=g)
+    values = torch.randn(batch, width, hidden, generator=g)
+    values += 0.5 * torch.randn(batch, 1, 1, generator=g) * direction
+    return attention.to(dtype), values.to(dtype), lengths
+
+
+def make_decoder(kind, hidden, classes=2, seed=0):
+    torch.manual_seed(seed)
+    if kind == "linear":
+        return nn.Linear(hidden, classes)
+    return nn.Sequential(nn.Linear(hidden, 64), nn.Tanh(), nn.Linear(64, classes)).eval()
+
+
+def describe(result, lengths):
+    return {
+        "rows": int(lengths.shape[0]),
+        "mean_length": float(lengths.double().mean()),
+        "permutations": PERMUTATIONS,
+        "median_tvd_p10_p50_p90": torch.quantile(
+            result.median_tvd.double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+        ).tolist(),
+        "threads": torch.get_num_threads(),
+        "load_average_1min": os.getloadavg()[0],
+    }
+
+
+def _median_s(benchmark, fn):
+    """The benchmark's median; with --benchmark-disable (CI smoke run) one timed call."""
+    if benchmark.stats is not None:
+        return benchmark.stats.stats.median
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("kind,case", [("linear", "sst"), ("linear", "imdb"), ("mlp", "sst")])
+def test_permutation_test_vs_jw_loop(benchmark, kind, case):
+    attention, values, lengths = make_inputs(*CASES[case])
+    decoder = make_decoder(kind, values.shape[2])
+    benchmark.group = f"permutation-{case}"
+
+    def kernel():
+        return permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
+                                generator=torch.Generator().manual_seed(0))
+
+    result = benchmark.pedantic(kernel, rounds=5 if kind == "linear" else 3, iterations=1, warmup_rounds=1)
+    seed = draw_seed(torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    median, _ = permutation_test_reference(attention, values, decoder, lengths, PERMUTATIONS, seed)
+    loop_s = time.perf_counter() - start
+    kernel_s = _median_s(benchmark, kernel)
+    err = float((median.double() - result.median_tvd.double()).abs().max())
+    benchmark.extra_info.update(
+        describe(result, lengths),
+        decoder=kind,
+        kernel_median_s=kernel_s,
+        jw_loop_s=loop_s,
+        speedup=loop_s / kernel_s,
+        max_abs_diff_vs_loop=err,
+    )
+    assert err < 1e-4  # float32: the same statistic up to rounding
+
+
+def _status_mib(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def _peak_extra_mib(fn):
+    """Peak resident memory above the current level while fn runs (Linux), in MiB."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets the high-water mark VmHWM
+    except OSError:
+        return math.nan
+    before = _status_mib("VmRSS")
+    fn()
+    return _status_mib("VmHWM") - before
+
+
+def test_permutation_test_large_bounded_memory(benchmark):
+    # 100k rows of ~30 items, linear decoder: the projection is built in budget-sized chunks
+    attention, values, lengths = make_inputs(100_000, 20, 40, 64, seed=1)
+    decoder = make_decoder("linear", values.shape[2])
+    budget = 64 * 2**20
+    benchmark.group = "permutation-large"
+
+    def kernel():
+        return permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
+                                memory_budget=budget, generator=torch.Generator().manual_seed(0))
+
+    peak = _peak_extra_mib(kernel)
+    result = benchmark.pedantic(kernel, rounds=2, iterations=1)
+    benchmark.extra_info.update(
+        describe(result, lengths),
+        decoder="linear",
+        memory_budget_mib=budget / 2**20,
+        values_mib=values.numel() * values.element_size() / 2**20,
+        peak_extra_rss_mib=peak,
+    )

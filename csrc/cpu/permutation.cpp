@@ -1,0 +1,145 @@
+// CPU impls of attention_permutations and permutation_tvd_linear (schemas in
+// ops.cpp). The per-row algorithm is in kernels/permutation.h; this file
+// validates the inputs so that no input can make it read or write out of
+// bounds, and runs rows in parallel.
+#include <ATen/ATen.h>
+#include <ATen/AccumulateType.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "kernels/permutation.h"
+
+namespace {
+
+namespace perm = attnmetrics::permutation;
+
+// The generator draws bounded(x, n) with n <= L < 2^32.
+constexpr int64_t kMaxWidth = (int64_t(1) << 32) - 1;
+
+void check_cpu_contiguous(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void check_floating(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, name,
+              " must be float32 or float64, got ", t.scalar_type());
+}
+
+// lengths [B] int64 (CPU, contiguous), each in [0, width]; width < 2^32.
+void check_lengths(const at::Tensor& lengths, int64_t batch, int64_t width) {
+  check_cpu_contiguous(lengths, "lengths");
+  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
+              lengths.scalar_type());
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, "lengths must have shape [B] = [",
+              batch, "], got ", lengths.sizes());
+  TORCH_CHECK(width >= 0 && width <= kMaxWidth, "width must lie in [0, 2^32 - 1], got ", width);
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(len[b] >= 0 && len[b] <= width, "lengths[", b, "] = ", len[b],
+                " is outside [0, T] = [0, ", width, "]");
+  }
+}
+
+void check_counts(int64_t permutations, int64_t row_offset) {
+  TORCH_CHECK(permutations >= 1, "permutations must be >= 1, got ", permutations);
+  TORCH_CHECK(row_offset >= 0, "row_offset must be >= 0, got ", row_offset);
+}
+
+// attention [B, T] float, lengths [B] int64 in [0, T].
+void check_attention(const at::Tensor& attention, const at::Tensor& lengths) {
+  check_cpu_contiguous(attention, "attention");
+  check_floating(attention, "attention");
+  TORCH_CHECK(attention.dim() == 2, "attention must have shape [B, T], got ", attention.sizes());
+  check_lengths(lengths, attention.size(0), attention.size(1));
+}
+
+at::Tensor attention_permutations_cpu(const at::Tensor& lengths, int64_t width,
+                                      int64_t permutations, int64_t seed, int64_t row_offset,
+                                      int64_t permutation_offset) {
+  TORCH_CHECK(lengths.dim() == 1, "lengths must have shape [B], got ", lengths.sizes());
+  check_lengths(lengths, lengths.size(0), width);
+  check_counts(permutations, row_offset);
+  TORCH_CHECK(permutation_offset >= 0, "permutation_offset must be >= 0, got ",
+              permutation_offset);
+  const int64_t B = lengths.size(0), T = width, P = permutations;
+  auto out = at::empty({B, P, T}, lengths.options());
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  int64_t* dst = out.data_ptr<int64_t>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, P * T));
+  at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      // unsigned sums: offsets near INT64_MAX wrap instead of overflowing
+      const uint64_t key = perm::row_key(static_cast<uint64_t>(seed),
+                                         static_cast<uint64_t>(row_offset) + static_cast<uint64_t>(b));
+      for (int64_t p = 0; p < P; ++p) {
+        int64_t* o = dst + (b * P + p) * T;
+        perm::permutation_row(key, static_cast<uint64_t>(permutation_offset) + static_cast<uint64_t>(p),
+                              len[b], o);
+        for (int64_t t = len[b]; t < T; ++t) o[t] = t;  // padding: identity
+      }
+    }
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> permutation_tvd_linear_cpu(
+    const at::Tensor& attention, const at::Tensor& projected, const at::Tensor& bias,
+    const at::Tensor& lengths, int64_t permutations, int64_t seed, int64_t row_offset) {
+  check_attention(attention, lengths);
+  check_counts(permutations, row_offset);
+  check_cpu_contiguous(projected, "projected");
+  check_cpu_contiguous(bias, "bias");
+  const int64_t B = attention.size(0), T = attention.size(1), P = permutations;
+  TORCH_CHECK(projected.dim() == 3 && projected.size(0) == B && projected.size(1) == T,
+              "projected must have shape [B, T, C] = [", B, ", ", T, ", C], got ",
+              projected.sizes());
+  const int64_t C = projected.size(2);
+  TORCH_CHECK(C >= 1, "projected must have C >= 1 classes, got C = ", C);
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == C, "bias must have shape [C] = [", C, "], got ",
+              bias.sizes());
+  TORCH_CHECK(projected.scalar_type() == attention.scalar_type(), "projected dtype ",
+              projected.scalar_type(), " must match attention dtype ", attention.scalar_type());
+  TORCH_CHECK(bias.scalar_type() == attention.scalar_type(), "bias dtype ", bias.scalar_type(),
+              " must match attention dtype ", attention.scalar_type());
+
+  auto median = at::empty({B}, attention.options());
+  auto tvd = at::empty({B, P}, attention.options());
+  AT_DISPATCH_FLOATING_TYPES(attention.scalar_type(), "permutation_tvd_linear", [&] {
+    using acc_t = at::acc_type<scalar_t, /*is_cuda=*/false>;
+    const scalar_t* att = attention.data_ptr<scalar_t>();
+    const scalar_t* proj = projected.data_ptr<scalar_t>();
+    const scalar_t* bi = bias.data_ptr<scalar_t>();
+    const int64_t* len = lengths.data_ptr<int64_t>();
+    scalar_t* out_median = median.data_ptr<scalar_t>();
+    scalar_t* out_tvd = tvd.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, T * C * P));
+    at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+      std::vector<uint32_t> order(static_cast<size_t>(T));  // T < 2^32 is checked
+      std::vector<acc_t> u(static_cast<size_t>(T));
+      std::vector<acc_t> z(static_cast<size_t>(C)), base(static_cast<size_t>(C));
+      std::vector<acc_t> tvds(static_cast<size_t>(P)), sorted(static_cast<size_t>(P));
+      for (int64_t b = begin; b < end; ++b) {
+        const acc_t m = perm::linear_row<scalar_t, acc_t>(
+            att + b * T, proj + b * T * C, bi, len[b], C, P, static_cast<uint64_t>(seed),
+            static_cast<uint64_t>(row_offset) + static_cast<uint64_t>(b), order.data(), u.data(),
+            z.data(), base.data(), tvds.data(), sorted.data());
+        out_median[b] = static_cast<scalar_t>(m);
+        for (int64_t p = 0; p < P; ++p) out_tvd[b * P + p] = static_cast<scalar_t>(tvds[p]);
+      }
+    });
+  });
+  return {median, tvd};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attnmetrics, CPU, m) {
+  m.impl("attention_permutations", &attention_permutations_cpu);
+  m.impl("permutation_tvd_linear", &permutation_tvd_linear_cpu);
+}
