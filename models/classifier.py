@@ -1,9 +1,14 @@
 """J&W's attention classifier: embed -> encode -> attend -> decode.
 
 Implements ``attnmetrics.protocol.AttentionClassifier``. Encoders and attention layers are
-small modules looked up by name (``ENCODERS``, ``ATTENTIONS``) so that others (CNN, average,
-GRU; dot attention) can be added beside the BiLSTM and tanh attention without touching the
-classifier.
+small modules looked up by name, as in J&W sec. 3 and W&P:
+
+- ``ENCODERS``: ``lstm`` (BiLSTM, the default), ``gru`` (BiGRU), ``cnn`` (widths 1/3/5/7),
+  ``average`` (per-token Linear + tanh, no context: the "no encoder"/MLP baseline).
+- ``ATTENTIONS``: ``tanh`` (additive, the default), ``dot`` (scaled, learned query).
+
+Every encoder maps ``[B, T, E]`` and ``lengths [B]`` to ``[B, T, H]`` (``H = output_size``),
+exactly zero on padding, and treats a row the same alone or in a padded batch.
 """
 
 from __future__ import annotations
@@ -21,21 +26,92 @@ def real_token_mask(lengths: Tensor, T: int, lead: int = 1, trail: int = 1) -> T
     return (t >= lead) & (t < (lengths - trail).unsqueeze(1))
 
 
-class LSTMEncoder(nn.Module):
-    """One-layer BiLSTM over packed sequences: [B, T, E], lengths [B] -> [B, T, 2·hidden],
+def _pad_mask(lengths: Tensor, T: int) -> Tensor:
+    """lengths [B] -> float mask [B, T, 1]: 1 at the positions a row has (specials included),
+    0 at padding."""
+    return real_token_mask(lengths, T, 0, 0).unsqueeze(-1)
+
+
+class _BiRNNEncoder(nn.Module):
+    """A one-layer (Bi)RNN over packed sequences: [B, T, E], lengths [B] -> [B, T, 2·hidden],
     exactly zero on padding (so padding never leaks into contexts or gradients)."""
+
+    rnn_class: type[nn.RNNBase]
 
     def __init__(self, embed_dim: int, hidden_size: int = 128, bidirectional: bool = True):
         super().__init__()
-        self.rnn = nn.LSTM(embed_dim, hidden_size, batch_first=True, bidirectional=bidirectional)
+        self.rnn = self.rnn_class(embed_dim, hidden_size, batch_first=True, bidirectional=bidirectional)
         self.output_size = hidden_size * (2 if bidirectional else 1)
 
     def forward(self, embedded: Tensor, lengths: Tensor) -> Tensor:
         T = embedded.shape[1]
+        # Packing makes the backward direction start at each row's last real position, not
+        # at its padding, and pad_packed_sequence fills padding with exact zeros.
         packed = pack_padded_sequence(embedded, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, _ = self.rnn(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)
         return out
+
+
+class LSTMEncoder(_BiRNNEncoder):
+    """J&W's encoder: one-layer BiLSTM, ``hidden_size`` per direction (H = 2·hidden_size)."""
+
+    rnn_class = nn.LSTM
+
+
+class GRUEncoder(_BiRNNEncoder):
+    """One-layer BiGRU, ``hidden_size`` per direction (H = 2·hidden_size)."""
+
+    rnn_class = nn.GRU
+
+
+class CNNEncoder(nn.Module):
+    """J&W's CNN encoder: convolutions of widths 1, 3, 5, 7 with ``hidden_size // 4`` channels
+    each (128 -> 32), ReLU, 'same' padding, concatenated: [B, T, E], lengths [B] -> [B, T, H]
+    with H = hidden_size.
+
+    Padding is zeroed before the convolution, so a row in a padded batch sees exactly the
+    zeros a row alone gets from the convolution's own 'same' padding, and again after it,
+    so the output is exactly zero on padding.
+    """
+
+    widths = (1, 3, 5, 7)
+
+    def __init__(self, embed_dim: int, hidden_size: int = 128):
+        super().__init__()
+        if hidden_size % len(self.widths):
+            raise ValueError(f"cnn: hidden_size must be a multiple of {len(self.widths)}, got {hidden_size}")
+        channels = hidden_size // len(self.widths)
+        self.convs = nn.ModuleList(nn.Conv1d(embed_dim, channels, k, padding=k // 2) for k in self.widths)
+        self.output_size = hidden_size
+
+    def forward(self, embedded: Tensor, lengths: Tensor) -> Tensor:
+        mask = _pad_mask(lengths, embedded.shape[1]).to(embedded.dtype)
+        x = (embedded * mask).transpose(1, 2)  # [B, E, T] for Conv1d
+        out = torch.cat([torch.relu(conv(x)) for conv in self.convs], dim=1).transpose(1, 2)
+        return out * mask
+
+
+class AverageEncoder(nn.Module):
+    """No context: each token on its own through Linear(E, hidden_size) + tanh — the "MLP" /
+    "no encoder" baseline of J&W and W&P. [B, T, E], lengths [B] -> [B, T, H = hidden_size],
+    zero on padding (the bias would otherwise make it tanh(b))."""
+
+    def __init__(self, embed_dim: int, hidden_size: int = 128):
+        super().__init__()
+        self.proj = nn.Linear(embed_dim, hidden_size)
+        self.output_size = hidden_size
+
+    def forward(self, embedded: Tensor, lengths: Tensor) -> Tensor:
+        mask = _pad_mask(lengths, embedded.shape[1]).to(embedded.dtype)
+        return torch.tanh(self.proj(embedded)) * mask
+
+
+def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
+    """scores [B, T], mask [B, T] bool -> softmax over the True positions, exactly 0 elsewhere."""
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    # A row with no real token would be all NaN; zeros make its context the zero vector.
+    return weights.masked_fill(~mask, 0.0)
 
 
 class TanhAttention(nn.Module):
@@ -49,14 +125,26 @@ class TanhAttention(nn.Module):
 
     def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
         """hidden [B, T, H], mask [B, T] bool -> attention [B, T]."""
-        scores = self.v(torch.tanh(self.proj(hidden))).squeeze(-1)
-        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-        # A row with no real token would be all NaN; zeros make its context the zero vector.
-        return weights.masked_fill(~mask, 0.0)
+        return _masked_softmax(self.v(torch.tanh(self.proj(hidden))).squeeze(-1), mask)
 
 
-ENCODERS = {"lstm": LSTMEncoder}
-ATTENTIONS = {"tanh": TanhAttention}
+class DotAttention(nn.Module):
+    """Scaled dot-product attention with a learned query (J&W): score_t = w · h_t / √H,
+    softmax over the positions where ``mask`` is True; every other position gets exactly 0.
+    ``attention_dim`` is accepted for a common signature and unused."""
+
+    def __init__(self, hidden_size: int, attention_dim: int | None = None):
+        super().__init__()
+        self.w = nn.Linear(hidden_size, 1, bias=False)  # a bias would shift every score alike
+        self.scale = hidden_size ** -0.5
+
+    def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        """hidden [B, T, H], mask [B, T] bool -> attention [B, T]."""
+        return _masked_softmax(self.w(hidden).squeeze(-1) * self.scale, mask)
+
+
+ENCODERS = {"lstm": LSTMEncoder, "gru": GRUEncoder, "cnn": CNNEncoder, "average": AverageEncoder}
+ATTENTIONS = {"tanh": TanhAttention, "dot": DotAttention}
 
 
 @dataclass
@@ -64,7 +152,9 @@ class ModelConfig:
     """Everything needed to rebuild a classifier (saved as JSON beside the state_dict).
 
     ``num_classes == 1`` is one sigmoid logit for a binary task (J&W); ``>= 2`` softmax.
-    ``attention_dim`` defaults to half the encoder's output (J&W: 256 -> 128)."""
+    ``hidden_size`` is per direction for ``lstm``/``gru`` (H = 2·hidden_size) and the whole
+    output for ``cnn``/``average`` (H = hidden_size; J&W: 4 widths × 32 = 128).
+    ``attention_dim`` (``tanh`` only) defaults to half the encoder's output (J&W: 256 -> 128)."""
 
     vocab_size: int
     embed_dim: int = 300

