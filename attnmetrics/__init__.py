@@ -10,6 +10,7 @@ from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import AttentionClassifier
 from attnmetrics.ranking import KendallTau, kendall_tau
 from attnmetrics.removal import FlipResult, attention_gradient, flip_fraction
+from attnmetrics.procedures import leave_one_out
 
 __version__ = "0.1.0"
 
@@ -22,6 +23,7 @@ __all__ = [
     "flip_fraction",
     "jsd",
     "kendall_tau",
+    "leave_one_out",
     "output_distribution",
     "tvd",
 ]

@@ -77,3 +77,10 @@ def _flip_search_linear_fake(attention, projected, bias, order, lengths):
 def _renormalised_contexts_fake(attention, values, order, lengths, offsets):
     n = torch.library.get_ctx().new_dynamic_size()
     return values.new_empty(n, values.shape[-1])
+
+
+@torch.library.register_fake("attnmetrics::leave_one_out_batch")
+def _leave_one_out_batch_fake(tokens, lengths, lead, trail, mask_token=None, pad=0):
+    ctx = torch.library.get_ctx()
+    n, width = ctx.new_dynamic_size(), ctx.new_dynamic_size()
+    return tokens.new_empty(n, width), lengths.new_empty(n), lengths.new_empty(n)
