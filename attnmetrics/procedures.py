@@ -135,8 +135,11 @@ def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -
             f"lengths must lie in [lead + trail, T] = [{lead + trail}, {width}] (special tokens "
             f"included), got min {low}, max {high}"
         )
-    if tokens.numel() and int(tokens.min()) < 0:
-        raise ValueError(f"tokens must be non-negative ids, got min {int(tokens.min())}")
+    # Padding is never read (sequences are re-padded with 0), so only the rows' ids count.
+    valid = torch.arange(width, device=tokens.device) < lengths[:, None]
+    low_id = int(tokens.masked_fill(~valid, 0).min()) if tokens.numel() else 0
+    if low_id < 0:
+        raise ValueError(f"tokens must be non-negative ids within each row's length, got min {low_id}")
     if not isinstance(mode, str) or mode not in LOO_MODES:
         raise ValueError(f"mode must be one of {LOO_MODES}, got {mode!r}")
     if mode == "delete":
