@@ -23,6 +23,11 @@ LOO_MODES = ("delete", "mask")
 #: Default bound, in bytes, on the estimated activations of one model call.
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
 
+#: On CPU, leave_one_out's calls hold at most this much (estimated) even when the budget
+#: allows more: with J&W's BiLSTM on a 2-core machine, calls of ~4k positions (~32 MiB)
+#: ran about twice as fast per token as calls of ~30k, whose activations leave the cache.
+CPU_CALL_BYTES = 32 * 2**20
+
 
 class Forward(NamedTuple):
     """One forward pass over the real tokens; per-token tensors are [B, T_real]."""
@@ -189,12 +194,12 @@ def _model_logits(model, tokens: Tensor, lengths: Tensor, what: str,
 
 
 def _length_groups(counts: list[int], widths: list[int], per_position: int, budget: int) -> list[tuple[int, int]]:
-    """Consecutive groups [s, e) of rows sorted by width, each holding at most ``budget``
-    bytes of ``count * width * per_position`` (padded to its last, widest row); a row
-    that alone exceeds it forms its own group."""
+    """Consecutive groups [s, e) of rows sorted by width: rows of one width, holding at
+    most ``budget`` bytes of ``count * width * per_position``; a row that alone exceeds
+    it forms its own group."""
     groups, start, count = [], 0, 0
     for i, (c, w) in enumerate(zip(counts, widths)):
-        if i > start and (count + c) * w * per_position > budget:
+        if i > start and (w != widths[start] or (count + c) * w * per_position > budget):
             groups.append((start, i))
             start, count = i, 0
         count += c
@@ -225,12 +230,14 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
     The model runs under ``torch.no_grad()`` in eval mode (its training mode is
     restored afterwards): once on the rows, then on every deletion of every row, built
     by the ``attnmetrics::leave_one_out_batch`` kernel for a group of rows at once.
-    Rows are grouped by length, so a group is padded only to its own longest sequence;
-    positions past a sequence's length hold token id 0 (the protocol's models ignore
-    them). Each model call holds at most about ``memory_budget`` bytes, estimated as
+    Rows are grouped by length, so each call holds sequences of a single length and
+    carries no padding (packed RNNs then also take their faster uniform-length path).
+    Each call holds at most about ``memory_budget`` bytes, estimated as
     ``sequences * width * (E + 8 H) * element_size`` with E and H the embedding and
     hidden sizes measured on the first call (a single row's deletions are split
-    across calls if they exceed it). The model must treat rows independently.
+    across calls if they exceed it); on CPU calls are also capped at
+    :data:`CPU_CALL_BYTES` (32 MiB), which ran faster per token than larger ones. The
+    model must treat rows independently.
 
     Args:
         model: any :class:`attnmetrics.AttentionClassifier`.
@@ -265,6 +272,7 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
     lead, trail = model.lead, model.trail
     batch, width = tokens.shape
     device = tokens.device
+    budget = min(memory_budget, CPU_CALL_BYTES) if device.type == "cpu" else memory_budget
     real = lengths - lead - trail
     # Rows without a real token have nothing to delete; longest last so groups pad little.
     rows = torch.nonzero(real > 0).squeeze(1)
@@ -286,7 +294,7 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
             )
             classes = logits.shape[1]
             original = [output_distribution(logits)]
-            for s, e in _length_groups([1] * (len(row_list) - 1), len_list[1:], per_position, memory_budget):
+            for s, e in _length_groups([1] * (len(row_list) - 1), len_list[1:], per_position, budget):
                 idx = rows[1 + s : 1 + e]
                 logits, _, _ = _model_logits(model, tokens[idx, : len_list[e]], lengths[idx], "the input rows", classes)
                 original.append(output_distribution(logits))
@@ -296,7 +304,7 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
             # Deletion batches: groups of rows, each contributing its real-token count.
             counts = real[rows].tolist()
             seq_widths = [n if mode == "mask" else n - 1 for n in len_list]
-            for s, e in _length_groups(counts, seq_widths, per_position, memory_budget):
+            for s, e in _length_groups(counts, seq_widths, per_position, budget):
                 idx = rows[s:e]
                 # The kernel runs on CPU; the token ids are small next to the model's work.
                 seqs, seq_lengths, source = ops.leave_one_out_batch(
@@ -307,12 +315,12 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
                 position = torch.arange(seqs.shape[0]) - (torch.cumsum(counts_t, 0) - counts_t)[source]
                 source += s  # now an index into `rows` and `original_dist`
                 # One group is one call unless a single row's deletions exceed the budget.
-                per_call = max(1, memory_budget // max(1, seqs.shape[1] * per_position))
+                # All its sequences have one length, so no call carries padding.
+                per_call = max(1, budget // max(1, seqs.shape[1] * per_position))
                 for c in range(0, seqs.shape[0], per_call):
                     part = slice(c, c + per_call)
-                    lens = seq_lengths[part]
                     logits, _, _ = _model_logits(
-                        model, seqs[part, : int(lens.max())].to(device), lens.to(device), "the deletion batch", classes
+                        model, seqs[part].to(device), seq_lengths[part].to(device), "the deletion batch", classes
                     )
                     src = source[part].to(device)
                     p = original_dist[src].contiguous()

@@ -173,16 +173,21 @@ def test_masking_a_token_with_itself_changes_nothing():
 
 
 class Spy(Toy):
-    """Records the [N, W] shape of every encoder call, and its longest sequence."""
+    """Records the [N, W] shape of every encoder call, and its shortest and longest sequence."""
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.calls, self.longest = [], []
+        self.calls, self.shortest, self.longest = [], [], []
 
     def encode(self, embedded, lengths):
         self.calls.append(tuple(embedded.shape[:2]))
+        self.shortest.append(int(lengths.min()))
         self.longest.append(int(lengths.max()))
         return super().encode(embedded, lengths)
+
+    def clear(self):
+        for x in (self.calls, self.shortest, self.longest):
+            x.clear()
 
 
 def test_any_memory_budget_same_answer():
@@ -190,20 +195,19 @@ def test_any_memory_budget_same_answer():
     tokens, lengths = ragged(rows=14, width=13, seed=8)
     want = leave_one_out_reference(model, tokens, lengths)
     sequences = int(real_counts(lengths, model).sum())
+    distinct = len(set(lengths.tolist()))
     for budget in (1, 3000, 30_000, 10**9):
-        model.calls.clear()
-        model.longest.clear()
+        model.clear()
         got = leave_one_out(model, tokens, lengths, memory_budget=budget)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
         assert sum(n for n, _ in model.calls) == sequences + tokens.shape[0]  # each row, each deletion
-        # every call is padded to its own longest sequence only
-        assert [w for _, w in model.calls] == model.longest
+        # every call holds sequences of one length, unpadded
+        assert [w for _, w in model.calls] == model.longest == model.shortest
         if budget == 1:  # one row, then one deletion, per call
             assert all(n == 1 for n, _ in model.calls)
-        if budget == 10**9:  # the probe row, the other rows, all deletions at once
-            assert [n for n, _ in model.calls] == [1, tokens.shape[0] - 1, sequences]
-        if budget == 3000:
-            assert len(set(model.longest)) > 3
+        if budget == 10**9:  # the (shortest) probe row, then one call per length: other rows, deletions
+            others = len(set(sorted(lengths.tolist())[1:]))
+            assert len(model.calls) == 1 + others + distinct
 
 
 def test_memory_budget_bounds_each_call():
