@@ -262,11 +262,12 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
             unknown mode, a missing, negative or superfluous mask_token, a non-positive
             memory_budget, or model outputs that are not finite ``[N, C]`` logits.
 
-    Example:
-        >>> from tests.toy import ToyClassifier  # doctest: +SKIP
-        >>> tokens = torch.tensor([[1, 5, 6, 7, 2], [1, 8, 9, 2, 0]])  # doctest: +SKIP
-        >>> leave_one_out(ToyClassifier(), tokens, torch.tensor([5, 4])).shape  # doctest: +SKIP
-        torch.Size([2, 4])
+    Example (``attnmetrics_models`` holds J&W's classifier; any protocol model works)::
+
+        from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
+        model = AttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6))
+        tokens = torch.tensor([[2, 7, 8, 9, 3], [2, 11, 12, 3, 0]])  # <SOS>=2 ... <EOS>=3
+        leave_one_out(model, tokens, torch.tensor([5, 4]))  # [2, 4]; row 1: 2 values, then 0
     """
     lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
     lead, trail = model.lead, model.trail
@@ -274,7 +275,8 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
     device = tokens.device
     budget = min(memory_budget, CPU_CALL_BYTES) if device.type == "cpu" else memory_budget
     real = lengths - lead - trail
-    # Rows without a real token have nothing to delete; longest last so groups pad little.
+    # Rows without a real token have nothing to delete; sorted by length, rows of one
+    # length are consecutive and form the groups of the model calls.
     rows = torch.nonzero(real > 0).squeeze(1)
     rows = rows[torch.argsort(lengths[rows], stable=True)]
     row_list, len_list = rows.tolist(), lengths[rows].tolist()
@@ -303,7 +305,7 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
 
             # Deletion batches: groups of rows, each contributing its real-token count.
             counts = real[rows].tolist()
-            seq_widths = [n if mode == "mask" else n - 1 for n in len_list]
+            seq_widths = [length if mode == "mask" else length - 1 for length in len_list]
             for s, e in _length_groups(counts, seq_widths, per_position, budget):
                 idx = rows[s:e]
                 # The kernel runs on CPU; the token ids are small next to the model's work.
