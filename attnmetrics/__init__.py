@@ -5,32 +5,34 @@ Wiegreffe & Pinter 2019, Serrano & Smith 2019 and Tutek & Snajder 2020, on a C++
 that is JIT-compiled on first import.
 """
 
+from attnmetrics.adversarial import AdversarialResult, adversarial_attention
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.outputs import decision, output_distribution
+from attnmetrics.permutation import PermutationResult, permutation_test
+from attnmetrics.procedures import leave_one_out
 from attnmetrics.protocol import AttentionClassifier
 from attnmetrics.ranking import KendallTau, kendall_tau
 from attnmetrics.removal import FlipResult, attention_gradient, flip_fraction
-from attnmetrics.adversarial import AdversarialResult, adversarial_attention
-from attnmetrics.permutation import PermutationResult, permutation_test
 from attnmetrics.single import SingleRemovalResult, single_removal
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionClassifier",
-    "FlipResult",
-    "KendallTau",
+    "adversarial_attention",
+    "AdversarialResult",
     "attention_gradient",
+    "AttentionClassifier",
     "decision",
     "flip_fraction",
+    "FlipResult",
     "jsd",
     "kendall_tau",
+    "KendallTau",
+    "leave_one_out",
     "output_distribution",
-    "tvd",
-    "AdversarialResult",
-    "adversarial_attention",
-    "PermutationResult",
     "permutation_test",
-    "SingleRemovalResult",
+    "PermutationResult",
     "single_removal",
+    "SingleRemovalResult",
+    "tvd",
 ]

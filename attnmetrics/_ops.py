@@ -94,3 +94,8 @@ def _permutation_tvd_linear_fake(attention, projected, bias, lengths, permutatio
 @torch.library.register_fake("attnmetrics::project_prefix")
 def _project_prefix_fake(values, weight, lengths):
     return values.new_empty(values.shape[0], values.shape[1], weight.shape[0])
+@torch.library.register_fake("attnmetrics::leave_one_out_batch")
+def _leave_one_out_batch_fake(tokens, lengths, lead, trail, mask_token=None, pad=0):
+    ctx = torch.library.get_ctx()
+    n, width = ctx.new_dynamic_size(), ctx.new_dynamic_size()
+    return tokens.new_empty(n, width), lengths.new_empty(n), lengths.new_empty(n)

@@ -8,6 +8,7 @@ never import a concrete model. Per-token results cover the real tokens only: the
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import torch
@@ -15,6 +16,17 @@ from torch import Tensor
 
 from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import AttentionClassifier
+
+#: leave_one_out modes: delete the token (J&W) or replace it with a mask token
+LOO_MODES = ("delete", "mask")
+
+#: Default bound, in bytes, on the estimated activations of one model call.
+DEFAULT_MEMORY_BUDGET = 256 * 2**20
+
+#: On CPU, leave_one_out's calls hold at most this much (estimated) even when the budget
+#: allows more: with J&W's BiLSTM on a 2-core machine, calls of ~4k positions (~32 MiB)
+#: ran about twice as fast per token as calls of ~30k, whose activations leave the cache.
+CPU_CALL_BYTES = 32 * 2**20
 
 
 class Forward(NamedTuple):
@@ -82,3 +94,241 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
     score = score.masked_fill(~mask, 0)
     total = score.sum(1, keepdim=True)
     return torch.where(total > 0, score / total.clamp_min(torch.finfo(score.dtype).tiny), score)
+
+
+# ---- leave-one-out (J&W 2019, sec. 4.1) ------------------------------------------------------
+
+
+def _ops():
+    # Imported lazily: building the extension is only needed once an op runs.
+    from attnmetrics._ops import ops
+
+    return ops
+
+
+def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -> tuple[Tensor, int | None]:
+    """Validate leave_one_out's arguments; return lengths as int64 and mask_token as int or None."""
+    if not isinstance(model, AttentionClassifier):
+        raise TypeError(
+            "model must implement attnmetrics.AttentionClassifier (embed, encode, attend, decoder, "
+            f"lead, trail), got {type(model).__name__}"
+        )
+    lead, trail = model.lead, model.trail
+    for name, v in (("lead", lead), ("trail", trail)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"model.{name} must be an int >= 0, got {v!r}")
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+    if tokens.dtype != torch.int64:
+        raise ValueError(f"tokens must be int64 token ids, got {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must have shape [B, T], got {list(tokens.shape)}")
+    batch, width = tokens.shape
+    if batch == 0:
+        raise ValueError("tokens is an empty batch (B = 0)")
+    if not isinstance(lengths, Tensor):
+        raise TypeError(f"lengths must be a torch.Tensor, got {type(lengths).__name__}")
+    if lengths.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    if lengths.shape != (batch,):
+        raise ValueError(f"lengths must have shape [B] = [{batch}], got {list(lengths.shape)}")
+    if lengths.device != tokens.device:
+        raise ValueError(f"lengths is on {lengths.device}, tokens on {tokens.device}; they must match")
+    low, high = int(lengths.min()), int(lengths.max())
+    if low < lead + trail or high > width:
+        raise ValueError(
+            f"lengths must lie in [lead + trail, T] = [{lead + trail}, {width}] (special tokens "
+            f"included), got min {low}, max {high}"
+        )
+    # Padding is never read (sequences are re-padded with 0), so only the rows' ids count.
+    valid = torch.arange(width, device=tokens.device) < lengths[:, None]
+    low_id = int(tokens.masked_fill(~valid, 0).min()) if tokens.numel() else 0
+    if low_id < 0:
+        raise ValueError(f"tokens must be non-negative ids within each row's length, got min {low_id}")
+    if not isinstance(mode, str) or mode not in LOO_MODES:
+        raise ValueError(f"mode must be one of {LOO_MODES}, got {mode!r}")
+    if mode == "delete":
+        if mask_token is not None:
+            raise ValueError(f"mask_token is only used with mode='mask', got mask_token={mask_token!r} with mode='delete'")
+    else:
+        if mask_token is None or isinstance(mask_token, bool):
+            raise ValueError(f"mode='mask' needs mask_token, a non-negative int token id, got {mask_token!r}")
+        try:
+            mask_token = operator.index(mask_token)
+        except TypeError:
+            raise ValueError(f"mask_token must be a non-negative int token id, got {mask_token!r}") from None
+        if mask_token < 0:
+            raise ValueError(f"mask_token must be a non-negative int token id, got {mask_token}")
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
+        raise ValueError(f"memory_budget must be a positive int (bytes), got {memory_budget!r}")
+    return lengths.to(torch.int64), mask_token
+
+
+def _model_logits(model, tokens: Tensor, lengths: Tensor, what: str,
+                  classes: int | None) -> tuple[Tensor, int, torch.dtype]:
+    """embed -> encode -> attend -> decoder on one batch; returns logits [N, C], the
+    estimated bytes per position, and the embeddings' dtype.
+
+    The byte estimate is what one position of this call held: its embedding and about eight
+    hidden-sized vectors (an LSTM's four gates per direction, its output before and after
+    padding, the attention layer's projection), a conservative bound on the activations.
+    """
+    embedded = model.embed(tokens)
+    hidden = model.encode(embedded, lengths)
+    attention = model.attend(hidden, lengths)
+    logits = model.decoder(torch.einsum("bt,bth->bh", attention, hidden))
+    n = tokens.shape[0]
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or logits.shape[1] < 1:
+        got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"model must map {what} to logits [N, C] with N = {n}, got {got}")
+    if classes is not None and logits.shape[1] != classes:
+        raise ValueError(f"model returned C = {logits.shape[1]} classes on {what}, earlier C = {classes}")
+    if not torch.isfinite(logits).all():
+        raise ValueError(
+            f"model returned NaN or infinite logits on {what}; after deleting the only real token "
+            "of a row only the special tokens are left, which the model must accept (e.g. a "
+            "zero context when no position gets attention)"
+        )
+    per_position = (embedded.shape[-1] + 8 * hidden.shape[-1]) * hidden.element_size()
+    return logits, per_position, embedded.dtype
+
+
+def _length_groups(counts: list[int], widths: list[int], per_position: int, budget: int) -> list[tuple[int, int]]:
+    """Consecutive groups [s, e) of rows sorted by width: rows of one width, holding at
+    most ``budget`` bytes of ``count * width * per_position``; a row that alone exceeds
+    it forms its own group."""
+    groups, start, count = [], 0, 0
+    for i, (c, w) in enumerate(zip(counts, widths)):
+        if i > start and (w != widths[start] or (count + c) * w * per_position > budget):
+            groups.append((start, i))
+            start, count = i, 0
+        count += c
+    if start < len(counts):
+        groups.append((start, len(counts)))
+    return groups
+
+
+def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, mode: str = "delete",
+                  mask_token: int | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+    """Leave-one-out token importance of Jain & Wallace 2019 (sec. 4.1; DESIGN §4).
+
+    For every real token t of a row, the total variation distance
+    ``TVD(y, y_{-t}) = 1/2 sum_c |y_c - y_{-t,c}|`` between the model's output
+    distribution ``y`` on the full row and ``y_{-t}`` on the row with token t deleted:
+    the sequence gets one position shorter and is re-encoded from scratch
+    (``mode="delete"``, J&W). With ``mode="mask"`` the token is replaced by
+    ``mask_token`` instead (the length is unchanged). Distributions follow
+    :func:`attnmetrics.output_distribution` (``C == 1``: a sigmoid, ``(1 - p, p)``).
+
+    A row with a single real token leaves only its special tokens when that token is
+    deleted; that is still run through the model as it is. A model following the
+    protocol (attention zero outside the real tokens) then has no position to attend to:
+    J&W's classifier gives the zero context, so the output is the decoder's bias. A
+    model returning NaN there (e.g. a softmax over no position) raises ValueError. If
+    ``lead == trail == 0`` that input is empty (length 0), which the model must accept.
+
+    The model runs under ``torch.no_grad()`` in eval mode (its training mode is
+    restored afterwards): once on the rows, then on every deletion of every row, built
+    by the ``attnmetrics::leave_one_out_batch`` kernel for a group of rows at once.
+    Rows are grouped by length, so each call holds sequences of a single length and
+    carries no padding (packed RNNs then also take their faster uniform-length path).
+    Each call holds at most about ``memory_budget`` bytes, estimated as
+    ``sequences * width * (E + 8 H) * element_size`` with E and H the embedding and
+    hidden sizes measured on the first call (a single row's deletions are split
+    across calls if they exceed it); on CPU calls are also capped at
+    :data:`CPU_CALL_BYTES` (32 MiB), which ran faster per token than larger ones. The
+    model must treat rows independently.
+
+    Args:
+        model: any :class:`attnmetrics.AttentionClassifier`.
+        tokens: ``[B, T]`` int64 token ids, special tokens included, any strides.
+        lengths: ``[B]`` integer positions per row, special tokens included, in
+            ``[lead + trail, T]``.
+        mode: ``"delete"`` (J&W) or ``"mask"``.
+        mask_token: the id that replaces each token with ``mode="mask"`` (required
+            there, rejected with ``"delete"``).
+        memory_budget: approximate bytes of activations per model call.
+
+    Returns:
+        ``[B, T - lead]`` TVD (unitless, in [0, 1]) in the model's float dtype (that of
+        its embeddings), laid out like :func:`gradient_importance`: entry ``[b, k]`` is
+        real token ``lead + k`` of row b; zero past each row's ``lengths - lead - trail``
+        real tokens.
+
+    Raises:
+        TypeError: ``model`` does not implement the protocol; tokens/lengths not tensors.
+        ValueError: tokens not ``[B, T]`` int64 or with negative ids, an empty batch,
+            lengths not ``[B]`` integers in ``[lead + trail, T]`` or on another device, an
+            unknown mode, a missing, negative or superfluous mask_token, a non-positive
+            memory_budget, or model outputs that are not finite ``[N, C]`` logits.
+
+    Example (``attnmetrics_models`` holds J&W's classifier; any protocol model works)::
+
+        from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
+        model = AttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6))
+        tokens = torch.tensor([[2, 7, 8, 9, 3], [2, 11, 12, 3, 0]])  # <SOS>=2 ... <EOS>=3
+        leave_one_out(model, tokens, torch.tensor([5, 4]))  # [2, 4]; row 1: 2 values, then 0
+    """
+    lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
+    lead, trail = model.lead, model.trail
+    batch, width = tokens.shape
+    device = tokens.device
+    budget = min(memory_budget, CPU_CALL_BYTES) if device.type == "cpu" else memory_budget
+    real = lengths - lead - trail
+    # Rows without a real token have nothing to delete; sorted by length, rows of one
+    # length are consecutive and form the groups of the model calls.
+    rows = torch.nonzero(real > 0).squeeze(1)
+    rows = rows[torch.argsort(lengths[rows], stable=True)]
+    row_list, len_list = rows.tolist(), lengths[rows].tolist()
+    ops = _ops()
+
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with torch.no_grad():
+            if not row_list:
+                return torch.zeros(batch, width - lead, dtype=model.embed(tokens[:1, :1]).dtype, device=device)
+            # Output distributions of the rows, in `rows` order. The first call (one row)
+            # measures the bytes per position that size every later call.
+            logits, per_position, dtype = _model_logits(
+                model, tokens[rows[:1], : len_list[0]], lengths[rows[:1]], "the input rows", None
+            )
+            classes = logits.shape[1]
+            original = [output_distribution(logits)]
+            for s, e in _length_groups([1] * (len(row_list) - 1), len_list[1:], per_position, budget):
+                idx = rows[1 + s : 1 + e]
+                logits, _, _ = _model_logits(model, tokens[idx, : len_list[e]], lengths[idx], "the input rows", classes)
+                original.append(output_distribution(logits))
+            original_dist = torch.cat(original)
+            out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
+
+            # Deletion batches: groups of rows, each contributing its real-token count.
+            counts = real[rows].tolist()
+            seq_widths = [length if mode == "mask" else length - 1 for length in len_list]
+            for s, e in _length_groups(counts, seq_widths, per_position, budget):
+                idx = rows[s:e]
+                # The kernel runs on CPU; the token ids are small next to the model's work.
+                seqs, seq_lengths, source = ops.leave_one_out_batch(
+                    tokens[idx, : len_list[e - 1]].to("cpu").contiguous(), lengths[idx].to("cpu"),
+                    lead, trail, mask_token, 0,
+                )
+                counts_t = real[idx].to("cpu")
+                position = torch.arange(seqs.shape[0]) - (torch.cumsum(counts_t, 0) - counts_t)[source]
+                source += s  # now an index into `rows` and `original_dist`
+                # One group is one call unless a single row's deletions exceed the budget.
+                # All its sequences have one length, so no call carries padding.
+                per_call = max(1, budget // max(1, seqs.shape[1] * per_position))
+                for c in range(0, seqs.shape[0], per_call):
+                    part = slice(c, c + per_call)
+                    logits, _, _ = _model_logits(
+                        model, seqs[part].to(device), seq_lengths[part].to(device), "the deletion batch", classes
+                    )
+                    src = source[part].to(device)
+                    p = original_dist[src].contiguous()
+                    q = output_distribution(logits).to(p.dtype).contiguous()
+                    out[rows[src], position[part].to(device)] = ops.tvd(p, q).to(dtype)
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+    return out

@@ -323,3 +323,91 @@ def single_removal_reference(attention, values, decoder, lengths, which="top"):
     return SingleRemovalResult(torch.tensor(jsds, dtype=torch.float64).to(dtype), torch.tensor(flips),
                                torch.tensor(positions, dtype=torch.int64),
                                torch.tensor(weights, dtype=torch.float64).to(dtype))
+
+
+# ---- leave-one-out (J&W 2019) --------------------------------------------------------------
+
+import torch  # noqa: E402
+
+from attnmetrics.outputs import output_distribution  # noqa: E402
+
+
+def _loo_distribution(model, tokens, lengths):
+    """embed -> encode -> attend -> decoder -> output distribution, as the protocol reads."""
+    hidden = model.encode(model.embed(tokens), lengths)
+    attention = model.attend(hidden, lengths)
+    context = (attention[..., None] * hidden).sum(1)
+    return output_distribution(model.decoder(context))
+
+
+def leave_one_out_reference(model, tokens, lengths, mode="delete", mask_token=None):
+    """J&W 2019 sec. 4.1 leave-one-out, one sequence at a time (DESIGN §4).
+
+    For each row b (length L, special tokens included) and each real position
+    t = lead .. L - trail - 1: build that row's sequence with t deleted (``mode="delete"``,
+    length L - 1) or replaced by ``mask_token`` (``mode="mask"``), run the model on it
+    alone and take ½ Σ |y - y_{-t}| against the output on the row alone. Model in eval
+    mode (restored), no gradients. Returns ``[B, T - lead]`` in the embeddings' dtype,
+    entry ``[b, t - lead]``, zero elsewhere.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            lead, trail = model.lead, model.trail
+            dtype = model.embed(tokens[:1, :1]).dtype
+            out = torch.zeros(tokens.shape[0], tokens.shape[1] - lead, dtype=dtype)
+            for b in range(tokens.shape[0]):
+                n = int(lengths[b])
+                row = [int(x) for x in tokens[b, :n]]
+                if n - lead - trail < 1:
+                    continue
+                y = _loo_distribution(model, torch.tensor([row]), torch.tensor([n]))[0]
+                for t in range(lead, n - trail):
+                    if mode == "delete":
+                        seq = row[:t] + row[t + 1 :]
+                    else:
+                        seq = row[:t] + [mask_token] + row[t + 1 :]
+                    y_t = _loo_distribution(model, torch.tensor([seq]), torch.tensor([len(seq)]))[0]
+                    out[b, t - lead] = tvd_reference(y, y_t)
+    finally:
+        model.train(was_training)
+    return out
+
+
+def leave_one_out_jw(model, tokens, lengths, batch_size=None):
+    """J&W's leave-one-out loop (``remove_and_run`` in their code): for each position t,
+    delete column t from every row long enough to have a real token there and run one
+    forward over the whole batch; rows too short run unchanged and are ignored.
+
+    ``batch_size``: None runs the loop once on the whole batch; J&W's code sorts the
+    test set by length and runs it on batches of ``bsize`` (32) rows, each up to its own
+    longest row. Model in eval mode (J&W's code leaves dropout on; this does not), no
+    gradients. Returns what :func:`leave_one_out_reference` does.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            lead, trail = model.lead, model.trail
+            lengths = torch.as_tensor(lengths, dtype=torch.int64)
+            dtype = model.embed(tokens[:1, :1]).dtype
+            out = torch.zeros(tokens.shape[0], tokens.shape[1] - lead, dtype=dtype)
+            order = torch.argsort(lengths, stable=True) if batch_size else torch.arange(tokens.shape[0])
+            step = batch_size or tokens.shape[0]
+            for s in range(0, tokens.shape[0], step):
+                rows = order[s : s + step]
+                lens = lengths[rows]
+                tok = tokens[rows, : int(lens.max())]
+                y = _loo_distribution(model, tok, lens)
+                for t in range(lead, int(lens.max()) - trail):
+                    long_enough = t < lens - trail
+                    deleted = torch.cat([tok[:, :t], tok[:, t + 1 :]], 1)
+                    # a short row ends at or before t + trail <= T - 1: dropping the last column keeps it whole
+                    batch_tokens = torch.where(long_enough[:, None], deleted, tok[:, :-1])
+                    batch_lengths = torch.where(long_enough, lens - 1, lens)
+                    y_t = _loo_distribution(model, batch_tokens, batch_lengths)
+                    out[rows[long_enough], t - lead] = tvd_reference(y[long_enough], y_t[long_enough]).to(dtype)
+    finally:
+        model.train(was_training)
+    return out

@@ -49,4 +49,12 @@ TORCH_LIBRARY(attnmetrics, m) {
   // weight [C, H], lengths [B] int64 -> [B, T, C] = values @ weight.T on
   // t < lengths[b], zero on padding (never read).
   m.def("project_prefix(Tensor values, Tensor weight, Tensor lengths) -> Tensor");
+  // Leave-one-out inputs (J&W 2019, sec. 4.1): for each row of tokens [B, T]
+  // int64 with lengths [B] int64 in [lead + trail, T], one sequence per real
+  // position t = lead .. L-trail-1: the row with t deleted (length L-1), or with
+  // t replaced by mask_token if given (length L). Returns sequences [N, W] int64
+  // (N = sum(L - lead - trail), row b's block in position order, W = the longest
+  // sequence, shorter ones padded with pad), their lengths [N] and source rows [N].
+  m.def("leave_one_out_batch(Tensor tokens, Tensor lengths, int lead, int trail, "
+        "int? mask_token=None, int pad=0) -> (Tensor, Tensor, Tensor)");
 }

@@ -1,0 +1,85 @@
+"""Leave-one-out (J&W 2019, sec. 4.1): ``leave_one_out`` against J&W's loop, same inputs, one run.
+
+Run: python -m pytest benchmarks/test_bench_loo.py --benchmark-only -q
+Model: J&W's BiLSTM + additive attention (``attnmetrics_models.classifier``) with random
+weights, embedding 50 (GloVe-50 sized; J&W used 300), hidden 128 per direction, one
+sigmoid output. J&W's loop (:func:`attnmetrics.reference.leave_one_out_jw`) runs one
+forward over the whole batch per deleted position; their code ran it on length-sorted
+batches of 32 rows, which is timed too for the SST-like case (``batch_size=32``).
+Each approach runs once per case (they take seconds to minutes on 2 cores); the ratio
+is in ``extra_info["speedup"]``. The SST-like case uses B = 500 rather than SST's 1,821
+test sentences, and the IMDB-like case B = 100, to keep the run to a few minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from attnmetrics import leave_one_out
+from attnmetrics.reference import leave_one_out_jw
+from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
+
+VOCAB = 5000
+# (batch, min real tokens, max real tokens); every row also holds <SOS> and <EOS>
+CASES = {
+    "sst": (500, 10, 55),  # SST-like sentence lengths (B reduced from 1,821)
+    "imdb": (100, 20, 400),  # IMDB-like reviews
+}
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return AttentionClassifier(ModelConfig(VOCAB, embed_dim=50, hidden_size=128, num_classes=1)).eval()
+
+
+def make_batch(batch, lo, hi, seed=0):
+    """<SOS>=2, random ids in [4, VOCAB), <EOS>=3, padding 0; real lengths uniform in [lo, hi]."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (batch,), generator=g) + 2
+    width = int(lengths.max())
+    pos = torch.arange(width)
+    tokens = torch.randint(4, VOCAB, (batch, width), generator=g)
+    tokens[:, 0] = 2
+    tokens[pos == (lengths - 1)[:, None]] = 3
+    tokens[pos >= lengths[:, None]] = 0
+    return tokens, lengths
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_leave_one_out_vs_jw_loop(benchmark, case):
+    model = make_model()
+    tokens, lengths = make_batch(*CASES[case])
+    load_before = os.getloadavg()[0]
+    benchmark.group = f"loo-{case}"
+    result = benchmark.pedantic(leave_one_out, args=(model, tokens, lengths), rounds=1, iterations=1)
+    ours_s = benchmark.stats.stats.median
+    jw, jw_s = timed(lambda: leave_one_out_jw(model, tokens, lengths))
+    info = dict(
+        rows=int(lengths.shape[0]),
+        mean_length=float(lengths.double().mean()),
+        sequences=int((lengths - 2).sum()),
+        threads=torch.get_num_threads(),
+        load_average_before=load_before,
+        leave_one_out_s=ours_s,
+        jw_loop_s=jw_s,
+        speedup=jw_s / ours_s,
+        max_abs_diff_vs_jw=float((result - jw).abs().max()),
+    )
+    if case == "sst":
+        jw32, jw32_s = timed(lambda: leave_one_out_jw(model, tokens, lengths, batch_size=32))
+        info.update(jw_loop_bsize32_s=jw32_s, speedup_vs_bsize32=jw32_s / ours_s,
+                    max_abs_diff_vs_bsize32=float((result - jw32).abs().max()))
+    info["load_average_after"] = os.getloadavg()[0]
+    benchmark.extra_info.update(info)
+    # float32 BiLSTM: batch composition moves the last bits only
+    torch.testing.assert_close(result, jw, rtol=1e-3, atol=1e-5)

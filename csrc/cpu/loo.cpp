@@ -1,0 +1,79 @@
+// CPU impl of leave_one_out_batch (schema in ops.cpp). The per-row construction
+// is in kernels/loo.h; this file validates the inputs so that no input can make
+// it read or write out of bounds, sizes the output from an exclusive cumsum of
+// the rows' real-token counts, and builds rows in parallel.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Optional.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include "kernels/loo.h"
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> leave_one_out_batch_cpu(
+    const at::Tensor& tokens, const at::Tensor& lengths, int64_t lead, int64_t trail,
+    std::optional<int64_t> mask_token, int64_t pad) {
+  TORCH_CHECK(tokens.device().is_cpu(), "tokens must be a CPU tensor, got ", tokens.device());
+  TORCH_CHECK(lengths.device().is_cpu(), "lengths must be a CPU tensor, got ", lengths.device());
+  TORCH_CHECK(tokens.scalar_type() == at::kLong, "tokens must be int64, got ",
+              tokens.scalar_type());
+  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
+              lengths.scalar_type());
+  TORCH_CHECK(tokens.dim() == 2, "tokens must have shape [B, T], got ", tokens.sizes());
+  TORCH_CHECK(tokens.is_contiguous(), "tokens must be contiguous");
+  TORCH_CHECK(lengths.is_contiguous(), "lengths must be contiguous");
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B, "lengths must have shape [B] = [", B,
+              "], got ", lengths.sizes());
+  // Bounded by T first, so that lead + trail cannot overflow below.
+  TORCH_CHECK(lead >= 0 && trail >= 0 && lead <= T && trail <= T,
+              "lead and trail must lie in [0, T] = [0, ", T, "], got lead = ", lead,
+              ", trail = ", trail);
+  TORCH_CHECK(!mask_token.has_value() || *mask_token >= 0, "mask_token must be >= 0, got ",
+              mask_token.value_or(0));
+  const bool mask = mask_token.has_value();
+  const int64_t mask_id = mask_token.value_or(0);
+
+  // Offsets decide where each row writes: computed here, never taken from the caller.
+  const int64_t* len = lengths.data_ptr<int64_t>();
+  std::vector<int64_t> offsets(static_cast<size_t>(B));
+  int64_t total = 0, width = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(len[b] >= lead + trail && len[b] <= T, "lengths[", b, "] = ", len[b],
+                " is outside [lead + trail, T] = [", lead + trail, ", ", T, "]");
+    const int64_t n = attnmetrics::loo::real_count(len[b], lead, trail);
+    offsets[static_cast<size_t>(b)] = total;
+    total += n;
+    // Only rows that yield a sequence set the width: no padding beyond the longest.
+    if (n > 0) width = std::max(width, attnmetrics::loo::sequence_length(len[b], mask));
+  }
+
+  auto out = at::empty({total, width}, tokens.options());
+  auto out_lengths = at::empty({total}, lengths.options());
+  auto out_source = at::empty({total}, lengths.options());
+  const int64_t* src = tokens.data_ptr<int64_t>();
+  int64_t* dst = out.data_ptr<int64_t>();
+  int64_t* dst_len = out_lengths.data_ptr<int64_t>();
+  int64_t* dst_src = out_source.data_ptr<int64_t>();
+  // A row writes about L^2 ids: aim for ~32k ids per task.
+  const int64_t grain = T > 181 ? 1 : std::max<int64_t>(1, 32768 / std::max<int64_t>(1, T * T));
+  at::parallel_for(0, B, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t o = offsets[static_cast<size_t>(b)];
+      attnmetrics::loo::build_row(src + b * T, len[b], lead, trail, mask, mask_id, pad, width, b,
+                                  dst + o * width, dst_len + o, dst_src + o);
+    }
+  });
+  return {out, out_lengths, out_source};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attnmetrics, CPU, m) {
+  m.impl("leave_one_out_batch", &leave_one_out_batch_cpu);
+}

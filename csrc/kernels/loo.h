@@ -1,0 +1,60 @@
+// Leave-one-out input construction (J&W 2019, sec. 4.1; DESIGN §4), shared by the
+// CPU and CUDA back ends. Plain functions on raw pointers, no torch headers, so
+// that `nvcc -c` can compile-check them without a CUDA build of torch.
+//
+// Conventions: a source row holds L token ids (special tokens included) of which
+// positions lead .. L-trail-1 are real. Each real position t gives one sequence:
+// with `mask` false, the row with t deleted (length L-1); with `mask` true, the
+// row with t replaced by `mask_token` (length L). Sequences are written into
+// rows of `width` ids; the positions past the sequence's length hold `pad`.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/macros.h"
+
+namespace attnmetrics {
+namespace loo {
+
+// Real positions of a row: L - lead - trail (callers check L >= lead + trail).
+AM_HOST_DEVICE inline int64_t real_count(int64_t L, int64_t lead, int64_t trail) {
+  return L - lead - trail;
+}
+
+// Length of each sequence built from a row of length L.
+AM_HOST_DEVICE inline int64_t sequence_length(int64_t L, bool mask) { return mask ? L : L - 1; }
+
+// One sequence: `row` (length L) with position t deleted or masked, padded to
+// `width` (>= its length) with `pad`. One call per sequence, so a device kernel
+// can give each (row, position) its own thread.
+AM_HOST_DEVICE inline void build_sequence(const int64_t* row, int64_t L, int64_t t, bool mask,
+                                          int64_t mask_token, int64_t pad, int64_t width,
+                                          int64_t* out) {
+  int64_t j = 0;
+  for (int64_t i = 0; i < L; ++i) {
+    if (i == t) {
+      if (mask) out[j++] = mask_token;  // deletion skips it: later ids shift left
+    } else {
+      out[j++] = row[i];
+    }
+  }
+  for (; j < width; ++j) out[j] = pad;
+}
+
+// Every sequence of one row: out[k * width ..] for k = 0 .. real_count - 1 is the
+// sequence for position lead + k; out_lengths[k] its length, out_source[k] = source.
+AM_HOST_DEVICE inline void build_row(const int64_t* row, int64_t L, int64_t lead, int64_t trail,
+                                     bool mask, int64_t mask_token, int64_t pad, int64_t width,
+                                     int64_t source, int64_t* out, int64_t* out_lengths,
+                                     int64_t* out_source) {
+  const int64_t n = real_count(L, lead, trail);
+  const int64_t len = sequence_length(L, mask);
+  for (int64_t k = 0; k < n; ++k) {
+    build_sequence(row, L, lead + k, mask, mask_token, pad, width, out + k * width);
+    out_lengths[k] = len;
+    out_source[k] = source;
+  }
+}
+
+}  // namespace loo
+}  // namespace attnmetrics

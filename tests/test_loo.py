@@ -1,0 +1,408 @@
+"""Leave-one-out importance (J&W 2019, sec. 4.1): the procedure and its kernel against
+per-sequence and J&W-loop references, on the toy model and on the real BiLSTM classifier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import attnmetrics
+from attnmetrics import leave_one_out
+from attnmetrics.outputs import output_distribution
+from attnmetrics.reference import leave_one_out_jw, leave_one_out_reference, tvd_reference
+from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
+from tests.toy import ToyClassifier
+
+F64 = torch.float64
+MODES = ("delete", "mask")
+MASK = 4  # a token id the random batches never contain (they draw 5 .. vocab - 1)
+
+
+def test_imports_this_checkout():
+    assert Path(attnmetrics.__file__).resolve().is_relative_to(Path(__file__).resolve().parents[1])
+
+
+# ---- models and inputs --------------------------------------------------------------------
+
+
+class Toy(ToyClassifier):
+    """The toy model with a zero context when a row has no real token (as J&W's classifier
+    does), so that deleting a row's only real token is a valid input."""
+
+    def attend(self, hidden, lengths):
+        return super().attend(hidden, lengths).nan_to_num(0.0)
+
+
+def real_model(classes: int, dtype=torch.float32, seed: int = 0) -> AttentionClassifier:
+    torch.manual_seed(seed)
+    return AttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6, num_classes=classes)).to(dtype)
+
+
+def ragged(rows=10, width=12, vocab=30, seed=0, min_len=3, lead=1, trail=1):
+    """Ragged batch: <SOS>=2 ... <EOS>=3 around random ids, padding 0; the first row is
+    full width, the second has a single real token."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, width + 1, (rows,), generator=g)
+    lengths[0] = width
+    if rows > 1:
+        lengths[1] = min(lead + trail + 1, width)
+    tokens = torch.randint(5, vocab, (rows, width), generator=g)
+    pos = torch.arange(width)
+    tokens[:, :lead] = 2
+    tokens[(pos >= (lengths - trail)[:, None]) & (pos < lengths[:, None])] = 3
+    tokens[pos >= lengths[:, None]] = 0
+    return tokens, lengths
+
+
+def real_counts(lengths, model):
+    return lengths - model.lead - model.trail
+
+
+def assert_zero_past_real(out, lengths, model):
+    mask = torch.arange(out.shape[1]) < real_counts(lengths, model)[:, None]
+    assert (out[~mask] == 0).all()
+
+
+# ---- parity with the references -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("classes", [1, 3])
+def test_toy_float64_matches_references(mode, classes):
+    model = Toy(classes=classes, seed=classes)
+    tokens, lengths = ragged(seed=classes)
+    mask_token = MASK if mode == "mask" else None
+    got = leave_one_out(model, tokens, lengths, mode=mode, mask_token=mask_token)
+    want = leave_one_out_reference(model, tokens, lengths, mode, mask_token)
+    assert got.shape == (tokens.shape[0], tokens.shape[1] - 1) and got.dtype == F64
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    if mode == "delete":
+        torch.testing.assert_close(leave_one_out_jw(model, tokens, lengths), want, rtol=0, atol=1e-12)
+        torch.testing.assert_close(leave_one_out_jw(model, tokens, lengths, batch_size=3), want, rtol=0, atol=1e-12)
+    assert_zero_past_real(got, lengths, model)
+    # a meaningful comparison: deletions change the output, by different amounts
+    real = torch.arange(got.shape[1]) < real_counts(lengths, model)[:, None]
+    assert (got[real] > 1e-6).float().mean() > 0.9 and got[real].std() > 1e-3
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("classes", [1, 3])
+def test_real_classifier_float32_matches_references(mode, classes):
+    model = real_model(classes)
+    tokens, lengths = ragged(rows=8, width=11, vocab=50, seed=10 + classes)
+    mask_token = MASK if mode == "mask" else None
+    got = leave_one_out(model, tokens, lengths, mode=mode, mask_token=mask_token)
+    want = leave_one_out_reference(model, tokens, lengths, mode, mask_token)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    if mode == "delete":
+        torch.testing.assert_close(leave_one_out_jw(model, tokens, lengths), want, rtol=1e-4, atol=1e-6)
+    assert_zero_past_real(got, lengths, model)
+    real = torch.arange(got.shape[1]) < real_counts(lengths, model)[:, None]
+    assert (got[real] > 0).all()
+
+
+def test_real_classifier_float64():
+    model = real_model(2, F64, seed=3)
+    tokens, lengths = ragged(rows=6, width=10, vocab=50, seed=21)
+    got = leave_one_out(model, tokens, lengths)
+    assert got.dtype == F64
+    torch.testing.assert_close(got, leave_one_out_reference(model, tokens, lengths), rtol=1e-10, atol=1e-13)
+
+
+def test_toy_float32_close_to_float64():
+    model64 = Toy(classes=3, seed=5)
+    model32 = Toy(classes=3, seed=5).float()
+    tokens, lengths = ragged(rows=12, seed=5)
+    got = leave_one_out(model32, tokens, lengths)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), leave_one_out_reference(model64, tokens, lengths), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("classes", [1, 3])
+def test_single_real_token_leaves_only_specials(classes):
+    # J&W's classifier attends to nothing there: zero context, the output is the decoder's bias
+    model = real_model(classes, seed=7)
+    tokens = torch.tensor([[2, 9, 3, 0, 0], [2, 17, 3, 0, 0], [2, 5, 6, 7, 3]])
+    lengths = torch.tensor([3, 3, 5])
+    got = leave_one_out(model, tokens, lengths)
+    with torch.no_grad():
+        bias = output_distribution(model.decoder.bias[None])[0]
+        for b in range(2):
+            y = output_distribution(model(tokens[b : b + 1, :3], lengths[b : b + 1])[0])[0]
+            torch.testing.assert_close(got[b, 0], tvd_reference(y, bias))
+    assert (got[:2, 1:] == 0).all() and (got[2, :3] > 0).all()
+    # masking keeps the length: the input differs from the deletion's
+    masked = leave_one_out(model, tokens, lengths, mode="mask", mask_token=MASK)
+    torch.testing.assert_close(masked, leave_one_out_reference(model, tokens, lengths, "mask", MASK))
+    assert not torch.allclose(masked[:2, 0], got[:2, 0])
+
+
+def test_model_that_cannot_take_an_empty_row_is_a_clear_error():
+    # the plain toy's softmax over no position is NaN
+    tokens, lengths = ragged(rows=3, seed=1)
+    with pytest.raises(ValueError, match="NaN or infinite logits on the deletion batch"):
+        leave_one_out(ToyClassifier(), tokens, lengths)
+    leave_one_out(ToyClassifier(), tokens, lengths, mode="mask", mask_token=MASK)  # no empty row
+
+
+def test_rows_without_real_tokens_are_zero():
+    model = Toy(classes=2)
+    tokens, lengths = ragged(rows=5, seed=2)
+    lengths[3] = 2  # <SOS> <EOS> only
+    got = leave_one_out(model, tokens, lengths)
+    assert (got[3] == 0).all()
+    torch.testing.assert_close(got, leave_one_out_reference(model, tokens, lengths), rtol=0, atol=1e-12)
+    only = leave_one_out(model, tokens[:2], torch.tensor([2, 2]))
+    assert only.shape == (2, tokens.shape[1] - 1) and only.dtype == F64 and (only == 0).all()
+
+
+def test_masking_a_token_with_itself_changes_nothing():
+    model = Toy(classes=3)
+    tokens, lengths = ragged(rows=6, seed=4)
+    tokens[:, 1:] = torch.where(tokens[:, 1:] >= 5, MASK, tokens[:, 1:])  # every real token is MASK
+    got = leave_one_out(model, tokens, lengths, mode="mask", mask_token=MASK)
+    assert (got == 0).all()
+
+
+# ---- batching, chunking, layouts -------------------------------------------------------------
+
+
+class Spy(Toy):
+    """Records the [N, W] shape of every encoder call, and its shortest and longest sequence."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls, self.shortest, self.longest = [], [], []
+
+    def encode(self, embedded, lengths):
+        self.calls.append(tuple(embedded.shape[:2]))
+        self.shortest.append(int(lengths.min()))
+        self.longest.append(int(lengths.max()))
+        return super().encode(embedded, lengths)
+
+    def clear(self):
+        for x in (self.calls, self.shortest, self.longest):
+            x.clear()
+
+
+def test_any_memory_budget_same_answer():
+    model = Spy(classes=3, seed=8)
+    tokens, lengths = ragged(rows=14, width=13, seed=8)
+    want = leave_one_out_reference(model, tokens, lengths)
+    sequences = int(real_counts(lengths, model).sum())
+    distinct = len(set(lengths.tolist()))
+    for budget in (1, 3000, 30_000, 10**9):
+        model.clear()
+        got = leave_one_out(model, tokens, lengths, memory_budget=budget)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        assert sum(n for n, _ in model.calls) == sequences + tokens.shape[0]  # each row, each deletion
+        # every call holds sequences of one length, unpadded
+        assert [w for _, w in model.calls] == model.longest == model.shortest
+        if budget == 1:  # one row, then one deletion, per call
+            assert all(n == 1 for n, _ in model.calls)
+        if budget == 10**9:  # the (shortest) probe row, then one call per length: other rows, deletions
+            others = len(set(sorted(lengths.tolist())[1:]))
+            assert len(model.calls) == 1 + others + distinct
+
+
+def test_memory_budget_bounds_each_call():
+    # the estimate: sequences * width * (E + 8 H) * itemsize per call, within the budget
+    model = Spy(classes=2, seed=9)
+    tokens, lengths = ragged(rows=20, width=15, seed=9)
+    per_position = (6 + 8 * 5) * 8
+    budget = 40 * 14 * per_position
+    leave_one_out(model, tokens, lengths, memory_budget=budget)
+    assert all(n * w * per_position <= budget for n, w in model.calls)
+    assert len(model.calls) > 3
+
+
+def test_row_alone_equals_row_in_batch():
+    model = real_model(3, seed=11)
+    tokens, lengths = ragged(rows=9, width=12, vocab=50, seed=11)
+    whole = leave_one_out(model, tokens, lengths)
+    for b in range(9):
+        n = int(lengths[b])
+        alone = leave_one_out(model, tokens[b : b + 1, :n], lengths[b : b + 1])
+        torch.testing.assert_close(alone[0], whole[b, : n - 1], rtol=1e-4, atol=1e-6)
+    # order of the rows does not matter either
+    perm = torch.randperm(9, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(leave_one_out(model, tokens[perm], lengths[perm]), whole[perm], rtol=1e-4, atol=1e-6)
+
+
+def test_non_contiguous_and_extra_padding():
+    model = Toy(classes=3, seed=12)
+    tokens, lengths = ragged(rows=7, width=10, seed=12)
+    want = leave_one_out(model, tokens, lengths)
+    strided = tokens.t().contiguous().t()
+    assert not strided.is_contiguous()
+    torch.testing.assert_close(leave_one_out(model, strided, lengths), want, rtol=0, atol=1e-12)
+    padded = torch.cat([tokens, torch.zeros(7, 5, dtype=torch.int64)], 1)
+    wide = leave_one_out(model, padded, lengths.int())
+    assert wide.shape == (7, 14)
+    torch.testing.assert_close(wide[:, :9], want, rtol=0, atol=1e-12)
+    assert (wide[:, 9:] == 0).all()
+
+
+def test_restores_training_mode():
+    model = real_model(1).train()
+    leave_one_out(model, *ragged(rows=3, vocab=50))
+    assert model.training
+    model.eval()
+    leave_one_out(model, *ragged(rows=3, vocab=50))
+    assert not model.training
+
+
+@settings(max_examples=15, deadline=None)
+@given(rows=st.integers(1, 5), width=st.integers(2, 8), classes=st.integers(1, 3),
+       mode=st.sampled_from(MODES), seed=st.integers(0, 10**6), budget=st.sampled_from([1, 500, 10**8]))
+def test_properties(rows, width, classes, mode, seed, budget):
+    model = Toy(classes=classes, seed=seed % 7)
+    tokens, lengths = ragged(rows, width, seed=seed, min_len=2)
+    mask_token = MASK if mode == "mask" else None
+    got = leave_one_out(model, tokens, lengths, mode=mode, mask_token=mask_token, memory_budget=budget)
+    assert got.shape == (rows, width - 1)
+    assert ((got >= 0) & (got <= 1)).all()
+    torch.testing.assert_close(got, leave_one_out_reference(model, tokens, lengths, mode, mask_token), rtol=0, atol=1e-12)
+
+
+# ---- the kernel op ----------------------------------------------------------------------------
+
+
+def _ops():
+    from attnmetrics._ops import ops
+
+    return ops
+
+
+def python_deletion_batch(tokens, lengths, lead, trail, mask_token=None, pad=0):
+    """The deletion batch built by hand: lists of ids per sequence, padded at the end."""
+    seqs, lens, source = [], [], []
+    for b in range(tokens.shape[0]):
+        row = tokens[b, : int(lengths[b])].tolist()
+        for t in range(lead, len(row) - trail):
+            seq = row[:t] + ([] if mask_token is None else [mask_token]) + row[t + 1 :]
+            seqs.append(seq)
+            lens.append(len(seq))
+            source.append(b)
+    width = max(lens, default=0)
+    out = torch.tensor([s + [pad] * (width - len(s)) for s in seqs], dtype=torch.int64).reshape(len(seqs), width)
+    return out, torch.tensor(lens, dtype=torch.int64), torch.tensor(source, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("lead,trail", [(1, 1), (0, 0), (2, 1), (0, 2)])
+@pytest.mark.parametrize("mask_token", [None, 7])
+def test_kernel_batch_matches_python_construction(lead, trail, mask_token):
+    g = torch.Generator().manual_seed(lead * 10 + trail)
+    width = 9
+    lengths = torch.randint(lead + trail, width + 1, (40,), generator=g)
+    lengths[:3] = torch.tensor([lead + trail, lead + trail + 1, width])
+    tokens = torch.randint(1, 100, (40, width), generator=g)
+    got = _ops().leave_one_out_batch(tokens, lengths, lead, trail, mask_token, 0)
+    want = python_deletion_batch(tokens, lengths, lead, trail, mask_token)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and torch.equal(a, b)
+    # the width is the chunk's longest sequence, not T
+    short = lengths.clamp(max=lead + trail + 3)
+    seqs = _ops().leave_one_out_batch(tokens, short, lead, trail, mask_token, -1)[0]
+    assert seqs.shape[1] == lead + trail + 3 - (mask_token is None)
+    assert torch.equal(seqs, python_deletion_batch(tokens, short, lead, trail, mask_token, pad=-1)[0])
+
+
+def test_kernel_empty_results():
+    tokens = torch.ones(3, 4, dtype=torch.int64)
+    seqs, lens, src = _ops().leave_one_out_batch(tokens, torch.full((3,), 2), 1, 1, None, 0)
+    assert seqs.shape == (0, 0) and lens.shape == (0,) and src.shape == (0,)
+    seqs, _, _ = _ops().leave_one_out_batch(tokens[:0], torch.zeros(0, dtype=torch.int64), 1, 1, None, 0)
+    assert seqs.shape == (0, 0)
+
+
+@pytest.mark.parametrize("mask_token", [None, 7])
+def test_kernel_opcheck(mask_token):
+    tokens, lengths = ragged(rows=6, width=8, seed=3)
+    torch.library.opcheck(_ops().leave_one_out_batch.default, (tokens, lengths, 1, 1, mask_token, 0))
+    torch.library.opcheck(_ops().leave_one_out_batch.default, (tokens, lengths, 0, 2, mask_token, 5))
+
+
+def test_kernel_rejects_bad_input():
+    tokens, lengths = ragged(rows=4, width=6, seed=6)
+    op = _ops().leave_one_out_batch
+    cases = [
+        ((tokens.int(), lengths, 1, 1), "tokens must be int64"),
+        ((tokens.double(), lengths, 1, 1), "tokens must be int64"),
+        ((tokens[0], lengths, 1, 1), r"tokens must have shape \[B, T\]"),
+        ((tokens.t(), lengths, 1, 1), "tokens must be contiguous"),
+        ((tokens, lengths.int(), 1, 1), "lengths must be int64"),
+        ((tokens, lengths[:3], 1, 1), r"lengths must have shape \[B\]"),
+        ((tokens, lengths[None], 1, 1), r"lengths must have shape \[B\]"),
+        ((tokens, torch.full((4,), 7), 1, 1), r"lengths\[0\] = 7 is outside"),
+        ((tokens, torch.tensor([6, 6, 1, 6]), 1, 1), r"lengths\[2\] = 1 is outside"),
+        ((tokens, lengths, -1, 1), "lead and trail"),
+        ((tokens, lengths, 1, 2**62), "lead and trail"),
+        ((tokens, lengths, 1, 1, -3), "mask_token must be >= 0"),
+    ]
+    for args, pattern in cases:
+        with pytest.raises(RuntimeError, match=pattern):
+            op(*args)
+    with pytest.raises(RuntimeError, match="lengths must be contiguous"):
+        op(tokens, torch.stack([lengths, lengths], 1)[:, 0], 1, 1)
+
+
+# ---- errors of the public API ------------------------------------------------------------------
+
+
+def test_clear_errors():
+    model = Toy()
+    tokens, lengths = ragged(rows=4, width=6, seed=13)
+
+    def call(**kw):
+        a = dict(model=model, tokens=tokens, lengths=lengths) | kw
+        return leave_one_out(a.pop("model"), a.pop("tokens"), a.pop("lengths"), **a)
+
+    cases = [
+        (dict(tokens=tokens.int()), "tokens must be int64"),
+        (dict(tokens=tokens.double()), "tokens must be int64"),
+        (dict(tokens=tokens[0]), r"tokens must have shape \[B, T\]"),
+        (dict(tokens=tokens[:0], lengths=lengths[:0]), r"empty batch"),
+        (dict(tokens=tokens - 10), "non-negative ids"),
+        (dict(lengths=lengths.float()), "lengths must be an integer tensor"),
+        (dict(lengths=lengths[:3]), r"lengths must have shape \[B\] = \[4\]"),
+        (dict(lengths=torch.tensor([6, 6, 7, 6])), r"lengths must lie in \[lead \+ trail, T\] = \[2, 6\].*max 7"),
+        (dict(lengths=torch.tensor([6, 1, 6, 6])), r"lengths must lie in \[lead \+ trail, T\] = \[2, 6\].*min 1"),
+        (dict(mode="remove"), "mode must be one of"),
+        (dict(mode="mask"), "mode='mask' needs mask_token"),
+        (dict(mode="mask", mask_token=-1), "mask_token must be a non-negative"),
+        (dict(mode="mask", mask_token=2.5), "mask_token must be a non-negative"),
+        (dict(mode="mask", mask_token=True), "mode='mask' needs mask_token"),
+        (dict(mask_token=4), "mask_token is only used with mode='mask'"),
+        (dict(memory_budget=0), "memory_budget must be a positive int"),
+        (dict(memory_budget=1.5), "memory_budget must be a positive int"),
+    ]
+    for kw, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            call(**kw)
+    with pytest.raises(TypeError, match="tokens must be a torch.Tensor"):
+        call(tokens=tokens.tolist())
+    with pytest.raises(TypeError, match="lengths must be a torch.Tensor"):
+        call(lengths=lengths.tolist())
+    with pytest.raises(TypeError, match="model must implement"):
+        call(model=torch.nn.Linear(2, 2))
+
+    class BadHead(Toy):
+        def __init__(self):
+            super().__init__()
+            del self.decoder  # a plain callable in place of the Linear
+            self.decoder = lambda x: x.sum(1)
+
+    bad = BadHead()
+    with pytest.raises(ValueError, match=r"logits \[N, C\]"):
+        call(model=bad)
+    bad.lead = -1
+    with pytest.raises(ValueError, match="model.lead must be an int >= 0"):
+        call(model=bad)
+    # a 0-d integer tensor is fine as a mask token
+    torch.testing.assert_close(call(mode="mask", mask_token=torch.tensor(4)), call(mode="mask", mask_token=4))
