@@ -10,6 +10,7 @@ from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import AttentionClassifier
 from attnmetrics.ranking import KendallTau, kendall_tau
 from attnmetrics.removal import FlipResult, attention_gradient, flip_fraction
+from attnmetrics.adversarial import AdversarialResult, adversarial_attention
 
 __version__ = "0.1.0"
 
@@ -24,4 +25,6 @@ __all__ = [
     "kendall_tau",
     "output_distribution",
     "tvd",
+    "AdversarialResult",
+    "adversarial_attention",
 ]

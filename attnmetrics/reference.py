@@ -183,3 +183,64 @@ def flip_search_sequential(attention, values, decoder, lengths, order_scores="at
                 w, h, o = w[keep, :span], h[keep, :span], o[keep, :span]
                 live = live[keep]
     return _flip_result(removed, lengths, mass, attention.dtype)
+
+
+# ---- adversarial attention (J&W 2019) ----------------------------------------------------
+
+from attnmetrics.adversarial import AdversarialResult  # noqa: E402
+
+
+def adversarial_attention_reference(attention, values, decoder, lengths=None, *, candidates=5, steps=500,
+                                    lr=0.01, tvd_penalty=500.0, tvd_margin=0.01, tvd_threshold=0.05,
+                                    init_std=3.0, amsgrad=False, generator=None):
+    """J&W 2019 sec. 4.3 adversarial search, one instance at a time (DESIGN §4).
+
+    The initial noise is drawn for the whole batch first, ``torch.randn((B, K, T))`` from
+    ``generator`` in the attention dtype, and row b takes ``noise[b, :, :L]``. For each row
+    with L >= 2: K logit vectors ``log(1/L) + init_std * noise`` optimised by their own Adam
+    for ``steps`` steps; each step softmaxes them, runs the decoder on the K contexts
+    ``a_k @ h`` and minimises ``-mean_k JSD(a_k, alpha) + tvd_penalty * mean_k ReLU(TVD(y_k, y)
+    - tvd_margin) - mean_{i != j} JSD(a_i, a_j)``. Then the candidate of largest JSD among
+    those with output TVD <= ``tvd_threshold`` wins (the original, JSD 0, on ties or if none).
+    Returns an AdversarialResult.
+    """
+    batch, width = attention.shape
+    lengths = torch.full((batch,), width) if lengths is None else lengths
+    k = candidates
+    noise = torch.randn((batch, k, width), generator=generator, dtype=attention.dtype, device=attention.device)
+    max_jsd = torch.zeros(batch, dtype=attention.dtype)
+    adv = torch.zeros_like(attention)
+    out_tvd = torch.zeros(batch, dtype=attention.dtype)
+    for b in range(batch):
+        n = int(lengths[b])
+        alpha = attention[b, :n].detach()
+        adv[b, :n] = alpha
+        if n <= 1:
+            continue
+        h = values[b, :n].detach()
+        with torch.no_grad():
+            y = output_distribution(decoder((alpha[:, None] * h).sum(0)[None]))  # [1, C']
+        z = (math.log(1.0 / n) + init_std * noise[b, :, :n]).clone().requires_grad_(True)
+        optimizer = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad)
+        for _ in range(steps):
+            with torch.enable_grad():
+                a = torch.softmax(z, -1)  # [K, n]
+                y_new = output_distribution(decoder(a @ h))  # [K, C']
+                far = jsd_reference(a, alpha[None])
+                change = tvd_reference(y_new, y)
+                loss = -far.mean() + tvd_penalty * torch.relu(change - tvd_margin).mean()
+                if k > 1:  # every ordered pair i != j (the diagonal JSD(a_i, a_i) is 0)
+                    loss = loss - jsd_reference(a[:, None], a[None]).sum() / (k * (k - 1))
+                (z.grad,) = torch.autograd.grad(loss, [z])  # the model's parameters stay untouched
+            optimizer.step()
+        with torch.no_grad():
+            a = torch.softmax(z, -1)
+            far = jsd_reference(a, alpha[None])
+            change = tvd_reference(output_distribution(decoder(a @ h)), y)
+            best, best_jsd = None, 0.0
+            for c in range(k):
+                if change[c] <= tvd_threshold and far[c] > best_jsd:
+                    best, best_jsd = c, far[c]
+            if best is not None:
+                max_jsd[b], adv[b, :n], out_tvd[b] = far[best], a[best], change[best]
+    return AdversarialResult(max_jsd, adv, out_tvd)

@@ -1,0 +1,281 @@
+"""Adversarial attention search (J&W 2019, sec. 4.3; DESIGN §4 "Adversarial attention").
+
+For each instance, K candidate attention distributions over its real tokens are
+optimised with Adam, the model frozen, to be far (JSD) from the original attention
+and from each other while keeping the output within a TVD margin of the original.
+The batch is optimised at once: one ``[rows, K, T]`` logit tensor and one Adam
+optimizer per chunk of rows. The loss is a sum over instances and Adam is
+element-wise, so every instance follows the trajectory it would follow alone.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnmetrics._validation import valid_mask
+from attnmetrics.distances import jsd, tvd
+from attnmetrics.outputs import output_distribution
+from attnmetrics.removal import (
+    _DEFAULT_BUDGET,
+    Decoder,
+    _check_budget,
+    _check_decoder,
+    _check_inputs,
+    _check_logits,
+    _is_plain_linear,
+    _project,
+)
+
+class AdversarialResult(NamedTuple):
+    """Per-row outcome of :func:`adversarial_attention`.
+
+    max_jsd: ``[B]`` JSD (nats, in ``[0, ln 2]``) between the reported attention and the
+        original; 0 when no candidate met the output constraint or L <= 1.
+    attention: ``[B, T]`` the reported adversarial attention (the original where
+        ``max_jsd`` is 0), a distribution over each row's prefix, zero on padding.
+    output_tvd: ``[B]`` TVD between the output distribution under ``attention`` and the
+        original output distribution (0 where the original is reported).
+    """
+
+    max_jsd: Tensor
+    attention: Tensor
+    output_tvd: Tensor
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+
+def _check_int(name: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def _check_real(name: str, value, *, positive: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok:
+        value = float(value)
+        ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
+    if not ok:
+        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+    return value
+
+
+# ---- the optimisation ---------------------------------------------------------------------
+
+
+def _row_bytes(width: int, k: int, pairs: int, out_width: int, item: int) -> int:
+    """Working memory of one row of a chunk, as measured on CPU: logits, gradient and Adam
+    moments (4 K T), a step's activations and their gradients (~16 K T + 12 P T), the
+    outputs (~12 K out_width; out_width = C, or 2 H for contexts and a decoder's own)."""
+    return item * (width * (20 * k + 12 * pairs) + 12 * k * out_width)
+
+
+def _chunks(lens: list[int], row_bytes, budget: int):
+    """Consecutive [s, e) over rows sorted by length: as many rows as fit the budget at
+    the chunk's (largest, last) length; at least one row."""
+    s, n = 0, len(lens)
+    while s < n:
+        fits = bisect.bisect_right(range(s + 1, n + 1), budget,
+                                   key=lambda e: (e - s) * row_bytes(lens[e - 1]))
+        e = max(s + 1, s + fits)
+        yield s, e
+        s = e
+
+
+def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | None,
+             classes: list[int]) -> Tensor:
+    """Output distributions [n, K, C'] for attention a [n, K, W] over feats [n, W, F]:
+    projected values plus bias (linear decoder) or decoder(contexts)."""
+    mixed = torch.bmm(a, feats)
+    n, k, f = mixed.shape
+    if decoder is None:
+        logits = (mixed + bias).reshape(n * k, f)
+    else:
+        logits = _check_logits(decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None)
+        classes[:] = [logits.shape[1]]
+    return output_distribution(logits).view(n, k, -1)
+
+
+def _mixture_xlogx(p: Tensor, q: Tensor) -> Tensor:
+    """sum_t m log m with m = (p + q) / 2. The clamp keeps the log finite where m = 0
+    (padding), so the gradient there is finite too, and is then masked."""
+    m = 0.5 * (p + q)
+    return (m * m.clamp_min(torch.finfo(m.dtype).tiny).log()).sum(-1)
+
+
+def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes,
+          pair_i, pair_j, penalty, margin) -> Tensor:
+    """Sum over rows of -mean_k JSD(a_k, alpha) + penalty * mean_k ReLU(TVD_k - margin)
+    - mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, W].
+
+    JSD(p, q) = (sum p log p + sum q log q) / 2 - sum m log m, m = (p + q) / 2, with
+    0 log 0 = 0: log a is -inf on padding, so it is zeroed before multiplying."""
+    la = torch.log_softmax(z.masked_fill(~valid, -math.inf), -1)
+    a = la.exp()  # exactly 0 on padding
+    a_xlogx = (a * la.masked_fill(~valid, 0.0)).sum(-1)  # [n, K]
+    far = 0.5 * (a_xlogx + alpha_xlogx) - _mixture_xlogx(a, alpha)
+    change = 0.5 * (_outputs(a, feats, decoder, bias, classes) - y0).abs().sum(-1)
+    loss = penalty * torch.relu(change - margin).mean(1) - far.mean(1)
+    if pair_i.numel():
+        cross = 0.5 * (a_xlogx[:, pair_i] + a_xlogx[:, pair_j]) - _mixture_xlogx(a[:, pair_i], a[:, pair_j])
+        loss = loss - cross.mean(1)
+    return loss.sum()
+
+
+def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
+                          lengths: Tensor | None = None, *,
+                          candidates: int = 5, steps: int = 500, lr: float = 0.01,
+                          tvd_penalty: float = 500.0, tvd_margin: float = 0.01,
+                          tvd_threshold: float = 0.05, init_std: float = 3.0,
+                          amsgrad: bool = False, generator: torch.Generator | None = None,
+                          memory_budget: int = _DEFAULT_BUDGET) -> AdversarialResult:
+    """Most different attention that keeps the output (J&W 2019, sec. 4.3; DESIGN §4).
+
+    Per row with L = ``lengths[b]`` >= 2 real tokens and original attention alpha:
+    K = ``candidates`` logit vectors ``z_k`` start at ``log(1/L) + init_std * noise[b, k, :L]``
+    where ``noise = torch.randn((B, K, T), generator=generator, dtype=attention.dtype,
+    device=attention.device)`` is drawn once, before anything else. Candidate k is
+    ``a_k = softmax(z_k)`` over the prefix. With the decoder and values frozen, ``steps``
+    Adam steps (``lr``, ``amsgrad``) minimise the SUM over rows of::
+
+        -mean_k JSD(a_k, alpha) + tvd_penalty * mean_k ReLU(TVD(y_k, y) - tvd_margin)
+        - mean_{i<j} JSD(a_i, a_j)
+
+    with y / y_k the output distributions under alpha / a_k. A sum over rows and Adam's
+    element-wise update make each row's trajectory the one it follows alone (up to
+    rounding). After the last step, among the candidates with ``TVD(y_k, y) <=
+    tvd_threshold`` and the original (JSD 0), the one of largest ``JSD(a_k, alpha)`` is
+    reported (ties to the original, then the lower k). Rows with L <= 1 report the
+    original. The reported JSD and TVD come from :func:`attnmetrics.jsd` /
+    :func:`attnmetrics.tvd`.
+
+    An ``nn.Linear`` decoder works on the projected values ``values @ W.T`` ([B, T, C]):
+    each step costs O(K T C) per row instead of O(K T H). Any other decoder is called on
+    the ``rows * K`` contexts ``a_k @ values`` of a chunk at once and must be
+    differentiable in them (a decoder whose output ignores the context leaves the TVD
+    penalty inert; the threshold still applies). The decoder must treat rows
+    independently (eval mode); its parameters get no gradient.
+
+    Args:
+        attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing to
+            1 over its prefix (rejected otherwise). Any strides; padding is ignored.
+        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``; C == 1 is a
+            sigmoid output with distribution ``(1 - p, p)``.
+        lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
+        candidates: K >= 1 (5 in J&W). steps: Adam steps >= 0 (500). lr: > 0 (0.01).
+        tvd_penalty: weight of the output hinge (500). tvd_margin: its margin (0.01).
+        tvd_threshold: largest output TVD a reported candidate may have (0.05).
+        init_std: standard deviation of the initial logit noise (3).
+        amsgrad: Adam's AMSGrad variant (J&W's code sets it; the paper says Adam).
+        generator: ``torch.Generator`` on the inputs' device for the initial noise
+            (default: torch's global generator).
+        memory_budget: approximate bytes of working memory per chunk of rows (a single
+            row is always processed whole). Not counted: the noise ``[B, K, T]`` and, for a
+            linear decoder, the projected values ``[B, T, C]``, both held for the batch.
+
+    Returns:
+        :class:`AdversarialResult` ``(max_jsd [B], attention [B, T], output_tvd [B])`` in
+        the attention dtype.
+
+    Raises:
+        ValueError: invalid attention/values/lengths/decoder output (as in
+            :func:`attnmetrics.flip_fraction`), a hyper-parameter out of range, or a
+            generator on another device.
+        TypeError: a decoder that is not callable.
+
+    Example:
+        A decoder that ignores the context lets the adversary move all the attention.
+
+        >>> att = torch.tensor([[0.97, 0.01, 0.01, 0.01]], dtype=torch.float64)
+        >>> dec = torch.nn.Linear(3, 2).double()
+        >>> _ = dec.weight.data.zero_()
+        >>> res = adversarial_attention(att, torch.randn(1, 4, 3, dtype=torch.float64), dec,
+        ...                             generator=torch.Generator().manual_seed(0))
+        >>> bool(res.max_jsd[0] > 0.5), float(res.output_tvd[0])
+        (True, 0.0)
+    """
+    lengths = _check_inputs(attention, values, lengths)
+    _check_decoder(decoder, values)
+    budget = _check_budget(memory_budget)
+    k = _check_int("candidates", candidates, 1)
+    steps = _check_int("steps", steps, 0)
+    lr = _check_real("lr", lr, positive=True)
+    penalty = _check_real("tvd_penalty", tvd_penalty)
+    margin = _check_real("tvd_margin", tvd_margin)
+    threshold = _check_real("tvd_threshold", tvd_threshold)
+    init_std = _check_real("init_std", init_std)
+    if not isinstance(amsgrad, bool):
+        raise ValueError(f"amsgrad must be a bool, got {amsgrad!r}")
+    if generator is not None:
+        if not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+        if generator.device != attention.device:
+            raise ValueError(f"generator is on {generator.device}, attention on {attention.device}")
+
+    attention, values = attention.detach(), values.detach()
+    batch, width, hidden = values.shape
+    dtype, device, item = attention.dtype, attention.device, values.element_size()
+    noise = torch.randn((batch, k, width), generator=generator, dtype=dtype, device=device)
+
+    mask = valid_mask(lengths, width)
+    out_att = attention.masked_fill(~mask, 0.0)
+    out_jsd = attention.new_zeros(batch)
+    out_tvd = attention.new_zeros(batch)
+
+    linear = _is_plain_linear(decoder)
+    if linear:
+        with torch.no_grad():
+            feats_all = _project(values, decoder, lengths, budget)
+        c = feats_all.shape[2]
+        bias = decoder.bias.detach() if decoder.bias is not None else feats_all.new_zeros(c)
+        head, out_width = None, c
+    else:
+        feats_all, bias, head, out_width = values, None, decoder, 2 * hidden
+    pair_i, pair_j = torch.triu_indices(k, k, 1, device=device)
+    classes: list[int] = []
+
+    rows = torch.nonzero(lengths >= 2).squeeze(1)
+    rows = rows[torch.argsort(lengths[rows], stable=True)]  # short rows together: less padding
+    lens = lengths[rows].tolist()
+
+    def row_bytes(w):
+        return _row_bytes(w, k, pair_i.numel(), out_width, item)
+
+    for s, e in _chunks(lens, row_bytes, budget):
+        idx, w = rows[s:e], lens[e - 1]
+        valid = mask[idx, None, :w]  # [n, 1, w]
+        alpha = out_att[idx, None, :w]  # [n, 1, w], zero on padding
+        # padding of the features is zeroed: 0 * NaN would poison the products
+        feats = feats_all[idx, :w].masked_fill(~valid.transpose(1, 2), 0.0)
+        alpha_xlogx = torch.special.xlogy(alpha, alpha).sum(-1)  # [n, 1]
+        with torch.no_grad():
+            y0 = _outputs(alpha, feats, head, bias, classes)  # [n, 1, C']
+        start = -torch.log(lengths[idx].to(dtype))[:, None, None]
+        z = (start + init_std * noise[idx, :, :w]).masked_fill(~valid, 0.0).requires_grad_(True)
+        opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad)
+        with torch.enable_grad():
+            for _ in range(steps):
+                loss = _loss(z, valid, alpha, alpha_xlogx, y0, feats, head, bias, classes,
+                             pair_i, pair_j, penalty, margin)
+                (z.grad,) = torch.autograd.grad(loss, [z])
+                opt.step()
+
+        with torch.no_grad():
+            a = torch.softmax(z.detach().masked_fill(~valid, -math.inf), -1)  # [n, K, w]
+            far = jsd(a, alpha, memory_budget=budget)  # [n, K]
+            change = tvd(_outputs(a, feats, head, bias, classes), y0, memory_budget=budget)
+            score = torch.where(change <= threshold, far, -1.0)
+            best = score.argmax(1)  # first of equal maxima
+            take = score.gather(1, best[:, None]).squeeze(1) > 0  # else the original (JSD 0)
+            won = idx[take]
+            out_att[won, :w] = a[take, best[take]]
+            out_jsd[won] = far[take, best[take]]
+            out_tvd[won] = change[take, best[take]]
+    return AdversarialResult(out_jsd, out_att, out_tvd)

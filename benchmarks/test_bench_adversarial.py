@@ -1,0 +1,148 @@
+"""Adversarial attention (J&W 2019, sec. 4.3): the batched search against the per-instance loop,
+same inputs, one run.
+
+Run: python -m pytest benchmarks/test_bench_adversarial.py --benchmark-only -q
+The per-instance loop (:func:`adversarial_attention_reference`: K candidates of one instance,
+one Adam, the decoder on K contexts per step) is timed once per case; the batched median
+over its rounds is compared with it, and the ratio goes in ``extra_info["speedup"]``.
+Both run ``STEPS`` = 100 Adam steps instead of J&W's 500 to keep the loop under a minute;
+per-step costs are what the ratio compares, so it carries over to 500 steps.
+Both run on one thread: on a shared, oversubscribed machine a kernel that opens the
+OpenMP pool on a tiny input (softmax) can wait milliseconds for a descheduled thread,
+which would slow the per-instance loop far more than the batched search.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from attnmetrics.adversarial import _row_bytes, adversarial_attention
+from attnmetrics.reference import adversarial_attention_reference
+
+STEPS = 100
+# (batch, min length, max length, hidden, classes): SST-like sentences, J&W's sigmoid output
+SST = (64, 10, 55, 256, 1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_inputs(batch, lo, hi, hidden, *, seed=0, dtype=torch.float32):
+    """Ragged batch: attention = softmax(2 * N(0, 1)) over each prefix; values N(0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
+    width = int(lengths.max())
+    mask = torch.arange(width) < lengths[:, None]
+    logits = torch.randn(batch, width, generator=g) * 2.0
+    attention = torch.softmax(logits.masked_fill(~mask, -math.inf), 1)
+    values = torch.randn(batch, width, hidden, generator=g)
+    return attention.to(dtype), values.to(dtype), lengths
+
+
+def make_decoder(kind, hidden, classes, seed=0):
+    torch.manual_seed(seed)
+    if kind == "linear":
+        return nn.Linear(hidden, classes)
+    return nn.Sequential(nn.Linear(hidden, 64), nn.Tanh(), nn.Linear(64, classes)).eval()
+
+
+def describe(result, lengths):
+    found = result.max_jsd > 0
+    return {
+        "rows": int(lengths.shape[0]),
+        "mean_length": float(lengths.double().mean()),
+        "steps": STEPS,
+        "adversary_found_share": float(found.double().mean()),
+        "max_jsd_mean": float(result.max_jsd.double().mean()),
+        "output_tvd_max": float(result.output_tvd.max()),
+    }
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_adversarial_vs_per_instance(benchmark, kind):
+    batch, lo, hi, hidden, classes = SST
+    attention, values, lengths = make_inputs(batch, lo, hi, hidden)
+    decoder = make_decoder(kind, hidden, classes)
+    benchmark.group = "adversarial-sst"
+    def fresh():  # the same initial noise every round
+        kwargs = {"steps": STEPS, "generator": torch.Generator().manual_seed(0)}
+        return (attention, values, decoder, lengths), kwargs
+
+    result = benchmark.pedantic(adversarial_attention, setup=fresh, rounds=3, iterations=1, warmup_rounds=1)
+    start = time.perf_counter()
+    loop = adversarial_attention_reference(attention, values, decoder, lengths, steps=STEPS,
+                                           generator=torch.Generator().manual_seed(0))
+    loop_s = time.perf_counter() - start
+    batched_s = benchmark.stats.stats.median
+    # float32 trajectories of the two differ by rounding only
+    agree = float(((result.max_jsd - loop.max_jsd).abs() < 1e-3).double().mean())
+    benchmark.extra_info.update(
+        describe(result, lengths),
+        decoder=kind,
+        threads=torch.get_num_threads(),
+        batched_median_s=batched_s,
+        per_instance_s=loop_s,
+        speedup=loop_s / batched_s,
+        agreement_with_per_instance=agree,
+    )
+    assert agree >= 0.95
+
+
+def _status_mib(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key):
+                return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def _peak_extra_mib(fn):
+    """Peak resident memory above the current level while fn runs (Linux), in MiB."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets the high-water mark VmHWM
+    except OSError:
+        return math.nan
+    before = _status_mib("VmRSS")
+    fn()
+    return _status_mib("VmHWM") - before
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_adversarial_large_bounded_memory(benchmark, kind):
+    # 20k rows, 3 steps: all rows in one chunk would need one_chunk_estimate_mib of working
+    # memory; the budget caps each chunk's. Held for the whole batch on top: the initial
+    # noise [B, K, T] (noise_mib), the projected values and the results.
+    attention, values, lengths = make_inputs(20_000, 10, 40, 64, seed=1)
+    decoder = make_decoder(kind, values.shape[2], 2)
+    budget = 16 * 2**20
+    kwargs = {"steps": 3, "memory_budget": budget}
+    benchmark.group = "adversarial-large"
+    # a small warm-up call first: one-off allocations (thread pools, arenas) are not the search's
+    adversarial_attention(attention[:100], values[:100], decoder, lengths[:100], **kwargs)
+    peak = _peak_extra_mib(lambda: adversarial_attention(attention, values, decoder, lengths, **kwargs))
+    result = benchmark.pedantic(adversarial_attention, args=(attention, values, decoder, lengths),
+                                kwargs=kwargs, rounds=1, iterations=1)
+    width, k = values.shape[1], 5
+    out_width = 2 if kind == "linear" else 2 * values.shape[2]
+    one_chunk = 20_000 * _row_bytes(width, k, k * (k - 1) // 2, out_width, 4)
+    benchmark.extra_info.update(
+        describe(result, lengths),
+        steps=3,
+        decoder=kind,
+        threads=torch.get_num_threads(),
+        memory_budget_mib=budget / 2**20,
+        noise_mib=20_000 * k * width * 4 / 2**20,
+        one_chunk_estimate_mib=one_chunk / 2**20,
+        peak_extra_rss_mib=peak,
+    )
