@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 ckpt = load_checkpoint(args.model_run / CHECKPOINT)
                 saved = ckpt.extra
                 data_dir = args.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
-                splits = _load_data(saved["dataset"], data_dir, args.limit, saved.get("seed", 0))
+                splits = _load_data(saved["dataset"], data_dir, args.limit, saved.get("seed", 0), saved.get("max_tokens"))
                 results["config"]["dataset"] = saved["dataset"]
                 results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
                 results["model"] = ckpt.model.config.to_dict()
@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 model, vocab, splits = _train(args, results)
                 data_dir = str(args.data_dir.resolve()) if args.data_dir else None
                 save_checkpoint(folder / CHECKPOINT, model, vocab,
-                                extra={"dataset": args.dataset, "data_dir": data_dir, "seed": args.seed})
+                                extra={"dataset": args.dataset, "data_dir": data_dir, "seed": args.seed,
+                                       "max_tokens": args.max_tokens})
             if args.command == "train":
                 results["test"] = evaluate(model, vocab.encode_split(splits.test))
             else:
