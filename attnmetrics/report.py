@@ -1,7 +1,7 @@
-"""Summaries, tables and figures of a run's results (report.md and PNGs beside results.json).
+"""report.md of a run (tables, with the figures beside it) and a comparison of several runs.
 
 Everything here reads the plain ``results`` dictionary written to ``results.json``, so
-``attnmetrics report RUN`` can re-render a report without the model.
+``attnmetrics report RUN`` re-renders a report without the model.
 """
 
 from __future__ import annotations
@@ -10,58 +10,11 @@ import math
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 from tabulate import tabulate
 
+from attnmetrics import figures
 from attnmetrics.io import write_text_atomic
-
-SIGNIFICANCE = 0.05
-
-
-def _stats(x: np.ndarray) -> dict[str, float]:
-    x = x[np.isfinite(x)]
-    if x.size == 0:
-        return {"n": 0, "mean": math.nan, "std": math.nan, "median": math.nan}
-    return {"n": int(x.size), "mean": float(x.mean()), "std": float(x.std()), "median": float(np.median(x))}
-
-
-def flip_summary(removed: np.ndarray, fraction: np.ndarray, lengths: np.ndarray) -> dict[str, Any]:
-    """Decision-flip statistics of one ordering (S&S 2019, sec. 4).
-
-    ``fraction`` statistics cover the rows whose fraction is finite (by default the rows that
-    flip); rows with fewer than 2 attention items cannot flip and are counted apart (``too_short``).
-    """
-    removed, fraction, lengths = map(np.asarray, (removed, fraction, lengths))
-    eligible = lengths > 1
-    flipped = (removed > 0) & eligible
-    n = int(eligible.sum())
-    return {
-        "rows": int(removed.size),
-        "too_short": int((~eligible).sum()),
-        "flipped_rate": float(flipped.sum() / n) if n else math.nan,
-        "never_flipped_rate": float((eligible & ~flipped).sum() / n) if n else math.nan,
-        # NaN marks never-flipping rows by default (left out); with never_flipped=1.0 they count as 1.0.
-        "fraction": _stats(np.where(eligible, fraction, np.nan).astype(float)),
-    }
-
-
-def tau_summary(tau: np.ndarray, pvalue: np.ndarray, predicted: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
-    """Kendall tau-b summary as J&W 2019 (sec. 4.1, Table 2): mean ± std and share with p <= 0.05,
-    overall and per predicted class. Rows where tau is undefined (NaN: fewer than 2 tokens
-    or all tied) are left out and counted."""
-    tau, pvalue, predicted = map(np.asarray, (tau, pvalue, predicted))
-
-    def one(sel: np.ndarray) -> dict[str, Any]:
-        ok = sel & np.isfinite(tau)
-        s = _stats(tau[ok])
-        s["significant"] = float((pvalue[ok] <= SIGNIFICANCE).mean()) if ok.any() else math.nan
-        s["undefined"] = int((sel & ~np.isfinite(tau)).sum())
-        return s
-
-    return {
-        "overall": one(np.ones_like(tau, dtype=bool)),
-        "per_class": {name: one(predicted == c) for c, name in enumerate(class_names)},
-    }
+from attnmetrics.summaries import SIGNIFICANCE
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -70,65 +23,91 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
 
 
-def _save(fig, path: Path) -> str:
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)  # atomic: a re-rendered report never leaves a half-written figure
-    return path.name
+def _table(rows, headers) -> str:
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def _figure_flips(results: dict, folder: Path) -> str | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    inst = results.get("instances", {}).get("flip_fraction")
-    if not inst:
-        return None
-    names = list(inst)
-    data = [np.array([v for v in inst[k] if v is not None], dtype=float) for k in names]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1.4]})
-    pos = [i for i, d in enumerate(data) if d.size > 1]
-    if pos:
-        ax.violinplot([data[i] for i in pos], positions=pos, showmedians=True)
-    ax.set_xticks(range(len(names)), names, rotation=20)
-    ax.set_ylabel("fraction of attention items removed\nbefore the decision flips")
-    ax.set_ylim(0, 1)
-    ax.set_title("Decision flip (rows that flip)")
-    never = [results["flip"][k]["never_flipped_rate"] or 0.0 for k in names]
-    bx.bar(range(len(names)), never, color="tab:gray")
-    bx.set_xticks(range(len(names)), names, rotation=45, ha="right")
-    bx.set_ylim(0, 1)
-    bx.set_title("never flips")
-    fig.tight_layout()
-    return _save(fig, folder / "flip_fraction.png")
+def _stat_row(label: str, s: dict) -> list[str]:
+    return [label, _fmt(s["mean"]), _fmt(s["std"]), _fmt(s["median"]), s["n"]]
 
 
-def _figure_tau(results: dict, folder: Path) -> str | None:
-    import matplotlib
+def _breakdown(summary: dict) -> str:
+    """Overall / per predicted class / by max attention, as J&W tabulate their figures."""
+    rows = [_stat_row("all", summary["overall"])]
+    rows += [_stat_row(f"predicted {c}", s) for c, s in summary["per_class"].items()]
+    rows += [_stat_row(f"max attention {b}", s) for b, s in summary["by_max_attention"].items()]
+    return _table(rows, ["instances", "mean", "std", "median", "n"])
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    inst = results.get("instances", {})
-    if "kendall_tau" not in inst:
-        return None
-    tau = np.array([np.nan if v is None else v for v in inst["kendall_tau"]], dtype=float)
-    pred = np.array(inst["predicted"])
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for c, name in enumerate(results["data"]["classes"]):
-        t = tau[(pred == c) & np.isfinite(tau)]
-        if t.size:
-            ax.hist(t, bins=np.linspace(-1, 1, 41), alpha=0.6, label=f"predicted {name} (n={t.size})")
-    ax.set_xlabel("Kendall τ-b (attention vs gradient importance)")
-    ax.set_ylabel("instances")
-    ax.legend()
-    fig.tight_layout()
-    return _save(fig, folder / "kendall_tau.png")
+def _model_line(results: dict) -> str:
+    m = results.get("model", {})
+    return f"{m.get('encoder', '?')} encoder + {m.get('attention', '?')} attention"
+
+
+def _flip_section(results: dict) -> list[str]:
+    conv = results.get("conventions", {})
+    rows = [[k, _fmt(v["fraction"]["mean"]), _fmt(v["fraction"]["median"]), _fmt(v["fraction"]["std"]),
+             _fmt(v["never_flipped_rate"]), v["fraction"]["n"]] for k, v in results["flip"].items()]
+    return [
+        "## Decision flip under attention removal (Serrano & Smith 2019, sec. 4)", "",
+        "Items are removed in each ordering's order, the rest renormalised (L1), until the decision",
+        f"changes. Fraction = removed / number of real tokens; never-flipping rows: {conv.get('never_flipped', 'NaN')}.", "",
+        _table(rows, ["ordering", "mean fraction", "median", "std", "never flips", "rows in fraction stats"]), "",
+    ]
+
+
+def _kendall_section(results: dict) -> list[str]:
+    lines = ["## Kendall τ-b between importance measures (Jain & Wallace 2019, sec. 4.1)", ""]
+    for pair, summ in results["kendall"].items():
+        rows = [["all", *_tau_row(summ["overall"])]]
+        rows += [[f"predicted {c}", *_tau_row(s)] for c, s in summ["per_class"].items()]
+        lines += [f"**{pair}**", "",
+                  _table(rows, ["instances", "mean τ", "std", f"p ≤ {SIGNIFICANCE}", "n", "undefined"]), ""]
+    return lines
+
+
+def _tau_row(s: dict) -> list[str]:
+    return [_fmt(s["mean"]), _fmt(s["std"]), _fmt(s["significant"]), s["n"], s["undefined"]]
+
+
+def _permutation_section(results: dict) -> list[str]:
+    p = results["permutation"]
+    return ["## Permuted attention (Jain & Wallace 2019, sec. 4.2)", "",
+            f"Median output TVD over {p.get('permutations', 100)} permutations of the attention among the real tokens.", "",
+            _breakdown(p), ""]
+
+
+def _adversarial_section(results: dict) -> list[str]:
+    a = results["adversarial"]
+    return ["## Adversarial attention (Jain & Wallace 2019, sec. 4.3)", "",
+            f"Max JSD (nats, ≤ ln 2 ≈ 0.693) between the attention and an adversarial one whose output TVD "
+            f"stays ≤ 0.05 ({a.get('steps', 500)} Adam steps, 5 candidates); share above 0.5: "
+            f"{_fmt(a['share_above_0.5'])}.", "",
+            _breakdown(a), ""]
+
+
+def _single_removal_section(results: dict) -> list[str]:
+    s = results["single_removal"]
+    rows = [[w, _fmt(v["jsd"]["mean"]), _fmt(v["jsd"]["median"]), _fmt(v["flip_rate"]), v["jsd"]["n"]]
+            for w, v in s.items() if isinstance(v, dict) and "jsd" in v]
+    lines = ["## Removing a single attention weight (Serrano & Smith 2019, sec. 3)", "",
+             _table(rows, ["weight removed", "mean output JSD", "median", "decision flips", "n"]), ""]
+    if "top_vs_random" in s:
+        t = s["top_vs_random"]
+        m = t["mcnemar"]
+        lines += [f"Top vs random: the top weight's removal moves the output more (JSD) in "
+                  f"{_fmt(t['jsd_top_greater'])} of instances; flips only after top: {m['b10']}, only after "
+                  f"random: {m['b01']}, McNemar exact p = {_fmt(m['pvalue'], 4)}.", ""]
+    return lines
+
+
+_SECTIONS = (
+    ("flip", _flip_section, figures.flips, "flip fraction"),
+    ("kendall", _kendall_section, figures.kendall, "kendall tau"),
+    ("permutation", _permutation_section, figures.permutation, "permutation"),
+    ("adversarial", _adversarial_section, figures.adversarial, "adversarial"),
+    ("single_removal", _single_removal_section, None, None),
+)
 
 
 def render(results: dict, folder: str | Path) -> Path:
@@ -136,69 +115,59 @@ def render(results: dict, folder: str | Path) -> Path:
     folder = Path(folder)
     cfg, data = results["config"], results["data"]
     lines = [
-        f"# attnmetrics report: {cfg.get('dataset')} / {cfg.get('encoder', 'lstm')} + {cfg.get('attention', 'tanh')} attention",
-        "",
+        f"# attnmetrics report: {cfg.get('dataset')} / {_model_line(results)}", "",
         f"Seed {results.get('seed')}, device {results.get('device')}, "
         f"wall time {_fmt(results.get('wall_time_s', {}).get('total'), 1)} s, "
-        f"attnmetrics {results.get('versions', {}).get('attnmetrics')}, torch {results.get('versions', {}).get('torch')}.",
-        "",
-        "## Data and model",
-        "",
-        tabulate(
-            [[data["name"], data["sizes"]["train"], data["sizes"]["dev"], data["sizes"]["test"], ", ".join(data["classes"])]],
-            headers=["dataset", "train", "dev", "test", "classes"],
-            tablefmt="github",
-        ),
-        "",
+        f"attnmetrics {results.get('versions', {}).get('attnmetrics')}, torch {results.get('versions', {}).get('torch')}.", "",
+        "## Data and model", "",
+        _table([[data["name"], data["sizes"]["train"], data["sizes"]["dev"], data["sizes"]["test"], ", ".join(data["classes"])]],
+               ["dataset", "train", "dev", "test", "classes"]), "",
     ]
     if "test" in results:
         t = results["test"]
-        lines += [
-            tabulate(
-                [[_fmt(t.get("accuracy")), _fmt(t.get("macro_f1")), _fmt(t.get("roc_auc")), results.get("training", {}).get("best_epoch", "–")]],
-                headers=["test accuracy", "macro F1", "ROC-AUC", "best epoch"],
-                tablefmt="github",
-            ),
-            "",
-        ]
-    if "flip" in results:
-        conv = results.get("conventions", {})
-        lines += [
-            "## Decision flip under attention removal (Serrano & Smith 2019)",
-            "",
-            "Items are removed in each ordering's order, the rest renormalised (L1), until the decision",
-            f"changes. Fraction = removed / number of real tokens; never-flipping rows: {conv.get('never_flipped', 'NaN')}.",
-            "",
-            tabulate(
-                [
-                    [k, _fmt(v["fraction"]["mean"]), _fmt(v["fraction"]["median"]), _fmt(v["fraction"]["std"]), _fmt(v["never_flipped_rate"]), v["fraction"]["n"]]
-                    for k, v in results["flip"].items()
-                ],
-                headers=["ordering", "mean fraction", "median", "std", "never flips", "rows flipped"],
-                tablefmt="github",
-            ),
-            "",
-        ]
-        fig = _figure_flips(results, folder)
-        if fig:
-            lines += [f"![flip fraction]({fig})", ""]
-    if "kendall" in results:
-        lines += ["## Kendall τ-b between attention and gradient importance (Jain & Wallace 2019)", ""]
-        for pair, summ in results["kendall"].items():
-            rows = [["all", *_tau_row(summ["overall"])]] + [[f"predicted {c}", *_tau_row(s)] for c, s in summ["per_class"].items()]
-            lines += [
-                f"**{pair}**",
-                "",
-                tabulate(rows, headers=["instances", "mean τ", "std", f"p ≤ {SIGNIFICANCE}", "n", "undefined"], tablefmt="github"),
-                "",
-            ]
-        fig = _figure_tau(results, folder)
-        if fig:
-            lines += [f"![kendall tau]({fig})", ""]
+        lines += [_table([[_fmt(t.get("accuracy")), _fmt(t.get("macro_f1")), _fmt(t.get("roc_auc")),
+                           results.get("training", {}).get("best_epoch", "–")]],
+                         ["test accuracy", "macro F1", "ROC-AUC", "best epoch"]), ""]
+    for key, section, figure, alt in _SECTIONS:
+        if key in results:
+            lines += section(results)
+            name = figure(results, folder) if figure else None
+            if name:
+                lines += [f"![{alt}]({name})", ""]
     path = folder / "report.md"
     write_text_atomic(path, "\n".join(lines))
     return path
 
 
-def _tau_row(s: dict) -> list[str]:
-    return [_fmt(s["mean"]), _fmt(s["std"]), _fmt(s["significant"]), s["n"], s["undefined"]]
+def _get(d: dict, *keys, default=math.nan):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return default
+        d = d[k]
+    return d
+
+
+def render_comparison(runs: Sequence[tuple[str, dict]], folder: str | Path) -> Path:
+    """Write ``comparison.md`` into ``folder``: one row per run, the headline number of each
+    experiment side by side (each run's own report.md holds the details)."""
+    folder = Path(folder)
+    rows = []
+    for name, r in runs:
+        rows.append([
+            name, r["data"]["name"], _model_line(r), _fmt(_get(r, "test", "accuracy")), _fmt(_get(r, "test", "macro_f1")),
+            _fmt(_get(r, "flip", "attention", "never_flipped_rate")), _fmt(_get(r, "flip", "attention", "fraction", "mean")),
+            _fmt(_get(r, "flip", "random", "fraction", "mean")),
+            _fmt(_get(r, "kendall", "attention vs gradient", "overall", "mean")),
+            _fmt(_get(r, "kendall", "attention vs loo", "overall", "mean")),
+            _fmt(_get(r, "permutation", "overall", "median")), _fmt(_get(r, "adversarial", "overall", "mean")),
+            _fmt(_get(r, "single_removal", "top", "flip_rate")), _fmt(_get(r, "single_removal", "random", "flip_rate")),
+        ])
+    headers = ["run", "dataset", "model", "accuracy", "macro F1", "never flips (attention order)",
+               "flip fraction (attention)", "flip fraction (random)", "τ attention–gradient", "τ attention–LOO",
+               "permutation median TVD", "adversarial mean max JSD", "flips, top removed", "flips, random removed"]
+    lines = ["# attnmetrics comparison", "", _table(rows, headers), "",
+             "Each run's report.md has the per-class and per-bin breakdowns and the figures.", ""]
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "comparison.md"
+    write_text_atomic(path, "\n".join(lines))
+    return path

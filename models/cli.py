@@ -6,6 +6,7 @@ write a report.
     attnmetrics train --dataset sst --data-dir DIR --out runs/sst-model
     attnmetrics evaluate runs/sst-model --out runs/sst-eval      # experiments on a saved model
     attnmetrics report runs/sst-lstm                             # re-render report.md and figures
+    attnmetrics report runs/sst-lstm runs/sst-average --out runs/compare   # compare runs
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import torch
 
 import attnmetrics
 from attnmetrics.io import run_folder, write_json_atomic
-from attnmetrics.report import render
-from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
+from attnmetrics.report import render, render_comparison
+from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassifier, ModelConfig
 from attnmetrics_models.data import DATASETS, load_dataset
-from attnmetrics_models.experiments import DEFAULT_ORDERS, run_battery
+from attnmetrics_models.experiments import DEFAULT_ORDERS, EXPERIMENTS, run_battery
 from attnmetrics_models.text import Vocabulary, glove_matrix
 from attnmetrics_models.training import (
     TrainConfig,
@@ -41,12 +42,16 @@ CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dataset", choices=DATASETS, default="mr", help="dataset (default: mr, the SST stand-in)")
+    p.add_argument("--dataset", choices=DATASETS, default="mr", metavar="NAME",
+                   help=f"dataset: {', '.join(DATASETS)} or any bbc:A-B topic pair (default: mr, the SST stand-in)")
     p.add_argument("--data-dir", type=Path, help="folder with the dataset's files (sst: train.txt, dev.txt, test.txt)")
     p.add_argument("--limit", type=int, help="use only the first N examples of each split (quick runs)")
+    p.add_argument("--max-tokens", type=int, help="truncate texts to N tokens (default: 400 for bbc, none otherwise)")
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--encoder", choices=sorted(ENCODERS), default="lstm", help="encoder (default: lstm, a BiLSTM)")
+    p.add_argument("--attention", choices=sorted(ATTENTIONS), default="tanh", help="attention (default: tanh, additive)")
     p.add_argument("--embeddings", choices=("glove", "random"), default="glove",
                    help="initialise embeddings from GloVe 6B 50-d (default) or at random")
     p.add_argument("--embed-dim", type=int, default=300, help="embedding size with --embeddings random")
@@ -58,6 +63,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_battery_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--skip", nargs="+", default=[], choices=EXPERIMENTS, help="experiments to leave out")
+    p.add_argument("--permutations", type=int, default=100, help="attention permutations per instance (J&W: 100)")
+    p.add_argument("--adversarial-steps", type=int, default=500, help="Adam steps of the adversarial search (J&W: 500)")
     p.add_argument("--orders", nargs="+", default=list(DEFAULT_ORDERS),
                    choices=("attention", "reverse", "random", "gradient", "attn_grad", "sign_grad_attn"),
                    help="removal orderings for the flip search")
@@ -92,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common_args(ev, out_required=True)
     ev.add_argument("--data-dir", type=Path, help="dataset folder, if not the one the model was trained with")
     ev.add_argument("--limit", type=int, help="use only the first N test examples")
-    rep = sub.add_parser("report", help="re-render report.md and the figures from a run's results.json")
-    rep.add_argument("run_dir", type=Path)
+    rep = sub.add_parser("report", help="re-render a run's report.md and figures, or compare several runs")
+    rep.add_argument("run_dirs", type=Path, nargs="+", help="run folders holding results.json")
+    rep.add_argument("--out", type=Path, help="folder for comparison.md (needed with several runs)")
     return parser
 
 
@@ -113,8 +122,8 @@ def _environment(seed: int) -> dict:
     }
 
 
-def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int):
-    splits = load_dataset(dataset, data_dir=data_dir, seed=seed)
+def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int, max_tokens: int | None = None):
+    splits = load_dataset(dataset, data_dir=data_dir, seed=seed, max_tokens=max_tokens)
     if limit:
         splits = type(splits)(splits.name, splits.classes, splits.train[:limit], splits.dev[:limit],
                               splits.test[:limit], splits.info)
@@ -123,7 +132,7 @@ def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int
 
 
 def _train(args, results: dict):
-    splits = _load_data(args.dataset, args.data_dir, args.limit, args.seed)
+    splits = _load_data(args.dataset, args.data_dir, args.limit, args.seed, args.max_tokens)
     vocab = Vocabulary.build(text for text, _ in splits.train)
     embeddings, embed_dim = None, args.embed_dim
     if args.embeddings == "glove":
@@ -132,7 +141,7 @@ def _train(args, results: dict):
         results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
     classes = len(splits.classes)
     config = ModelConfig(vocab_size=len(vocab), embed_dim=embed_dim, hidden_size=args.hidden_size,
-                         num_classes=1 if classes == 2 else classes)
+                         num_classes=1 if classes == 2 else classes, encoder=args.encoder, attention=args.attention)
     torch.manual_seed(args.seed)
     model = AttentionClassifier(config, embeddings)
     tconf = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
@@ -154,8 +163,10 @@ def _battery(args, model, vocab, splits, results: dict) -> None:
     never = float("nan") if args.never_flipped == "nan" else 1.0
     t0 = time.perf_counter()
     batches = ((b.tokens, b.lengths) for b in test.batches(256))
-    summary, instances = run_battery(model, batches, splits.classes, orders=args.orders, seed=args.seed,
-                                     random_samples=args.random_samples, never_flipped=never,
+    experiments = [e for e in EXPERIMENTS if e not in args.skip]
+    summary, instances = run_battery(model, batches, splits.classes, experiments=experiments, orders=args.orders,
+                                     seed=args.seed, random_samples=args.random_samples, never_flipped=never,
+                                     permutations=args.permutations, adversarial_steps=args.adversarial_steps,
                                      progress=not args.no_progress)
     results["wall_time_s"]["experiments"] = time.perf_counter() - t0
     results.update(summary)
@@ -170,6 +181,12 @@ def _battery(args, model, vocab, splits, results: dict) -> None:
         else "fraction 1.0 (Mohankumar et al. 2020)",
         "gradient_importance": "J&W: |grad x input| summed over classes, attention detached, L1-normalised",
         "kendall": "tau-b, two-sided p as scipy.stats.kendalltau defaults",
+        "leave_one_out": "token deleted (sequence shortened, re-encoded); TVD of output distributions (1/2 L1)",
+        "permutation": f"{args.permutations} permutations among real tokens, median output TVD per instance",
+        "adversarial": f"J&W: 5 candidates, {args.adversarial_steps} Adam steps lr 0.01, "
+                       "loss -JSD + 500 ReLU(TVD - 0.01) - pairwise JSD; max JSD among outputs with TVD <= 0.05",
+        "single_removal": "one weight zeroed, rest renormalised; output JSD in nats; McNemar exact test",
+        "divergences": "JSD in nats (natural log), symmetric; TVD = 1/2 sum |p - q|; sums over a test set are means",
     }
 
 
@@ -179,27 +196,43 @@ def _finish(results: dict, folder: Path, start: float) -> None:
     render(results, folder)
 
 
+def _report(args) -> int:
+    runs = []
+    for run in args.run_dirs:
+        path = run / "results.json"
+        if not path.is_file():
+            print(f"attnmetrics: {run} is not a run folder (no results.json)", file=sys.stderr)
+            return 2
+        runs.append((run.name, json.loads(path.read_text())))
+    if len(runs) == 1 and args.out is None:
+        print(render(runs[0][1], args.run_dirs[0]))
+        return 0
+    if args.out is None:
+        print("attnmetrics: comparing several runs needs --out FOLDER for comparison.md", file=sys.stderr)
+        return 2
+    print(render_comparison(runs, args.out))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     if args.command == "report":
-        results = json.loads((args.run_dir / "results.json").read_text())
-        print(render(results, args.run_dir))
-        return 0
+        return _report(args)
 
     start = time.perf_counter()
     results = {"command": args.command, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                **_environment(args.seed), "data": {}, "wall_time_s": {}}
     if args.command in ("run", "train") and args.out is None:
-        args.out = Path("runs") / f"{args.dataset}-lstm"
+        args.out = Path("runs") / f"{args.dataset.replace(':', '_')}-{args.encoder}"
     try:
         with run_folder(args.out, args.overwrite) as folder:
             if args.command == "evaluate":
                 ckpt = load_checkpoint(args.model_run / CHECKPOINT)
                 saved = ckpt.extra
                 data_dir = args.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
-                splits = _load_data(saved["dataset"], data_dir, args.limit, saved.get("seed", 0))
+                splits = _load_data(saved["dataset"], data_dir, args.limit, saved.get("seed", 0), saved.get("max_tokens"))
                 results["config"]["dataset"] = saved["dataset"]
                 results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
                 results["model"] = ckpt.model.config.to_dict()
@@ -209,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 model, vocab, splits = _train(args, results)
                 data_dir = str(args.data_dir.resolve()) if args.data_dir else None
                 save_checkpoint(folder / CHECKPOINT, model, vocab,
-                                extra={"dataset": args.dataset, "data_dir": data_dir, "seed": args.seed})
+                                extra={"dataset": args.dataset, "data_dir": data_dir, "seed": args.seed,
+                                       "max_tokens": args.max_tokens})
             if args.command == "train":
                 results["test"] = evaluate(model, vocab.encode_split(splits.test))
             else:
