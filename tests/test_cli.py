@@ -13,18 +13,20 @@ pytestmark = pytest.mark.skipif(not (SST / "train.txt").is_file(), reason="real 
 
 QUICK = ["--dataset", "sst", "--data-dir", str(SST), "--limit", "160", "--epochs", "1", "--embeddings", "random",
          "--embed-dim", "24", "--hidden-size", "16", "--no-progress", "--threads", "1"]
+FAST = ["--permutations", "20", "--adversarial-steps", "20"]
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "sst"
-    assert main(["run", *QUICK, "--out", str(out)]) == 0
+    assert main(["run", *QUICK, *FAST, "--out", str(out)]) == 0
     return out
 
 
 def test_run_writes_a_complete_report(run_dir):
     names = {p.name for p in run_dir.iterdir()}
-    assert {"results.json", "report.md", "flip_fraction.png", "kendall_tau.png", "model"} <= names
+    assert {"results.json", "report.md", "flip_fraction.png", "kendall_tau.png", "permutation.png",
+            "adversarial.png", "model"} <= names
     assert not [n for n in names if n.startswith(".")]  # no temporaries left
     results = json.loads((run_dir / "results.json").read_text())
     assert results["data"]["sizes"] == {"train": 160, "dev": 160, "test": 160}
@@ -37,13 +39,22 @@ def test_run_writes_a_complete_report(run_dir):
         assert math.isclose(s["flipped_rate"] + s["never_flipped_rate"], 1.0)
         if s["fraction"]["n"]:
             assert 0 < s["fraction"]["mean"] <= 1
-        fractions = [f for f in results["instances"]["flip_fraction"][name] if f is not None]
+        fractions = [f for f in results["instances"]["flip"][name]["fraction"] if f is not None]
         assert all(0 < f < 1 for f in fractions)
-    tau = results["kendall"]["attention vs gradient"]["overall"]
-    assert -1 <= tau["mean"] <= 1 and 0 <= tau["significant"] <= 1
-    assert tau["n"] + tau["undefined"] == 160
+    assert set(results["kendall"]) == {"attention vs gradient", "attention vs loo", "gradient vs loo"}
+    for pair in results["kendall"].values():
+        tau = pair["overall"]
+        assert -1 <= tau["mean"] <= 1 and 0 <= tau["significant"] <= 1
+        assert tau["n"] + tau["undefined"] == 160
+    assert 0 <= results["permutation"]["overall"]["median"] <= 1 and results["permutation"]["permutations"] == 20
+    adv = results["adversarial"]["overall"]
+    assert 0 <= adv["mean"] <= 0.6932 and results["adversarial"]["output_tvd"]["q3"] <= 0.05 + 1e-6
+    single = results["single_removal"]
+    assert {"top", "second", "lowest", "random", "top_vs_random"} <= set(single)
+    assert 0 <= single["top_vs_random"]["mcnemar"]["pvalue"] <= 1
     report = (run_dir / "report.md").read_text()
-    assert "Decision flip" in report and "Kendall" in report
+    for section in ("Decision flip", "Kendall", "Permuted attention", "Adversarial attention", "single attention weight"):
+        assert section in report
 
 
 def test_run_refuses_to_overwrite(run_dir, capsys):
@@ -62,6 +73,15 @@ def test_report_rerenders_from_results(run_dir):
 def test_evaluate_a_saved_model(run_dir, tmp_path):
     out = tmp_path / "eval"
     assert main(["evaluate", str(run_dir), "--out", str(out), "--limit", "40", "--orders", "attention",
-                 "--no-progress"]) == 0
+                 "--skip", "permutation", "adversarial", "loo", "--no-progress"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["flip"]) == {"attention"} and results["flip"]["attention"]["rows"] == 40
+    assert "permutation" not in results and "adversarial" not in results
+    assert set(results["kendall"]) == {"attention vs gradient"}
+
+
+def test_compare_runs(run_dir, tmp_path):
+    assert main(["report", str(run_dir), str(run_dir), "--out", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert table.count("\n| sst ") == 2 and "lstm encoder + tanh attention" in table
+    assert main(["report", str(run_dir), str(run_dir)]) == 2  # several runs need --out
