@@ -95,8 +95,11 @@ def _check_distribution(name: str, x: Tensor) -> None:
 
 def _check_values(p: Tensor, q: Tensor) -> None:
     """Finite and non-negative: one min/max reduction per input (no full-size
-    temporary; min/max propagate NaN), read back together."""
-    extremes = torch.stack([v.double() for t in (p, q) for v in torch.aminmax(t)]).tolist()
+    temporary; min/max propagate NaN)."""
+    if p.device.type == "cpu":  # reading a CPU scalar costs nothing
+        extremes = [float(v) for t in (p, q) for v in torch.aminmax(t)]
+    else:  # one device -> host read (one wait for the stream) instead of four
+        extremes = torch.stack([v.double() for t in (p, q) for v in torch.aminmax(t)]).tolist()
     for name, (low, high) in (("p", extremes[:2]), ("q", extremes[2:])):
         if not (math.isfinite(low) and math.isfinite(high)):
             raise ValueError(f"{name} must be finite, got NaN or infinite values")
