@@ -2,8 +2,10 @@
 
 - every ``csrc/cuda/*.cu`` compiles with plain ``nvcc -c -I csrc`` (no torch headers) for
   sm_80 and sm_90, with the loader's nvcc flags and warnings as errors;
-- the ATen glue ``csrc/cuda/ops_cuda.cpp`` passes ``g++ -fsyntax-only`` against torch's
-  headers (a CPU wheel ships ``c10/cuda`` and ``ATen/cuda`` too) and the CUDA include dir;
+- the ATen glue ``csrc/cuda/ops_cuda.cpp`` compiles (``g++ -c -O0``, as cheap as
+  ``-fsyntax-only``) against torch's headers (a CPU wheel ships ``c10/cuda`` and
+  ``ATen/cuda`` too) and the CUDA include dir, and every launcher it calls is defined, with
+  the same signature, by the kernels' objects (what the link would check);
 - ``tests/cuda/host_harness.cpp`` runs the kernels' per-thread code on the CPU over the
   launchers' grids and checks rows, scratch and outputs against the per-row functions;
 - the loader picks the build as documented.
@@ -78,10 +80,12 @@ def _jobs(tmp: Path) -> dict[str, list[str]]:
             # The CUDA wheel's generated c10/cuda/impl/cuda_cmake_macros.h is missing from a
             # CPU wheel; it only defines C10_CUDA_BUILD_SHARED_LIBS (Windows exports).
             system = [a for d in (*cpp_extension.include_paths(), *includes) for a in ("-isystem", d)]
-            jobs["ops_cuda.cpp"] = [CXX, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
+            # -c -O0 rather than -fsyntax-only: as cheap, and the object's undefined symbols
+            # show which launchers it calls (checked against the kernels' objects below).
+            jobs["ops_cuda.cpp"] = [CXX, "-std=c++17", "-c", "-O0", "-Wall", "-Wextra", "-Werror",
                                     "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DTORCH_API_INCLUDE_EXTENSION_H",
                                     "-DTORCH_EXTENSION_NAME=attnmetrics_C_cuda", *system, "-I", str(CSRC),
-                                    str(CSRC / "cuda" / "ops_cuda.cpp")]
+                                    str(CSRC / "cuda" / "ops_cuda.cpp"), "-o", str(tmp / "ops_cuda.o")]
     if shutil.which(CXX):
         jobs["host_harness"] = [CXX, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", str(CSRC),
                                 str(ROOT / "tests" / "cuda" / "host_harness.cpp"), "-o", str(tmp / "harness")]
@@ -128,6 +132,28 @@ def test_glue_syntax_against_torch_and_cuda_headers(builds):
     if "ops_cuda.cpp" not in results:
         pytest.skip("no cuda_runtime_api.h in nvcc's include dirs")
     _check(results, "ops_cuda.cpp")
+
+
+def _symbols(obj: Path, flag: str) -> set[str]:
+    out = subprocess.run(["nm", "-C", flag, str(obj)], capture_output=True, text=True, check=True).stdout
+    names = (re.match(r"\s*(?:[0-9a-fA-F]+\s+)?[A-Za-z]\s+(.*)", line) for line in out.splitlines())
+    return {m.group(1) for m in names if m and m.group(1).startswith("attnmetrics::gpu::")}
+
+
+@pytest.mark.skipif(NVCC is None or shutil.which("nm") is None, reason="needs nvcc and nm")
+def test_glue_calls_only_launchers_the_kernels_define(builds):
+    """What linking would check: every launcher the glue calls, with its exact signature,
+    is defined by the nvcc objects (a CPU torch has no libc10_cuda to link against)."""
+    tmp, results = builds
+    if "ops_cuda.cpp" not in results:
+        pytest.skip("no cuda_runtime_api.h in nvcc's include dirs")
+    _check(results, "ops_cuda.cpp")
+    for name in KERNELS:
+        _check(results, name)
+    wanted = _symbols(tmp / "ops_cuda.o", "--undefined-only")
+    defined = set().union(*(_symbols(tmp / f"{name}.o", "--defined-only") for name in KERNELS))
+    assert len(wanted) >= 11  # tvd, jsd, kendall_tau x 2 dtypes, check_rows, flip ops x 2
+    assert wanted <= defined, wanted - defined
 
 
 @pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no {CXX}")

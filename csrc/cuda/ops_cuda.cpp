@@ -51,14 +51,6 @@ void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, op, " (CUDA): ", cudaGetErrorString(err));
 }
 
-// Every tensor on `device` (a CUDA device): the dispatcher sends a call here when
-// any argument is a CUDA tensor, so the others may be on the CPU or another GPU.
-void check_device(const at::Tensor& t, const char* name, const c10::Device& device,
-                  const char* op) {
-  TORCH_CHECK(t.device() == device, op, " (CUDA): ", name, " must be a CUDA tensor on ", device,
-              " like the other inputs, got ", t.device());
-}
-
 // ---- tvd / jsd ---------------------------------------------------------------------------
 
 void check_distance_inputs(const char* op, const at::Tensor& p, const at::Tensor& q) {
