@@ -4,12 +4,28 @@ The sources ship inside the package (``attnmetrics/csrc``) and are compiled on f
 use by ``torch.utils.cpp_extension.load`` (ninja). The build is cached in
 ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), so later processes
 only load the shared library.
+
+Two builds, under two names so their caches never clash:
+
+- ``attnmetrics_C`` (CPU kernels only): the default, and all a machine without a GPU
+  ever builds; it needs a C++ compiler and nothing from CUDA.
+- ``attnmetrics_C_cuda`` (CPU and CUDA kernels, ``csrc/cuda``): built when
+  ``torch.cuda.is_available()`` and nvcc is found (``torch.utils.cpp_extension.CUDA_HOME``
+  or ``PYTORCH_NVCC``, as torch's own build looks for it). Architectures follow torch's
+  rules: ``TORCH_CUDA_ARCH_LIST``, else the visible GPUs.
+
+With a GPU but no nvcc the loader warns and builds the CPU kernels only, so CPU tensors
+keep working; an op called on CUDA tensors then raises a RuntimeError that names the
+missing compiler. ``ATTNMETRICS_CUDA=1`` turns that case into an import-time
+RuntimeError instead, and ``ATTNMETRICS_CUDA=0`` builds the CPU kernels only even where
+CUDA is available (default ``auto``).
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -18,14 +34,79 @@ from torch.utils import cpp_extension
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _loaded = False
 
+#: Whether the loaded build holds the CUDA kernels (set by :func:`load`).
+CUDA_KERNELS = False
 
-def _sources() -> list[str]:
-    return [str(_CSRC / "ops.cpp")] + sorted(str(p) for p in (_CSRC / "cpu").glob("*.cpp"))
+CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++17"]  # -fopenmp: at::parallel_for runs in parallel
+# --fmad=false: no fused multiply-adds, so the GPU rounds every product and sum as the CPU
+# build does (x86-64 without -march has no FMA): the shared per-row code then gives the
+# same bits on both (flip decisions, tau) up to the math library (log, erf/erfc).
+NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false"]
+
+_OPS = ("tvd", "jsd", "kendall_tau", "flip_search_linear", "renormalised_contexts")
+
+
+def _sources(with_cuda: bool = False) -> list[str]:
+    sources = [str(_CSRC / "ops.cpp")] + sorted(str(p) for p in (_CSRC / "cpu").glob("*.cpp"))
+    if with_cuda:
+        cuda = _CSRC / "cuda"
+        sources += sorted(str(p) for p in cuda.glob("*.cu")) + sorted(str(p) for p in cuda.glob("*.cpp"))
+    return sources
+
+
+def find_nvcc() -> str | None:
+    """The nvcc torch's extension build would run, or None when there is none."""
+    if os.environ.get("PYTORCH_NVCC"):
+        return os.environ["PYTORCH_NVCC"]
+    home = cpp_extension.CUDA_HOME  # None on a CPU build of torch
+    if home:
+        nvcc = os.path.join(home, "bin", "nvcc")
+        if os.path.exists(nvcc):
+            return nvcc
+    return None
+
+
+def _want_cuda() -> tuple[bool, str | None]:
+    """(build the CUDA kernels?, why not, when a GPU would have used them)."""
+    mode = os.environ.get("ATTNMETRICS_CUDA", "auto").strip().lower()
+    if mode not in ("auto", "0", "1"):
+        raise RuntimeError(f"ATTNMETRICS_CUDA must be auto, 0 or 1, got {mode!r}")
+    if mode == "0":
+        return False, None
+    if not torch.cuda.is_available():
+        if mode == "1":
+            raise RuntimeError("ATTNMETRICS_CUDA=1 asks for the CUDA kernels, but torch sees no CUDA GPU "
+                               f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+        return False, None
+    if find_nvcc() is None:
+        why = (
+            "no CUDA compiler: nvcc was not found (looked in CUDA_HOME="
+            f"{cpp_extension.CUDA_HOME!r} and PYTORCH_NVCC); install the CUDA toolkit matching "
+            f"torch's CUDA {torch.version.cuda} or set CUDA_HOME"
+        )
+        if mode == "1":
+            raise RuntimeError(f"attnmetrics cannot build its CUDA kernels: {why}")
+        return False, why
+    return True, None
+
+
+def _register_cuda_stubs(why: str) -> None:
+    """CUDA impls that explain why there are no CUDA kernels (CPU-only build on a GPU machine)."""
+    global _stub_library
+    _stub_library = torch.library.Library("attnmetrics", "IMPL")  # kept alive: owns the impls
+    for name in _OPS:
+        def stub(*args, _name=name):
+            raise RuntimeError(
+                f"attnmetrics::{_name} got CUDA tensors, but attnmetrics was built without its "
+                f"CUDA kernels ({why}). Move the inputs to the CPU, or install nvcc and restart."
+            )
+
+        _stub_library.impl(name, stub, "CUDA")
 
 
 def load() -> None:
     """Compile (first time) and load the extension; idempotent."""
-    global _loaded
+    global _loaded, CUDA_KERNELS
     if _loaded:
         return
     if shutil.which(os.environ.get("CXX", "c++")) is None:
@@ -33,16 +114,22 @@ def load() -> None:
             "attnmetrics needs a C++ compiler to build its kernels on first use: "
             f"no '{os.environ.get('CXX', 'c++')}' on PATH (install g++, or set CXX)."
         )
+    with_cuda, why_not = _want_cuda()
+    if why_not:
+        warnings.warn(f"attnmetrics: building the CPU kernels only: {why_not}", RuntimeWarning, stacklevel=2)
     cpp_extension.load(
-        name="attnmetrics_C",
-        sources=_sources(),
+        name="attnmetrics_C_cuda" if with_cuda else "attnmetrics_C",
+        sources=_sources(with_cuda),
         extra_include_paths=[str(_CSRC)],
-        # -fopenmp turns at::parallel_for into a real parallel loop.
-        extra_cflags=["-O3", "-fopenmp", "-std=c++17"],
+        extra_cflags=CXX_FLAGS,
+        extra_cuda_cflags=NVCC_FLAGS if with_cuda else None,
         extra_ldflags=["-fopenmp"],
         is_python_module=False,
         verbose=os.environ.get("ATTNMETRICS_VERBOSE_BUILD") == "1",
     )
+    if why_not:
+        _register_cuda_stubs(why_not)
+    CUDA_KERNELS = with_cuda
     _loaded = True
 
 

@@ -1,4 +1,8 @@
-"""Input checks shared by the public API: clear ValueErrors before any kernel runs."""
+"""Input checks shared by the public API: clear ValueErrors before any kernel runs.
+
+Checks of values read the device once per check (one small tensor copied back), so CUDA
+inputs wait for their stream once rather than once per condition.
+"""
 
 from __future__ import annotations
 
@@ -31,18 +35,17 @@ def check_lengths(lengths: Tensor | None, batch: int, width: int, device: torch.
     if lengths is None:
         return torch.full((batch,), width, dtype=torch.int64, device=device)
     if not isinstance(lengths, Tensor):
-        lengths = torch.as_tensor(lengths)
+        lengths = torch.as_tensor(lengths, device=device)  # a list goes where the inputs are
     if lengths.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
     if lengths.shape != (batch,):
         raise ValueError(f"lengths must have shape [B] = [{batch}], got {list(lengths.shape)}")
     if lengths.device != device:
         raise ValueError(f"lengths is on {lengths.device}, expected {device} like the other inputs")
-    if batch and (int(lengths.min()) < 0 or int(lengths.max()) > width):
-        raise ValueError(
-            f"lengths must lie in [0, T] = [0, {width}], got min {int(lengths.min())}, "
-            f"max {int(lengths.max())}"
-        )
+    if batch:
+        low, high = torch.stack(torch.aminmax(lengths)).tolist()
+        if low < 0 or high > width:
+            raise ValueError(f"lengths must lie in [0, T] = [0, {width}], got min {low}, max {high}")
     return lengths.to(torch.int64).contiguous()
 
 
@@ -64,13 +67,16 @@ def check_attention(attention: Tensor, lengths: Tensor, atol: float = 1e-4) -> N
         raise ValueError("attention is an empty batch (B = 0)")
     mask = valid_mask(lengths, attention.shape[1])
     real = attention.masked_fill(~mask, 0)
-    if not torch.isfinite(real).all():
-        raise ValueError("attention contains NaN or infinite values")
-    if (real < 0).any():
-        raise ValueError(f"attention must be non-negative, got min {float(real.min()):.4g}")
     sums = real.sum(1, dtype=torch.float64)
     bad = (lengths > 0) & ((sums - 1).abs() > atol)
-    if bad.any():
+    not_finite, negative, unnormalised = torch.stack(
+        [~torch.isfinite(real).all(), (real < 0).any(), bad.any()]
+    ).tolist()
+    if not_finite:
+        raise ValueError("attention contains NaN or infinite values")
+    if negative:
+        raise ValueError(f"attention must be non-negative, got min {float(real.min()):.4g}")
+    if unnormalised:
         i = int(bad.nonzero()[0])
         raise ValueError(
             f"attention rows must sum to 1 over their first lengths[b] items "

@@ -91,20 +91,29 @@ def _check_distribution(name: str, x: Tensor) -> None:
         raise ValueError(f"{name} must have at least one dimension, got a 0-d tensor")
     if x.numel() == 0:
         raise ValueError(f"{name} is empty (shape {list(x.shape)}); expected at least one entry")
-    # One reduction, no full-size temporary: min/max propagate NaN.
-    low, high = (float(v) for v in torch.aminmax(x))
-    if not (math.isfinite(low) and math.isfinite(high)):
-        raise ValueError(f"{name} must be finite, got NaN or infinite values")
-    if low < 0:
-        raise ValueError(f"{name} must be non-negative, got min {low:.4g}")
+
+
+def _check_values(p: Tensor, q: Tensor) -> None:
+    """Finite and non-negative: one min/max reduction per input (no full-size
+    temporary; min/max propagate NaN)."""
+    if p.device.type == "cpu":  # reading a CPU scalar costs nothing
+        extremes = [float(v) for t in (p, q) for v in torch.aminmax(t)]
+    else:  # one device -> host read (one wait for the stream) instead of four
+        extremes = torch.stack([v.double() for t in (p, q) for v in torch.aminmax(t)]).tolist()
+    for name, (low, high) in (("p", extremes[:2]), ("q", extremes[2:])):
+        if not (math.isfinite(low) and math.isfinite(high)):
+            raise ValueError(f"{name} must be finite, got NaN or infinite values")
+        if low < 0:
+            raise ValueError(f"{name} must be non-negative, got min {low:.4g}")
 
 
 def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
     _check_distribution("p", p)
     _check_distribution("q", q)
+    check_same_device(p=p, q=q)
+    _check_values(p, q)
     if p.dtype != q.dtype:
         raise ValueError(f"p and q must have one dtype, got p {p.dtype} and q {q.dtype}")
-    check_same_device(p=p, q=q)
     shape = p.shape
     if q.shape != shape:  # torch.broadcast_shapes costs more than a small kernel call
         try:

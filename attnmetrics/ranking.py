@@ -65,10 +65,10 @@ def kendall_tau(x: Tensor, y: Tensor, lengths: Tensor | None = None) -> KendallT
         raise ValueError(f"x is an empty batch (B = 0, shape {list(x.shape)}); expected B >= 1")
     lengths = check_lengths(lengths, batch, width, x.device)
     mask = valid_mask(lengths, width)
-    for name, t in (("x", x), ("y", y)):
-        bad = torch.isnan(t) & mask
-        if bad.any():
-            row = int(bad.any(1).nonzero()[0])
+    nan_x, nan_y = torch.stack([(torch.isnan(t) & mask).any() for t in (x, y)]).tolist()  # one read back
+    for name, t, found in (("x", x, nan_x), ("y", y, nan_y)):
+        if found:
+            row = int((torch.isnan(t) & mask).any(1).nonzero()[0])
             raise ValueError(
                 f"{name} contains NaN in the valid prefix of row {row} "
                 f"(scipy.stats.kendalltau would return NaN; remove or mask it)"

@@ -60,7 +60,7 @@ from attnmetrics.removal import FlipResult  # noqa: E402
 
 def _flip_result(removed, lengths, mass, dtype):
     removed = torch.as_tensor(removed, dtype=torch.int64)
-    lengths = torch.as_tensor(lengths, dtype=torch.int64)
+    lengths = torch.as_tensor(lengths, dtype=torch.int64, device=removed.device)
     flipped = removed >= 0
     fraction = torch.where(flipped, removed.to(dtype) / lengths.to(dtype), math.nan)
     return FlipResult(removed, fraction, flipped, torch.as_tensor(mass, dtype=torch.float64).to(dtype))
@@ -143,9 +143,10 @@ def flip_search_sequential(attention, values, decoder, lengths, order_scores="at
     """
     with torch.no_grad():
         batch, width = attention.shape
-        lengths = torch.as_tensor(lengths, dtype=torch.int64)
+        device = attention.device  # runs where the inputs are, as S&S's code ran on the GPU
+        lengths = torch.as_tensor(lengths, dtype=torch.int64, device=device)
         scores = _reference_scores(order_scores, attention, values, decoder, lengths)
-        valid = torch.arange(width) < lengths[:, None]
+        valid = torch.arange(width, device=device) < lengths[:, None]
         # ascending stable sort of -score = descending with ties to the lower index
         key = torch.where(valid, -scores.to(torch.float64), math.inf)
         order = torch.argsort(key, dim=1, stable=True)
@@ -157,13 +158,13 @@ def flip_search_sequential(attention, values, decoder, lengths, order_scores="at
             return decision(decoder(torch.bmm(norm.unsqueeze(1), h).squeeze(1)))
 
         original = decide(weights, values)
-        removed = torch.full((batch,), -1, dtype=torch.int64)
-        mass = torch.full((batch,), math.nan, dtype=torch.float64)
+        removed = torch.full((batch,), -1, dtype=torch.int64, device=device)
+        mass = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
         rows = torch.nonzero(lengths >= 2).squeeze(1)
         w, h, o = weights[rows], values[rows], order[rows]
         n_items, base = lengths[rows], original[rows]
-        gone = torch.zeros(rows.shape[0], dtype=torch.float64)
-        live = torch.ones(rows.shape[0], dtype=torch.bool)
+        gone = torch.zeros(rows.shape[0], dtype=torch.float64, device=device)
+        live = torch.ones(rows.shape[0], dtype=torch.bool, device=device)
         k = 0
         while live.any():
             k += 1

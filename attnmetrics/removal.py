@@ -284,12 +284,13 @@ def _project(values: Tensor, linear: nn.Linear, lengths: Tensor, budget: int) ->
 
 def _first_flip(decisions: Tensor, lengths: Tensor) -> Tensor:
     """decisions [sum(L)] (row b's block k = decision after k removals) -> removed [n]."""
-    n = lengths.shape[0]
+    n, total = lengths.shape[0], decisions.shape[0]
     offsets = torch.cumsum(lengths, 0) - lengths
-    row = torch.repeat_interleave(torch.arange(n, device=lengths.device), lengths)
+    # output_size and a `never` known on the host: no device -> host read here
+    row = torch.repeat_interleave(torch.arange(n, device=lengths.device), lengths, output_size=total)
     start = offsets[row]
-    step = torch.arange(decisions.shape[0], device=lengths.device) - start
-    never = int(lengths.max()) + 1 if n else 1
+    step = torch.arange(total, device=lengths.device) - start
+    never = total + 1  # above any step (each step < its row's length <= total)
     candidate = torch.where((decisions != decisions[start]) & (step >= 1), step, never)
     first = torch.full((n,), never, dtype=torch.int64, device=lengths.device)
     first.scatter_reduce_(0, row, candidate, reduce="amin")

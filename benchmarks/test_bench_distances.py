@@ -5,12 +5,17 @@ One group per (function, case): pytest-benchmark's "(x)" factors give the ratio.
 where the formula materialises full-size temporaries and the kernel copies in chunks.
 
     python -m pytest benchmarks/test_bench_distances.py --benchmark-only
+
+With a GPU (and attnmetrics' CUDA build) every case also runs on ``cuda``, where a
+device-to-device copy of the inputs' bytes is the bandwidth reference: it reads and writes
+what the kernel only reads, so a kernel at about twice the copy's time runs at full
+bandwidth. ``extra_info["gb_per_s"]`` is the bytes each moves over its median time.
 """
 
 import pytest
 import torch
 
-from attnmetrics import jsd, tvd
+from attnmetrics import _ops, jsd, tvd
 from attnmetrics.reference import jsd_reference, tvd_reference
 
 FUNCTIONS = {"tvd": (tvd, tvd_reference), "jsd": (jsd, jsd_reference)}
@@ -23,25 +28,66 @@ CASES = {
     "broadcast-100k": (100_000, 50, True),
 }
 
+DEVICES = ["cpu", "cuda"]
 _inputs: dict = {}
 
 
-def inputs(case):
-    if case not in _inputs:
+def skip_without(device):
+    if device == "cuda" and not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
+        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
+
+
+def inputs(case, device="cpu"):
+    if (case, device) not in _inputs:
         rows, k, broadcast = CASES[case]
         g = torch.Generator().manual_seed(0)
         p = torch.softmax(torch.randn(rows, k, generator=g), dim=1)
         q = torch.softmax(torch.randn(1 if broadcast else rows, k, generator=g), dim=1)
-        _inputs[case] = (p, q[0] if broadcast else q)
-    return _inputs[case]
+        _inputs[case, device] = (p.to(device), (q[0] if broadcast else q).to(device))
+    return _inputs[case, device]
 
 
+def synchronised(fn, device):
+    """fn, waiting for the GPU before returning, so that the timer sees the work."""
+    if device != "cuda":
+        return fn
+
+    def run(*args):
+        out = fn(*args)
+        torch.cuda.synchronize()
+        return out
+
+    return run
+
+
+def _copy_reference(case):
+    """The bytes of p and q (q expanded to p's shape, as the kernel path copies it),
+    copied device to device."""
+    p, q = inputs(case, "cuda")
+    src = torch.cat([p.reshape(-1), q.expand_as(p).reshape(-1)])
+    dst = torch.empty_like(src)
+    return (lambda: dst.copy_(src)), 2 * src.numel() * src.element_size()
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", list(FUNCTIONS))
-@pytest.mark.parametrize("impl", ["kernel", "torch-formula"])
-def test_distance(benchmark, name, case, impl):
-    fn = FUNCTIONS[name][0 if impl == "kernel" else 1]
-    benchmark.group = f"{name} {case}"
-    benchmark.extra_info.update(case=case, rows=CASES[case][0], k=CASES[case][1])
-    out = benchmark(fn, *inputs(case))
-    assert out.shape == (CASES[case][0],)
+@pytest.mark.parametrize("impl", ["kernel", "torch-formula", "d2d-copy"])
+def test_distance(benchmark, name, case, impl, device):
+    skip_without(device)
+    if impl == "d2d-copy" and device != "cuda":
+        pytest.skip("the bandwidth reference is for the GPU")
+    rows, k, _ = CASES[case]
+    benchmark.group = f"{name} {case}" + ("" if device == "cpu" else f" {device}")
+    benchmark.extra_info.update(case=case, rows=rows, k=k, device=device)
+    if impl == "d2d-copy":
+        copy, moved = _copy_reference(case)
+        benchmark(synchronised(copy, device))
+    else:
+        fn = synchronised(FUNCTIONS[name][0 if impl == "kernel" else 1], device)
+        out = benchmark(fn, *inputs(case, device))
+        assert out.shape == (rows,)
+        # the kernel reads p and q and writes the output (q expanded, as it is copied)
+        moved = (2 * rows * k + rows) * 4
+    if benchmark.stats is not None and device == "cuda":
+        benchmark.extra_info.update(bytes=moved, gb_per_s=moved / benchmark.stats.stats.median / 1e9)

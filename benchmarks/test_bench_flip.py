@@ -3,6 +3,8 @@
 Run: python -m pytest benchmarks/test_bench_flip.py --benchmark-only -q
 The sequential search is timed once per case (it takes seconds); the kernel's median over
 its rounds is compared with it, and the ratio goes in ``extra_info["speedup"]``.
+With a GPU (and attnmetrics' CUDA build) both also run on ``cuda`` (S&S's code ran its
+sequential search on the GPU); the large case then records the peak device memory.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 import torch
 from torch import nn
 
+from attnmetrics import _ops
 from attnmetrics.reference import flip_search_sequential
 from attnmetrics.removal import flip_fraction
 
@@ -54,28 +57,49 @@ def describe(result, lengths):
         "mean_length": float(lengths.double().mean()),
         "flipped_share": float(flipped.double().mean()),
         "removed_p10_p50_p90": torch.quantile(
-            result.removed[flipped].double(), torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+            result.removed[flipped].double(),
+            torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64, device=flipped.device),
         ).tolist(),
     }
 
 
+def skip_without(device):
+    if device == "cuda" and not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
+        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
+
+
+def synchronised(fn, device):
+    if device != "cuda":
+        return fn
+
+    def run(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        return out
+
+    return run
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_flip_fraction_vs_sequential(benchmark, case, kind):
-    attention, values, lengths = make_inputs(*CASES[case])
-    decoder = make_decoder(kind, values.shape[2])
-    benchmark.group = f"flip-{case}"
+def test_flip_fraction_vs_sequential(benchmark, case, kind, device):
+    skip_without(device)
+    attention, values, lengths = (t.to(device) for t in make_inputs(*CASES[case]))
+    decoder = make_decoder(kind, values.shape[2]).to(device)
+    benchmark.group = f"flip-{case}" + ("" if device == "cpu" else f" {device}")
     result = benchmark.pedantic(
-        flip_fraction, args=(attention, values, decoder, lengths, "attention"),
+        synchronised(flip_fraction, device), args=(attention, values, decoder, lengths, "attention"),
         rounds=5, iterations=1, warmup_rounds=1,
     )
     start = time.perf_counter()
-    sequential = flip_search_sequential(attention, values, decoder, lengths, attention)
+    sequential = synchronised(flip_search_sequential, device)(attention, values, decoder, lengths, attention)
     sequential_s = time.perf_counter() - start
     agree = float((sequential.removed == result.removed).double().mean())
     benchmark.extra_info.update(
         describe(result, lengths),
         decoder=kind,
+        device=device,
         threads=torch.get_num_threads(),
         sequential_s=sequential_s,
         agreement_with_sequential=agree,
@@ -107,24 +131,39 @@ def _peak_extra_mib(fn):
     return _status_mib("VmHWM") - before
 
 
+def _peak_extra_device_mib(fn):
+    """Peak device memory allocated above the current level while fn runs, in MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
-def test_flip_fraction_large_bounded_memory(benchmark, kind):
+def test_flip_fraction_large_bounded_memory(benchmark, kind, device):
+    skip_without(device)
     # 100k rows of ~30 items: every context at once would take sum(L) * H * 4 bytes
-    attention, values, lengths = make_inputs(100_000, 20, 40, 64, seed=1)
-    decoder = make_decoder(kind, values.shape[2])
+    attention, values, lengths = (t.to(device) for t in make_inputs(100_000, 20, 40, 64, seed=1))
+    decoder = make_decoder(kind, values.shape[2]).to(device)
     budget = 64 * 2**20
-    benchmark.group = "flip-large"
-    peak = _peak_extra_mib(lambda: flip_fraction(attention, values, decoder, lengths, memory_budget=budget))
+    benchmark.group = "flip-large" + ("" if device == "cpu" else f" {device}")
+    run = synchronised(flip_fraction, device)
+    measure = _peak_extra_device_mib if device == "cuda" else _peak_extra_mib
+    peak = measure(lambda: run(attention, values, decoder, lengths, memory_budget=budget))
     result = benchmark.pedantic(
-        flip_fraction, args=(attention, values, decoder, lengths),
+        run, args=(attention, values, decoder, lengths),
         kwargs={"memory_budget": budget}, rounds=3, iterations=1,
     )
     benchmark.extra_info.update(
         describe(result, lengths),
         decoder=kind,
+        device=device,
         threads=torch.get_num_threads(),
         memory_budget_mib=budget / 2**20,
         values_mib=values.numel() * values.element_size() / 2**20,
         all_contexts_mib=int(lengths.sum()) * values.shape[2] * values.element_size() / 2**20,
-        peak_extra_rss_mib=peak,
+        **{"peak_extra_device_mib" if device == "cuda" else "peak_extra_rss_mib": peak},
     )

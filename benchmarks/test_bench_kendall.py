@@ -5,6 +5,9 @@ table shows the ratio in its "(x)" factors; the kernel's entry also records
 ``extra_info["ratio"]`` (scipy-loop median / kernel median) for ``--benchmark-json``.
 
     python -m pytest benchmarks/test_bench_kendall.py --benchmark-only
+
+With a GPU (and attnmetrics' CUDA build) the kernel also runs on ``cuda`` against the same
+scipy loop (which runs on the CPU, as J&W's code did).
 """
 
 import os
@@ -13,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnmetrics import kendall_tau
+from attnmetrics import _ops, kendall_tau
 from attnmetrics.reference import kendall_tau_reference
 
 # Row counts and lengths of J&W's test sets: SST (1,821 sentences) and IMDB (reviews
@@ -61,13 +64,25 @@ def test_scipy_loop(benchmark, case):
         _scipy_median[case] = benchmark.stats.stats.median
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_kernel(benchmark, case):
+def test_kernel(benchmark, case, device):
+    if device == "cuda" and not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
+        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
     benchmark.group = f"kendall_tau {case}"
     _record(benchmark, case)
-    result = benchmark(kendall_tau, *inputs(case))
+    benchmark.extra_info.update(device=device)
+    args = tuple(t.to(device) for t in inputs(case))
+
+    def run():
+        out = kendall_tau(*args)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out
+
+    result = benchmark(run)
     want = kendall_tau_reference(*inputs(case))
-    torch.testing.assert_close(result.tau, want[0], rtol=1e-6, atol=1e-7, equal_nan=True)
+    torch.testing.assert_close(result.tau.cpu(), want[0], rtol=1e-6, atol=1e-7, equal_nan=True)
     if benchmark.stats is not None and case in _scipy_median:
         kernel = benchmark.stats.stats.median
         benchmark.extra_info.update(scipy_loop_s=_scipy_median[case], kernel_s=kernel,

@@ -116,5 +116,25 @@ AM_HOST_DEVICE inline void contexts_row(const scalar_t* att, const scalar_t* val
   }
 }
 
+// Column h of contexts_row (out[k * H + h] for k = 0..L-1), for back ends that
+// split a row's H columns across threads (the CUDA kernel gives a row to a warp,
+// one column per lane). Column h of contexts_row depends on no other column and
+// `mass` is the same sequence of additions, so without floating-point contraction
+// both give the same bits (checked by tests/cuda/host_harness.cpp).
+template <typename scalar_t, typename acc_t>
+AM_HOST_DEVICE inline void contexts_column(const scalar_t* att, const scalar_t* values,
+                                           const int64_t* order, int64_t L, int64_t H, int64_t h,
+                                           scalar_t* out) {
+  acc_t suffix = acc_t(0);
+  acc_t mass = acc_t(0);
+  for (int64_t k = L - 1; k >= 0; --k) {
+    const int64_t i = order[k];
+    const acc_t a = static_cast<acc_t>(att[i]);
+    suffix += a * static_cast<acc_t>(values[i * H + h]);
+    mass += a;
+    out[k * H + h] = mass == acc_t(0) ? scalar_t(0) : static_cast<scalar_t>(suffix / mass);
+  }
+}
+
 }  // namespace flip
 }  // namespace attnmetrics

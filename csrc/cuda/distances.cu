@@ -1,0 +1,115 @@
+// CUDA tvd / jsd on contiguous [rows, width]: each row's sum in double, split
+// across a group of lanes (4, a warp, or a block by width; geometry.h), the
+// partial sums added in a fixed tree order, so results do not vary run to run.
+#include <cuda_runtime.h>
+
+#include "cuda/geometry.h"
+#include "cuda/launch.h"
+#include "cuda/rows.h"
+
+namespace attnmetrics {
+namespace gpu {
+namespace {
+
+template <bool JSD, typename scalar_t>
+__device__ __forceinline__ double partial(const scalar_t* a, const scalar_t* b, int64_t width,
+                                          int64_t lane, int64_t lanes) {
+  return JSD ? jsd_partial(a, b, width, lane, lanes) : tvd_partial(a, b, width, lane, lanes);
+}
+
+template <bool JSD>
+__device__ __forceinline__ double finish(double sum) {
+  return JSD ? jsd_finish(sum) : tvd_finish(sum);
+}
+
+// Sum over aligned groups of G lanes (G a power of two <= 32); lane 0 of each
+// group gets the total. Every lane of the warp must call it.
+template <int G>
+__device__ __forceinline__ double group_sum(double s) {
+#pragma unroll
+  for (int offset = G / 2; offset > 0; offset /= 2) {
+    s += __shfl_down_sync(0xffffffffu, s, offset, G);
+  }
+  return s;
+}
+
+// G lanes per row, kBlock / G rows per block, grid-stride over rows. The loop
+// bound is the same for the whole block, so every lane reaches the shuffles;
+// lanes past the last row add zeros.
+template <typename scalar_t, int G, bool JSD>
+__global__ void __launch_bounds__(kBlock)
+    per_group_kernel(const scalar_t* __restrict__ p, const scalar_t* __restrict__ q,
+                    scalar_t* __restrict__ out, int64_t rows, int64_t width) {
+  constexpr int64_t kRowsPerBlock = kBlock / G;
+  const int64_t lane = threadIdx.x % G;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < rows;
+       base += stride) {
+    const int64_t row = base + threadIdx.x / G;
+    double s = 0.0;
+    if (row < rows) s = partial<JSD>(p + row * width, q + row * width, width, lane, G);
+    s = group_sum<G>(s);
+    if (row < rows && lane == 0) out[row] = static_cast<scalar_t>(finish<JSD>(s));
+  }
+}
+
+// One block per row (wide rows), grid-stride over rows.
+template <typename scalar_t, bool JSD>
+__global__ void __launch_bounds__(kBlock)
+    per_block_kernel(const scalar_t* __restrict__ p, const scalar_t* __restrict__ q,
+                    scalar_t* __restrict__ out, int64_t rows, int64_t width) {
+  constexpr int kWarps = kBlock / kWarp;
+  __shared__ double warp_sums[kWarps];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    double s = partial<JSD>(p + row * width, q + row * width, width, threadIdx.x, kBlock);
+    s = group_sum<kWarp>(s);
+    if (lane == 0) warp_sums[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+      s = lane < kWarps ? warp_sums[lane] : 0.0;
+      s = group_sum<kWarp>(s);
+      if (lane == 0) out[row] = static_cast<scalar_t>(finish<JSD>(s));
+    }
+    __syncthreads();  // warp_sums is reused for the next row
+  }
+}
+
+template <bool JSD, typename scalar_t>
+cudaError_t launch(const scalar_t* p, const scalar_t* q, scalar_t* out, int64_t rows,
+                   int64_t width, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  const int lanes = distance_lanes(width);
+  const dim3 grid(static_cast<unsigned int>(distance_blocks(rows, lanes)));
+  if (lanes == kSmallGroup) {
+    per_group_kernel<scalar_t, kSmallGroup, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width);
+  } else if (lanes == kWarp) {
+    per_group_kernel<scalar_t, kWarp, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width);
+  } else {
+    per_block_kernel<scalar_t, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t tvd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
+                cudaStream_t stream) {
+  return launch<false>(p, q, out, rows, width, stream);
+}
+cudaError_t tvd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
+                cudaStream_t stream) {
+  return launch<false>(p, q, out, rows, width, stream);
+}
+cudaError_t jsd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
+                cudaStream_t stream) {
+  return launch<true>(p, q, out, rows, width, stream);
+}
+cudaError_t jsd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
+                cudaStream_t stream) {
+  return launch<true>(p, q, out, rows, width, stream);
+}
+
+}  // namespace gpu
+}  // namespace attnmetrics

@@ -1,0 +1,71 @@
+// Launchers of the CUDA kernels (csrc/cuda/*.cu): raw pointers, sizes and a
+// stream in, the launch's cudaError_t out. No torch headers, so the .cu files
+// compile with plain `nvcc -c -I csrc` (tests/test_cuda_compile.py); the glue in
+// ops_cuda.cpp validates the tensors, allocates outputs and scratch with ATen
+// and calls these on the current stream.
+//
+// Every pointer is to contiguous device memory on the current device; rows may
+// be 0 (nothing is launched). Launches are asynchronous: the returned error is
+// the launch's (cudaGetLastError), not the kernel's completion status.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+namespace attnmetrics {
+namespace gpu {
+
+// tvd / jsd of p, q [rows, width] into out [rows]; accumulated in double.
+cudaError_t tvd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
+                cudaStream_t stream);
+cudaError_t tvd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
+                cudaStream_t stream);
+cudaError_t jsd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
+                cudaStream_t stream);
+cudaError_t jsd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
+                cudaStream_t stream);
+
+// Kendall tau-b and p-value of x, y [rows, width] over each row's prefix of
+// lengths[b] items, which must lie in [0, max_len] with max_len <= width (checked
+// by the caller). scratch: slots * kendall_slot_bytes<scalar_t>(max_len) bytes
+// (rows.h), 16-byte aligned; slots in [1, rows]. On first use on a device this
+// uploads the exact-p table (kernels/kendall.h) to it, synchronising `stream` once.
+cudaError_t kendall_tau(const float* x, const float* y, const int64_t* lengths, int64_t rows,
+                        int64_t width, int64_t max_len, unsigned char* scratch, int64_t slots,
+                        float* tau, float* pvalue, cudaStream_t stream);
+cudaError_t kendall_tau(const double* x, const double* y, const int64_t* lengths, int64_t rows,
+                        int64_t width, int64_t max_len, unsigned char* scratch, int64_t slots,
+                        double* tau, double* pvalue, cudaStream_t stream);
+
+// Input checks of the flip ops, on the device: status[kBadLength] and
+// status[kBadOrder] (rows.h; the caller presets both to INT64_MAX) receive the
+// smallest row whose length lies outside [0, width], and the smallest row of
+// valid length whose order prefix is not a permutation of 0..L-1.
+// seen: slots * width bytes of scratch; slots in [1, rows].
+cudaError_t check_rows(const int64_t* order, const int64_t* lengths, int64_t rows, int64_t width,
+                       unsigned char* seen, int64_t slots, int64_t* status, cudaStream_t stream);
+
+// Flip search with a linear decoder on projected [rows, width, classes] (kernels/flip.h
+// linear_row), inputs checked by check_rows. scratch: slots * classes doubles when
+// classes > kLocalClasses (geometry.h), else unused (may be null); slots in [1, rows].
+cudaError_t flip_search_linear(const float* att, const float* proj, const float* bias,
+                               const int64_t* order, const int64_t* lengths, int64_t rows,
+                               int64_t width, int64_t classes, double* scratch, int64_t slots,
+                               int64_t* removed, float* mass, cudaStream_t stream);
+cudaError_t flip_search_linear(const double* att, const double* proj, const double* bias,
+                               const int64_t* order, const int64_t* lengths, int64_t rows,
+                               int64_t width, int64_t classes, double* scratch, int64_t slots,
+                               int64_t* removed, double* mass, cudaStream_t stream);
+
+// Every renormalised context (kernels/flip.h contexts_column) of values
+// [rows, width, hidden] into out [sum(lengths), hidden]; offsets = exclusive cumsum
+// of lengths, inputs checked by check_rows and the caller.
+cudaError_t renormalised_contexts(const float* att, const float* values, const int64_t* order,
+                                  const int64_t* lengths, const int64_t* offsets, int64_t rows,
+                                  int64_t width, int64_t hidden, float* out, cudaStream_t stream);
+cudaError_t renormalised_contexts(const double* att, const double* values, const int64_t* order,
+                                  const int64_t* lengths, const int64_t* offsets, int64_t rows,
+                                  int64_t width, int64_t hidden, double* out, cudaStream_t stream);
+
+}  // namespace gpu
+}  // namespace attnmetrics

@@ -1,0 +1,420 @@
+// Host-only checks of the CUDA back end's index arithmetic, without a GPU.
+//
+// The kernels in csrc/cuda/*.cu are thin wrappers around the per-thread functions
+// of csrc/cuda/rows.h. This program runs those functions on the CPU for every
+// thread of the grids the launchers would use (csrc/cuda/geometry.h), emulating
+// the wrappers' index math and, for tvd / jsd, the warp shuffles' exact
+// semantics, and checks that
+//   - every row is handled once and every output element written (sentinels),
+//   - nothing is read or written past the scratch and output buffers (canaries),
+//   - results equal the per-row functions of csrc/kernels/*.h called directly
+//     (bit for bit; the tvd / jsd tree sums to a tight tolerance),
+//   - flip::contexts_column gives the bits of flip::contexts_row,
+//   - launch geometry stays in CUDA's limits for up to 2^40 rows.
+// It does not run device code: warp scheduling, memory coalescing, atomics and the
+// device math library are untested here. Built and run by tests/test_cuda_compile.py:
+//   g++ -std=c++17 -O1 -I csrc tests/cuda/host_harness.cpp -o harness && ./harness
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "cuda/geometry.h"
+#include "cuda/rows.h"
+#include "kernels/flip.h"
+#include "kernels/kendall.h"
+
+using namespace attnmetrics;
+using namespace attnmetrics::gpu;
+
+static int failures = 0;
+
+#define EXPECT(cond, ...)                                        \
+  do {                                                           \
+    if (!(cond)) {                                               \
+      ++failures;                                                \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                              \
+      fprintf(stderr, "\n");                                     \
+    }                                                            \
+  } while (0)
+
+template <typename T>
+static bool same_bits(T a, T b) {
+  return memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+// A buffer of n elements followed by canary bytes, to catch writes past its end.
+template <typename T>
+struct Guarded {
+  static constexpr size_t kCanary = 256;
+  std::vector<unsigned char> bytes;
+  size_t n;
+  explicit Guarded(size_t n_) : bytes(n_ * sizeof(T), 0), n(n_) {
+    bytes.insert(bytes.end(), kCanary, 0xA5);
+  }
+  T* data() { return reinterpret_cast<T*>(bytes.data()); }
+  bool intact() const {
+    for (size_t i = n * sizeof(T); i < bytes.size(); ++i)
+      if (bytes[i] != 0xA5) return false;
+    return true;
+  }
+};
+
+// ---- geometry -----------------------------------------------------------------------------
+
+static void check_geometry() {
+  const int64_t rows_list[] = {0, 1, 2, 7, 63, 64, 65, 255, 256, 257, 1000, 262143, 262144, 262145,
+                               1000000, 5000000, int64_t(1) << 31, int64_t(1) << 40};
+  const int64_t widths[] = {0, 1, 2, 16, 17, 50, 2047, 2048, 4096, 1 << 20};
+  for (int64_t rows : rows_list) {
+    EXPECT(blocks_for(rows, kRowBlock) >= 1 && blocks_for(rows, kRowBlock) <= kMaxBlocks, "rows %lld",
+           (long long)rows);
+    EXPECT(blocks_for(rows, 1) <= 0x7fffffff, "grid.x limit");
+    const int64_t warps = context_warps(rows);
+    EXPECT(warps >= 1 && warps % (kBlock / kWarp) == 0 && warps / (kBlock / kWarp) <= kMaxBlocks,
+           "context warps %lld for rows %lld", (long long)warps, (long long)rows);
+    if (rows > 0 && rows <= kMaxBlocks * (kBlock / kWarp))
+      EXPECT(warps >= rows && warps - rows < kBlock / kWarp, "one warp per row when they fit");
+    for (int64_t width : widths) {
+      const int lanes = distance_lanes(width);
+      EXPECT(lanes == kSmallGroup || lanes == kWarp || lanes == kBlock, "lanes");
+      const int64_t blocks = distance_blocks(rows, lanes);
+      EXPECT(blocks >= 1 && blocks <= kMaxBlocks, "distance blocks");
+      for (int64_t per_slot : {int64_t(0), int64_t(1), width, 2 * width * 24, int64_t(1) << 30}) {
+        const int64_t slots = slots_for(rows, per_slot);
+        EXPECT(slots >= 1 && slots <= (rows > 0 ? rows : 1) && slots <= kMaxSlots, "slots %lld",
+               (long long)slots);
+        EXPECT(slots == 1 || slots * per_slot <= kScratchBudget, "scratch budget");
+        EXPECT(blocks_for(slots, kRowBlock) * kRowBlock >= slots, "a thread per slot");
+      }
+    }
+  }
+}
+
+// ---- tvd / jsd: the two kernels' reductions, shuffles included ----------------------------
+
+// __shfl_down_sync(mask, v, offset, width) over one warp's 32 values: lane l gets
+// lane l + offset's value when that lies in l's segment of `width` lanes, else its own.
+static void shfl_down_add(double* warp, int offset, int width) {
+  double got[kWarp];
+  for (int l = 0; l < kWarp; ++l) {
+    const int src = l + offset;
+    got[l] = (src / width == l / width) ? warp[src] : warp[l];
+  }
+  for (int l = 0; l < kWarp; ++l) warp[l] += got[l];
+}
+
+static void group_sum(double* warp, int G) {
+  for (int offset = G / 2; offset > 0; offset /= 2) shfl_down_add(warp, offset, G);
+}
+
+template <bool JSD, typename T>
+static double partial(const T* a, const T* b, int64_t width, int64_t lane, int64_t lanes) {
+  return JSD ? jsd_partial(a, b, width, lane, lanes) : tvd_partial(a, b, width, lane, lanes);
+}
+
+// Emulates launch<JSD> of distances.cu: out must be pre-filled with a sentinel.
+template <bool JSD, typename T>
+static void emulate_distance(const T* p, const T* q, T* out, int64_t rows, int64_t width) {
+  if (rows <= 0) return;
+  const int lanes = distance_lanes(width);
+  const int64_t grid = distance_blocks(rows, lanes);
+  for (int64_t block = 0; block < grid; ++block) {
+    if (lanes < kBlock) {  // per_group_kernel<G = lanes>
+      const int64_t rows_per_block = kBlock / lanes;
+      for (int64_t base = block * rows_per_block; base < rows; base += grid * rows_per_block) {
+        for (int w = 0; w < kBlock / kWarp; ++w) {
+          double warp[kWarp];
+          for (int l = 0; l < kWarp; ++l) {
+            const int t = w * kWarp + l;
+            const int64_t row = base + t / lanes;
+            warp[l] = row < rows ? partial<JSD>(p + row * width, q + row * width, width, t % lanes, lanes) : 0.0;
+          }
+          group_sum(warp, lanes);
+          for (int l = 0; l < kWarp; ++l) {
+            const int t = w * kWarp + l;
+            const int64_t row = base + t / lanes;
+            if (row < rows && t % lanes == 0) {
+              EXPECT(same_bits(out[row], T(-7)), "row %lld written twice", (long long)row);
+              out[row] = static_cast<T>(JSD ? jsd_finish(warp[l]) : tvd_finish(warp[l]));
+            }
+          }
+        }
+      }
+    } else {  // per_block_kernel
+      for (int64_t row = block; row < rows; row += grid) {
+        double warp_sums[kBlock / kWarp];
+        for (int w = 0; w < kBlock / kWarp; ++w) {
+          double warp[kWarp];
+          for (int l = 0; l < kWarp; ++l)
+            warp[l] = partial<JSD>(p + row * width, q + row * width, width, w * kWarp + l, kBlock);
+          group_sum(warp, kWarp);
+          warp_sums[w] = warp[0];
+        }
+        double warp[kWarp];
+        for (int l = 0; l < kWarp; ++l) warp[l] = l < kBlock / kWarp ? warp_sums[l] : 0.0;
+        group_sum(warp, kWarp);
+        EXPECT(same_bits(out[row], T(-7)), "row %lld written twice", (long long)row);
+        out[row] = static_cast<T>(JSD ? jsd_finish(warp[0]) : tvd_finish(warp[0]));
+      }
+    }
+  }
+}
+
+template <typename T>
+static void check_distances(std::mt19937_64& rng) {
+  const int64_t shapes[][2] = {{1, 1}, {3, 2}, {70, 5}, {65, 16}, {9, 17}, {33, 300}, {5, 2047},
+                               {4, 2048}, {3, 5000}, {2000, 3}};
+  std::exponential_distribution<double> expo(1.0);
+  std::uniform_real_distribution<double> unif(0.0, 1.0);
+  for (auto& shape : shapes) {
+    const int64_t rows = shape[0], width = shape[1];
+    std::vector<T> p(rows * width), q(rows * width);
+    for (int64_t r = 0; r < rows; ++r) {
+      double sp = 0, sq = 0;
+      for (int64_t i = 0; i < width; ++i) {
+        const double a = unif(rng) < 0.3 ? 0.0 : expo(rng);
+        const double b = unif(rng) < 0.3 ? 0.0 : expo(rng);
+        p[r * width + i] = static_cast<T>(a);
+        q[r * width + i] = static_cast<T>(b);
+        sp += a;
+        sq += b;
+      }
+      for (int64_t i = 0; i < width; ++i) {
+        if (sp > 0) p[r * width + i] = static_cast<T>(p[r * width + i] / sp);
+        if (sq > 0) q[r * width + i] = static_cast<T>(q[r * width + i] / sq);
+      }
+    }
+    for (int jsd = 0; jsd < 2; ++jsd) {
+      Guarded<T> out(rows);
+      for (int64_t r = 0; r < rows; ++r) out.data()[r] = T(-7);
+      if (jsd) emulate_distance<true>(p.data(), q.data(), out.data(), rows, width);
+      else emulate_distance<false>(p.data(), q.data(), out.data(), rows, width);
+      EXPECT(out.intact(), "distance output overrun");
+      for (int64_t r = 0; r < rows; ++r) {
+        // plain sequential sum in double
+        const T* a = p.data() + r * width;
+        const T* b = q.data() + r * width;
+        const double want = jsd ? jsd_finish(jsd_partial(a, b, width, 0, 1))
+                                : tvd_finish(tvd_partial(a, b, width, 0, 1));
+        const double got = static_cast<double>(out.data()[r]);
+        const double tol = (sizeof(T) == 4 ? 1e-6 : 1e-13) * (fabs(want) + 1e-300) + 1e-300;
+        EXPECT(fabs(got - static_cast<double>(static_cast<T>(want))) <= tol,
+               "%s row %lld of [%lld, %lld]: got %.17g want %.17g", jsd ? "jsd" : "tvd",
+               (long long)r, (long long)rows, (long long)width, got, want);
+      }
+    }
+  }
+}
+
+// ---- kendall_tau --------------------------------------------------------------------------
+
+template <typename T>
+static void check_kendall(std::mt19937_64& rng) {
+  std::vector<double> table(kendall::exact_table_size());
+  kendall::build_exact_table(table.data());
+  std::normal_distribution<double> normal;
+  const int64_t cases[][3] = {{1, 5, 5}, {50, 40, 7}, {300, 33, 300}, {40, 120, 3}, {17, 0, 4}};
+  for (auto& c : cases) {
+    const int64_t rows = c[0], width = c[1], slots_wanted = c[2];
+    std::vector<T> x(rows * width), y(rows * width);
+    std::vector<int64_t> len(rows);
+    int64_t max_len = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      len[r] = width == 0 ? 0 : static_cast<int64_t>(rng() % (width + 1));
+      max_len = len[r] > max_len ? len[r] : max_len;
+      const bool ties = r % 3 == 0;
+      for (int64_t i = 0; i < width; ++i) {
+        const double a = normal(rng), b = 0.5 * a + normal(rng);
+        x[r * width + i] = static_cast<T>(ties ? round(2 * a) : a);
+        y[r * width + i] = static_cast<T>(ties ? round(2 * b) : b);
+      }
+    }
+    const int64_t slot_bytes = kendall_slot_bytes<T>(max_len);
+    const int64_t slots = slots_for(rows, slot_bytes, slots_wanted * slot_bytes);
+    EXPECT(slots == (slots_wanted < rows ? slots_wanted : rows) || slot_bytes == 0, "slots");
+    Guarded<unsigned char> scratch(static_cast<size_t>(slots * slot_bytes));
+    Guarded<T> tau(rows), pvalue(rows);
+    for (int64_t r = 0; r < rows; ++r) tau.data()[r] = pvalue.data()[r] = T(-7);
+    // kendall_kernel over blocks_for(slots, kRowBlock) blocks of kRowBlock threads
+    const int64_t threads = blocks_for(slots, kRowBlock) * kRowBlock;
+    for (int64_t t = 0; t < threads; ++t) {
+      if (t >= slots) continue;
+      kendall_slot(t, slots, x.data(), y.data(), len.data(), rows, width, max_len, scratch.data(),
+                   table.data(), tau.data(), pvalue.data());
+    }
+    EXPECT(scratch.intact() && tau.intact() && pvalue.intact(), "kendall overrun");
+    using K = kendall::RowKeys<T>;
+    std::vector<typename K::pair_t> pairs(2 * width + 1);
+    std::vector<typename K::y_t> ys(2 * width + 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      double t, p;
+      kendall::tau_row(x.data() + r * width, y.data() + r * width, len[r], pairs.data(), ys.data(),
+                       table.data(), &t, &p);
+      EXPECT(same_bits(tau.data()[r], static_cast<T>(t)) && same_bits(pvalue.data()[r], static_cast<T>(p)),
+             "kendall row %lld", (long long)r);
+    }
+  }
+}
+
+// ---- flip search ----------------------------------------------------------------------------
+
+struct FlipBatch {
+  int64_t rows, width;
+  std::vector<int64_t> len, order;
+};
+
+static FlipBatch flip_batch(std::mt19937_64& rng, int64_t rows, int64_t width) {
+  FlipBatch f{rows, width, std::vector<int64_t>(rows), std::vector<int64_t>(rows * width)};
+  for (int64_t r = 0; r < rows; ++r) {
+    f.len[r] = width == 0 ? 0 : static_cast<int64_t>(rng() % (width + 1));
+    int64_t* o = f.order.data() + r * width;
+    for (int64_t i = 0; i < width; ++i) o[i] = i;
+    std::shuffle(o, o + f.len[r], rng);
+  }
+  return f;
+}
+
+static void check_row_checks(std::mt19937_64& rng) {
+  for (int64_t slots_wanted : {1, 3, 64, 1000}) {
+    FlipBatch f = flip_batch(rng, 200, 12);
+    int64_t want_len = INT64_MAX, want_order = INT64_MAX;
+    if (slots_wanted != 64) {  // one clean run
+      f.len[150] = 13;
+      f.len[77] = -1;
+      want_len = 77;
+      f.order[40 * 12 + 0] = f.order[40 * 12 + 1];  // repeated (if L >= 2)
+      f.len[40] = 5;
+      f.order[123 * 12 + 2] = 12;  // out of range
+      f.len[123] = 4;
+      want_order = 40;
+    }
+    const int64_t slots = slots_for(f.rows, f.width, slots_wanted * f.width);
+    Guarded<unsigned char> seen(static_cast<size_t>(slots * f.width));
+    int64_t status[2] = {INT64_MAX, INT64_MAX};
+    const int64_t threads = blocks_for(slots, kRowBlock) * kRowBlock;
+    for (int64_t t = 0; t < threads; ++t)
+      if (t < slots) check_rows_slot(t, slots, f.order.data(), f.len.data(), f.rows, f.width, seen.data(), status);
+    EXPECT(seen.intact(), "seen overrun");
+    EXPECT(status[kBadLength] == want_len && status[kBadOrder] == want_order,
+           "status %lld %lld, want %lld %lld", (long long)status[0], (long long)status[1],
+           (long long)want_len, (long long)want_order);
+  }
+}
+
+template <typename T>
+static void check_flip_linear(std::mt19937_64& rng) {
+  std::normal_distribution<double> normal;
+  for (int64_t classes : {1, 3, 16, 17, 40}) {
+    for (int64_t slots_wanted : {1, 5, 1000}) {
+      FlipBatch f = flip_batch(rng, 120, 15);
+      const int64_t rows = f.rows, width = f.width;
+      std::vector<T> att(rows * width, T(0)), proj(rows * width * classes), bias(classes);
+      for (int64_t r = 0; r < rows; ++r) {
+        double s = 0;
+        for (int64_t i = 0; i < f.len[r]; ++i) s += (att[r * width + i] = static_cast<T>(exp(2 * normal(rng))));
+        for (int64_t i = 0; i < f.len[r]; ++i) att[r * width + i] = static_cast<T>(att[r * width + i] / s);
+      }
+      for (auto& v : proj) v = static_cast<T>(normal(rng));
+      for (auto& v : bias) v = static_cast<T>(0.1 * normal(rng));
+      const bool local = classes <= kLocalClasses;
+      const int64_t per_slot = local ? 0 : classes * int64_t(sizeof(double));
+      const int64_t slots = slots_for(rows, per_slot, local ? kScratchBudget : slots_wanted * per_slot);
+      Guarded<double> scratch(static_cast<size_t>(local ? 0 : slots * classes));
+      Guarded<int64_t> removed(rows);
+      Guarded<T> mass(rows);
+      for (int64_t r = 0; r < rows; ++r) removed.data()[r] = -7;
+      const int64_t threads = blocks_for(slots, kRowBlock) * kRowBlock;
+      for (int64_t t = 0; t < threads; ++t) {
+        if (t >= slots) continue;
+        if (local)
+          flip_linear_slot<T, kLocalClasses>(t, slots, att.data(), proj.data(), bias.data(), f.order.data(),
+                                             f.len.data(), rows, width, classes, nullptr, removed.data(), mass.data());
+        else
+          flip_linear_slot<T, 0>(t, slots, att.data(), proj.data(), bias.data(), f.order.data(), f.len.data(),
+                                 rows, width, classes, scratch.data(), removed.data(), mass.data());
+      }
+      EXPECT(scratch.intact() && removed.intact() && mass.intact(), "flip linear overrun");
+      std::vector<double> suffix(classes);
+      int64_t flips = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        double m = 0;
+        const int64_t k = flip::linear_row<T, double>(att.data() + r * width, proj.data() + r * width * classes,
+                                                      bias.data(), f.order.data() + r * width, f.len[r],
+                                                      classes, suffix.data(), &m);
+        flips += k > 0;
+        EXPECT(removed.data()[r] == k, "removed row %lld: %lld vs %lld", (long long)r,
+               (long long)removed.data()[r], (long long)k);
+        if (k >= 0) EXPECT(same_bits(mass.data()[r], static_cast<T>(m)), "mass row %lld", (long long)r);
+        else EXPECT(mass.data()[r] != mass.data()[r], "NaN mass row %lld", (long long)r);
+      }
+      EXPECT(flips > 0, "a meaningful test: some rows flip (C = %lld)", (long long)classes);
+    }
+  }
+}
+
+template <typename T>
+static void check_contexts(std::mt19937_64& rng) {
+  std::normal_distribution<double> normal;
+  for (int64_t hidden : {1, 3, 32, 40, 70}) {
+    FlipBatch f = flip_batch(rng, 90, 11);
+    const int64_t rows = f.rows, width = f.width;
+    std::vector<T> att(rows * width), values(rows * width * hidden);
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0;
+      for (int64_t i = 0; i < width; ++i) s += (att[r * width + i] = static_cast<T>(exp(normal(rng))));
+      for (int64_t i = 0; i < width; ++i) att[r * width + i] = static_cast<T>(att[r * width + i] / s);
+      if (r % 7 == 0 && f.len[r] > 2) att[r * width + f.order[r * width + f.len[r] - 1]] = T(0);  // zero mass at the end
+    }
+    for (auto& v : values) v = static_cast<T>(normal(rng));
+    std::vector<int64_t> offsets(rows);
+    int64_t total = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      offsets[r] = total;
+      total += f.len[r];
+    }
+    Guarded<T> out(static_cast<size_t>(total * hidden));
+    for (int64_t i = 0; i < total * hidden; ++i) out.data()[i] = T(-7);
+    // contexts_kernel: context_warps(rows) / 8 blocks of kBlock threads
+    const int64_t threads = context_warps(rows) * kWarp;
+    const int64_t groups = threads / kWarp;
+    for (int64_t t = 0; t < threads; ++t)
+      contexts_lane(t / kWarp, groups, t % kWarp, kWarp, att.data(), values.data(), f.order.data(),
+                    f.len.data(), offsets.data(), rows, width, hidden, out.data());
+    EXPECT(out.intact(), "contexts overrun");
+    std::vector<T> want(width * hidden);
+    std::vector<double> suffix(hidden);
+    for (int64_t r = 0; r < rows; ++r) {
+      flip::contexts_row<T, double>(att.data() + r * width, values.data() + r * width * hidden,
+                                    f.order.data() + r * width, f.len[r], hidden, suffix.data(), want.data());
+      for (int64_t i = 0; i < f.len[r] * hidden; ++i)
+        EXPECT(same_bits(out.data()[offsets[r] * hidden + i], want[i]), "contexts row %lld item %lld",
+               (long long)r, (long long)i);
+    }
+  }
+}
+
+int main() {
+  std::mt19937_64 rng(12345);
+  check_geometry();
+  check_distances<float>(rng);
+  check_distances<double>(rng);
+  check_kendall<float>(rng);
+  check_kendall<double>(rng);
+  check_row_checks(rng);
+  check_flip_linear<float>(rng);
+  check_flip_linear<double>(rng);
+  check_contexts<float>(rng);
+  check_contexts<double>(rng);
+  if (failures) {
+    fprintf(stderr, "%d check(s) failed\n", failures);
+    return 1;
+  }
+  printf("host harness: all checks passed\n");
+  return 0;
+}

@@ -1,0 +1,499 @@
+"""CUDA impls against the CPU impls on the same inputs (skipped without a GPU).
+
+The CPU impls are checked against scipy and the plain-loop references elsewhere; here
+every op runs on both back ends and must agree: integers (flip steps) equal, tau and the
+exact p-value bit for bit (the same IEEE operations: the CUDA build uses --fmad=false),
+floats otherwise to tolerance (the GPU sums in another order and has its own log/erfc).
+Also: long rows (L = 4,096), a million rows within a memory bound, the same errors on bad
+input, opcheck, non-default streams, a second GPU.
+
+ATTNMETRICS_TEST_DEVICE=cpu runs this file against the CPU back end itself (a dry run of
+the tests' own logic on a machine without a GPU); the GPU-only checks then skip.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from attnmetrics import _ops, flip_fraction, jsd, kendall_tau, tvd
+from attnmetrics._ops import ops
+from attnmetrics.removal import random_scores, removal_order
+
+DEVICE = torch.device(os.environ.get("ATTNMETRICS_TEST_DEVICE") or "cuda")
+ON_GPU = DEVICE.type == "cuda"
+F64 = torch.float64
+
+if ON_GPU and not torch.cuda.is_available():
+    _skip = "needs a CUDA GPU"
+elif ON_GPU and not _ops.CUDA_KERNELS:
+    _skip = "a GPU is visible but attnmetrics was built without its CUDA kernels (nvcc missing?)"
+else:
+    _skip = None
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_skip is not None, reason=_skip or "")]
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="checks CUDA itself (streams, memory, devices)")
+
+
+def dev(*tensors):
+    out = tuple(t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in tensors)
+    return out if len(out) > 1 else out[0]
+
+
+def host(x):
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # FlipResult, KendallTau
+        return type(x)(*(host(t) for t in x))
+    if isinstance(x, (tuple, list)):
+        return type(x)(host(t) for t in x)
+    return x.cpu() if isinstance(x, torch.Tensor) else x
+
+
+def on_both(op, *args):
+    """(CPU result, device result moved to the CPU) of op on the same inputs."""
+    return op(*args), host(op(*dev(*args)))
+
+
+def distributions(rng, shape, zeros=0.3):
+    w = rng.exponential(size=shape)
+    w[rng.random(shape) < zeros] = 0.0
+    w[..., 0] += w.sum(-1) == 0
+    return torch.from_numpy(w / w.sum(-1, keepdims=True))
+
+
+def close(got, want, dtype, rtol64=1e-12):
+    # float32 results are a double rounded once: the two back ends may land 1 ulp apart
+    rtol, atol = (2.5e-7, 1e-30) if dtype == torch.float32 else (rtol64, 1e-300)
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol, equal_nan=True)
+
+
+# ---- tvd / jsd ---------------------------------------------------------------------------------
+
+# widths cover the 4-lane groups (<= 16), a warp per row (< 2048), a block per row
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("width", [1, 2, 5, 16, 17, 50, 300, 2047, 2048, 4096, 10000])
+def test_distances_match_cpu(dtype, width):
+    rng = np.random.default_rng(width)
+    for rows in (1, 3, 257 if width > 2048 else 1000):
+        p = distributions(rng, (rows, width)).to(dtype)
+        q = distributions(rng, (rows, width)).to(dtype)
+        for op in (ops.tvd, ops.jsd):
+            want, got = on_both(op, p, q)
+            assert got.dtype == dtype and got.shape == (rows,)
+            close(got, want, dtype)
+        # identical rows: exactly 0 on both
+        assert (host(ops.jsd(*dev(p, p))) == 0).all() and (host(ops.tvd(*dev(p, p))) == 0).all()
+
+
+def test_distances_public_api_on_device():
+    rng = np.random.default_rng(1)
+    p = distributions(rng, (6, 7, 5))
+    q = distributions(rng, (7, 5))  # broadcast
+    for fn in (tvd, jsd):
+        for dim, budget in ((-1, 10**9), (-1, 100), (1, 1000)):
+            pp, qq = (p, q) if dim == -1 else (p / p.sum(dim, keepdim=True), q / q.sum(0, keepdim=True))
+            want = fn(pp, qq, dim, memory_budget=budget)
+            got = fn(*dev(pp, qq), dim, memory_budget=budget)
+            assert got.device.type == DEVICE.type
+            close(host(got), want, F64)
+
+
+# ---- kendall_tau -------------------------------------------------------------------------------
+
+
+def kendall_both(x, y, lengths):
+    (t0, p0), (t1, p1) = on_both(ops.kendall_tau, x.contiguous(), y.contiguous(), lengths)
+    return t0, p0, t1, p1
+
+
+def assert_kendall_equal(x, y, lengths, exact_p=False):
+    t0, p0, t1, p1 = kendall_both(x, y, lengths)
+    # tau: the same integer counts and IEEE divisions and square roots on both back ends
+    torch.testing.assert_close(t1, t0, rtol=0, atol=0, equal_nan=True)
+    if exact_p:
+        torch.testing.assert_close(p1, p0, rtol=0, atol=0, equal_nan=True)
+    else:  # the normal approximation goes through each library's erf/erfc
+        tail = p0 < 1e-50
+        close(p1[~tail], p0[~tail], x.dtype)
+        torch.testing.assert_close(p1[tail], p0[tail], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_kendall_matches_cpu(dtype):
+    rng = np.random.default_rng(0)
+    for width, levels in ((33, None), (80, None), (120, 2), (400, 5), (50, 1)):
+        x = rng.standard_normal((300, width))
+        y = 0.4 * x + rng.standard_normal((300, width))
+        if levels:
+            x, y = np.round(x * levels), np.round(y * levels)
+        lengths = torch.from_numpy(rng.integers(0, width + 1, 300))
+        x, y = torch.from_numpy(x).to(dtype), torch.from_numpy(y).to(dtype)
+        assert_kendall_equal(x, y, lengths)
+    # tie-free rows of at most 33: the exact p-value, bit for bit
+    x = torch.from_numpy(rng.standard_normal((400, 33))).to(dtype)
+    y = x + torch.from_numpy(rng.standard_normal((400, 33))).to(dtype)
+    assert_kendall_equal(x, y, torch.from_numpy(rng.integers(2, 34, 400)), exact_p=True)
+
+
+def test_kendall_edge_rows():
+    # L = 0, 1, 2, constant rows, NaN (propagated by the raw op), one swapped pair past 33
+    x = torch.tensor([[1.0, 2, 3], [3, 1, 2], [5, 4, 0], [1, 1, 1], [1, float("nan"), 2]], dtype=F64)
+    y = torch.tensor([[2.0, 1, 9], [1, 2, 3], [1, 3, 0], [2, 3, 4], [1, 2, 3]], dtype=F64)
+    assert_kendall_equal(x, y, torch.tensor([0, 1, 2, 3, 3]), exact_p=True)
+    for n in (34, 171, 172, 300):
+        a = torch.arange(n, dtype=F64)
+        b = a.clone()
+        b[[5, 6]] = b[[6, 5]]
+        xs, ys = a.expand(4, n), torch.stack([a, b, -a, -b])
+        assert_kendall_equal(xs, ys, torch.full((4,), n), exact_p=True)
+    assert_kendall_equal(torch.zeros(3, 0), torch.zeros(3, 0), torch.zeros(3, dtype=torch.int64))
+
+
+def test_kendall_public_api_on_device():
+    rng = np.random.default_rng(2)
+    x = torch.from_numpy(rng.standard_normal((40, 30)))
+    y = torch.from_numpy(np.round(rng.standard_normal((40, 30))))
+    lengths = torch.from_numpy(rng.integers(0, 31, 40))
+    want = kendall_tau(x, y, lengths)
+    got = kendall_tau(*dev(x, y, lengths))
+    assert got.tau.device.type == DEVICE.type
+    torch.testing.assert_close(host(got.tau), want.tau, rtol=0, atol=0, equal_nan=True)
+    close(host(got.pvalue), want.pvalue, F64)
+    # lengths as a list goes to the inputs' device; lengths on another device is an error
+    torch.testing.assert_close(host(kendall_tau(*dev(x, y), lengths.tolist()).tau), want.tau,
+                               rtol=0, atol=0, equal_nan=True)
+    if ON_GPU:
+        with pytest.raises(ValueError, match="lengths is on cpu, expected cuda"):
+            kendall_tau(*dev(x, y), lengths)
+
+
+# ---- flip search ---------------------------------------------------------------------------------
+
+
+def flip_batch(b, t, h, dtype=F64, seed=0, temperature=2.0, min_len=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, t + 1, (b,), generator=g)
+    mask = torch.arange(t) < lengths[:, None]
+    logits = torch.randn(b, t, generator=g, dtype=F64) * temperature
+    att = torch.softmax(logits.masked_fill(~mask, -math.inf), 1).nan_to_num(0.0)
+    values = torch.randn(b, t, h, generator=g, dtype=F64)
+    return att.to(dtype), values.to(dtype), lengths
+
+
+def raw_flip_inputs(b, t, c, dtype, seed, h=None):
+    att, values, lengths = flip_batch(b, t, h or c, dtype, seed)
+    order = removal_order(att, lengths)
+    g = torch.Generator().manual_seed(seed + 1)
+    bias = (0.1 * torch.randn(c, generator=g, dtype=F64)).to(dtype)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    return att, values, bias, order, lengths, offsets
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("classes", [1, 2, 3, 16, 17, 40])  # <= 16: local sums; else scratch
+def test_flip_search_linear_matches_cpu(dtype, classes):
+    for t in (1, 12, 300):
+        att, proj, bias, order, lengths, _ = raw_flip_inputs(200, t, classes, dtype, seed=classes + t)
+        (r0, m0), (r1, m1) = on_both(ops.flip_search_linear, att, proj, bias, order, lengths)
+        assert torch.equal(r1, r0)
+        close(m1, m0, dtype, rtol64=1e-14)
+        if t > 1:
+            assert (r0 > 1).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("hidden", [1, 3, 32, 33, 100])  # lanes: fewer, exactly, more than a warp
+def test_renormalised_contexts_match_cpu(dtype, hidden):
+    att, values, _, order, lengths, offsets = raw_flip_inputs(150, 20, 1, dtype, seed=hidden, h=hidden)
+    att[::7] = 0  # rows of zero mass: zero contexts
+    want, got = on_both(ops.renormalised_contexts, att, values, order, lengths, offsets)
+    assert got.shape == (int(lengths.sum()), hidden)
+    close(got, want, dtype, rtol64=1e-14)
+
+
+def _decoders(h, c, dtype):
+    torch.manual_seed(0)
+    lin = nn.Linear(h, c).to(dtype)
+    mlp = nn.Sequential(nn.Linear(h, 8), nn.Tanh(), nn.Linear(8, c)).to(dtype).eval()
+    return {"linear": lin, "mlp": mlp}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_flip_fraction_on_device(dtype, kind):
+    att, values, lengths = flip_batch(300, 16, 6, dtype, seed=3)
+    dec = _decoders(6, 3, dtype)[kind]
+    dec_dev = _decoders(6, 3, dtype)[kind].to(DEVICE)
+    scores = torch.randn(att.shape, generator=torch.Generator().manual_seed(9), dtype=F64)
+    for order in ("attention", "reverse", scores):
+        want = flip_fraction(att, values, dec, lengths, order)
+        got = host(flip_fraction(*dev(att, values), dec_dev, dev(lengths), dev(order)))
+        if dtype == F64:
+            assert torch.equal(got.removed, want.removed)
+        else:  # the projection / mlp GEMMs round differently on the GPU: near-ties may go either way
+            assert (got.removed == want.removed).double().mean() >= 0.99
+        ok = got.removed == want.removed
+        close(got.mass[ok], want.mass[ok], dtype, rtol64=1e-13)
+    # gradient orders run on the device; GEMMs differ, so the orders may at near-ties
+    got = flip_fraction(*dev(att, values), dec_dev, dev(lengths), "attn_grad")
+    want = flip_fraction(att, values, dec, lengths, "attn_grad")
+    assert got.removed.device.type == DEVICE.type
+    assert (host(got.removed) == want.removed).double().mean() >= 0.98
+
+
+def test_random_order_with_a_device_generator():
+    att, values, lengths = flip_batch(50, 12, 4, seed=5)
+    dec = _decoders(4, 2, F64)["linear"].to(DEVICE)
+    a, v, n = dev(att, values, lengths)
+    res = flip_fraction(a, v, dec, n, "random", samples=3, generator=torch.Generator(DEVICE).manual_seed(1))
+    g = torch.Generator(DEVICE).manual_seed(1)
+    for s in range(3):
+        want = flip_fraction(a, v, dec, n, random_scores(50, 12, g, DEVICE))
+        assert torch.equal(res.removed[s], want.removed)
+    if ON_GPU:
+        with pytest.raises(ValueError, match="generator is on cpu, attention on cuda"):
+            flip_fraction(a, v, dec, n, "random", generator=torch.Generator())
+
+
+# ---- the same errors on bad input --------------------------------------------------------------
+
+
+def first_line(excinfo):
+    return str(excinfo.value).splitlines()[0]
+
+
+def assert_same_error(op, args):
+    with pytest.raises(RuntimeError) as cpu:
+        op(*args)
+    with pytest.raises(RuntimeError) as cuda:
+        op(*dev(*args))
+    assert first_line(cuda) == first_line(cpu)
+
+
+def test_flip_ops_reject_bad_input_like_cpu():
+    att, values, bias, order, lengths, offsets = raw_flip_inputs(5, 6, 2, torch.float32, seed=43, h=3)
+    proj = values[..., :2].contiguous()
+    far, neg, dup, late = order.clone(), order.clone(), order.clone(), order.clone()
+    far[0, 0] = 10**9
+    neg[1, 0] = -1
+    dup[3, 1] = dup[3, 0]
+    late[4, 0] = late[4, 1]
+    lengths = lengths.clamp(min=2)
+    order = removal_order(att, lengths)
+    offsets = torch.cumsum(lengths, 0) - lengths
+
+    def linear(**kw):
+        a = dict(attention=att, projected=proj, bias=bias, order=order, lengths=lengths) | kw
+        return (ops.flip_search_linear, (a["attention"], a["projected"], a["bias"], a["order"], a["lengths"]))
+
+    def contexts(**kw):
+        a = dict(attention=att, values=values, order=order, lengths=lengths, offsets=offsets) | kw
+        return (ops.renormalised_contexts, (a["attention"], a["values"], a["order"], a["lengths"], a["offsets"]))
+
+    common = [dict(order=far), dict(order=neg), dict(order=dup), dict(order=late),
+              dict(lengths=torch.full((5,), 7)), dict(lengths=torch.tensor([2, 3, -1, 9, 2])),
+              dict(lengths=lengths[:4]), dict(lengths=lengths.int()), dict(order=order.int()),
+              dict(order=order[:, :5].contiguous()), dict(attention=att.double()), dict(attention=att.t()),
+              dict(attention=att[:, None])]
+    for kw in common:
+        for make in (linear, contexts):
+            assert_same_error(*make(**kw))
+    for kw in (dict(bias=bias[:1]), dict(projected=proj[:4]), dict(projected=proj.transpose(0, 1)),
+               dict(bias=bias.double()), dict(projected=proj[..., :0])):
+        assert_same_error(*linear(**kw))
+    for kw in (dict(offsets=offsets + 1), dict(offsets=offsets[:3]), dict(offsets=offsets.flip(0)),
+               dict(values=values[:, :5]), dict(values=values.double())):
+        assert_same_error(*contexts(**kw))
+
+
+def test_kendall_and_distances_reject_bad_input_like_cpu():
+    x, full = torch.rand(3, 5), torch.full((3,), 5)
+    for args in [(x, x, torch.tensor([5, 6, 1])), (x, x, torch.tensor([5, -2, 1])), (x, torch.rand(3, 4), full),
+                 (x, x, torch.full((2,), 5)), (x, x, full.int()), (x, x.double(), full),
+                 (x.long(), x.long(), full), (x[0], x[0], full[:1]), (torch.rand(5, 3).t(), x, full)]:
+        assert_same_error(ops.kendall_tau, args)
+    good = torch.rand(3, 4)
+    for op in (ops.tvd, ops.jsd):
+        for args in [(torch.rand(4), torch.rand(4)), (good, torch.rand(3, 5)), (good, good.double()),
+                     (good.long(), good.long()), (good.t(), good.t())]:
+            assert_same_error(op, args)
+
+
+@gpu_only
+def test_mixed_devices_are_rejected():
+    x = torch.rand(3, 5)
+    lengths = torch.full((3,), 5)
+    with pytest.raises(RuntimeError, match=r"kendall_tau \(CUDA\): all inputs must be CUDA tensors on one device"):
+        ops.kendall_tau(x.cuda(), x.cuda(), lengths)
+    with pytest.raises(RuntimeError, match=r"tvd \(CUDA\): p and q must be CUDA tensors on one device"):
+        ops.tvd(x.cuda(), x)
+    att, values, bias, order, lengths, offsets = raw_flip_inputs(4, 5, 2, F64, seed=1)
+    with pytest.raises(RuntimeError, match="lengths must be a CUDA tensor on cuda"):
+        ops.flip_search_linear(*dev(att, values, bias, order), lengths)
+    with pytest.raises(RuntimeError, match="bias must be a CUDA tensor on cuda"):
+        ops.flip_search_linear(*dev(att, values), bias, *dev(order, lengths))
+    with pytest.raises(RuntimeError, match="offsets must be a CUDA tensor on cuda"):
+        ops.renormalised_contexts(*dev(att, values, order, lengths), offsets)
+
+
+# ---- opcheck ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_opcheck_on_device(dtype):
+    rng = np.random.default_rng(19)
+    for shape in [(4, 3), (1, 10), (0, 5)]:
+        p, q = (torch.from_numpy(rng.random(shape)).to(dtype) for _ in range(2))
+        for op in (ops.tvd, ops.jsd):
+            torch.library.opcheck(op, dev(p, q))
+    x, y = (torch.from_numpy(rng.standard_normal((3, 40))).to(dtype) for _ in range(2))
+    lengths = torch.tensor([5, 40, 33])
+    torch.library.opcheck(ops.kendall_tau, dev(x, y, lengths))
+    # every row flips, so no NaN mass (opcheck compares without equal_nan)
+    att, values, bias, _, lengths, _ = raw_flip_inputs(5, 6, 2, dtype, seed=43, h=3)
+    lengths = lengths.clamp(min=2)
+    att = torch.where(torch.arange(6) < lengths[:, None], 0.3 / (lengths[:, None] - 1), 0.0).to(dtype)
+    att[:, 0] = 0.7
+    proj = torch.zeros(5, 6, 2, dtype=dtype)
+    proj[:, :, 0], proj[:, 0] = 1.0, torch.tensor([0.0, 10.0], dtype=dtype)
+    order, offsets = removal_order(att, lengths), torch.cumsum(lengths, 0) - lengths
+    torch.library.opcheck(ops.flip_search_linear.default, dev(att, proj, bias, order, lengths))
+    torch.library.opcheck(ops.renormalised_contexts.default, dev(att, values, order, lengths, offsets))
+
+
+# ---- long rows, many rows --------------------------------------------------------------------------
+
+L_LONG = 4096
+
+
+def test_long_rows():
+    rng = np.random.default_rng(4)
+    for dtype in (torch.float32, F64):
+        p, q = (distributions(rng, (8, L_LONG)).to(dtype) for _ in range(2))
+        for op in (ops.tvd, ops.jsd):
+            want, got = on_both(op, p, q)
+            close(got, want, dtype)
+    x = rng.standard_normal((6, L_LONG))
+    y = 0.3 * x + rng.standard_normal((6, L_LONG))
+    x[3:], y[3:] = np.round(x[3:] * 3), np.round(y[3:] * 3)  # ties
+    lengths = torch.tensor([L_LONG, L_LONG - 1, 2000, L_LONG, 17, 4000])
+    assert_kendall_equal(torch.from_numpy(x), torch.from_numpy(y), lengths)
+    for classes in (2, 20):
+        att, proj, bias, order, lengths, _ = raw_flip_inputs(4, L_LONG, classes, F64, seed=classes)
+        (r0, m0), (r1, m1) = on_both(ops.flip_search_linear, att, proj, bias, order, lengths)
+        assert torch.equal(r1, r0)
+        close(m1, m0, F64, rtol64=1e-13)
+    att, values, _, order, lengths, offsets = raw_flip_inputs(3, L_LONG, 1, F64, seed=8, h=4)
+    want, got = on_both(ops.renormalised_contexts, att, values, order, lengths, offsets)
+    close(got, want, F64, rtol64=1e-12)
+
+
+MILLION = 1_000_000
+
+
+class PeakMemory:
+    """Bytes allocated on the device above the level at entry, at the peak (GPU only)."""
+
+    def __enter__(self):
+        if ON_GPU:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+        return self
+
+    def __exit__(self, *exc):
+        if ON_GPU:
+            torch.cuda.synchronize()
+            self.extra = torch.cuda.max_memory_allocated() - self.base
+        else:
+            self.extra = 0
+
+
+SCRATCH_BUDGET = 256 * 2**20  # csrc/cuda/geometry.h kScratchBudget
+MiB = 2**20
+
+
+@pytest.mark.parametrize("op", ["tvd", "jsd", "kendall_tau", "flip_search_linear", "renormalised_contexts"])
+def test_a_million_rows_within_memory_bound(op):
+    """B = 1,000,000 rows (more than one thread-per-row pass: 2^18 slots), every row
+    compared with the CPU, device memory above the inputs bounded."""
+    g = torch.Generator().manual_seed(0)
+    if op in ("tvd", "jsd"):
+        width = 24
+        p = torch.softmax(torch.randn(MILLION, width, generator=g), 1)
+        q = torch.softmax(torch.randn(MILLION, width, generator=g), 1)
+        fn = getattr(ops, op)
+        want = fn(p, q)
+        pd, qd = dev(p, q)
+        with PeakMemory() as mem:
+            got = fn(pd, qd)
+        close(host(got), want, torch.float32)
+        assert mem.extra <= 2 * MILLION * 4 + MiB  # the output, nothing per row else
+    elif op == "kendall_tau":
+        width = 24
+        x = torch.randn(MILLION, width, generator=g)
+        y = torch.round(2 * torch.randn(MILLION, width, generator=g))  # ties
+        lengths = torch.randint(0, width + 1, (MILLION,), generator=g)
+        want = ops.kendall_tau(x, y, lengths)
+        xd, yd, ld = dev(x, y, lengths)
+        with PeakMemory() as mem:
+            got = host(ops.kendall_tau(xd, yd, ld))
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0, equal_nan=True)
+        close(got[1], want[1], torch.float32)
+        assert mem.extra <= SCRATCH_BUDGET + 2 * MILLION * 4 + MiB
+    elif op == "flip_search_linear":
+        att, proj, bias, order, lengths, _ = raw_flip_inputs(MILLION, 16, 2, torch.float32, seed=2)
+        want = ops.flip_search_linear(att, proj, bias, order, lengths)
+        args = dev(att, proj, bias, order, lengths)
+        with PeakMemory() as mem:
+            got = host(ops.flip_search_linear(*args))
+        assert torch.equal(got[0], want[0])
+        close(got[1], want[1], torch.float32)
+        # outputs, the checks' byte per item and a few [B] int64 temporaries
+        assert mem.extra <= MILLION * (8 + 4) + MILLION * 16 + 8 * MILLION * 8 + MiB
+    else:
+        att, values, _, order, lengths, offsets = raw_flip_inputs(MILLION, 6, 1, torch.float32, seed=3, h=4)
+        want = ops.renormalised_contexts(att, values, order, lengths, offsets)
+        args = dev(att, values, order, lengths, offsets)
+        with PeakMemory() as mem:
+            got = host(ops.renormalised_contexts(*args))
+        close(got, want, torch.float32)
+        assert mem.extra <= want.numel() * 4 + MILLION * 6 + 8 * MILLION * 8 + MiB
+
+
+# ---- streams and devices -----------------------------------------------------------------------------
+
+
+@gpu_only
+def test_side_stream_results_equal_default_stream():
+    rng = np.random.default_rng(6)
+    p, q = (distributions(rng, (500, 40)) for _ in range(2))
+    x, y = (torch.from_numpy(rng.standard_normal((500, 40))) for _ in range(2))
+    lengths = torch.from_numpy(rng.integers(0, 41, 500))
+    att, proj, bias, order, flen, _ = raw_flip_inputs(500, 20, 3, F64, seed=6)
+    calls = [(ops.tvd, dev(p, q)), (ops.jsd, dev(p, q)), (ops.kendall_tau, dev(x, y, lengths)),
+             (ops.flip_search_linear, dev(att, proj, bias, order, flen))]
+    want = [host(op(*args)) for op, args in calls]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = [op(*args) for op, args in calls]
+    torch.cuda.current_stream().wait_stream(side)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(host(g), w, rtol=0, atol=0, equal_nan=True)
+
+
+@gpu_only
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_inputs_on_another_gpu_than_the_current_one():
+    rng = np.random.default_rng(7)
+    x, y = (torch.from_numpy(rng.standard_normal((50, 30))) for _ in range(2))
+    lengths = torch.from_numpy(rng.integers(0, 31, 50))
+    want = ops.kendall_tau(x, y, lengths)
+    with torch.cuda.device(0):
+        got = ops.kendall_tau(x.to("cuda:1"), y.to("cuda:1"), lengths.to("cuda:1"))
+    assert got[0].device == torch.device("cuda:1")
+    torch.testing.assert_close(host(got[0]), want[0], rtol=0, atol=0, equal_nan=True)
