@@ -55,7 +55,8 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embeddings", choices=("glove", "random"), default="glove",
                    help="initialise embeddings from GloVe 6B 50-d (default) or at random")
     p.add_argument("--embed-dim", type=int, default=300, help="embedding size with --embeddings random")
-    p.add_argument("--hidden-size", type=int, default=128, help="LSTM units per direction")
+    p.add_argument("--hidden-size", type=int, default=128,
+                   help="units per direction for lstm/gru; the whole H for cnn (a multiple of 4) and average")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
