@@ -9,7 +9,7 @@ from attnmetrics.adversarial import AdversarialResult, adversarial_attention
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.permutation import PermutationResult, permutation_test
-from attnmetrics.procedures import leave_one_out
+from attnmetrics.procedures import gradient_importance, leave_one_out
 from attnmetrics.protocol import AttentionClassifier
 from attnmetrics.ranking import KendallTau, kendall_tau
 from attnmetrics.removal import FlipResult, attention_gradient, flip_fraction
@@ -24,6 +24,7 @@ __all__ = [
     "AttentionClassifier",
     "decision",
     "flip_fraction",
+    "gradient_importance",
     "FlipResult",
     "jsd",
     "kendall_tau",
