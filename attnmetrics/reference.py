@@ -52,7 +52,6 @@ def kendall_tau_reference(x: torch.Tensor, y: torch.Tensor, lengths: torch.Tenso
 
 import math  # noqa: E402  (imports kept inside this section)
 
-import torch  # noqa: E402
 
 from attnmetrics.outputs import decision, output_distribution  # noqa: E402
 from attnmetrics.removal import FlipResult  # noqa: E402
@@ -328,9 +327,7 @@ def single_removal_reference(attention, values, decoder, lengths, which="top"):
 
 # ---- leave-one-out (J&W 2019) --------------------------------------------------------------
 
-import torch  # noqa: E402
 
-from attnmetrics.outputs import output_distribution  # noqa: E402
 
 
 def _loo_distribution(model, tokens, lengths):

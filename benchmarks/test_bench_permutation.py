@@ -18,6 +18,7 @@ from torch import nn
 
 from attnmetrics.permutation import draw_seed, permutation_test
 from attnmetrics.reference import permutation_test_reference
+from benchmarks.timing import median_seconds
 
 PERMUTATIONS = 100  # J&W
 
@@ -63,15 +64,6 @@ def describe(result, lengths):
     }
 
 
-def _median_s(benchmark, fn):
-    """The benchmark's median; with --benchmark-disable (CI smoke run) one timed call."""
-    if benchmark.stats is not None:
-        return benchmark.stats.stats.median
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 @pytest.mark.parametrize("kind,case", [("linear", "sst"), ("linear", "imdb"), ("mlp", "sst")])
 def test_permutation_test_vs_jw_loop(benchmark, kind, case):
     attention, values, lengths = make_inputs(*CASES[case])
@@ -87,7 +79,7 @@ def test_permutation_test_vs_jw_loop(benchmark, kind, case):
     start = time.perf_counter()
     median, _ = permutation_test_reference(attention, values, decoder, lengths, PERMUTATIONS, seed)
     loop_s = time.perf_counter() - start
-    kernel_s = _median_s(benchmark, kernel)
+    kernel_s = median_seconds(benchmark, kernel)
     err = float((median.double() - result.median_tvd.double()).abs().max())
     benchmark.extra_info.update(
         describe(result, lengths),
