@@ -23,7 +23,7 @@ from torch import nn
 
 from attnmetrics.adversarial import _row_bytes, adversarial_attention
 from attnmetrics.reference import adversarial_attention_reference
-from benchmarks.timing import median_seconds
+from benchmarks.measure import median_seconds, peak_extra_mib
 
 STEPS = 100
 # (batch, min length, max length, hidden, classes): SST-like sentences, J&W's sigmoid output
@@ -99,26 +99,6 @@ def test_adversarial_vs_per_instance(benchmark, kind):
     assert agree >= 0.95
 
 
-def _status_mib(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) / 1024
-    return math.nan
-
-
-def _peak_extra_mib(fn):
-    """Peak resident memory above the current level while fn runs (Linux), in MiB."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets the high-water mark VmHWM
-    except OSError:
-        return math.nan
-    before = _status_mib("VmRSS")
-    fn()
-    return _status_mib("VmHWM") - before
-
-
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
 def test_adversarial_large_bounded_memory(benchmark, kind):
     # 20k rows, 3 steps: all rows in one chunk would need one_chunk_estimate_mib of working
@@ -131,7 +111,7 @@ def test_adversarial_large_bounded_memory(benchmark, kind):
     benchmark.group = "adversarial-large"
     # a small warm-up call first: one-off allocations (thread pools, arenas) are not the search's
     adversarial_attention(attention[:100], values[:100], decoder, lengths[:100], **kwargs)
-    peak = _peak_extra_mib(lambda: adversarial_attention(attention, values, decoder, lengths, **kwargs))
+    peak = peak_extra_mib(lambda: adversarial_attention(attention, values, decoder, lengths, **kwargs))
     result = benchmark.pedantic(adversarial_attention, args=(attention, values, decoder, lengths),
                                 kwargs=kwargs, rounds=1, iterations=1)
     width, k = values.shape[1], 5

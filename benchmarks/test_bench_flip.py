@@ -19,7 +19,7 @@ from torch import nn
 from attnmetrics import _ops
 from attnmetrics.reference import flip_search_sequential
 from attnmetrics.removal import flip_fraction
-from benchmarks.timing import median_seconds
+from benchmarks.measure import median_seconds, peak_extra_mib
 
 # (batch, min length, max length, hidden)
 CASES = {
@@ -111,26 +111,6 @@ def test_flip_fraction_vs_sequential(benchmark, case, kind, device):
     assert agree >= 0.99
 
 
-def _status_mib(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) / 1024
-    return math.nan
-
-
-def _peak_extra_mib(fn):
-    """Peak resident memory above the current level while fn runs (Linux), in MiB."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets the high-water mark VmHWM
-    except OSError:
-        return math.nan
-    before = _status_mib("VmRSS")
-    fn()
-    return _status_mib("VmHWM") - before
-
-
 def _peak_extra_device_mib(fn):
     """Peak device memory allocated above the current level while fn runs, in MiB."""
     torch.cuda.synchronize()
@@ -151,7 +131,7 @@ def test_flip_fraction_large_bounded_memory(benchmark, kind, device):
     budget = 64 * 2**20
     benchmark.group = "flip-large" + ("" if device == "cpu" else f" {device}")
     run = synchronised(flip_fraction, device)
-    measure = _peak_extra_device_mib if device == "cuda" else _peak_extra_mib
+    measure = _peak_extra_device_mib if device == "cuda" else peak_extra_mib
     peak = measure(lambda: run(attention, values, decoder, lengths, memory_budget=budget))
     result = benchmark.pedantic(
         run, args=(attention, values, decoder, lengths),

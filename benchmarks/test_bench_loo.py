@@ -29,7 +29,7 @@ import torch
 from attnmetrics import leave_one_out
 from attnmetrics.reference import leave_one_out_jw
 from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
-from benchmarks.timing import median_seconds
+from benchmarks.measure import median_seconds
 
 VOCAB = 5000
 # (batch, min real tokens, max real tokens); every row also holds <SOS> and <EOS>

@@ -18,7 +18,7 @@ from torch import nn
 
 from attnmetrics.permutation import draw_seed, permutation_test
 from attnmetrics.reference import permutation_test_reference
-from benchmarks.timing import median_seconds
+from benchmarks.measure import median_seconds, peak_extra_mib
 
 PERMUTATIONS = 100  # J&W
 
@@ -92,26 +92,6 @@ def test_permutation_test_vs_jw_loop(benchmark, kind, case):
     assert err < 1e-4  # float32: the same statistic up to rounding
 
 
-def _status_mib(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) / 1024
-    return math.nan
-
-
-def _peak_extra_mib(fn):
-    """Peak resident memory above the current level while fn runs (Linux), in MiB."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets the high-water mark VmHWM
-    except OSError:
-        return math.nan
-    before = _status_mib("VmRSS")
-    fn()
-    return _status_mib("VmHWM") - before
-
-
 def test_permutation_test_large_bounded_memory(benchmark):
     # 100k rows of ~30 items, linear decoder: the projection is built in budget-sized chunks
     attention, values, lengths = make_inputs(100_000, 20, 40, 64, seed=1)
@@ -123,7 +103,7 @@ def test_permutation_test_large_bounded_memory(benchmark):
         return permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
                                 memory_budget=budget, generator=torch.Generator().manual_seed(0))
 
-    peak = _peak_extra_mib(kernel)
+    peak = peak_extra_mib(kernel)
     result = benchmark.pedantic(kernel, rounds=2, iterations=1)
     benchmark.extra_info.update(
         describe(result, lengths),
