@@ -21,6 +21,7 @@ from attnmetrics.removal import (
     random_scores,
     removal_order,
 )
+from tests.inputs import batch, linear, make_decoder, mlp
 
 F64 = torch.float64
 NAMED = ("attention", "reverse", "gradient", "attn_grad", "sign_grad_attn")
@@ -31,31 +32,6 @@ def test_imports_this_checkout():
 
 
 # ---- inputs ---------------------------------------------------------------------------------
-
-
-def batch(b=40, t=12, h=6, dtype=F64, seed=0, temperature=2.0, min_len=0):
-    """Ragged batch: softmax attention over each prefix (zero on padding), random values."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(min_len, t + 1, (b,), generator=g)
-    mask = torch.arange(t) < lengths[:, None]
-    logits = torch.randn(b, t, generator=g, dtype=F64) * temperature
-    att = torch.softmax(logits.masked_fill(~mask, -math.inf), 1).nan_to_num(0.0)
-    values = torch.randn(b, t, h, generator=g, dtype=F64)
-    return att.to(dtype), values.to(dtype), lengths
-
-
-def linear(h, c, dtype=F64, seed=1):
-    torch.manual_seed(seed)
-    return nn.Linear(h, c).to(dtype)
-
-
-def mlp(h, c, dtype=F64, seed=2):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(h, 8), nn.Tanh(), nn.Linear(8, c)).to(dtype).eval()
-
-
-def make_decoder(kind, h, c, dtype=F64):
-    return linear(h, c, dtype) if kind == "linear" else mlp(h, c, dtype)
 
 
 def assert_same(got: FlipResult, want: FlipResult, mass_tol=1e-12):

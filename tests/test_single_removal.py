@@ -17,6 +17,7 @@ import attnmetrics
 from attnmetrics.reference import single_removal_reference
 from attnmetrics.single import SingleRemovalResult, single_removal
 from attnmetrics.stats import McNemar, mcnemar
+from tests.inputs import batch, gen, linear, make_decoder, mlp, wrapped
 
 F64 = torch.float64
 WHICH = ("top", "second", "lowest", "random")
@@ -26,40 +27,6 @@ def test_imports_this_checkout():
     assert Path(attnmetrics.__file__).resolve().is_relative_to(Path(__file__).resolve().parents[1])
     assert attnmetrics.single_removal is single_removal
     assert attnmetrics.SingleRemovalResult is SingleRemovalResult
-
-
-def batch(b=40, t=12, h=6, dtype=F64, seed=0, temperature=2.0, min_len=0):
-    """Ragged batch: softmax attention over each prefix (zero on padding), random values."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(min_len, t + 1, (b,), generator=g)
-    mask = torch.arange(t) < lengths[:, None]
-    logits = torch.randn(b, t, generator=g, dtype=F64) * temperature
-    att = torch.softmax(logits.masked_fill(~mask, -math.inf), 1).nan_to_num(0.0)
-    values = torch.randn(b, t, h, generator=g, dtype=F64)
-    return att.to(dtype), values.to(dtype), lengths
-
-
-def linear(h, c, dtype=F64, seed=1):
-    torch.manual_seed(seed)
-    return nn.Linear(h, c).to(dtype)
-
-
-def mlp(h, c, dtype=F64, seed=2):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(h, 8), nn.Tanh(), nn.Linear(8, c)).to(dtype).eval()
-
-
-def make_decoder(kind, h, c, dtype=F64):
-    return linear(h, c, dtype) if kind == "linear" else mlp(h, c, dtype)
-
-
-def wrapped(dec):
-    """The same map as `dec`, hidden from the closed-form path."""
-    return lambda x: dec(x)
-
-
-def gen(seed):
-    return torch.Generator().manual_seed(seed)
 
 
 def run(att, values, dec, lengths, which="top", seed=0, **kw):
