@@ -14,7 +14,7 @@ setup(
     python_requires=">=3.10",
     packages=["attnmetrics", "attnmetrics_models"],
     package_dir={"attnmetrics_models": "models"},
-    package_data={"attnmetrics": ["csrc/*.cpp", "csrc/*/*.cpp", "csrc/*/*.h", "csrc/*/*.cu"]},
+    package_data={"attnmetrics": ["csrc/*.cpp", "csrc/*.h", "csrc/*/*.cpp", "csrc/*/*.h", "csrc/*/*.cu"]},
     install_requires=[
         "torch>=2.4",
         "numpy",

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checks.h"
 #include "kernels/kendall.h"
 
 namespace attnmetrics {
@@ -19,20 +20,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& y, const at::Tensor& le
   for (const auto* t : {&x, &y, &lengths}) {
     TORCH_CHECK(t->device().is_cpu(), "kendall_tau (CPU): all inputs must be CPU tensors");
   }
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
-              "kendall_tau: x must be float32 or float64, got ", x.scalar_type());
-  TORCH_CHECK(y.scalar_type() == x.scalar_type(), "kendall_tau: y must have x's dtype ",
-              x.scalar_type(), ", got ", y.scalar_type());
-  TORCH_CHECK(x.dim() == 2, "kendall_tau: x must be [B, T], got ", x.sizes());
-  TORCH_CHECK(y.sizes() == x.sizes(), "kendall_tau: y must have x's shape ", x.sizes(),
-              ", got ", y.sizes());
-  TORCH_CHECK(x.is_contiguous() && y.is_contiguous(),
-              "kendall_tau: x and y must be contiguous");
-  TORCH_CHECK(lengths.scalar_type() == at::kLong, "kendall_tau: lengths must be int64, got ",
-              lengths.scalar_type());
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == x.size(0),
-              "kendall_tau: lengths must be [B] = [", x.size(0), "], got ", lengths.sizes());
-  TORCH_CHECK(lengths.is_contiguous(), "kendall_tau: lengths must be contiguous");
+  attnmetrics::check_kendall_shapes(x, y, lengths);
   const int64_t* len = lengths.const_data_ptr<int64_t>();
   const int64_t width = x.size(1);
   for (int64_t b = 0; b < lengths.size(0); ++b) {

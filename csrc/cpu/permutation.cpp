@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checks.h"
 #include "kernels/permutation.h"
 
 namespace {
@@ -96,17 +97,7 @@ std::tuple<at::Tensor, at::Tensor> permutation_tvd_linear_cpu(
   check_cpu_contiguous(projected, "projected");
   check_cpu_contiguous(bias, "bias");
   const int64_t B = attention.size(0), T = attention.size(1), P = permutations;
-  TORCH_CHECK(projected.dim() == 3 && projected.size(0) == B && projected.size(1) == T,
-              "projected must have shape [B, T, C] = [", B, ", ", T, ", C], got ",
-              projected.sizes());
-  const int64_t C = projected.size(2);
-  TORCH_CHECK(C >= 1, "projected must have C >= 1 classes, got C = ", C);
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == C, "bias must have shape [C] = [", C, "], got ",
-              bias.sizes());
-  TORCH_CHECK(projected.scalar_type() == attention.scalar_type(), "projected dtype ",
-              projected.scalar_type(), " must match attention dtype ", attention.scalar_type());
-  TORCH_CHECK(bias.scalar_type() == attention.scalar_type(), "bias dtype ", bias.scalar_type(),
-              " must match attention dtype ", attention.scalar_type());
+  const int64_t C = attnmetrics::check_linear_head(attention, projected, bias);
 
   auto median = at::empty({B}, attention.options());
   auto tvd = at::empty({B, P}, attention.options());

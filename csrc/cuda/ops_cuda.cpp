@@ -36,6 +36,7 @@
 #include "cuda/geometry.h"
 #include "cuda/launch.h"
 #include "cuda/rows.h"
+#include "checks.h"
 #include "kernels/flip.h"
 
 namespace attnmetrics {
@@ -93,20 +94,7 @@ void check_kendall_inputs(const at::Tensor& x, const at::Tensor& y, const at::Te
   TORCH_CHECK(x.device().is_cuda() && y.device() == x.device() && lengths.device() == x.device(),
               "kendall_tau (CUDA): all inputs must be CUDA tensors on one device, got ",
               x.device(), ", ", y.device(), ", ", lengths.device());
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
-              "kendall_tau: x must be float32 or float64, got ", x.scalar_type());
-  TORCH_CHECK(y.scalar_type() == x.scalar_type(), "kendall_tau: y must have x's dtype ",
-              x.scalar_type(), ", got ", y.scalar_type());
-  TORCH_CHECK(x.dim() == 2, "kendall_tau: x must be [B, T], got ", x.sizes());
-  TORCH_CHECK(y.sizes() == x.sizes(), "kendall_tau: y must have x's shape ", x.sizes(),
-              ", got ", y.sizes());
-  TORCH_CHECK(x.is_contiguous() && y.is_contiguous(),
-              "kendall_tau: x and y must be contiguous");
-  TORCH_CHECK(lengths.scalar_type() == at::kLong, "kendall_tau: lengths must be int64, got ",
-              lengths.scalar_type());
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == x.size(0),
-              "kendall_tau: lengths must be [B] = [", x.size(0), "], got ", lengths.sizes());
-  TORCH_CHECK(lengths.is_contiguous(), "kendall_tau: lengths must be contiguous");
+  attnmetrics::check_kendall_shapes(x, y, lengths);
 }
 
 // Error path only: the first length outside [0, width], as the CPU loop finds it.
@@ -241,17 +229,7 @@ std::tuple<at::Tensor, at::Tensor> flip_search_linear_cuda(const at::Tensor& att
   check_cuda_contiguous(projected, "projected", device);
   check_cuda_contiguous(bias, "bias", device);
   const int64_t B = attention.size(0), T = attention.size(1);
-  TORCH_CHECK(projected.dim() == 3 && projected.size(0) == B && projected.size(1) == T,
-              "projected must have shape [B, T, C] = [", B, ", ", T, ", C], got ",
-              projected.sizes());
-  const int64_t C = projected.size(2);
-  TORCH_CHECK(C >= 1, "projected must have C >= 1 classes, got C = ", C);
-  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == C, "bias must have shape [C] = [", C, "], got ",
-              bias.sizes());
-  TORCH_CHECK(projected.scalar_type() == attention.scalar_type(), "projected dtype ",
-              projected.scalar_type(), " must match attention dtype ", attention.scalar_type());
-  TORCH_CHECK(bias.scalar_type() == attention.scalar_type(), "bias dtype ", bias.scalar_type(),
-              " must match attention dtype ", attention.scalar_type());
+  const int64_t C = attnmetrics::check_linear_head(attention, projected, bias);
 
   const c10::cuda::CUDAGuard guard(device);
   auto removed = at::empty({B}, attention.options().dtype(at::kLong));
