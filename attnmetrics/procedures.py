@@ -175,9 +175,16 @@ def _model_logits(model, tokens: Tensor, lengths: Tensor, what: str,
     """
     embedded = model.embed(tokens)
     hidden = model.encode(embedded, lengths)
+    logits = _head_logits(model, hidden, lengths, what, classes)
+    per_position = (embedded.shape[-1] + 8 * hidden.shape[-1]) * hidden.element_size()
+    return logits, per_position, embedded.dtype
+
+
+def _head_logits(model, hidden: Tensor, lengths: Tensor, what: str, classes: int | None) -> Tensor:
+    """attend -> decoder on hidden states [N, T, H]; checks the logits are finite [N, C]."""
     attention = model.attend(hidden, lengths)
     logits = model.decoder(torch.einsum("bt,bth->bh", attention, hidden))
-    n = tokens.shape[0]
+    n = hidden.shape[0]
     if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or logits.shape[1] < 1:
         got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"model must map {what} to logits [N, C] with N = {n}, got {got}")
@@ -189,8 +196,7 @@ def _model_logits(model, tokens: Tensor, lengths: Tensor, what: str,
             "of a row only the special tokens are left, which the model must accept (e.g. a "
             "zero context when no position gets attention)"
         )
-    per_position = (embedded.shape[-1] + 8 * hidden.shape[-1]) * hidden.element_size()
-    return logits, per_position, embedded.dtype
+    return logits
 
 
 def _length_groups(counts: list[int], widths: list[int], per_position: int, budget: int) -> list[tuple[int, int]]:
@@ -229,7 +235,11 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
 
     The model runs under ``torch.no_grad()`` in eval mode (its training mode is
     restored afterwards): once on the rows, then on every deletion of every row, built
-    by the ``attnmetrics::leave_one_out_batch`` kernel for a group of rows at once.
+    by the ``attnmetrics::leave_one_out_batch`` kernel for a group of rows at once. A
+    model with the optional protocol method ``encode_deletions`` (see
+    :class:`attnmetrics.AttentionClassifier`) encodes the deletions itself with
+    ``mode="delete"``, so it can reuse what a deletion leaves unchanged (J&W's BiLSTM:
+    the forward states before the token and the backward states after it).
     Rows are grouped by length, so each call holds sequences of a single length and
     carries no padding (packed RNNs then also take their faster uniform-length path).
     Each call holds at most about ``memory_budget`` bytes, estimated as
@@ -306,28 +316,41 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
             # Deletion batches: groups of rows, each contributing its real-token count.
             counts = real[rows].tolist()
             seq_widths = [length if mode == "mask" else length - 1 for length in len_list]
+            reuse = mode == "delete" and callable(getattr(model, "encode_deletions", None))
             for s, e in _length_groups(counts, seq_widths, per_position, budget):
                 idx = rows[s:e]
-                # The kernel runs on CPU; the token ids are small next to the model's work.
-                seqs, seq_lengths, source = ops.leave_one_out_batch(
-                    tokens[idx, : len_list[e - 1]].to("cpu").contiguous(), lengths[idx].to("cpu"),
-                    lead, trail, mask_token, 0,
-                )
-                counts_t = real[idx].to("cpu")
-                position = torch.arange(seqs.shape[0]) - (torch.cumsum(counts_t, 0) - counts_t)[source]
-                source += s  # now an index into `rows` and `original_dist`
+                counts_t = real[idx]
+                if reuse:
+                    # The model re-encodes every deletion of these rows itself, reusing
+                    # what a deletion leaves unchanged (e.g. an RNN's states before it).
+                    width_e = len_list[e - 1]
+                    embedded = model.embed(tokens[idx, :width_e])
+                    source = torch.repeat_interleave(torch.arange(e - s, device=device), counts_t)
+                    seq_lengths = lengths[idx][source] - 1
+                else:
+                    # The kernel runs on CPU; the token ids are small next to the model's work.
+                    seqs, seq_lengths, source = ops.leave_one_out_batch(
+                        tokens[idx, : len_list[e - 1]].to("cpu").contiguous(), lengths[idx].to("cpu"),
+                        lead, trail, mask_token, 0,
+                    )
+                    source = source.to(device)
+                position = torch.arange(source.shape[0], device=device) - (torch.cumsum(counts_t, 0) - counts_t)[source]
                 # One group is one call unless a single row's deletions exceed the budget.
                 # All its sequences have one length, so no call carries padding.
-                per_call = max(1, budget // max(1, seqs.shape[1] * per_position))
-                for c in range(0, seqs.shape[0], per_call):
+                per_call = max(1, budget // max(1, seq_widths[e - 1] * per_position))
+                for c in range(0, source.shape[0], per_call):
                     part = slice(c, c + per_call)
-                    logits, _, _ = _model_logits(
-                        model, seqs[part].to(device), seq_lengths[part].to(device), "the deletion batch", classes
-                    )
-                    src = source[part].to(device)
+                    if reuse:
+                        hidden = model.encode_deletions(embedded, lengths[idx], source[part], position[part] + lead)
+                        logits = _head_logits(model, hidden, seq_lengths[part], "the deletion batch", classes)
+                    else:
+                        logits, _, _ = _model_logits(
+                            model, seqs[part].to(device), seq_lengths[part].to(device), "the deletion batch", classes
+                        )
+                    src = source[part] + s  # an index into `rows` and `original_dist`
                     p = original_dist[src].contiguous()
                     q = output_distribution(logits).to(p.dtype).contiguous()
-                    out[rows[src], position[part].to(device)] = ops.tvd(p, q).to(dtype)
+                    out[rows[src], position[part]] = ops.tvd(p, q).to(dtype)
     finally:
         if was_training and hasattr(model, "train"):
             model.train()

@@ -19,6 +19,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from attnmetrics_models.deletions import birnn_deletions, delete_positions
+
 
 def real_token_mask(lengths: Tensor, T: int, lead: int = 1, trail: int = 1) -> Tensor:
     """lengths [B] -> bool [B, T], True at the real tokens ``lead <= t < length - trail``."""
@@ -51,6 +53,12 @@ class _BiRNNEncoder(nn.Module):
         out, _ = self.rnn(packed)
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)
         return out
+
+    def deletions(self, embedded: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
+        """Outputs [N, T - 1, H] on every deletion (``rows[i]`` without ``positions[i]``),
+        reusing the states each deletion leaves unchanged (models/deletions.py)."""
+        outputs = None if isinstance(self.rnn, nn.LSTM) else self(embedded, lengths)
+        return birnn_deletions(self.rnn, embedded, lengths, rows, positions, outputs)
 
 
 class LSTMEncoder(_BiRNNEncoder):
@@ -105,6 +113,11 @@ class AverageEncoder(nn.Module):
     def forward(self, embedded: Tensor, lengths: Tensor) -> Tensor:
         mask = _pad_mask(lengths, embedded.shape[1]).to(embedded.dtype)
         return torch.tanh(self.proj(embedded)) * mask
+
+    def deletions(self, embedded: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
+        """Outputs [N, T - 1, H] on every deletion: without context, the row's own outputs
+        less the deleted position."""
+        return delete_positions(self(embedded, lengths), lengths, rows, positions)
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -216,6 +229,16 @@ class AttentionClassifier(nn.Module):
     def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:
         """embeddings [B, T, E], lengths [B] -> hidden states [B, T, H], zero on padding."""
         return self.encoder(embedded, lengths)
+
+    def encode_deletions(self, embedded: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
+        """embeddings [G, T, E], lengths [G], deletions ``rows [N]``, ``positions [N]`` (int64)
+        -> hidden states [N, T - 1, H] of row ``rows[i]`` with position ``positions[i]``
+        deleted, equal to ``encode`` on the shortened rows (lengths ``lengths[rows] - 1``) and
+        zero past them. Used by ``attnmetrics.leave_one_out``; the recurrent encoders reuse
+        the states a deletion leaves unchanged, the others re-encode."""
+        if hasattr(self.encoder, "deletions"):
+            return self.encoder.deletions(embedded, lengths, rows, positions)
+        return self.encode(delete_positions(embedded, lengths, rows, positions), lengths[rows] - 1)
 
     def attend(self, hidden: Tensor, lengths: Tensor) -> Tensor:
         """hidden [B, T, H], lengths [B] -> attention [B, T]: sums to 1 over the real tokens,

@@ -1,0 +1,101 @@
+"""Re-encoding one-token deletions with reuse (models/deletions.py) against re-encoding each
+shortened row alone, and leave_one_out through it against the per-sequence reference."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnmetrics import leave_one_out
+from attnmetrics.reference import leave_one_out_reference
+from attnmetrics_models.classifier import ENCODERS, AttentionClassifier, ModelConfig
+
+F64 = torch.float64
+
+
+def model_for(encoder: str, dtype=F64, seed=0, classes=1) -> AttentionClassifier:
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=40, embed_dim=5, hidden_size=8, num_classes=classes, encoder=encoder)
+    return AttentionClassifier(config).to(dtype).eval()
+
+
+def each_deletion_alone(model, embedded, lengths, rows, positions):
+    """The definition: delete the position, then encode the shortened row by itself."""
+    out = torch.zeros(len(rows), embedded.shape[1] - 1, model.encoder.output_size, dtype=embedded.dtype)
+    for i, (r, t) in enumerate(zip(rows.tolist(), positions.tolist())):
+        n = int(lengths[r])
+        if n == 1:
+            continue  # nothing is left to encode
+        x = torch.cat([embedded[r, :t], embedded[r, t + 1 : n]])[None]
+        out[i, : n - 1] = model.encode(x, torch.tensor([n - 1]))[0]
+    return out
+
+
+def every_deletion(lengths):
+    rows = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    positions = torch.cat([torch.arange(int(n)) for n in lengths])
+    return rows, positions
+
+
+def ragged_embeddings(lengths, width, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(lengths), width, 5, generator=g, dtype=dtype)
+    return x * (torch.arange(width) < lengths[:, None]).unsqueeze(-1).to(dtype)  # zero padding, as embed gives
+
+
+@pytest.mark.parametrize("encoder", sorted(ENCODERS))
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_every_deletion_equals_encoding_the_shortened_row(encoder, dtype):
+    model = model_for(encoder, dtype)
+    lengths = torch.tensor([7, 2, 5, 9, 3])
+    embedded = ragged_embeddings(lengths, 10, dtype)  # one column of extra padding
+    rows, positions = every_deletion(lengths)
+    with torch.no_grad():
+        got = model.encode_deletions(embedded, lengths, rows, positions)
+        want = each_deletion_alone(model, embedded, lengths, rows, positions)
+    assert got.shape == (len(rows), 9, model.encoder.output_size)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, want, **tol)
+
+
+@pytest.mark.parametrize("encoder", ["lstm", "gru"])
+def test_a_length_one_row_leaves_nothing(encoder):
+    model = model_for(encoder)
+    lengths = torch.tensor([1, 4])
+    embedded = ragged_embeddings(lengths, 4, F64)
+    with torch.no_grad():
+        got = model.encode_deletions(embedded, lengths, torch.tensor([0, 1]), torch.tensor([0, 3]))
+    assert (got[0] == 0).all()
+    torch.testing.assert_close(got[1:], each_deletion_alone(model, embedded, lengths, torch.tensor([1]),
+                                                             torch.tensor([3])))
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.integers(1, 8), min_size=1, max_size=5), encoder=st.sampled_from(["lstm", "gru"]),
+       seed=st.integers(0, 2**16), data=st.data())
+def test_any_subset_of_deletions_in_any_order(lengths, encoder, seed, data):
+    model = model_for(encoder, seed=seed % 3)
+    lengths = torch.tensor(lengths)
+    width = int(lengths.max()) + data.draw(st.integers(0, 2))
+    embedded = ragged_embeddings(lengths, width, F64, seed)
+    rows, positions = every_deletion(lengths)
+    pick = torch.tensor(data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=12)))
+    with torch.no_grad():
+        got = model.encode_deletions(embedded, lengths, rows[pick], positions[pick])
+        want = each_deletion_alone(model, embedded, lengths, rows[pick], positions[pick])
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("encoder", sorted(ENCODERS))
+@pytest.mark.parametrize("classes", [1, 3])
+def test_leave_one_out_through_reuse_matches_the_reference(encoder, classes):
+    model = model_for(encoder, classes=classes, seed=1)
+    g = torch.Generator().manual_seed(7)
+    lengths = torch.tensor([12, 3, 8, 8, 5, 11])
+    tokens = torch.randint(5, 40, (6, 12), generator=g)
+    pos = torch.arange(12)
+    tokens[:, 0] = 2
+    tokens[pos == (lengths - 1)[:, None]] = 3
+    tokens[pos >= lengths[:, None]] = 0
+    got = leave_one_out(model, tokens, lengths, memory_budget=4096)  # several calls, rows split
+    torch.testing.assert_close(got, leave_one_out_reference(model, tokens, lengths), rtol=1e-10, atol=1e-13)
