@@ -23,7 +23,7 @@ import scipy
 import torch
 
 import attnmetrics
-from attnmetrics.io import run_folder, write_json_atomic
+from attnmetrics.io import run_folder, write_json_atomic, write_npz_atomic
 from attnmetrics.report import render, render_comparison
 from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassifier, ModelConfig
 from attnmetrics_models.data import DATASETS, load_dataset
@@ -33,6 +33,7 @@ from attnmetrics_models.training import (
     TrainConfig,
     evaluate,
     load_checkpoint,
+    predict,
     save_checkpoint,
     train,
     train_config_dict,
@@ -191,6 +192,17 @@ def _battery(args, model, vocab, splits, results: dict) -> None:
     }
 
 
+def _write_predictions(model, vocab, splits, folder: Path) -> None:
+    """predictions.npz: the test split in split order, real tokens only (for re-analysis across
+    runs, e.g. W&P seed variance): logits [N, C] float32, attention [N, T] float32 (zero past
+    each length), lengths [N] int64 (real tokens), labels [N] int64."""
+    p = predict(model, vocab.encode_split(splits.test))
+    lengths = p.lengths - model.lead - model.trail
+    attention = p.attention[:, model.lead : model.lead + int(lengths.max())]
+    write_npz_atomic(folder / "predictions.npz", logits=p.logits.float().numpy(), attention=attention.float().numpy(),
+                     lengths=lengths.numpy(), labels=p.labels.numpy())
+
+
 def _finish(results: dict, folder: Path, start: float) -> None:
     results["wall_time_s"]["total"] = time.perf_counter() - start
     write_json_atomic(folder / "results.json", results)
@@ -249,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["test"] = evaluate(model, vocab.encode_split(splits.test))
             else:
                 _battery(args, model, vocab, splits, results)
+            _write_predictions(model, vocab, splits, folder)
             _finish(results, folder, start)
     except FileExistsError as e:
         print(f"attnmetrics: {e}", file=sys.stderr)
