@@ -211,7 +211,7 @@ def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
             b, rb, pb = index[key]
             ok_c = _decision(p["logits"]) == p["labels"]
             ok_b = _decision(pb["logits"]) == pb["labels"]
-            m = mcnemar(ok_b, ok_c)
+            m = mcnemar(ok_c, ok_b)  # b01: only the baseline right; b10: only this model
             tests.append({"axis": axis, "grid": c.grid, "group": c.group, "baseline": b.group, "seed": c.axes["seed"],
                           "accuracy": float(ok_c.mean()), "baseline_accuracy": float(ok_b.mean()),
                           "b01": m.b01, "b10": m.b10, "pvalue": m.pvalue, "instances": int(ok_c.size)})
