@@ -11,6 +11,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
 
 def _jsonable(x: Any) -> Any:
     # Strict JSON has no NaN/inf: write them as null so every reader can load the file.
@@ -44,6 +46,22 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write ``obj`` as strict JSON (NaN -> null), atomically."""
     write_text_atomic(path, json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
+
+
+def write_npz_atomic(path: str | os.PathLike, **arrays: np.ndarray) -> None:
+    """Write ``arrays`` as an uncompressed ``.npz`` (``numpy.savez``) through a temporary file and a rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:  # a file object: savez would append ".npz" to a name
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 @contextlib.contextmanager

@@ -1,4 +1,5 @@
-"""Paired significance tests on per-instance outcomes (S&S 2019, sec. 3)."""
+"""Statistics across instances and seeds: McNemar's paired test (S&S 2019, sec. 3), bootstrap
+confidence intervals over instances, and W&P 2019's seed variance (sec. 3.3)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,85 @@ def mcnemar(a, b) -> McNemar:
     from scipy.stats import binomtest
 
     return McNemar(b01, b10, float(binomtest(b01, b01 + b10, 0.5).pvalue))
+
+
+def bootstrap_ci(data, statistic, confidence: float = 0.95, n_resamples: int = 9999,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval over instances, through ``scipy.stats.bootstrap``.
+
+    Args:
+        data: one array or a tuple of arrays, each ``[..., N]`` with the instances on the last
+            axis; with several arrays the instances are resampled together (paired).
+        statistic: ``statistic(*arrays, axis=-1)`` -> the statistic along ``axis`` (vectorised,
+            e.g. ``np.nanmean``).
+        confidence: confidence level of the two-sided interval.
+        n_resamples: bootstrap resamples.
+        seed: seed of the resampling (``numpy.random.default_rng``), so reports are reproducible.
+
+    Returns:
+        ``(low, high)``; ``(nan, nan)`` with fewer than 2 instances. Constant data gives ``(c, c)``.
+    """
+    from scipy.stats import bootstrap
+
+    data = tuple(np.asarray(d) for d in (data if isinstance(data, tuple) else (data,)))
+    if data[0].shape[-1] < 2:
+        return float("nan"), float("nan")
+    res = bootstrap(data, statistic, n_resamples=n_resamples, confidence_level=confidence, paired=len(data) > 1,
+                    vectorized=True, axis=-1, method="percentile", rng=np.random.default_rng(seed))
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+def macro_f1(labels, predicted, num_classes: int, axis: int = -1) -> np.ndarray:
+    """Macro-averaged F1 along ``axis``, vectorised over the other axes (for bootstrapping);
+    equals ``sklearn.metrics.f1_score(average="macro", labels=range(num_classes), zero_division=0)``.
+
+    Args:
+        labels, predicted: broadcastable int arrays of class indices.
+        num_classes: C; every class counts in the average, an absent one with F1 = 0.
+    """
+    labels, predicted = np.asarray(labels), np.asarray(predicted)
+    f1 = []
+    for c in range(num_classes):
+        tp = np.sum((predicted == c) & (labels == c), axis=axis)
+        wrong = np.sum((predicted == c) != (labels == c), axis=axis)  # FP + FN
+        denom = 2 * tp + wrong
+        f1.append(np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0))
+    return np.mean(f1, axis=0)
+
+
+class SeedVariance(NamedTuple):
+    """Per-instance seed variance (W&P 2019, sec. 3.3): ``median_jsd`` [N], the median over the
+    other seeds of JSD(base attention, seed attention) in nats; ``mean_tvd`` [N], the mean over the
+    other seeds of the TVD between the base's and the seed's output distributions."""
+
+    median_jsd: np.ndarray
+    mean_tvd: np.ndarray
+
+
+def seed_variance(attention, logits) -> SeedVariance:
+    """How much attention and output move between models trained with different seeds on the
+    same data (Wiegreffe & Pinter 2019, sec. 3.3), the first model being the base.
+
+    Args:
+        attention: ``[S, N, T]`` float, S >= 2 models' attention on the same N instances, each
+            row a distribution (zero past its length).
+        logits: ``[S, N, C]`` float decoder logits (``C == 1``: one sigmoid output).
+
+    Returns:
+        :class:`SeedVariance` of float64 ``[N]`` arrays.
+
+    Raises:
+        ValueError: fewer than 2 models or mismatched shapes.
+    """
+    from attnmetrics.distances import jsd, tvd
+    from attnmetrics.outputs import output_distribution
+
+    a = torch.as_tensor(np.asarray(attention), dtype=torch.float64)
+    z = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
+    if a.dim() != 3 or z.dim() != 3 or a.shape[0] < 2 or a.shape[:2] != z.shape[:2]:
+        raise ValueError(f"attention must be [S, N, T] and logits [S, N, C] with S >= 2 and one S, N; "
+                         f"got {list(a.shape)} and {list(z.shape)}")
+    p = torch.stack([output_distribution(zs) for zs in z])
+    jsds = jsd(a[:1].expand_as(a[1:]), a[1:])  # [S - 1, N]
+    tvds = tvd(p[:1].expand_as(p[1:]), p[1:])
+    return SeedVariance(np.median(jsds.numpy(), axis=0), tvds.mean(0).numpy())

@@ -7,6 +7,7 @@ write a report.
     attnmetrics evaluate runs/sst-model --out runs/sst-eval      # experiments on a saved model
     attnmetrics report runs/sst-lstm                             # re-render report.md and figures
     attnmetrics report runs/sst-lstm runs/sst-average --out runs/compare   # compare runs
+    attnmetrics sweep configs/sweep.toml --jobs 2                # a grid of runs + one aggregated report
 """
 
 from __future__ import annotations
@@ -23,16 +24,18 @@ import scipy
 import torch
 
 import attnmetrics
-from attnmetrics.io import run_folder, write_json_atomic
+from attnmetrics.io import run_folder, write_json_atomic, write_npz_atomic
 from attnmetrics.report import render, render_comparison
 from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassifier, ModelConfig
 from attnmetrics_models.data import DATASETS, load_dataset
+from attnmetrics_models import sweep
 from attnmetrics_models.experiments import DEFAULT_ORDERS, EXPERIMENTS, run_battery
 from attnmetrics_models.text import Vocabulary, glove_matrix
 from attnmetrics_models.training import (
     TrainConfig,
     evaluate,
     load_checkpoint,
+    predict,
     save_checkpoint,
     train,
     train_config_dict,
@@ -104,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-render a run's report.md and figures, or compare several runs")
     rep.add_argument("run_dirs", type=Path, nargs="+", help="run folders holding results.json")
     rep.add_argument("--out", type=Path, help="folder for comparison.md (needed with several runs)")
+    sweep.add_arguments(sub.add_parser("sweep", help="run a grid of 'run' cells (resumable), then one aggregated report"))
     return parser
 
 
@@ -191,6 +195,17 @@ def _battery(args, model, vocab, splits, results: dict) -> None:
     }
 
 
+def _write_predictions(model, vocab, splits, folder: Path) -> None:
+    """predictions.npz: the test split in split order, real tokens only (for re-analysis across
+    runs, e.g. W&P seed variance): logits [N, C] float32, attention [N, T] float32 (zero past
+    each length), lengths [N] int64 (real tokens), labels [N] int64."""
+    p = predict(model, vocab.encode_split(splits.test))
+    lengths = p.lengths - model.lead - model.trail
+    attention = p.attention[:, model.lead : model.lead + int(lengths.max())]
+    write_npz_atomic(folder / "predictions.npz", logits=p.logits.float().numpy(), attention=attention.float().numpy(),
+                     lengths=lengths.numpy(), labels=p.labels.numpy())
+
+
 def _finish(results: dict, folder: Path, start: float) -> None:
     results["wall_time_s"]["total"] = time.perf_counter() - start
     write_json_atomic(folder / "results.json", results)
@@ -221,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if args.command == "report":
         return _report(args)
+    if args.command == "sweep":
+        return sweep.main(args)
 
     start = time.perf_counter()
     results = {"command": args.command, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
@@ -249,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["test"] = evaluate(model, vocab.encode_split(splits.test))
             else:
                 _battery(args, model, vocab, splits, results)
+            _write_predictions(model, vocab, splits, folder)
             _finish(results, folder, start)
     except FileExistsError as e:
         print(f"attnmetrics: {e}", file=sys.stderr)

@@ -85,3 +85,19 @@ def test_compare_runs(run_dir, tmp_path):
     table = (tmp_path / "cmp" / "comparison.md").read_text()
     assert table.count("\n| sst ") == 2 and "lstm encoder + tanh attention" in table
     assert main(["report", str(run_dir), str(run_dir)]) == 2  # several runs need --out
+
+
+def test_run_writes_test_predictions(run_dir):
+    import numpy as np
+
+    results = json.loads((run_dir / "results.json").read_text())
+    with np.load(run_dir / "predictions.npz") as p:
+        logits, attention, lengths, labels = p["logits"], p["attention"], p["lengths"], p["labels"]
+    assert logits.dtype == attention.dtype == np.float32 and lengths.dtype == labels.dtype == np.int64
+    assert logits.shape == (160, 1) and attention.shape == (160, lengths.max()) and labels.shape == (160,)
+    # the same instances, in the same order, as the battery's per-instance results
+    assert lengths.tolist() == results["instances"]["lengths"]
+    assert ((logits[:, 0] > 0).astype(int)).tolist() == results["instances"]["predicted"]
+    np.testing.assert_allclose(attention.max(1), results["instances"]["max_attention"], rtol=1e-5)
+    np.testing.assert_allclose(attention.sum(1), 1.0, rtol=1e-5)
+    assert all((attention[i, n:] == 0).all() for i, n in enumerate(lengths))
