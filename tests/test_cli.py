@@ -85,3 +85,17 @@ def test_compare_runs(run_dir, tmp_path):
     table = (tmp_path / "cmp" / "comparison.md").read_text()
     assert table.count("\n| sst ") == 2 and "lstm encoder + tanh attention" in table
     assert main(["report", str(run_dir), str(run_dir)]) == 2  # several runs need --out
+
+
+def test_device_cpu_is_recorded(tmp_path):
+    out = tmp_path / "cpu"
+    assert main(["train", *QUICK, "--device", "cpu", "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["device"] == "cpu"
+
+
+def test_device_cuda_without_a_gpu_fails_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    out = tmp_path / "cuda"
+    assert main(["run", *QUICK, *FAST, "--device", "cuda", "--out", str(out)]) == 2
+    assert "--device cuda, but torch sees no CUDA GPU" in capsys.readouterr().err
+    assert not out.exists()
