@@ -43,7 +43,8 @@ CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++17"]  # -fopenmp: at::parallel_for runs
 # same bits on both (flip decisions, tau) up to the math library (log, erf/erfc).
 NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false"]
 
-_OPS = ("tvd", "jsd", "kendall_tau", "flip_search_linear", "renormalised_contexts")
+_OPS = ("tvd", "jsd", "kendall_tau", "flip_search_linear", "renormalised_contexts",
+        "attention_permutations", "permutation_tvd_linear", "project_prefix", "leave_one_out_batch")
 
 
 def _sources(with_cuda: bool = False) -> list[str]:

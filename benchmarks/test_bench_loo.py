@@ -16,6 +16,9 @@ shaped token-steps (no rows riding along past their length, uniform-length calls
 cache size), not from skipping work. On a 2-core machine shared with other jobs, two
 OpenMP threads contend badly (small calls suffer most); ``OMP_NUM_THREADS=1`` gives
 steadier numbers. ``extra_info`` records the threads and the load average.
+
+With a GPU (and attnmetrics' CUDA build) ``leave_one_out`` also runs on ``cuda`` (model
+and tokens there), against its CPU run on the same inputs (``extra_info["speedup_vs_cpu"]``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 import pytest
 import torch
 
-from attnmetrics import leave_one_out
+from attnmetrics import _ops, leave_one_out
 from attnmetrics.reference import leave_one_out_jw
 from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
 from benchmarks.measure import median_seconds
@@ -94,3 +97,29 @@ def test_leave_one_out_vs_jw_loop(benchmark, case):
     benchmark.extra_info.update(info)
     # float32 BiLSTM: batch composition moves the last bits only
     torch.testing.assert_close(result, jw, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_leave_one_out_cuda(benchmark, case):
+    if not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
+        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
+    model = make_model()
+    batch, lo, hi = CASES[case]
+    tokens, lengths = make_batch(batch, lo, hi)
+    gpu_model, gpu_tokens, gpu_lengths = make_model().cuda(), tokens.cuda(), lengths.cuda()
+    benchmark.group = f"loo-{case}"
+
+    def run():
+        out = leave_one_out(gpu_model, gpu_tokens, gpu_lengths)
+        torch.cuda.synchronize()
+        return out
+
+    result = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
+    cpu, cpu_s = timed(lambda: leave_one_out(model, tokens, lengths))
+    cuda_s = median_seconds(benchmark, run)
+    benchmark.extra_info.update(rows=int(lengths.shape[0]), sequences=int((lengths - 2).sum()), device="cuda",
+                                leave_one_out_cuda_s=cuda_s, leave_one_out_cpu_s=cpu_s,
+                                speedup_vs_cpu=cpu_s / cuda_s,
+                                max_abs_diff_vs_cpu=float((result.cpu() - cpu).abs().max()))
+    # cuDNN's LSTM rounds differently from the CPU's
+    torch.testing.assert_close(result.cpu(), cpu, rtol=1e-3, atol=1e-4)

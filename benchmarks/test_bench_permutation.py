@@ -4,6 +4,8 @@ Run: python -m pytest benchmarks/test_bench_permutation.py --benchmark-only -q
 J&W's loop (one decoder pass over the whole batch per permutation, the same permutations:
 ``permutation_test_reference``) is timed once per case; the kernel's median over its
 rounds is compared with it, and the ratio goes in ``extra_info["speedup"]``.
+With a GPU (and attnmetrics' CUDA build) the kernel also runs on ``cuda`` on the same
+inputs, against its own CPU run (``extra_info["speedup_vs_cpu"]``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 import torch
 from torch import nn
 
+from attnmetrics import _ops
 from attnmetrics.permutation import draw_seed, permutation_test
 from attnmetrics.reference import permutation_test_reference
 from benchmarks.measure import median_seconds, peak_extra_mib
@@ -112,3 +115,29 @@ def test_permutation_test_large_bounded_memory(benchmark):
         values_mib=values.numel() * values.element_size() / 2**20,
         peak_extra_rss_mib=peak,
     )
+
+
+@pytest.mark.parametrize("kind,case", [("linear", "sst"), ("linear", "imdb"), ("mlp", "sst")])
+def test_permutation_test_cuda(benchmark, kind, case):
+    if not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
+        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
+    attention, values, lengths = make_inputs(*CASES[case])
+    decoder = make_decoder(kind, values.shape[2])
+    args = (attention.cuda(), values.cuda(), make_decoder(kind, values.shape[2]).cuda(), lengths.cuda())
+    benchmark.group = f"permutation-{case}"
+
+    def kernel():
+        out = permutation_test(*args, permutations=PERMUTATIONS, generator=torch.Generator().manual_seed(0))
+        torch.cuda.synchronize()
+        return out
+
+    result = benchmark.pedantic(kernel, rounds=5, iterations=1, warmup_rounds=1)
+    start = time.perf_counter()
+    cpu = permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
+                           generator=torch.Generator().manual_seed(0))
+    cpu_s = time.perf_counter() - start
+    kernel_s = median_seconds(benchmark, kernel)
+    err = float((cpu.median_tvd.double() - result.median_tvd.cpu().double()).abs().max())
+    benchmark.extra_info.update(describe(cpu, lengths), decoder=kind, device="cuda", cuda_median_s=kernel_s,
+                                cpu_s=cpu_s, speedup_vs_cpu=cpu_s / kernel_s, max_abs_diff_vs_cpu=err)
+    assert err < 1e-4  # the same permutations; float32 rounding only

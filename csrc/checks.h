@@ -7,8 +7,20 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace attnmetrics {
+
+// Every len[b] (host memory, b < batch) in [low, high], else an error naming the first
+// offender: "<prefix>lengths[b] = v is outside [<low_name>, T] = [low, high]". The CPU impls
+// run it on their lengths; the CUDA glue on a host copy, once a device check has failed.
+inline void check_length_range(const int64_t* len, int64_t batch, int64_t low,
+                               const char* low_name, int64_t high, const char* prefix = "") {
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(len[b] >= low && len[b] <= high, prefix, "lengths[", b, "] = ", len[b],
+                " is outside [", low_name, ", T] = [", low, ", ", high, "]");
+  }
+}
 
 // A linear head on projected values: projected [B, T, C] = values @ W.T and bias [C],
 // both of attention's dtype. Returns C.
@@ -46,6 +58,94 @@ inline void check_kendall_shapes(const at::Tensor& x, const at::Tensor& y,
   TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == x.size(0),
               "kendall_tau: lengths must be [B] = [", x.size(0), "], got ", lengths.sizes());
   TORCH_CHECK(lengths.is_contiguous(), "kendall_tau: lengths must be contiguous");
+}
+
+// ---- permutation test (attention_permutations, permutation_tvd_linear) -------------------
+
+// The generator draws bounded(x, n) with n <= L < 2^32 (kernels/permutation.h).
+constexpr int64_t kMaxPermutationWidth = (int64_t(1) << 32) - 1;
+
+// lengths [B] = [batch] int64 for rows of `width` items, width < 2^32 (values: check_length_range).
+inline void check_permutation_lengths(const at::Tensor& lengths, int64_t batch, int64_t width) {
+  TORCH_CHECK(lengths.is_contiguous(), "lengths must be contiguous");
+  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
+              lengths.scalar_type());
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, "lengths must have shape [B] = [",
+              batch, "], got ", lengths.sizes());
+  TORCH_CHECK(width >= 0 && width <= kMaxPermutationWidth,
+              "width must lie in [0, 2^32 - 1], got ", width);
+}
+
+inline void check_permutation_counts(int64_t permutations, int64_t row_offset) {
+  TORCH_CHECK(permutations >= 1, "permutations must be >= 1, got ", permutations);
+  TORCH_CHECK(row_offset >= 0, "row_offset must be >= 0, got ", row_offset);
+}
+
+// attention_permutations' arguments but the values of lengths (check_length_range).
+inline void check_permutations_args(const at::Tensor& lengths, int64_t width, int64_t permutations,
+                                    int64_t row_offset, int64_t permutation_offset) {
+  TORCH_CHECK(lengths.dim() == 1, "lengths must have shape [B], got ", lengths.sizes());
+  check_permutation_lengths(lengths, lengths.size(0), width);
+  check_permutation_counts(permutations, row_offset);
+  TORCH_CHECK(permutation_offset >= 0, "permutation_offset must be >= 0, got ",
+              permutation_offset);
+}
+
+// attention [B, T] float32/float64, contiguous, and its lengths [B].
+inline void check_permutation_attention(const at::Tensor& attention, const at::Tensor& lengths) {
+  TORCH_CHECK(attention.is_contiguous(), "attention must be contiguous");
+  TORCH_CHECK(attention.scalar_type() == at::kFloat || attention.scalar_type() == at::kDouble,
+              "attention must be float32 or float64, got ", attention.scalar_type());
+  TORCH_CHECK(attention.dim() == 2, "attention must have shape [B, T], got ", attention.sizes());
+  check_permutation_lengths(lengths, attention.size(0), attention.size(1));
+}
+
+// ---- project_prefix ------------------------------------------------------------------------
+
+// values [B, T, H] float32/float64, weight [C, H] of its dtype, lengths [B] int64, all
+// contiguous. Returns C.
+inline int64_t check_projection_inputs(const at::Tensor& values, const at::Tensor& weight,
+                                       const at::Tensor& lengths) {
+  TORCH_CHECK(values.is_contiguous(), "values must be contiguous");
+  TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous");
+  TORCH_CHECK(lengths.is_contiguous(), "lengths must be contiguous");
+  TORCH_CHECK(values.scalar_type() == at::kFloat || values.scalar_type() == at::kDouble,
+              "values must be float32 or float64, got ", values.scalar_type());
+  TORCH_CHECK(values.dim() == 3, "values must have shape [B, T, H], got ", values.sizes());
+  const int64_t B = values.size(0), H = values.size(2);
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == H, "weight must have shape [C, H] = [C, ",
+              H, "], got ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == values.scalar_type(), "weight dtype ",
+              weight.scalar_type(), " must match values dtype ", values.scalar_type());
+  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
+              lengths.scalar_type());
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B, "lengths must have shape [B] = [", B,
+              "], got ", lengths.sizes());
+  return weight.size(0);
+}
+
+// ---- leave_one_out_batch -------------------------------------------------------------------
+
+// tokens [B, T] and lengths [B] int64, contiguous; lead, trail in [0, T]; mask_token >= 0
+// (values of lengths: check_length_range over [lead + trail, T]).
+inline void check_loo_inputs(const at::Tensor& tokens, const at::Tensor& lengths, int64_t lead,
+                             int64_t trail, std::optional<int64_t> mask_token) {
+  TORCH_CHECK(tokens.scalar_type() == at::kLong, "tokens must be int64, got ",
+              tokens.scalar_type());
+  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
+              lengths.scalar_type());
+  TORCH_CHECK(tokens.dim() == 2, "tokens must have shape [B, T], got ", tokens.sizes());
+  TORCH_CHECK(tokens.is_contiguous(), "tokens must be contiguous");
+  TORCH_CHECK(lengths.is_contiguous(), "lengths must be contiguous");
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B, "lengths must have shape [B] = [", B,
+              "], got ", lengths.sizes());
+  // Bounded by T first, so that lead + trail cannot overflow later.
+  TORCH_CHECK(lead >= 0 && trail >= 0 && lead <= T && trail <= T,
+              "lead and trail must lie in [0, T] = [0, ", T, "], got lead = ", lead,
+              ", trail = ", trail);
+  TORCH_CHECK(!mask_token.has_value() || *mask_token >= 0, "mask_token must be >= 0, got ",
+              mask_token.value_or(0));
 }
 
 }  // namespace attnmetrics

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -83,6 +84,8 @@ def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> 
     p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the model trains and the battery runs (default: cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -111,10 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _environment(seed: int) -> dict:
+def _environment(seed: int, device: str = "cpu") -> dict:
     return {
         "seed": seed,
-        "device": "cpu",
+        "device": device,
         "threads": torch.get_num_threads(),
         "versions": {
             "attnmetrics": attnmetrics.__version__,
@@ -148,7 +151,7 @@ def _train(args, results: dict):
     config = ModelConfig(vocab_size=len(vocab), embed_dim=embed_dim, hidden_size=args.hidden_size,
                          num_classes=1 if classes == 2 else classes, encoder=args.encoder, attention=args.attention)
     torch.manual_seed(args.seed)
-    model = AttentionClassifier(config, embeddings)
+    model = AttentionClassifier(config, embeddings).to(args.device)
     tconf = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         weight_decay=args.weight_decay, seed=args.seed, progress=not args.no_progress)
     train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
@@ -239,9 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "sweep":
         return sweep.main(args)
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"attnmetrics: --device cuda, but torch sees no CUDA GPU (torch {torch.__version__}, "
+              f"CUDA {torch.version.cuda}); use --device cpu", file=sys.stderr)
+        return 2
+    if args.device == "cuda":  # deterministic cuBLAS (read when its first handle is made)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     start = time.perf_counter()
     results = {"command": args.command, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-               **_environment(args.seed), "data": {}, "wall_time_s": {}}
+               **_environment(args.seed, args.device), "data": {}, "wall_time_s": {}}
     if args.command in ("run", "train") and args.out is None:
         args.out = Path("runs") / f"{args.dataset.replace(':', '_')}-{args.encoder}"
     try:
@@ -254,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                 results["config"]["dataset"] = saved["dataset"]
                 results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
                 results["model"] = ckpt.model.config.to_dict()
-                model, vocab = ckpt.model, ckpt.vocab
+                model, vocab = ckpt.model.to(args.device), ckpt.vocab
             else:
-                torch.use_deterministic_algorithms(True)
+                # CUDA has no deterministic kernel for a few ops (e.g. embedding backward): warn there
+                torch.use_deterministic_algorithms(True, warn_only=args.device == "cuda")
                 model, vocab, splits = _train(args, results)
                 data_dir = str(args.data_dir.resolve()) if args.data_dir else None
                 save_checkpoint(folder / CHECKPOINT, model, vocab,

@@ -47,7 +47,8 @@ def run_battery(
     progress: bool = True,
 ) -> tuple[dict, dict]:
     """Run the chosen experiments over ``batches`` of (tokens [B, T] int64, lengths [B] int64),
-    special tokens included.
+    special tokens included, on the model's device (each batch is moved there; the random
+    orders draw from a generator on that device).
 
     Returns (summary, instances): summary statistics for ``results.json`` and per-instance
     lists (for figures and for re-analysis), both keyed by experiment.
@@ -56,9 +57,11 @@ def run_battery(
     if unknown:
         raise ValueError(f"unknown experiments {sorted(unknown)}; choose from {EXPERIMENTS}")
     model.eval()
-    generator = torch.Generator().manual_seed(seed)
+    device = next(model.parameters()).device  # batches run where the model is
+    generator = torch.Generator(device).manual_seed(seed)
     acc: dict[str, list[Tensor]] = defaultdict(list)  # per-instance tensors, concatenated at the end
     for tokens, lengths in tqdm(list(batches), desc="faithfulness", disable=not progress, leave=False):
+        tokens, lengths = tokens.to(device), lengths.to(device)
         out = forward(model, tokens, lengths)
         acc["predicted"].append(attnmetrics.decision(out.logits))
         acc["lengths"].append(out.lengths)

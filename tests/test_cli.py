@@ -101,3 +101,17 @@ def test_run_writes_test_predictions(run_dir):
     np.testing.assert_allclose(attention.max(1), results["instances"]["max_attention"], rtol=1e-5)
     np.testing.assert_allclose(attention.sum(1), 1.0, rtol=1e-5)
     assert all((attention[i, n:] == 0).all() for i, n in enumerate(lengths))
+
+
+def test_device_cpu_is_recorded(tmp_path):
+    out = tmp_path / "cpu"
+    assert main(["train", *QUICK, "--device", "cpu", "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["device"] == "cpu"
+
+
+def test_device_cuda_without_a_gpu_fails_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    out = tmp_path / "cuda"
+    assert main(["run", *QUICK, *FAST, "--device", "cuda", "--out", str(out)]) == 2
+    assert "--device cuda, but torch sees no CUDA GPU" in capsys.readouterr().err
+    assert not out.exists()

@@ -23,6 +23,7 @@ from torch import nn
 
 from attnmetrics import _ops, flip_fraction, jsd, kendall_tau, tvd
 from attnmetrics._ops import ops
+from attnmetrics.permutation import attention_permutations, permutation_test
 from attnmetrics.removal import random_scores, removal_order
 
 DEVICE = torch.device(os.environ.get("ATTNMETRICS_TEST_DEVICE") or "cuda")
@@ -258,6 +259,79 @@ def test_random_order_with_a_device_generator():
             flip_fraction(a, v, dec, n, "random", generator=torch.Generator())
 
 
+# ---- permutation test, projection, leave-one-out inputs -----------------------------------------
+
+
+def perm_inputs(b, t, c, dtype, seed, min_len=0):
+    att, proj, lengths = flip_batch(b, t, c, dtype, seed, min_len=min_len)
+    bias = (0.3 * torch.randn(c, generator=torch.Generator().manual_seed(seed), dtype=F64)).to(dtype)
+    return att, proj, bias, lengths
+
+
+def test_attention_permutations_match_cpu():
+    """The GPU draws exactly the CPU's permutations (the same counter-based generator)."""
+    g = torch.Generator().manual_seed(0)
+    for b, t, p in ((1, 1, 1), (50, 17, 9), (7, 300, 3), (4, 0, 2), (2000, 6, 4)):
+        lengths = torch.randint(0, t + 1, (b,), generator=g)
+        for seed, row_offset, perm_offset in ((0, 0, 0), (-123456789, 40, 7), (2**62, 2**63 - 3, 2**40)):
+            want, got = on_both(ops.attention_permutations, lengths, t, p, seed, row_offset, perm_offset)
+            assert torch.equal(got, want)
+    assert torch.equal(host(attention_permutations(dev(lengths), 6, 4, 5)), attention_permutations(lengths, 6, 4, 5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("classes", [1, 2, 3, 16, 17, 40])  # <= 16: local z and base; else scratch
+def test_permutation_tvd_linear_matches_cpu(dtype, classes):
+    for t, p in ((1, 5), (12, 100), (60, 7), (9, 1)):
+        att, proj, bias, lengths = perm_inputs(300, t, classes, dtype, seed=classes + t)
+        (m0, t0), (m1, t1) = on_both(ops.permutation_tvd_linear, att, proj, bias, lengths, p, 77, 3)
+        # the same permutations and sums; only exp (device math library) may differ
+        close(t1, t0, dtype, rtol64=1e-13)
+        close(m1, m0, dtype, rtol64=1e-13)
+        assert (t0[lengths <= 1] == 0).all() and (t1[lengths.to(t1.device) <= 1] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_project_prefix_matches_cpu(dtype):
+    g = torch.Generator().manual_seed(1)
+    for b, t, h, c in ((1, 1, 1, 1), (40, 20, 33, 2), (30, 7, 300, 17), (5, 0, 4, 3), (6, 5, 0, 2)):
+        values = torch.randn(b, t, h, generator=g, dtype=F64).to(dtype)
+        weight = torch.randn(c, h, generator=g, dtype=F64).to(dtype)
+        lengths = torch.randint(0, t + 1, (b,), generator=g)
+        want, got = on_both(ops.project_prefix, values, weight, lengths)
+        # the CPU's partial sums in the same order, no FMA: the same bits
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("mask_token", [None, 4])
+def test_leave_one_out_batch_matches_cpu(mask_token):
+    g = torch.Generator().manual_seed(2)
+    for b, t, lead, trail in ((1, 3, 1, 1), (200, 30, 1, 1), (50, 9, 0, 0), (20, 400, 2, 1), (6, 4, 2, 2)):
+        tokens = torch.randint(5, 900, (b, t), generator=g)
+        lengths = torch.randint(lead + trail, t + 1, (b,), generator=g)
+        want, got = on_both(ops.leave_one_out_batch, tokens, lengths, lead, trail, mask_token, 3)
+        for w, x in zip(want, got):
+            assert torch.equal(x, w)
+    empty = torch.zeros(0, 5, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    want, got = on_both(ops.leave_one_out_batch, *empty, 1, 1, mask_token, 0)
+    assert all(x.shape == w.shape for w, x in zip(want, got))
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_permutation_test_on_device(kind):
+    """The public function on device tensors: the same permutations as on the CPU, so the
+    same TVDs up to rounding (the mlp's GEMMs round differently on the GPU)."""
+    att, values, lengths = flip_batch(200, 14, 6, F64, seed=4)
+    dec, dec_dev = _decoders(6, 3, F64)[kind], _decoders(6, 3, F64)[kind].to(DEVICE)
+    want = permutation_test(att, values, dec, lengths, permutations=20,
+                            generator=torch.Generator().manual_seed(3), return_all=True)
+    got = permutation_test(*dev(att, values), dec_dev, dev(lengths), permutations=20,
+                           generator=torch.Generator().manual_seed(3), return_all=True)
+    assert got.median_tvd.device.type == DEVICE.type
+    torch.testing.assert_close(host(got.tvd), want.tvd, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(host(got.median_tvd), want.median_tvd, rtol=1e-9, atol=1e-12)
+
+
 # ---- the same errors on bad input --------------------------------------------------------------
 
 
@@ -322,6 +396,36 @@ def test_kendall_and_distances_reject_bad_input_like_cpu():
             assert_same_error(op, args)
 
 
+def test_permutation_projection_loo_reject_bad_input_like_cpu():
+    att, proj, bias, lengths = perm_inputs(5, 6, 2, torch.float32, seed=1)
+    for args in [(att, proj, bias, torch.tensor([1, 2, 7, 0, 1]), 3, 0, 0),
+                 (att, proj, bias, torch.tensor([1, -2, 3, 0, 1]), 3, 0, 0),
+                 (att, proj, bias, lengths, 0, 0, 0), (att, proj, bias, lengths, 3, 0, -1),
+                 (att, proj, bias, lengths.int(), 3, 0, 0), (att, proj, bias, lengths[:4], 3, 0, 0),
+                 (att, proj, bias[:1], lengths, 3, 0, 0), (att, proj.double(), bias, lengths, 3, 0, 0),
+                 (att.long(), proj, bias, lengths, 3, 0, 0), (att.t(), proj, bias, lengths, 3, 0, 0),
+                 (att, proj.transpose(0, 1), bias, lengths, 3, 0, 0)]:
+        assert_same_error(ops.permutation_tvd_linear, args)
+    for args in [(torch.tensor([1, 9]), 6, 2, 0, 0, 0), (torch.tensor([1, -1]), 6, 2, 0, 0, 0),
+                 (lengths, 6, 0, 0, 0, 0), (lengths, 6, 2, 0, -1, 0), (lengths, 6, 2, 0, 0, -2),
+                 (lengths, -1, 2, 0, 0, 0), (lengths, 2**32, 1, 0, 0, 0), (lengths.int(), 6, 2, 0, 0, 0),
+                 (lengths[None], 6, 2, 0, 0, 0)]:
+        assert_same_error(ops.attention_permutations, args)
+    values, weight = proj[..., None].expand(5, 6, 2, 3).reshape(5, 6, 6).contiguous(), torch.rand(2, 6)
+    for args in [(values, weight, torch.tensor([1, 2, 7, 0, 1])), (values, weight, torch.tensor([-1, 2, 3, 0, 1])),
+                 (values, weight[:, :5].contiguous(), lengths), (values, weight.double(), lengths),
+                 (values.long(), weight, lengths), (values[0], weight, lengths), (values, weight, lengths[:3]),
+                 (values, weight, lengths.int()), (values.transpose(0, 1), weight, lengths), (values, weight.t(), lengths)]:
+        assert_same_error(ops.project_prefix, args)
+    tokens = torch.randint(5, 50, (4, 6))
+    good = torch.tensor([3, 6, 2, 4])
+    for args in [(tokens, torch.tensor([3, 7, 2, 4]), 1, 1, None, 0), (tokens, torch.tensor([3, 6, 1, 4]), 1, 1, 5, 0),
+                 (tokens, good, 7, 0, None, 0), (tokens, good, 0, -1, None, 0), (tokens, good, 1, 1, -3, 0),
+                 (tokens.int(), good, 1, 1, None, 0), (tokens, good.int(), 1, 1, None, 0), (tokens[0], good, 1, 1, None, 0),
+                 (tokens, good[:3], 1, 1, None, 0), (tokens.t(), good, 0, 0, None, 0)]:
+        assert_same_error(ops.leave_one_out_batch, args)
+
+
 @gpu_only
 def test_mixed_devices_are_rejected():
     x = torch.rand(3, 5)
@@ -362,6 +466,13 @@ def test_opcheck_on_device(dtype):
     order, offsets = removal_order(att, lengths), torch.cumsum(lengths, 0) - lengths
     torch.library.opcheck(ops.flip_search_linear.default, dev(att, proj, bias, order, lengths))
     torch.library.opcheck(ops.renormalised_contexts.default, dev(att, values, order, lengths, offsets))
+    att, proj, bias, lengths = perm_inputs(6, 7, 3, dtype, seed=2)
+    torch.library.opcheck(ops.permutation_tvd_linear.default, dev(att, proj, bias, lengths) + (5, 11, 2))
+    torch.library.opcheck(ops.attention_permutations.default, (dev(lengths), 7, 3, 4, 1, 2))
+    torch.library.opcheck(ops.project_prefix.default, dev(proj, torch.rand(2, 3, dtype=dtype), lengths))
+    tokens = torch.randint(5, 50, (6, 7))
+    torch.library.opcheck(ops.leave_one_out_batch.default, (*dev(tokens, lengths.clamp(min=2)), 1, 1, None, 0))
+    torch.library.opcheck(ops.leave_one_out_batch.default, (*dev(tokens, lengths.clamp(min=2)), 1, 1, 3, 0))
 
 
 # ---- long rows, many rows --------------------------------------------------------------------------
@@ -389,6 +500,18 @@ def test_long_rows():
     att, values, _, order, lengths, offsets = raw_flip_inputs(3, L_LONG, 1, F64, seed=8, h=4)
     want, got = on_both(ops.renormalised_contexts, att, values, order, lengths, offsets)
     close(got, want, F64, rtol64=1e-12)
+    att, proj, bias, lengths = perm_inputs(3, L_LONG, 2, F64, seed=9, min_len=L_LONG - 100)
+    (m0, t0), (m1, t1) = on_both(ops.permutation_tvd_linear, att, proj, bias, lengths, 10, 5, 0)
+    close(t1, t0, F64, rtol64=1e-12)
+    close(m1, m0, F64, rtol64=1e-12)
+    want, got = on_both(ops.attention_permutations, lengths, L_LONG, 3, 5, 0, 0)
+    assert torch.equal(got, want)
+    values = torch.randn(3, L_LONG, 64, dtype=F64)
+    want, got = on_both(ops.project_prefix, values, torch.randn(2, 64, dtype=F64), lengths)
+    assert torch.equal(got, want)
+    tokens = torch.randint(5, 900, (2, L_LONG))
+    want, got = on_both(ops.leave_one_out_batch, tokens, torch.tensor([L_LONG, 1000]), 1, 1, None, 0)
+    assert all(torch.equal(x, w) for w, x in zip(want, got))
 
 
 MILLION = 1_000_000
@@ -416,7 +539,9 @@ SCRATCH_BUDGET = 256 * 2**20  # csrc/cuda/geometry.h kScratchBudget
 MiB = 2**20
 
 
-@pytest.mark.parametrize("op", ["tvd", "jsd", "kendall_tau", "flip_search_linear", "renormalised_contexts"])
+@pytest.mark.parametrize("op", ["tvd", "jsd", "kendall_tau", "flip_search_linear", "renormalised_contexts",
+                                "attention_permutations", "permutation_tvd_linear", "project_prefix",
+                                "leave_one_out_batch"])
 def test_a_million_rows_within_memory_bound(op):
     """B = 1,000,000 rows (more than one thread-per-row pass: 2^18 slots), every row
     compared with the CPU, device memory above the inputs bounded."""
@@ -454,6 +579,43 @@ def test_a_million_rows_within_memory_bound(op):
         close(got[1], want[1], torch.float32)
         # outputs, the checks' byte per item and a few [B] int64 temporaries
         assert mem.extra <= MILLION * (8 + 4) + MILLION * 16 + 8 * MILLION * 8 + MiB
+    elif op == "attention_permutations":
+        lengths = torch.randint(0, 9, (MILLION,), generator=g)
+        want = ops.attention_permutations(lengths, 8, 2, 3, 0, 0)
+        ld = dev(lengths)
+        with PeakMemory() as mem:
+            got = host(ops.attention_permutations(ld, 8, 2, 3, 0, 0))
+        assert torch.equal(got, want)
+        assert mem.extra <= want.numel() * 8 + MiB  # the output only
+    elif op == "permutation_tvd_linear":
+        att, proj, bias, lengths = perm_inputs(MILLION, 8, 2, torch.float32, seed=4)
+        want = ops.permutation_tvd_linear(att, proj, bias, lengths, 9, 7, 0)
+        args = dev(att, proj, bias, lengths)
+        with PeakMemory() as mem:
+            got = host(ops.permutation_tvd_linear(*args, 9, 7, 0))
+        close(got[1], want[1], torch.float32)
+        close(got[0], want[0], torch.float32)
+        assert mem.extra <= MILLION * 10 * 4 + SCRATCH_BUDGET + MiB  # outputs and scratch
+    elif op == "project_prefix":
+        values = torch.randn(MILLION, 6, 8, generator=g)
+        weight = torch.randn(2, 8, generator=g)
+        lengths = torch.randint(0, 7, (MILLION,), generator=g)
+        want = ops.project_prefix(values, weight, lengths)
+        args = dev(values, weight, lengths)
+        with PeakMemory() as mem:
+            got = host(ops.project_prefix(*args))
+        assert torch.equal(got, want)
+        assert mem.extra <= want.numel() * 4 + MiB
+    elif op == "leave_one_out_batch":
+        tokens = torch.randint(5, 900, (MILLION, 5), generator=g)
+        lengths = torch.randint(2, 6, (MILLION,), generator=g)
+        want = ops.leave_one_out_batch(tokens, lengths, 1, 1, None, 0)
+        args = dev(tokens, lengths)
+        with PeakMemory() as mem:
+            got = host(ops.leave_one_out_batch(*args, 1, 1, None, 0))
+        assert all(torch.equal(x, w) for w, x in zip(want, got))
+        # outputs and a few [B] int64 temporaries (real counts, offsets, widths)
+        assert mem.extra <= sum(w.numel() for w in want) * 8 + 6 * MILLION * 8 + MiB
     else:
         att, values, _, order, lengths, offsets = raw_flip_inputs(MILLION, 6, 1, torch.float32, seed=3, h=4)
         want = ops.renormalised_contexts(att, values, order, lengths, offsets)

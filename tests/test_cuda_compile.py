@@ -7,7 +7,9 @@
   ``ATen/cuda`` too) and the CUDA include dir, and every launcher it calls is defined, with
   the same signature, by the kernels' objects (what the link would check);
 - ``tests/cuda/host_harness.cpp`` runs the kernels' per-thread code on the CPU over the
-  launchers' grids and checks rows, scratch and outputs against the per-row functions;
+  launchers' grids and checks rows, scratch and outputs against the per-row functions; for
+  attention_permutations, permutation_tvd_linear, project_prefix and leave_one_out_batch it
+  also writes its inputs and outputs, which must equal the CPU ops' on the same inputs;
 - the loader picks the build as documented.
 
 The compiles run two at a time, once for the module (about a minute on 2 cores). A test
@@ -27,6 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 from torch.utils import cpp_extension
+
+import numpy as np
 
 import attnmetrics
 from attnmetrics import _ops
@@ -103,7 +107,7 @@ def builds(tmp_path_factory):
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
         # slowest first
-        order = sorted(jobs, key=lambda n: n not in ("kendall.cu", "flip.cu"))
+        order = sorted(jobs, key=lambda n: n not in ("kendall.cu", "flip.cu", "permutation.cu"))
         futures = {name: pool.submit(run, jobs[name]) for name in order}
         results = {name: f.result() for name, f in futures.items()}
     return tmp, results
@@ -115,7 +119,7 @@ def _check(results, name):
 
 
 def test_kernels_found():
-    assert {"distances.cu", "kendall.cu", "flip.cu"} <= set(KERNELS)
+    assert {"distances.cu", "kendall.cu", "flip.cu", "permutation.cu", "projection.cu", "loo.cu"} <= set(KERNELS)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, PATH, /usr/local/cuda)")
@@ -152,7 +156,9 @@ def test_glue_calls_only_launchers_the_kernels_define(builds):
         _check(results, name)
     wanted = _symbols(tmp / "ops_cuda.o", "--undefined-only")
     defined = set().union(*(_symbols(tmp / f"{name}.o", "--defined-only") for name in KERNELS))
-    assert len(wanted) >= 11  # tvd, jsd, kendall_tau x 2 dtypes, check_rows, flip ops x 2
+    # tvd, jsd, kendall_tau, flip ops, permutation_tvd_linear, project_prefix x 2 dtypes,
+    # check_rows, attention_permutations, leave_one_out_batch
+    assert len(wanted) >= 17
     assert wanted <= defined, wanted - defined
 
 
@@ -163,6 +169,59 @@ def test_host_harness(builds):
     run = subprocess.run([str(tmp / "harness")], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "all checks passed" in run.stdout
+
+
+_NUMPY = {"i64": np.int64, "f32": np.float32, "f64": np.float64}
+
+
+def _harness_cases(folder: Path):
+    """The harness's runs: (op, {name: tensor or int}) per line of its manifest."""
+    for line in (folder / "manifest.txt").read_text().splitlines():
+        op, *fields = line.split()
+        args = {}
+        for field in fields:
+            name, value = field.split("=", 1)
+            if ":" in value:
+                file, kind, dims = value.split(":")
+                shape = [] if dims == "s" else [int(d) for d in dims.split("x")]
+                args[name] = torch.from_numpy(np.fromfile(folder / file, dtype=_NUMPY[kind]).reshape(shape))
+            else:
+                args[name] = int(value)
+        yield op, args
+
+
+@pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no {CXX}")
+def test_host_harness_equals_cpu_ops(builds, tmp_path):
+    """The new kernels' per-thread code, over their launchers' grids (and smaller ones that
+    give each thread many items), gives the CPU ops' results on the same inputs: integers
+    and, with the same IEEE operations (no FMA on either side), floats bit for bit."""
+    tmp, results = builds
+    _check(results, "host_harness")
+    run = subprocess.run([str(tmp / "harness"), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    ops = _ops.ops
+    seen = {}
+    for op, a in _harness_cases(tmp_path):
+        seen[op] = seen.get(op, 0) + 1
+        if op == "attention_permutations":
+            got = ops.attention_permutations(a["lengths"], a["width"], a["permutations"], a["seed"],
+                                             a["row_offset"], a["permutation_offset"])
+            assert torch.equal(got, a["out"])
+        elif op == "permutation_tvd_linear":
+            median, tvds = ops.permutation_tvd_linear(a["attention"], a["projected"], a["bias"], a["lengths"],
+                                                      a["permutations"], a["seed"], a["row_offset"])
+            assert torch.equal(tvds, a["tvd"]) and torch.equal(median, a["median"])
+            assert (tvds > 0).any() or a["attention"].shape[1] <= 1
+        elif op == "project_prefix":
+            assert torch.equal(ops.project_prefix(a["values"], a["weight"], a["lengths"]), a["out"])
+        else:
+            assert op == "leave_one_out_batch"
+            mask = a["mask_token"] if a["mask_token"] >= 0 else None
+            got = ops.leave_one_out_batch(a["tokens"], a["lengths"], a["lead"], a["trail"], mask, a["pad"])
+            for g, name in zip(got, ("out", "out_lengths", "out_source")):
+                assert torch.equal(g, a[name]), name
+    assert seen == {"attention_permutations": 6, "permutation_tvd_linear": 14, "project_prefix": 12,
+                    "leave_one_out_batch": 7}
 
 
 def test_kernels_and_launcher_header_stay_free_of_torch():

@@ -45,10 +45,7 @@ void check_rows(const at::Tensor& attention, const at::Tensor& order, const at::
               "], got ", lengths.sizes());
 
   const int64_t* len = lengths.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(len[b] >= 0 && len[b] <= T, "lengths[", b, "] = ", len[b],
-                " is outside [0, T] = [0, ", T, "]");
-  }
+  attnmetrics::check_length_range(len, B, 0, "0", T);
   const int64_t* ord = order.data_ptr<int64_t>();
   at::parallel_for(0, B, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, T)),
                    [&](int64_t begin, int64_t end) {

@@ -22,11 +22,7 @@ void check_inputs(const at::Tensor& x, const at::Tensor& y, const at::Tensor& le
   }
   attnmetrics::check_kendall_shapes(x, y, lengths);
   const int64_t* len = lengths.const_data_ptr<int64_t>();
-  const int64_t width = x.size(1);
-  for (int64_t b = 0; b < lengths.size(0); ++b) {
-    TORCH_CHECK(len[b] >= 0 && len[b] <= width, "kendall_tau: lengths[", b, "] = ", len[b],
-                " is outside [0, T] = [0, ", width, "]");
-  }
+  attnmetrics::check_length_range(len, lengths.size(0), 0, "0", x.size(1), "kendall_tau: ");
 }
 
 // Counts behind the exact p-value, built on first use (thread-safe static).

@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checks.h"
 #include "kernels/loo.h"
 
 namespace {
@@ -20,32 +21,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> leave_one_out_batch_cpu(
     std::optional<int64_t> mask_token, int64_t pad) {
   TORCH_CHECK(tokens.device().is_cpu(), "tokens must be a CPU tensor, got ", tokens.device());
   TORCH_CHECK(lengths.device().is_cpu(), "lengths must be a CPU tensor, got ", lengths.device());
-  TORCH_CHECK(tokens.scalar_type() == at::kLong, "tokens must be int64, got ",
-              tokens.scalar_type());
-  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
-              lengths.scalar_type());
-  TORCH_CHECK(tokens.dim() == 2, "tokens must have shape [B, T], got ", tokens.sizes());
-  TORCH_CHECK(tokens.is_contiguous(), "tokens must be contiguous");
-  TORCH_CHECK(lengths.is_contiguous(), "lengths must be contiguous");
+  attnmetrics::check_loo_inputs(tokens, lengths, lead, trail, mask_token);
   const int64_t B = tokens.size(0), T = tokens.size(1);
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B, "lengths must have shape [B] = [", B,
-              "], got ", lengths.sizes());
-  // Bounded by T first, so that lead + trail cannot overflow below.
-  TORCH_CHECK(lead >= 0 && trail >= 0 && lead <= T && trail <= T,
-              "lead and trail must lie in [0, T] = [0, ", T, "], got lead = ", lead,
-              ", trail = ", trail);
-  TORCH_CHECK(!mask_token.has_value() || *mask_token >= 0, "mask_token must be >= 0, got ",
-              mask_token.value_or(0));
   const bool mask = mask_token.has_value();
   const int64_t mask_id = mask_token.value_or(0);
 
   // Offsets decide where each row writes: computed here, never taken from the caller.
   const int64_t* len = lengths.data_ptr<int64_t>();
+  attnmetrics::check_length_range(len, B, lead + trail, "lead + trail", T);
   std::vector<int64_t> offsets(static_cast<size_t>(B));
   int64_t total = 0, width = 0;
   for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(len[b] >= lead + trail && len[b] <= T, "lengths[", b, "] = ", len[b],
-                " is outside [lead + trail, T] = [", lead + trail, ", ", T, "]");
     const int64_t n = attnmetrics::loo::real_count(len[b], lead, trail);
     offsets[static_cast<size_t>(b)] = total;
     total += n;

@@ -19,55 +19,17 @@ namespace {
 
 namespace perm = attnmetrics::permutation;
 
-// The generator draws bounded(x, n) with n <= L < 2^32.
-constexpr int64_t kMaxWidth = (int64_t(1) << 32) - 1;
-
-void check_cpu_contiguous(const at::Tensor& t, const char* name) {
+void check_cpu(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-}
-
-void check_floating(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, name,
-              " must be float32 or float64, got ", t.scalar_type());
-}
-
-// lengths [B] int64 (CPU, contiguous), each in [0, width]; width < 2^32.
-void check_lengths(const at::Tensor& lengths, int64_t batch, int64_t width) {
-  check_cpu_contiguous(lengths, "lengths");
-  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
-              lengths.scalar_type());
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, "lengths must have shape [B] = [",
-              batch, "], got ", lengths.sizes());
-  TORCH_CHECK(width >= 0 && width <= kMaxWidth, "width must lie in [0, 2^32 - 1], got ", width);
-  const int64_t* len = lengths.data_ptr<int64_t>();
-  for (int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(len[b] >= 0 && len[b] <= width, "lengths[", b, "] = ", len[b],
-                " is outside [0, T] = [0, ", width, "]");
-  }
-}
-
-void check_counts(int64_t permutations, int64_t row_offset) {
-  TORCH_CHECK(permutations >= 1, "permutations must be >= 1, got ", permutations);
-  TORCH_CHECK(row_offset >= 0, "row_offset must be >= 0, got ", row_offset);
-}
-
-// attention [B, T] float, lengths [B] int64 in [0, T].
-void check_attention(const at::Tensor& attention, const at::Tensor& lengths) {
-  check_cpu_contiguous(attention, "attention");
-  check_floating(attention, "attention");
-  TORCH_CHECK(attention.dim() == 2, "attention must have shape [B, T], got ", attention.sizes());
-  check_lengths(lengths, attention.size(0), attention.size(1));
 }
 
 at::Tensor attention_permutations_cpu(const at::Tensor& lengths, int64_t width,
                                       int64_t permutations, int64_t seed, int64_t row_offset,
                                       int64_t permutation_offset) {
-  TORCH_CHECK(lengths.dim() == 1, "lengths must have shape [B], got ", lengths.sizes());
-  check_lengths(lengths, lengths.size(0), width);
-  check_counts(permutations, row_offset);
-  TORCH_CHECK(permutation_offset >= 0, "permutation_offset must be >= 0, got ",
-              permutation_offset);
+  check_cpu(lengths, "lengths");
+  attnmetrics::check_permutations_args(lengths, width, permutations, row_offset,
+                                       permutation_offset);
+  attnmetrics::check_length_range(lengths.data_ptr<int64_t>(), lengths.size(0), 0, "0", width);
   const int64_t B = lengths.size(0), T = width, P = permutations;
   auto out = at::empty({B, P, T}, lengths.options());
   const int64_t* len = lengths.data_ptr<int64_t>();
@@ -92,10 +54,16 @@ at::Tensor attention_permutations_cpu(const at::Tensor& lengths, int64_t width,
 std::tuple<at::Tensor, at::Tensor> permutation_tvd_linear_cpu(
     const at::Tensor& attention, const at::Tensor& projected, const at::Tensor& bias,
     const at::Tensor& lengths, int64_t permutations, int64_t seed, int64_t row_offset) {
-  check_attention(attention, lengths);
-  check_counts(permutations, row_offset);
-  check_cpu_contiguous(projected, "projected");
-  check_cpu_contiguous(bias, "bias");
+  check_cpu(attention, "attention");
+  check_cpu(lengths, "lengths");
+  attnmetrics::check_permutation_attention(attention, lengths);
+  attnmetrics::check_length_range(lengths.data_ptr<int64_t>(), attention.size(0), 0, "0",
+                                  attention.size(1));
+  attnmetrics::check_permutation_counts(permutations, row_offset);
+  check_cpu(projected, "projected");
+  TORCH_CHECK(projected.is_contiguous(), "projected must be contiguous");
+  check_cpu(bias, "bias");
+  TORCH_CHECK(bias.is_contiguous(), "bias must be contiguous");
   const int64_t B = attention.size(0), T = attention.size(1), P = permutations;
   const int64_t C = attnmetrics::check_linear_head(attention, projected, bias);
 

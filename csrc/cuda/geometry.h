@@ -63,9 +63,19 @@ inline int64_t distance_blocks(int64_t rows, int lanes) {
   return blocks_for(rows, lanes >= kBlock ? 1 : kBlock / lanes);
 }
 
-// Warps (rows in flight) of renormalised_contexts: a row per warp, grid-stride.
-inline int64_t context_warps(int64_t rows) {
-  return blocks_for(rows, kBlock / kWarp) * (kBlock / kWarp);
+// Warps in flight of a warp-per-item kernel (kBlock threads a block), grid-stride.
+inline int64_t warps_for(int64_t items) {
+  return blocks_for(items, kBlock / kWarp) * (kBlock / kWarp);
+}
+
+// Warps (rows in flight) of renormalised_contexts: a row per warp.
+inline int64_t context_warps(int64_t rows) { return warps_for(rows); }
+
+// permutation_tvd_linear runs rows in chunks whose [rows, P] double TVDs (the medians'
+// input, kept at the CPU's precision) fit in half the scratch budget; the per-thread
+// scratch gets the other half.
+inline int64_t permutation_chunk_rows(int64_t rows, int64_t permutations) {
+  return max64(1, min64(rows, (kScratchBudget / 2) / max64(1, permutations * 8)));
 }
 
 }  // namespace gpu

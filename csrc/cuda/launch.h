@@ -67,5 +67,48 @@ cudaError_t renormalised_contexts(const double* att, const double* values, const
                                   const int64_t* lengths, const int64_t* offsets, int64_t rows,
                                   int64_t width, int64_t hidden, double* out, cudaStream_t stream);
 
+// attention_permutations into out [rows, permutations, width] (kernels/permutation.h,
+// rows.h permutations_item); lengths in [0, width], width < 2^32, checked by the caller.
+cudaError_t attention_permutations(const int64_t* lengths, int64_t rows, int64_t width,
+                                   int64_t permutations, uint64_t seed, uint64_t row_offset,
+                                   uint64_t permutation_offset, int64_t* out, cudaStream_t stream);
+
+// permutation_tvd_linear on projected [rows, width, classes] into median [rows] and tvd
+// [rows, permutations]; lengths checked by the caller. Rows run in chunks of chunk_rows
+// (geometry.h permutation_chunk_rows); chunk_tvds: chunk_rows * permutations doubles.
+// scratch: slots * permutation_slot_bytes(width, classes) bytes (rows.h), 8-byte aligned;
+// slots in [1, chunk_rows * permutations].
+cudaError_t permutation_tvd_linear(const float* att, const float* proj, const float* bias,
+                                   const int64_t* lengths, int64_t rows, int64_t width,
+                                   int64_t classes, int64_t permutations, uint64_t seed,
+                                   uint64_t row_offset, double* chunk_tvds, int64_t chunk_rows,
+                                   unsigned char* scratch, int64_t slots, float* median,
+                                   float* tvd, cudaStream_t stream);
+cudaError_t permutation_tvd_linear(const double* att, const double* proj, const double* bias,
+                                   const int64_t* lengths, int64_t rows, int64_t width,
+                                   int64_t classes, int64_t permutations, uint64_t seed,
+                                   uint64_t row_offset, double* chunk_tvds, int64_t chunk_rows,
+                                   unsigned char* scratch, int64_t slots, double* median,
+                                   double* tvd, cudaStream_t stream);
+
+// project_prefix of values [rows, width, hidden] by weight [classes, hidden] into out
+// [rows, width, classes] (kernels/projection.h dot); lengths checked by the caller.
+cudaError_t project_prefix(const float* values, const float* weight, const int64_t* lengths,
+                           int64_t rows, int64_t width, int64_t hidden, int64_t classes,
+                           float* out, cudaStream_t stream);
+cudaError_t project_prefix(const double* values, const double* weight, const int64_t* lengths,
+                           int64_t rows, int64_t width, int64_t hidden, int64_t classes,
+                           double* out, cudaStream_t stream);
+
+// leave_one_out_batch of tokens [rows, T] (kernels/loo.h) into out [total, width],
+// out_lengths and out_source [total]; lengths in [lead + trail, T] (checked by the
+// caller), offsets = exclusive cumsum of lengths - lead - trail, total their sum, width
+// the longest sequence.
+cudaError_t leave_one_out_batch(const int64_t* tokens, const int64_t* lengths,
+                                const int64_t* offsets, int64_t rows, int64_t T, int64_t lead,
+                                bool mask, int64_t mask_token, int64_t pad, int64_t total,
+                                int64_t width, int64_t* out, int64_t* out_lengths,
+                                int64_t* out_source, cudaStream_t stream);
+
 }  // namespace gpu
 }  // namespace attnmetrics

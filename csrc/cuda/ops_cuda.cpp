@@ -12,6 +12,10 @@
 //   flip_search_linear,    lengths in [0, T] and each order prefix a permutation:
 //   renormalised_contexts  a check kernel sets device-side flags, read back with the
 //                          offsets check and sum(lengths) (which sizes the output).
+//   attention_permutations, lengths in [lo, T]: min and max length read back
+//   permutation_tvd_linear, (leave_one_out_batch: with the output's size and width,
+//   project_prefix,         computed from the lengths on the device).
+//   leave_one_out_batch
 // Only on failure are a few more values copied back, to name the offending entry
 // as the CPU impls do. Unlike the CPU impls, every shape/dtype check runs before the
 // data checks, so an input with several faults may be reported by another one.
@@ -30,6 +34,7 @@
 #include <torch/library.h>
 
 #include <limits>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -97,15 +102,22 @@ void check_kendall_inputs(const at::Tensor& x, const at::Tensor& y, const at::Te
   attnmetrics::check_kendall_shapes(x, y, lengths);
 }
 
-// Error path only: the first length outside [0, width], as the CPU loop finds it.
-void fail_on_first_bad_length(const at::Tensor& lengths, int64_t width, const char* prefix) {
+// Error path only: the first length outside [low, width], as the CPU loop finds it.
+[[noreturn]] void fail_on_first_bad_length(const at::Tensor& lengths, int64_t width,
+                                           const char* prefix, int64_t low = 0,
+                                           const char* low_name = "0") {
   const at::Tensor host = lengths.cpu();
-  const int64_t* len = host.const_data_ptr<int64_t>();
-  for (int64_t b = 0; b < host.size(0); ++b) {
-    TORCH_CHECK(len[b] >= 0 && len[b] <= width, prefix, "lengths[", b, "] = ", len[b],
-                " is outside [0, T] = [0, ", width, "]");
-  }
+  attnmetrics::check_length_range(host.const_data_ptr<int64_t>(), host.size(0), low, low_name,
+                                  width, prefix);
   TORCH_CHECK(false, prefix, "lengths changed while being checked");  // not reached
+}
+
+// lengths [B >= 1] on the device all in [0, width], in one read back (min and max).
+void check_lengths_on_device(const at::Tensor& lengths, int64_t width) {
+  const auto [low, high] = at::aminmax(lengths);
+  const at::Tensor range = at::stack({low, high}).cpu();
+  const int64_t* h = range.const_data_ptr<int64_t>();
+  if (h[0] < 0 || h[1] > width) fail_on_first_bad_length(lengths, width, "");
 }
 
 std::tuple<at::Tensor, at::Tensor> kendall_tau_cuda(const at::Tensor& x, const at::Tensor& y,
@@ -142,9 +154,10 @@ std::tuple<at::Tensor, at::Tensor> kendall_tau_cuda(const at::Tensor& x, const a
 
 // ---- flip search -------------------------------------------------------------------------
 
-void check_cuda_contiguous(const at::Tensor& t, const char* name, const c10::Device& device) {
-  TORCH_CHECK(t.device() == device, name, " must be a CUDA tensor on ", device,
-              " (attention's device), got ", t.device());
+void check_cuda_contiguous(const at::Tensor& t, const char* name, const c10::Device& device,
+                           const char* anchor = "attention") {
+  TORCH_CHECK(t.device() == device, name, " must be a CUDA tensor on ", device, " (", anchor,
+              "'s device), got ", t.device());
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
@@ -289,6 +302,136 @@ at::Tensor renormalised_contexts_cuda(const at::Tensor& attention, const at::Ten
   return out;
 }
 
+// ---- permutation test --------------------------------------------------------------------
+
+at::Tensor attention_permutations_cuda(const at::Tensor& lengths, int64_t width,
+                                       int64_t permutations, int64_t seed, int64_t row_offset,
+                                       int64_t permutation_offset) {
+  TORCH_CHECK(lengths.device().is_cuda(), "lengths must be a CUDA tensor, got ", lengths.device());
+  attnmetrics::check_permutations_args(lengths, width, permutations, row_offset,
+                                       permutation_offset);
+  const c10::cuda::CUDAGuard guard(lengths.device());
+  const int64_t B = lengths.size(0);
+  at::Tensor out = at::empty({B, permutations, width}, lengths.options());
+  if (B == 0) return out;
+  check_lengths_on_device(lengths, width);
+  check_launch(gpu::attention_permutations(
+                   lengths.const_data_ptr<int64_t>(), B, width, permutations,
+                   static_cast<uint64_t>(seed), static_cast<uint64_t>(row_offset),
+                   static_cast<uint64_t>(permutation_offset), out.mutable_data_ptr<int64_t>(),
+                   current_stream()),
+               "attention_permutations");
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> permutation_tvd_linear_cuda(
+    const at::Tensor& attention, const at::Tensor& projected, const at::Tensor& bias,
+    const at::Tensor& lengths, int64_t permutations, int64_t seed, int64_t row_offset) {
+  TORCH_CHECK(attention.device().is_cuda(), "attention must be a CUDA tensor, got ",
+              attention.device());
+  const c10::Device device = attention.device();
+  check_cuda_contiguous(lengths, "lengths", device);
+  check_cuda_contiguous(projected, "projected", device);
+  check_cuda_contiguous(bias, "bias", device);
+  attnmetrics::check_permutation_attention(attention, lengths);
+  attnmetrics::check_permutation_counts(permutations, row_offset);
+  const int64_t C = attnmetrics::check_linear_head(attention, projected, bias);
+  const int64_t B = attention.size(0), T = attention.size(1), P = permutations;
+
+  const c10::cuda::CUDAGuard guard(device);
+  at::Tensor median = at::empty({B}, attention.options());
+  at::Tensor tvd = at::empty({B, P}, attention.options());
+  if (B == 0) return {median, tvd};
+  check_lengths_on_device(lengths, T);
+
+  const int64_t chunk_rows = gpu::permutation_chunk_rows(B, P);
+  const int64_t slot_bytes = gpu::permutation_slot_bytes(T, C);
+  const int64_t slots = gpu::slots_for(chunk_rows * P, slot_bytes, gpu::kScratchBudget / 2);
+  at::Tensor chunk = at::empty({chunk_rows * P}, attention.options().dtype(at::kDouble));
+  at::Tensor scratch = at::empty({std::max<int64_t>(1, slots * slot_bytes)},
+                                 attention.options().dtype(at::kByte));
+  AT_DISPATCH_FLOATING_TYPES(attention.scalar_type(), "permutation_tvd_linear_cuda", [&] {
+    check_launch(gpu::permutation_tvd_linear(
+                     attention.const_data_ptr<scalar_t>(), projected.const_data_ptr<scalar_t>(),
+                     bias.const_data_ptr<scalar_t>(), lengths.const_data_ptr<int64_t>(), B, T, C,
+                     P, static_cast<uint64_t>(seed), static_cast<uint64_t>(row_offset),
+                     chunk.mutable_data_ptr<double>(), chunk_rows,
+                     scratch.mutable_data_ptr<uint8_t>(), slots,
+                     median.mutable_data_ptr<scalar_t>(), tvd.mutable_data_ptr<scalar_t>(),
+                     current_stream()),
+                 "permutation_tvd_linear");
+  });
+  return {median, tvd};
+}
+
+// ---- project_prefix ----------------------------------------------------------------------
+
+at::Tensor project_prefix_cuda(const at::Tensor& values, const at::Tensor& weight,
+                               const at::Tensor& lengths) {
+  TORCH_CHECK(values.device().is_cuda(), "values must be a CUDA tensor, got ", values.device());
+  check_cuda_contiguous(weight, "weight", values.device(), "values");
+  check_cuda_contiguous(lengths, "lengths", values.device(), "values");
+  const int64_t C = attnmetrics::check_projection_inputs(values, weight, lengths);
+  const int64_t B = values.size(0), T = values.size(1), H = values.size(2);
+
+  const c10::cuda::CUDAGuard guard(values.device());
+  at::Tensor out = at::empty({B, T, C}, values.options());
+  if (B == 0) return out;
+  check_lengths_on_device(lengths, T);
+  AT_DISPATCH_FLOATING_TYPES(values.scalar_type(), "project_prefix_cuda", [&] {
+    check_launch(gpu::project_prefix(values.const_data_ptr<scalar_t>(),
+                                     weight.const_data_ptr<scalar_t>(),
+                                     lengths.const_data_ptr<int64_t>(), B, T, H, C,
+                                     out.mutable_data_ptr<scalar_t>(), current_stream()),
+                 "project_prefix");
+  });
+  return out;
+}
+
+// ---- leave_one_out_batch -----------------------------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> leave_one_out_batch_cuda(
+    const at::Tensor& tokens, const at::Tensor& lengths, int64_t lead, int64_t trail,
+    std::optional<int64_t> mask_token, int64_t pad) {
+  TORCH_CHECK(tokens.device().is_cuda(), "tokens must be a CUDA tensor, got ", tokens.device());
+  TORCH_CHECK(lengths.device() == tokens.device(), "lengths must be a CUDA tensor on ",
+              tokens.device(), " (tokens' device), got ", lengths.device());
+  attnmetrics::check_loo_inputs(tokens, lengths, lead, trail, mask_token);
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  const bool mask = mask_token.has_value();
+
+  const c10::cuda::CUDAGuard guard(tokens.device());
+  if (B == 0) {
+    return {at::empty({0, 0}, tokens.options()), at::empty({0}, lengths.options()),
+            at::empty({0}, lengths.options())};
+  }
+  // The one read back: min and max length (range check), the number of sequences and the
+  // longest one (only rows that yield a sequence count, as on the CPU) size the outputs.
+  // Offsets are computed here, never taken from the caller.
+  const at::Tensor real = lengths.sub(lead + trail);
+  const at::Tensor offsets = real.cumsum(0).sub(real);
+  const at::Tensor seq_len = mask ? lengths : lengths.sub(1);
+  const auto [low, high] = at::aminmax(lengths);
+  const at::Tensor host = at::stack({low, high, real.sum(),
+                                     at::where(real.gt(0), seq_len, 0).max()}).cpu();
+  const int64_t* h = host.const_data_ptr<int64_t>();
+  if (h[0] < lead + trail || h[1] > T) {
+    fail_on_first_bad_length(lengths, T, "", lead + trail, "lead + trail");
+  }
+  const int64_t total = h[2], width = h[3];
+  at::Tensor out = at::empty({total, width}, tokens.options());
+  at::Tensor out_lengths = at::empty({total}, lengths.options());
+  at::Tensor out_source = at::empty({total}, lengths.options());
+  check_launch(gpu::leave_one_out_batch(
+                   tokens.const_data_ptr<int64_t>(), lengths.const_data_ptr<int64_t>(),
+                   offsets.const_data_ptr<int64_t>(), B, T, lead, mask, mask_token.value_or(0),
+                   pad, total, width, out.mutable_data_ptr<int64_t>(),
+                   out_lengths.mutable_data_ptr<int64_t>(),
+                   out_source.mutable_data_ptr<int64_t>(), current_stream()),
+               "leave_one_out_batch");
+  return {out, out_lengths, out_source};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnmetrics, CUDA, m) {
@@ -297,6 +440,10 @@ TORCH_LIBRARY_IMPL(attnmetrics, CUDA, m) {
   m.impl("kendall_tau", &kendall_tau_cuda);
   m.impl("flip_search_linear", &flip_search_linear_cuda);
   m.impl("renormalised_contexts", &renormalised_contexts_cuda);
+  m.impl("attention_permutations", &attention_permutations_cuda);
+  m.impl("permutation_tvd_linear", &permutation_tvd_linear_cuda);
+  m.impl("project_prefix", &project_prefix_cuda);
+  m.impl("leave_one_out_batch", &leave_one_out_batch_cuda);
 }
 
 }  // namespace attnmetrics

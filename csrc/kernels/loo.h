@@ -24,21 +24,23 @@ AM_HOST_DEVICE inline int64_t real_count(int64_t L, int64_t lead, int64_t trail)
 // Length of each sequence built from a row of length L.
 AM_HOST_DEVICE inline int64_t sequence_length(int64_t L, bool mask) { return mask ? L : L - 1; }
 
-// One sequence: `row` (length L) with position t deleted or masked, padded to
-// `width` (>= its length) with `pad`. One call per sequence, so a device kernel
-// can give each (row, position) its own thread.
+// One sequence: `row` (length L) with position t < L deleted or masked, padded to
+// `width` (>= its length) with `pad`. Writes out[j] for j = lane, lane + lanes, ... only,
+// so the CPU writes a whole sequence (lane 0 of 1) and a CUDA warp splits one across its
+// lanes with coalesced stores; each range is a plain copy.
 AM_HOST_DEVICE inline void build_sequence(const int64_t* row, int64_t L, int64_t t, bool mask,
                                           int64_t mask_token, int64_t pad, int64_t width,
-                                          int64_t* out) {
-  int64_t j = 0;
-  for (int64_t i = 0; i < L; ++i) {
-    if (i == t) {
-      if (mask) out[j++] = mask_token;  // deletion skips it: later ids shift left
-    } else {
-      out[j++] = row[i];
-    }
+                                          int64_t* out, int64_t lane = 0, int64_t lanes = 1) {
+  const int64_t len = sequence_length(L, mask);
+  const int64_t shift = mask ? 0 : 1;  // deletion: ids after t shift left
+  int64_t j = lane;
+  for (; j < t; j += lanes) out[j] = row[j];
+  if (mask && j == t) {
+    out[j] = mask_token;
+    j += lanes;
   }
-  for (; j < width; ++j) out[j] = pad;
+  for (; j < len; j += lanes) out[j] = row[j + shift];
+  for (; j < width; j += lanes) out[j] = pad;
 }
 
 // Every sequence of one row: out[k * width ..] for k = 0 .. real_count - 1 is the

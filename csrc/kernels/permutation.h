@@ -170,17 +170,88 @@ AM_HOST_DEVICE inline acc_t tvd(const acc_t* p, const acc_t* q, int64_t C) {
   return acc_t(0.5) * s;
 }
 
-// Permutation test of one row with a linear decoder, on projected values
-// proj[t * C + c] = (W h_t)_c: logits = sum_t alpha_{perm[t]} proj_t + bias for each
-// permutation p = 0..P-1 (global index `row` for the generator), TVD of the output
-// distribution from the original one (identity permutation). Writes tvds[0..P-1]
-// and returns their median; rows with L <= 1 get TVD 0. Sums run over t = L-1
-// down to 0 (the order the shuffle finalises positions), the original's too, so a
-// permutation that changes no weight gives exactly TVD 0.
-// C <= 2 needs one number per token: the output is sigmoid(d) with d the logit
-// (C == 1) or the logit difference z_1 - z_0 (C == 2, the softmax of two), and
+// ---- Permutation test of one row with a linear decoder --------------------------------
+// On projected values proj[t * C + c] = (W h_t)_c: logits = sum_t alpha_{perm[t]} proj_t +
+// bias for each permutation p (global index `row` for the generator), TVD of the output
+// distribution from the original one (identity permutation). Sums run over t = L-1 down
+// to 0 (the order the shuffle finalises positions), the original's too, so a permutation
+// that changes no weight gives exactly TVD 0.
+// C <= 2 needs one number per token: the output is sigmoid(d) with d the logit (C == 1)
+// or the logit difference z_1 - z_0 (C == 2, the softmax of two), and
 // TVD = |sigmoid(d) - sigmoid(d_0)|.
-// Scratch: perm (L uint32), u (L acc_t), z and base (C acc_t each), sorted (P acc_t).
+// The CPU runs a row's permutations in one thread (linear_row); the CUDA kernel gives each
+// (row, permutation) its own thread (linear_original + linear_permuted): the same calls.
+
+template <typename acc_t>
+AM_HOST_DEVICE inline acc_t sigmoid(acc_t d) {
+  return acc_t(1) / (acc_t(1) + exp(-d));
+}
+
+// C <= 2: token t's logit (C == 1) or logit difference (C == 2).
+template <typename scalar_t, typename acc_t>
+AM_HOST_DEVICE inline acc_t binary_logit(const scalar_t* proj, int64_t t, int64_t C) {
+  return C == 1 ? static_cast<acc_t>(proj[t])
+                : static_cast<acc_t>(proj[2 * t + 1]) - static_cast<acc_t>(proj[2 * t]);
+}
+
+// C <= 2: the bias's logit (difference).
+template <typename scalar_t, typename acc_t>
+AM_HOST_DEVICE inline acc_t binary_offset(const scalar_t* bias, int64_t C) {
+  const acc_t offset = static_cast<acc_t>(bias[0]);
+  return C == 2 ? static_cast<acc_t>(bias[1]) - offset : offset;
+}
+
+// The original output (L >= 1) into base: C <= 2: base[0] = sigmoid(d_0); else the
+// distribution (C entries). u: the binary logits of the row's tokens, or null to
+// compute them from proj (the same values).
+template <typename scalar_t, typename acc_t>
+AM_HOST_DEVICE inline void linear_original(const scalar_t* att, const scalar_t* proj,
+                                           const scalar_t* bias, int64_t L, int64_t C,
+                                           const acc_t* u, acc_t* base) {
+  if (C <= 2) {
+    acc_t d0 = acc_t(0);
+    for (int64_t t = L - 1; t >= 0; --t) {
+      d0 += static_cast<acc_t>(att[t]) * (u ? u[t] : binary_logit<scalar_t, acc_t>(proj, t, C));
+    }
+    base[0] = sigmoid(d0 + binary_offset<scalar_t, acc_t>(bias, C));
+    return;
+  }
+  for (int64_t c = 0; c < C; ++c) base[c] = acc_t(0);
+  for (int64_t t = L - 1; t >= 0; --t) {
+    const acc_t a = static_cast<acc_t>(att[t]);
+    for (int64_t c = 0; c < C; ++c) base[c] += a * static_cast<acc_t>(proj[t * C + c]);
+  }
+  for (int64_t c = 0; c < C; ++c) base[c] += static_cast<acc_t>(bias[c]);
+  distribution(base, C);
+}
+
+// Output TVD of permutation p of the row whose row_key is `key` (L >= 2), from `base`
+// as left by linear_original. Scratch: perm (L uint32), z (C acc_t; unused for C <= 2).
+template <typename scalar_t, typename acc_t>
+AM_HOST_DEVICE inline acc_t linear_permuted(const scalar_t* att, const scalar_t* proj,
+                                            const scalar_t* bias, int64_t L, int64_t C,
+                                            uint64_t key, uint64_t p, const acc_t* u,
+                                            const acc_t* base, uint32_t* perm, acc_t* z) {
+  if (C <= 2) {
+    acc_t d = acc_t(0);
+    shuffle(key, p, L, perm, [&](int64_t t, int64_t from) {
+      d += static_cast<acc_t>(att[from]) * (u ? u[t] : binary_logit<scalar_t, acc_t>(proj, t, C));
+    });
+    return fabs(sigmoid(d + binary_offset<scalar_t, acc_t>(bias, C)) - base[0]);
+  }
+  for (int64_t c = 0; c < C; ++c) z[c] = acc_t(0);
+  shuffle(key, p, L, perm, [&](int64_t t, int64_t from) {
+    const acc_t a = static_cast<acc_t>(att[from]);
+    for (int64_t c = 0; c < C; ++c) z[c] += a * static_cast<acc_t>(proj[t * C + c]);
+  });
+  for (int64_t c = 0; c < C; ++c) z[c] += static_cast<acc_t>(bias[c]);
+  distribution(z, C);
+  return tvd(z, base, C);
+}
+
+// The whole test of one row: writes tvds[0..P-1] and returns their median; rows with
+// L <= 1 get TVD 0. Scratch: perm (L uint32), u (L acc_t), z and base (C acc_t each),
+// sorted (P acc_t).
 template <typename scalar_t, typename acc_t>
 AM_HOST_DEVICE inline acc_t linear_row(const scalar_t* att, const scalar_t* proj,
                                        const scalar_t* bias, int64_t L, int64_t C, int64_t P,
@@ -191,41 +262,15 @@ AM_HOST_DEVICE inline acc_t linear_row(const scalar_t* att, const scalar_t* proj
     return acc_t(0);
   }
   const uint64_t key = row_key(seed, row);
-  if (C <= 2) {
-    acc_t offset = static_cast<acc_t>(bias[0]);
-    if (C == 2) offset = static_cast<acc_t>(bias[1]) - offset;
-    for (int64_t t = 0; t < L; ++t) {
-      u[t] = C == 1 ? static_cast<acc_t>(proj[t])
-                    : static_cast<acc_t>(proj[2 * t + 1]) - static_cast<acc_t>(proj[2 * t]);
-    }
-    acc_t d0 = acc_t(0);
-    for (int64_t t = L - 1; t >= 0; --t) d0 += static_cast<acc_t>(att[t]) * u[t];
-    const acc_t p0 = acc_t(1) / (acc_t(1) + exp(-(d0 + offset)));
-    for (int64_t p = 0; p < P; ++p) {
-      acc_t d = acc_t(0);
-      shuffle(key, static_cast<uint64_t>(p), L, perm,
-              [&](int64_t t, int64_t from) { d += static_cast<acc_t>(att[from]) * u[t]; });
-      tvds[p] = fabs(acc_t(1) / (acc_t(1) + exp(-(d + offset))) - p0);
-      sorted[p] = tvds[p];
-    }
-    return median(sorted, P);
+  const acc_t* logits = nullptr;
+  if (C <= 2) {  // each token's binary logit, once for all P permutations
+    for (int64_t t = 0; t < L; ++t) u[t] = binary_logit<scalar_t, acc_t>(proj, t, C);
+    logits = u;
   }
-  for (int64_t c = 0; c < C; ++c) base[c] = acc_t(0);
-  for (int64_t t = L - 1; t >= 0; --t) {
-    const acc_t a = static_cast<acc_t>(att[t]);
-    for (int64_t c = 0; c < C; ++c) base[c] += a * static_cast<acc_t>(proj[t * C + c]);
-  }
-  for (int64_t c = 0; c < C; ++c) base[c] += static_cast<acc_t>(bias[c]);
-  distribution(base, C);
+  linear_original(att, proj, bias, L, C, logits, base);
   for (int64_t p = 0; p < P; ++p) {
-    for (int64_t c = 0; c < C; ++c) z[c] = acc_t(0);
-    shuffle(key, static_cast<uint64_t>(p), L, perm, [&](int64_t t, int64_t from) {
-      const acc_t a = static_cast<acc_t>(att[from]);
-      for (int64_t c = 0; c < C; ++c) z[c] += a * static_cast<acc_t>(proj[t * C + c]);
-    });
-    for (int64_t c = 0; c < C; ++c) z[c] += static_cast<acc_t>(bias[c]);
-    distribution(z, C);
-    tvds[p] = tvd(z, base, C);
+    tvds[p] = linear_permuted(att, proj, bias, L, C, key, static_cast<uint64_t>(p), logits, base,
+                              perm, z);
     sorted[p] = tvds[p];
   }
   return median(sorted, P);

@@ -11,6 +11,9 @@
 //     (bit for bit; the tvd / jsd tree sums to a tight tolerance),
 //   - flip::contexts_column gives the bits of flip::contexts_row,
 //   - launch geometry stays in CUDA's limits for up to 2^40 rows.
+// With an output folder as argument (`./harness DIR`), it also writes the inputs and
+// outputs of its permutation, projection and leave-one-out runs there (raw arrays named
+// in DIR/manifest.txt), which the test compares with the CPU ops on the same inputs.
 // It does not run device code: warp scheduling, memory coalescing, atomics and the
 // device math library are untested here. Built and run by tests/test_cuda_compile.py:
 //   g++ -std=c++17 -O1 -I csrc tests/cuda/host_harness.cpp -o harness && ./harness
@@ -21,12 +24,16 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cuda/geometry.h"
 #include "cuda/rows.h"
 #include "kernels/flip.h"
 #include "kernels/kendall.h"
+#include "kernels/loo.h"
+#include "kernels/permutation.h"
+#include "kernels/projection.h"
 
 using namespace attnmetrics;
 using namespace attnmetrics::gpu;
@@ -399,7 +406,303 @@ static void check_contexts(std::mt19937_64& rng) {
   }
 }
 
-int main() {
+// ---- dumps for the comparison with the CPU ops (tests/test_cuda_compile.py) ----------------
+
+static FILE* manifest = nullptr;
+static std::string dump_dir;
+static int dump_count = 0;
+
+static const char* type_name(const float*) { return "f32"; }
+static const char* type_name(const double*) { return "f64"; }
+static const char* type_name(const int64_t*) { return "i64"; }
+
+// Appends " name=FILE:TYPE:D0xD1..." to the current manifest line and writes the array.
+template <typename T>
+static void dump(const char* name, const T* data, std::vector<int64_t> shape) {
+  if (!manifest) return;
+  int64_t n = 1;
+  std::string dims;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    n *= shape[i];
+    dims += (i ? "x" : "") + std::to_string(shape[i]);
+  }
+  const std::string file = "a" + std::to_string(dump_count++) + ".bin";
+  FILE* f = fopen((dump_dir + "/" + file).c_str(), "wb");
+  EXPECT(f != nullptr, "cannot write %s", file.c_str());
+  if (!f) return;
+  if (n > 0) fwrite(data, sizeof(T), static_cast<size_t>(n), f);
+  fclose(f);
+  fprintf(manifest, " %s=%s:%s:%s", name, file.c_str(), type_name(data), dims.empty() ? "s" : dims.c_str());
+}
+
+static void line_begin(const char* op) {
+  if (manifest) fprintf(manifest, "%s", op);
+}
+static void scalar(const char* name, long long v) {
+  if (manifest) fprintf(manifest, " %s=%lld", name, v);
+}
+static void line_end() {
+  if (manifest) fprintf(manifest, "\n");
+}
+
+// Random lengths in [lo, width], with lo and width among them when there are rows enough.
+static std::vector<int64_t> random_lengths(std::mt19937_64& rng, int64_t rows, int64_t lo, int64_t width) {
+  std::vector<int64_t> len(rows);
+  for (int64_t r = 0; r < rows; ++r) len[r] = lo + static_cast<int64_t>(rng() % (width - lo + 1));
+  if (rows > 2) {
+    len[0] = lo;
+    len[1] = width;
+  }
+  return len;
+}
+
+// ---- attention_permutations ------------------------------------------------------------------
+
+static void check_permutations(std::mt19937_64& rng) {
+  struct Case { int64_t rows, width, P; uint64_t seed, row_offset, perm_offset; };
+  const Case cases[] = {{1, 1, 1, 0, 0, 0}, {5, 7, 3, 42, 0, 0}, {40, 33, 4, uint64_t(-5), 17, 3},
+                        {3, 0, 2, 1, 0, 0}, {300, 12, 5, 0x123456789ULL, (uint64_t(1) << 63) - 2, 9},
+                        {2, 200, 2, 7, 1, 0}};
+  for (const Case& c : cases) {
+    const std::vector<int64_t> len = random_lengths(rng, c.rows, 0, c.width);
+    const int64_t items = c.rows * c.P, n = items * c.width;
+    std::vector<int64_t> first;
+    // the launcher's grid, then a small one (many items per thread)
+    for (int64_t threads : {blocks_for(items, kRowBlock) * kRowBlock, int64_t(7)}) {
+      Guarded<int64_t> out(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) out.data()[i] = -7;
+      if (c.width > 0)  // attention_permutations launches nothing for width 0
+        for (int64_t t = 0; t < threads; ++t)
+          permutations_item(t, threads, len.data(), c.rows, c.width, c.P, c.seed, c.row_offset,
+                            c.perm_offset, out.data());
+      EXPECT(out.intact(), "permutations overrun");
+      std::vector<int64_t> want(static_cast<size_t>(c.width));
+      for (int64_t b = 0; b < c.rows; ++b) {
+        const uint64_t key = permutation::row_key(c.seed, c.row_offset + uint64_t(b));
+        for (int64_t p = 0; p < c.P; ++p) {
+          permutation::permutation_row(key, c.perm_offset + uint64_t(p), len[b], want.data());
+          const int64_t* got = out.data() + (b * c.P + p) * c.width;
+          for (int64_t t = 0; t < c.width; ++t)
+            EXPECT(got[t] == (t < len[b] ? want[t] : t), "permutation row %lld perm %lld item %lld",
+                   (long long)b, (long long)p, (long long)t);
+        }
+      }
+      if (first.empty()) first.assign(out.data(), out.data() + n);
+    }
+    line_begin("attention_permutations");
+    dump("lengths", len.data(), {c.rows});
+    scalar("width", c.width);
+    scalar("permutations", c.P);
+    scalar("seed", static_cast<long long>(c.seed));
+    scalar("row_offset", static_cast<long long>(c.row_offset));
+    scalar("permutation_offset", static_cast<long long>(c.perm_offset));
+    dump("out", first.data(), {c.rows, c.P, c.width});
+    line_end();
+  }
+}
+
+// ---- permutation_tvd_linear ------------------------------------------------------------------
+
+template <typename T>
+static void check_permutation_tvd(std::mt19937_64& rng) {
+  std::normal_distribution<double> normal;
+  struct Case { int64_t rows, width, C, P, chunk_rows, slots; };
+  // chunk_rows 0: the glue's choice; slots 0: the glue's choice for the chunk
+  const Case cases[] = {{30, 9, 1, 5, 0, 0}, {30, 9, 2, 4, 7, 5}, {25, 6, 3, 5, 4, 3},
+                        {20, 8, 17, 4, 0, 0}, {20, 8, 17, 3, 6, 2}, {12, 1, 2, 6, 0, 0},
+                        {9, 40, 2, 101, 2, 50}};
+  for (const Case& c : cases) {
+    const std::vector<int64_t> len = random_lengths(rng, c.rows, 0, c.width);
+    std::vector<T> att(c.rows * c.width, T(0)), proj(c.rows * c.width * c.C), bias(c.C);
+    for (int64_t r = 0; r < c.rows; ++r) {
+      double s = 0;
+      for (int64_t i = 0; i < len[r]; ++i) s += (att[r * c.width + i] = static_cast<T>(exp(1.5 * normal(rng))));
+      for (int64_t i = 0; i < len[r]; ++i) att[r * c.width + i] = static_cast<T>(att[r * c.width + i] / s);
+    }
+    for (auto& v : proj) v = static_cast<T>(normal(rng));
+    for (auto& v : bias) v = static_cast<T>(0.3 * normal(rng));
+    const uint64_t seed = rng(), row_offset = rng() % 1000;
+    const int64_t chunk_rows = c.chunk_rows ? c.chunk_rows : permutation_chunk_rows(c.rows, c.P);
+    const int64_t slot_bytes = permutation_slot_bytes(c.width, c.C);
+    const int64_t slots = c.slots ? c.slots : slots_for(chunk_rows * c.P, slot_bytes, kScratchBudget / 2);
+    EXPECT(slots >= 1 && slots <= chunk_rows * c.P, "permutation slots");
+    Guarded<unsigned char> scratch(static_cast<size_t>(slots * slot_bytes));
+    Guarded<double> chunk(static_cast<size_t>(chunk_rows * c.P));
+    Guarded<T> median(c.rows), tvd(c.rows * c.P);
+    for (int64_t i = 0; i < c.rows; ++i) median.data()[i] = T(-7);
+    for (int64_t i = 0; i < c.rows * c.P; ++i) tvd.data()[i] = T(-7);
+    // launch_tvd of permutation.cu: per chunk, tvd_kernel then median_kernel
+    for (int64_t begin = 0; begin < c.rows; begin += chunk_rows) {
+      const int64_t end = std::min(c.rows, begin + chunk_rows);
+      const int64_t threads = blocks_for(slots, kRowBlock) * kRowBlock;
+      for (int64_t t = 0; t < threads && t < slots; ++t) {
+        if (c.C <= kLocalClasses)
+          permutation_tvd_slot<T, kLocalClasses>(t, slots, att.data(), proj.data(), bias.data(), len.data(), begin,
+                                                 end, c.width, c.C, c.P, seed, row_offset, scratch.data(),
+                                                 chunk.data(), tvd.data());
+        else
+          permutation_tvd_slot<T, 0>(t, slots, att.data(), proj.data(), bias.data(), len.data(), begin, end,
+                                     c.width, c.C, c.P, seed, row_offset, scratch.data(), chunk.data(), tvd.data());
+      }
+      const int64_t median_threads = blocks_for(end - begin, kRowBlock) * kRowBlock;
+      for (int64_t t = 0; t < median_threads; ++t)
+        permutation_median_row(t, median_threads, begin, end, c.P, chunk.data(), median.data());
+    }
+    EXPECT(scratch.intact() && chunk.intact() && median.intact() && tvd.intact(), "permutation tvd overrun");
+    std::vector<uint32_t> perm(c.width + 1);
+    std::vector<double> u(c.width + 1), z(c.C), base(c.C), tvds(c.P), sorted(c.P);
+    int64_t nonzero = 0;
+    for (int64_t r = 0; r < c.rows; ++r) {
+      const double m = permutation::linear_row<T, double>(
+          att.data() + r * c.width, proj.data() + r * c.width * c.C, bias.data(), len[r], c.C, c.P, seed,
+          row_offset + uint64_t(r), perm.data(), u.data(), z.data(), base.data(), tvds.data(), sorted.data());
+      EXPECT(same_bits(median.data()[r], static_cast<T>(m)), "median row %lld (C = %lld)", (long long)r,
+             (long long)c.C);
+      for (int64_t p = 0; p < c.P; ++p) {
+        EXPECT(same_bits(tvd.data()[r * c.P + p], static_cast<T>(tvds[p])), "tvd row %lld perm %lld", (long long)r,
+               (long long)p);
+        nonzero += tvds[p] > 0;
+      }
+    }
+    EXPECT(nonzero > 0 || c.width <= 1, "a meaningful test: some permutations move the output");
+    line_begin("permutation_tvd_linear");
+    dump("attention", att.data(), {c.rows, c.width});
+    dump("projected", proj.data(), {c.rows, c.width, c.C});
+    dump("bias", bias.data(), {c.C});
+    dump("lengths", len.data(), {c.rows});
+    scalar("permutations", c.P);
+    scalar("seed", static_cast<long long>(seed));
+    scalar("row_offset", static_cast<long long>(row_offset));
+    dump("median", median.data(), {c.rows});
+    dump("tvd", tvd.data(), {c.rows, c.P});
+    line_end();
+  }
+}
+
+// ---- project_prefix ----------------------------------------------------------------------------
+
+template <typename T>
+static void check_projection(std::mt19937_64& rng) {
+  std::normal_distribution<double> normal;
+  const int64_t cases[][4] = {{1, 1, 1, 1}, {7, 5, 3, 2}, {20, 9, 33, 3}, {6, 4, 70, 17}, {3, 0, 4, 2}, {4, 3, 0, 2}};
+  for (auto& c : cases) {
+    const int64_t rows = c[0], width = c[1], H = c[2], C = c[3];
+    const std::vector<int64_t> len = random_lengths(rng, rows, 0, width);
+    std::vector<T> values(rows * width * H), weight(C * H);
+    for (auto& v : values) v = static_cast<T>(normal(rng));
+    for (auto& v : weight) v = static_cast<T>(normal(rng));
+    const int64_t items = rows * width * C;
+    std::vector<T> first;
+    for (int64_t threads : {blocks_for(items, kBlock) * kBlock, int64_t(13)}) {
+      Guarded<T> out(static_cast<size_t>(items));
+      for (int64_t i = 0; i < items; ++i) out.data()[i] = T(-7);
+      if (items > 0)
+        for (int64_t t = 0; t < threads; ++t)
+          project_item(t, threads, values.data(), weight.data(), len.data(), rows, width, H, C, out.data());
+      EXPECT(out.intact(), "projection overrun");
+      std::vector<T> want(width * C);
+      for (int64_t r = 0; r < rows; ++r) {
+        projection::project_row<T, projection::partial_sums<T>()>(values.data() + r * width * H, weight.data(),
+                                                                  len[r], width, H, C, want.data());
+        for (int64_t i = 0; i < width * C; ++i)
+          EXPECT(same_bits(out.data()[r * width * C + i], want[i]), "projection row %lld item %lld", (long long)r,
+                 (long long)i);
+      }
+      if (first.empty()) first.assign(out.data(), out.data() + items);
+    }
+    line_begin("project_prefix");
+    dump("values", values.data(), {rows, width, H});
+    dump("weight", weight.data(), {C, H});
+    dump("lengths", len.data(), {rows});
+    dump("out", first.data(), {rows, width, C});
+    line_end();
+  }
+}
+
+// ---- leave_one_out_batch -----------------------------------------------------------------------
+
+static void check_loo(std::mt19937_64& rng) {
+  struct Case { int64_t rows, T, lead, trail, mask_token, pad; };  // mask_token < 0: deletion
+  const Case cases[] = {{1, 3, 1, 1, -1, 0}, {30, 12, 1, 1, -1, 0}, {30, 12, 1, 1, 5, 0}, {25, 40, 0, 0, -1, 9},
+                        {25, 40, 0, 0, 1, 2}, {10, 70, 2, 1, 4, 0}, {5, 4, 2, 2, -1, 0}};
+  for (const Case& c : cases) {
+    const bool mask = c.mask_token >= 0;
+    const std::vector<int64_t> len = random_lengths(rng, c.rows, c.lead + c.trail, c.T);
+    std::vector<int64_t> tokens(c.rows * c.T);
+    for (auto& v : tokens) v = 10 + static_cast<int64_t>(rng() % 1000);
+    // the glue's offsets, total and width
+    std::vector<int64_t> offsets(c.rows);
+    int64_t total = 0, width = 0;
+    for (int64_t b = 0; b < c.rows; ++b) {
+      const int64_t n = loo::real_count(len[b], c.lead, c.trail);
+      offsets[b] = total;
+      total += n;
+      if (n > 0) width = std::max(width, loo::sequence_length(len[b], mask));
+    }
+    std::vector<int64_t> first, first_len, first_src;
+    for (int64_t warps : {warps_for(total), int64_t(3)}) {
+      Guarded<int64_t> out(static_cast<size_t>(total * width)), out_len(total), out_src(total);
+      for (int64_t i = 0; i < total * width; ++i) out.data()[i] = -7;
+      for (int64_t i = 0; i < total; ++i) out_len.data()[i] = out_src.data()[i] = -7;
+      if (total > 0)
+        for (int64_t t = 0; t < warps * kWarp; ++t)
+          loo_lane(t / kWarp, warps, t % kWarp, kWarp, tokens.data(), len.data(), offsets.data(), c.rows, c.T,
+                   c.lead, mask, mask ? c.mask_token : 0, c.pad, total, width, out.data(), out_len.data(),
+                   out_src.data());
+      EXPECT(out.intact() && out_len.intact() && out_src.intact(), "loo overrun");
+      std::vector<int64_t> want(static_cast<size_t>(total * width)), want_len(total), want_src(total);
+      for (int64_t b = 0; b < c.rows; ++b)
+        loo::build_row(tokens.data() + b * c.T, len[b], c.lead, c.trail, mask, mask ? c.mask_token : 0, c.pad,
+                       width, b, want.data() + offsets[b] * width, want_len.data() + offsets[b],
+                       want_src.data() + offsets[b]);
+      for (int64_t i = 0; i < total * width; ++i) EXPECT(out.data()[i] == want[i], "loo id %lld", (long long)i);
+      for (int64_t i = 0; i < total; ++i)
+        EXPECT(out_len.data()[i] == want_len[i] && out_src.data()[i] == want_src[i], "loo sequence %lld",
+               (long long)i);
+      if (first.empty()) {
+        first.assign(out.data(), out.data() + total * width);
+        first_len.assign(out_len.data(), out_len.data() + total);
+        first_src.assign(out_src.data(), out_src.data() + total);
+      }
+    }
+    // build_sequence by lanes against a plain element-by-element definition
+    for (int64_t L = 1; L <= 6; ++L)
+      for (int64_t t = 0; t < L; ++t)
+        for (int m = 0; m < 2; ++m)
+          for (int64_t lanes : {1, 2, 3, 32}) {
+            const int64_t row[6] = {11, 12, 13, 14, 15, 16}, w = 8;
+            int64_t got[8];
+            for (int64_t lane = 0; lane < lanes; ++lane) loo::build_sequence(row, L, t, m, 99, 0, w, got, lane, lanes);
+            for (int64_t j = 0; j < w; ++j) {
+              const int64_t want = m ? (j == t ? 99 : (j < L ? row[j] : 0)) : (j < t ? row[j] : (j < L - 1 ? row[j + 1] : 0));
+              EXPECT(got[j] == want, "build_sequence L %lld t %lld mask %d lanes %lld j %lld", (long long)L,
+                     (long long)t, m, (long long)lanes, (long long)j);
+            }
+          }
+    line_begin("leave_one_out_batch");
+    dump("tokens", tokens.data(), {c.rows, c.T});
+    dump("lengths", len.data(), {c.rows});
+    scalar("lead", c.lead);
+    scalar("trail", c.trail);
+    scalar("mask_token", c.mask_token);
+    scalar("pad", c.pad);
+    dump("out", first.data(), {total, width});
+    dump("out_lengths", first_len.data(), {total});
+    dump("out_source", first_src.data(), {total});
+    line_end();
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    dump_dir = argv[1];
+    manifest = fopen((dump_dir + "/manifest.txt").c_str(), "w");
+    if (!manifest) {
+      fprintf(stderr, "cannot write %s/manifest.txt\n", argv[1]);
+      return 2;
+    }
+  }
+
   std::mt19937_64 rng(12345);
   check_geometry();
   check_distances<float>(rng);
@@ -411,6 +714,13 @@ int main() {
   check_flip_linear<double>(rng);
   check_contexts<float>(rng);
   check_contexts<double>(rng);
+  check_permutations(rng);
+  check_permutation_tvd<float>(rng);
+  check_permutation_tvd<double>(rng);
+  check_projection<float>(rng);
+  check_projection<double>(rng);
+  check_loo(rng);
+  if (manifest) fclose(manifest);
   if (failures) {
     fprintf(stderr, "%d check(s) failed\n", failures);
     return 1;
