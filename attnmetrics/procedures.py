@@ -184,7 +184,11 @@ def _head_logits(model, hidden: Tensor, lengths: Tensor, what: str, classes: int
     """attend -> decoder on hidden states [N, T, H]; checks the logits are finite [N, C]."""
     attention = model.attend(hidden, lengths)
     logits = model.decoder(torch.einsum("bt,bth->bh", attention, hidden))
-    n = hidden.shape[0]
+    return _checked_logits(logits, hidden.shape[0], what, classes)
+
+
+def _checked_logits(logits, n: int, what: str, classes: int | None) -> Tensor:
+    """``logits`` if they are finite [n, C] (C = ``classes`` when given), else ValueError."""
     if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or logits.shape[1] < 1:
         got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"model must map {what} to logits [N, C] with N = {n}, got {got}")
@@ -199,13 +203,14 @@ def _head_logits(model, hidden: Tensor, lengths: Tensor, what: str, classes: int
     return logits
 
 
-def _length_groups(counts: list[int], widths: list[int], per_position: int, budget: int) -> list[tuple[int, int]]:
-    """Consecutive groups [s, e) of rows sorted by width: rows of one width, holding at
-    most ``budget`` bytes of ``count * width * per_position``; a row that alone exceeds
-    it forms its own group."""
+def _length_groups(counts: list[int], widths: list[int], per_position: int, budget: int,
+                   same_width: bool = True) -> list[tuple[int, int]]:
+    """Consecutive groups [s, e) of rows sorted by width, holding at most ``budget`` bytes
+    of ``count * width * per_position`` (``width`` the group's widest); with ``same_width``
+    also rows of one width only. A row that alone exceeds the budget forms its own group."""
     groups, start, count = [], 0, 0
     for i, (c, w) in enumerate(zip(counts, widths)):
-        if i > start and (w != widths[start] or (count + c) * w * per_position > budget):
+        if i > start and ((same_width and w != widths[start]) or (count + c) * w * per_position > budget):
             groups.append((start, i))
             start, count = i, 0
         count += c
@@ -236,8 +241,8 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
     The model runs under ``torch.no_grad()`` in eval mode (its training mode is
     restored afterwards): once on the rows, then on every deletion of every row, built
     by the ``attnmetrics::leave_one_out_batch`` kernel for a group of rows at once. A
-    model with the optional protocol method ``encode_deletions`` (see
-    :class:`attnmetrics.AttentionClassifier`) encodes the deletions itself with
+    model with the optional protocol method ``deletion_logits`` (see
+    :class:`attnmetrics.AttentionClassifier`) computes the deletions' logits itself with
     ``mode="delete"``, so it can reuse what a deletion leaves unchanged (J&W's BiLSTM:
     the forward states before the token and the backward states after it).
     Rows are grouped by length, so each call holds sequences of a single length and
@@ -314,44 +319,64 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
             out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
 
             # Deletion batches: groups of rows, each contributing its real-token count.
-            counts = real[rows].tolist()
-            seq_widths = [length if mode == "mask" else length - 1 for length in len_list]
-            reuse = mode == "delete" and callable(getattr(model, "encode_deletions", None))
-            for s, e in _length_groups(counts, seq_widths, per_position, budget):
-                idx = rows[s:e]
-                counts_t = real[idx]
-                if reuse:
-                    # The model re-encodes every deletion of these rows itself, reusing
-                    # what a deletion leaves unchanged (e.g. an RNN's states before it).
-                    width_e = len_list[e - 1]
-                    embedded = model.embed(tokens[idx, :width_e])
-                    source = torch.repeat_interleave(torch.arange(e - s, device=device), counts_t)
-                    seq_lengths = lengths[idx][source] - 1
-                else:
-                    # The kernel runs on CPU; the token ids are small next to the model's work.
-                    seqs, seq_lengths, source = ops.leave_one_out_batch(
-                        tokens[idx, : len_list[e - 1]].to("cpu").contiguous(), lengths[idx].to("cpu"),
-                        lead, trail, mask_token, 0,
-                    )
-                    source = source.to(device)
-                position = torch.arange(source.shape[0], device=device) - (torch.cumsum(counts_t, 0) - counts_t)[source]
-                # One group is one call unless a single row's deletions exceed the budget.
-                # All its sequences have one length, so no call carries padding.
-                per_call = max(1, budget // max(1, seq_widths[e - 1] * per_position))
-                for c in range(0, source.shape[0], per_call):
-                    part = slice(c, c + per_call)
-                    if reuse:
-                        hidden = model.encode_deletions(embedded, lengths[idx], source[part], position[part] + lead)
-                        logits = _head_logits(model, hidden, seq_lengths[part], "the deletion batch", classes)
-                    else:
-                        logits, _, _ = _model_logits(
-                            model, seqs[part].to(device), seq_lengths[part].to(device), "the deletion batch", classes
-                        )
-                    src = source[part] + s  # an index into `rows` and `original_dist`
-                    p = original_dist[src].contiguous()
-                    q = output_distribution(logits).to(p.dtype).contiguous()
-                    out[rows[src], position[part]] = ops.tvd(p, q).to(dtype)
+            if mode == "delete" and callable(getattr(model, "deletion_logits", None)):
+                parts = _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, budget, classes)
+            else:
+                parts = _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_token, per_position,
+                                             budget, classes)
+            for src, position, logits in parts:  # src indexes `rows`, position the row's real tokens
+                p = original_dist[src].contiguous()
+                q = output_distribution(logits).to(p.dtype).contiguous()
+                out[rows[src], position] = ops.tvd(p, q).to(dtype)
     finally:
         if was_training and hasattr(model, "train"):
             model.train()
     return out
+
+
+def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, classes):
+    """Yield (src, position, logits) for every deletion (or masking) of ``rows``, the token
+    sequences built by the ``leave_one_out_batch`` kernel for a group of rows of one length
+    at a time and run through the whole model; ``src`` indexes ``rows``, ``position`` the
+    row's real tokens."""
+    lead, trail, device = model.lead, model.trail, tokens.device
+    real = lengths[rows] - lead - trail
+    seq_widths = [length if mode == "mask" else length - 1 for length in len_list]
+    for s, e in _length_groups(real.tolist(), seq_widths, per_position, budget):
+        idx = rows[s:e]
+        # The kernel runs on CPU; the token ids are small next to the model's work.
+        seqs, seq_lengths, source = _ops().leave_one_out_batch(
+            tokens[idx, : len_list[e - 1]].to("cpu").contiguous(), lengths[idx].to("cpu"), lead, trail, mask_token, 0
+        )
+        source = source.to(device)
+        counts = real[s:e]
+        position = torch.arange(source.shape[0], device=device) - (torch.cumsum(counts, 0) - counts)[source]
+        # One group is one call unless a single row's deletions exceed the budget.
+        # All its sequences have one length, so no call carries padding.
+        per_call = max(1, budget // max(1, seq_widths[e - 1] * per_position))
+        for c in range(0, source.shape[0], per_call):
+            part = slice(c, c + per_call)
+            logits, _, _ = _model_logits(model, seqs[part].to(device), seq_lengths[part].to(device),
+                                         "the deletion batch", classes)
+            yield source[part] + s, position[part], logits
+
+
+def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, budget, classes):
+    """Yield what :func:`_deletions_by_kernel` does, with the logits from the model's
+    ``deletion_logits``: prepared once for a block of rows (within the budget), then fed
+    each length group's deletions position by position, so the positions of one call are
+    close together (what a deletion changes, and a reusing model recomputes, depends on
+    where it is)."""
+    lead, trail, device = model.lead, model.trail, tokens.device
+    for bs, be in _length_groups([1] * len(len_list), len_list, per_position, budget, same_width=False):
+        idx = rows[bs:be]
+        deletions = model.deletion_logits(model.embed(tokens[idx, : len_list[be - 1]]), lengths[idx])
+        for s, e in _length_groups([0] * (be - bs), len_list[bs:be], per_position, budget):
+            n = len_list[bs + s]
+            local = torch.arange(s, e, device=device).repeat(n - lead - trail)  # position-major
+            position = torch.arange(n - lead - trail, device=device).repeat_interleave(e - s)
+            per_call = max(1, budget // max(1, (n - 1) * per_position))
+            for c in range(0, local.shape[0], per_call):
+                r, k = local[c : c + per_call], position[c : c + per_call]
+                logits = _checked_logits(deletions(r, k + lead), r.shape[0], "the deletion batch", classes)
+                yield r + bs, k, logits

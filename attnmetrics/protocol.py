@@ -32,7 +32,6 @@ class AttentionClassifier(Protocol):
         """hidden [B, T, H] -> attention [B, T], summing to 1 over the real tokens."""
 
     # Optional, not part of the runtime check: leave_one_out uses it when present.
-    # encode_deletions(embedded [G, T, E], lengths [G], rows [N], positions [N] int64)
-    #   -> hidden [N, T - 1, H]: ``encode`` of row ``rows[i]`` with position ``positions[i]``
-    #   deleted (length ``lengths[rows[i]] - 1``), zero past it; lets a model reuse the
-    #   work a deletion leaves unchanged.
+    # deletion_logits(embedded [G, T, E], lengths [G]) -> logits(rows [N], positions [N] int64)
+    #   -> [N, C]: the logits on row ``rows[i]`` with position ``positions[i]`` deleted (length
+    #   ``lengths[rows[i]] - 1``); lets a model reuse the work a deletion leaves unchanged.

@@ -14,12 +14,14 @@ exactly zero on padding, and treats a row the same alone or in a padded batch.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from functools import partial
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnmetrics_models.deletions import birnn_deletions, delete_positions
+from attnmetrics_models.deletions import BiRNNDeletions, delete_positions
 
 
 def real_token_mask(lengths: Tensor, T: int, lead: int = 1, trail: int = 1) -> Tensor:
@@ -54,11 +56,10 @@ class _BiRNNEncoder(nn.Module):
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)
         return out
 
-    def deletions(self, embedded: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
-        """Outputs [N, T - 1, H] on every deletion (``rows[i]`` without ``positions[i]``),
-        reusing the states each deletion leaves unchanged (models/deletions.py)."""
+    def deletions(self, embedded: Tensor, lengths: Tensor) -> BiRNNDeletions:
+        """The rows' deletions, reusing the states each leaves unchanged (models/deletions.py)."""
         outputs = None if isinstance(self.rnn, nn.LSTM) else self(embedded, lengths)
-        return birnn_deletions(self.rnn, embedded, lengths, rows, positions, outputs)
+        return BiRNNDeletions(self.rnn, embedded, lengths, outputs)
 
 
 class LSTMEncoder(_BiRNNEncoder):
@@ -114,10 +115,10 @@ class AverageEncoder(nn.Module):
         mask = _pad_mask(lengths, embedded.shape[1]).to(embedded.dtype)
         return torch.tanh(self.proj(embedded)) * mask
 
-    def deletions(self, embedded: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
-        """Outputs [N, T - 1, H] on every deletion: without context, the row's own outputs
-        less the deleted position."""
-        return delete_positions(self(embedded, lengths), lengths, rows, positions)
+    def deletions(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+        """The rows' deletions: without context, each row's own outputs less the deleted position."""
+        outputs = self(embedded, lengths)
+        return partial(delete_positions, outputs, lengths)
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -136,9 +137,18 @@ class TanhAttention(nn.Module):
         self.proj = nn.Linear(hidden_size, attention_dim)
         self.v = nn.Linear(attention_dim, 1, bias=False)
 
+    @property
+    def projection(self) -> nn.Linear:
+        """The linear map through which the scores depend on h_t (see :meth:`score`)."""
+        return self.proj
+
+    def score(self, projected: Tensor) -> Tensor:
+        """projection(hidden) [..., T, A] -> scores [..., T]."""
+        return self.v(torch.tanh(projected)).squeeze(-1)
+
     def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
         """hidden [B, T, H], mask [B, T] bool -> attention [B, T]."""
-        return _masked_softmax(self.v(torch.tanh(self.proj(hidden))).squeeze(-1), mask)
+        return _masked_softmax(self.score(self.proj(hidden)), mask)
 
 
 class DotAttention(nn.Module):
@@ -151,9 +161,18 @@ class DotAttention(nn.Module):
         self.w = nn.Linear(hidden_size, 1, bias=False)  # a bias would shift every score alike
         self.scale = hidden_size ** -0.5
 
+    @property
+    def projection(self) -> nn.Linear:
+        """The linear map through which the scores depend on h_t (see :meth:`score`)."""
+        return self.w
+
+    def score(self, projected: Tensor) -> Tensor:
+        """projection(hidden) [..., T, 1] -> scores [..., T]."""
+        return projected.squeeze(-1) * self.scale
+
     def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
         """hidden [B, T, H], mask [B, T] bool -> attention [B, T]."""
-        return _masked_softmax(self.w(hidden).squeeze(-1) * self.scale, mask)
+        return _masked_softmax(self.score(self.w(hidden)), mask)
 
 
 ENCODERS = {"lstm": LSTMEncoder, "gru": GRUEncoder, "cnn": CNNEncoder, "average": AverageEncoder}
@@ -230,15 +249,54 @@ class AttentionClassifier(nn.Module):
         """embeddings [B, T, E], lengths [B] -> hidden states [B, T, H], zero on padding."""
         return self.encoder(embedded, lengths)
 
-    def encode_deletions(self, embedded: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
-        """embeddings [G, T, E], lengths [G], deletions ``rows [N]``, ``positions [N]`` (int64)
-        -> hidden states [N, T - 1, H] of row ``rows[i]`` with position ``positions[i]``
-        deleted, equal to ``encode`` on the shortened rows (lengths ``lengths[rows] - 1``) and
-        zero past them. Used by ``attnmetrics.leave_one_out``; the recurrent encoders reuse
-        the states a deletion leaves unchanged, the others re-encode."""
+    def deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+        """Prepare the one-token deletions of rows ``embedded [G, T, E]``, ``lengths [G]``
+        (special tokens included); returns ``logits(rows [N], positions [N])`` (int64) ->
+        ``[N, C]``, the logits on row ``rows[i]`` with position ``positions[i]`` deleted, as
+        ``forward`` gives them on the shortened rows. Used by ``attnmetrics.leave_one_out``
+        (J&W sec. 4.1).
+
+        The recurrent encoders reuse the states a deletion leaves unchanged (the forward
+        ones before it, the backward ones after it); with them, attention scores and logits
+        depend on each state only through linear maps (the attention's projection and the
+        decoder), so those are applied to each state once, not to every deletion's copy.
+        """
+        if isinstance(self.encoder, _BiRNNEncoder) and hasattr(self.attention, "projection"):
+            return self._spliced_deletion_logits(embedded, lengths)
         if hasattr(self.encoder, "deletions"):
-            return self.encoder.deletions(embedded, lengths, rows, positions)
-        return self.encode(delete_positions(embedded, lengths, rows, positions), lengths[rows] - 1)
+            encode = self.encoder.deletions(embedded, lengths)
+        else:
+            def encode(rows: Tensor, positions: Tensor) -> Tensor:
+                return self.encode(delete_positions(embedded, lengths, rows, positions), lengths[rows] - 1)
+
+        def logits(rows: Tensor, positions: Tensor) -> Tensor:
+            hidden = encode(rows, positions)
+            attention = self.attend(hidden, lengths[rows] - 1)
+            return self.decoder(torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1))
+
+        return logits
+
+    def _spliced_deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+        deletions = self.encoder.deletions(embedded, lengths)
+        projection = self.attention.projection
+        A = projection.out_features
+        # score and decoder inputs are sums of a forward and a backward half: W h = W_f h_f + W_b h_b
+        maps = torch.cat([projection.weight, self.decoder.weight])  # [A + C, H]
+        forward_map, backward_map = maps.chunk(2, dim=1)
+        old_forward, old_backward = deletions.hf @ forward_map.t(), deletions.hb @ backward_map.t()
+
+        def logits(rows: Tensor, positions: Tensor) -> Tensor:
+            fwd, bwd = deletions.runs(rows, positions)
+            f, b = deletions.splice(old_forward, fwd @ forward_map.t(), old_backward, bwd @ backward_map.t(),
+                                    rows, positions)
+            mapped = f + b  # [N, W - 1, A + C]
+            projected = mapped[..., :A] if projection.bias is None else mapped[..., :A] + projection.bias
+            mask = real_token_mask(lengths[rows] - 1, mapped.shape[1], self.lead, self.trail)
+            attention = _masked_softmax(self.attention.score(projected), mask)
+            out = torch.einsum("nt,ntc->nc", attention, mapped[..., A:])
+            return out if self.decoder.bias is None else out + self.decoder.bias
+
+        return logits
 
     def attend(self, hidden: Tensor, lengths: Tensor) -> Tensor:
         """hidden [B, T, H], lengths [B] -> attention [B, T]: sums to 1 over the real tokens,

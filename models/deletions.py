@@ -8,9 +8,13 @@ prefix before t (started from the state at t + 1) need running again. Per deleti
 is one direction over n - 1 positions instead of both: half the recurrent work of
 re-encoding the shortened row from scratch, with the same result.
 
-A deletion is a pair (row, position); ``rows [N]`` index the rows of ``embedded`` and
-``positions [N]`` the deleted position in that row. Outputs are ``[N, T - 1, H]``, each
-deletion's hidden states for its ``lengths[row] - 1`` positions, zero beyond.
+The states are computed once for a block of rows (:class:`BiRNNDeletions`), then any
+chunk of their deletions is encoded from them: a deletion is a pair (row, position);
+``rows [N]`` index the block's rows and ``positions [N]`` the deleted position in that
+row. Outputs are ``[N, W - 1, H]`` with ``W`` the longest of the chunk's rows, each
+deletion's hidden states for its ``lengths[row] - 1`` positions, zero beyond. The
+recomputed runs are padded to the chunk's longest run, so a chunk of nearby positions
+(as ``attnmetrics.leave_one_out`` sends them) wastes little.
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 
 def kept_positions(lengths: Tensor, positions: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -34,9 +37,10 @@ def kept_positions(lengths: Tensor, positions: Tensor, width: int) -> tuple[Tens
 
 
 def delete_positions(x: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
-    """x [G, T, D] -> [N, T - 1, D]: row ``rows[i]`` of ``x`` without position ``positions[i]``,
-    zero past its ``lengths[rows[i]] - 1`` positions."""
-    source, _, valid = kept_positions(lengths[rows], positions, x.shape[1])
+    """x [G, T, D] -> [N, W - 1, D] (W the longest of the chosen rows): row ``rows[i]`` of
+    ``x`` without position ``positions[i]``, zero past its ``lengths[rows[i]] - 1`` positions."""
+    width = int(lengths[rows].max())
+    source, _, valid = kept_positions(lengths[rows], positions, width)
     return x[rows[:, None], source] * valid.unsqueeze(-1).to(x.dtype)
 
 
@@ -66,88 +70,88 @@ def _lstm_states(rnn: nn.LSTM, x: Tensor, lengths: Tensor, reverse: bool) -> tup
         hs.append(h)
         cs.append(c)
     h, c = torch.stack(hs, 1), torch.stack(cs, 1)
-    if reverse:  # back from step order to position order
+    if reverse:  # back to position order: position p < length is step length - 1 - p
         index = order.unsqueeze(-1).expand_as(h)
-        h, c = torch.empty_like(h).scatter_(1, index, h), torch.empty_like(c).scatter_(1, index, c)
+        h, c = h.gather(1, index), c.gather(1, index)
     return h, c
 
 
-def _run_direction(rnn: nn.RNNBase, reverse: bool, x: Tensor, lengths: Tensor, h0: Tensor,
-                   c0: Tensor | None) -> Tensor:
-    """One direction of ``rnn`` (its own weights) over x [N, L, E] with lengths [N] >= 1 from
-    the initial states h0 (and c0 for an LSTM), each [N, hidden] -> outputs [N, L, hidden]."""
-    suffix = "_reverse" if reverse else ""
-    # A unidirectional twin built on the meta device: functional_call lends it rnn's weights.
-    with torch.device("meta"):
-        twin = type(rnn)(rnn.input_size, rnn.hidden_size, batch_first=True)
-    params = {f"{n}_l0": getattr(rnn, f"{n}_l0{suffix}") for n in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")}
-    packed = pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
-    hx = h0.unsqueeze(0) if c0 is None else (h0.unsqueeze(0), c0.unsqueeze(0))
-    out, _ = functional_call(twin, params, (packed, hx))
-    return pad_packed_sequence(out, batch_first=True, total_length=x.shape[1])[0]
+class BiRNNDeletions:
+    """The deletions of a block of rows through a one-layer bidirectional ``nn.LSTM``/``nn.GRU``
+    (batch_first): ``BiRNNDeletions(rnn, embedded [G, T, E], lengths [G], outputs)`` keeps the
+    rows' states; calling it with ``rows [N]``, ``positions [N]`` gives the hidden states
+    ``[N, W - 1, 2·hidden]`` of those deletions, equal to running ``rnn`` on the shortened rows.
 
-
-def _states(rnn: nn.RNNBase, x: Tensor, lengths: Tensor, outputs: Tensor | None) -> list[tuple[Tensor, Tensor | None]]:
-    """(h, c) per direction [G, T, hidden] (c None for a GRU, whose state is its output)."""
-    if isinstance(rnn, nn.LSTM):
-        return [_lstm_states(rnn, x, lengths, reverse) for reverse in (False, True)]
-    return [(half, None) for half in outputs.chunk(2, dim=-1)]
-
-
-def birnn_deletions(rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor,
-                    outputs: Tensor | None = None) -> Tensor:
-    """Hidden states [N, T - 1, 2·hidden] of a one-layer bidirectional ``nn.LSTM``/``nn.GRU``
-    (batch_first) on each deletion, equal to running it on the shortened rows.
-
-    ``embedded [G, T, E]``, ``lengths [G]``; ``outputs [G, T, 2·hidden]``, the rnn's outputs on
-    the rows, is needed for a GRU (its states) and ignored for an LSTM (whose cell states are
-    recomputed). Both directions of a deletion reuse the untouched states and run once over
-    the part the deletion changed.
+    ``outputs [G, T, 2·hidden]``, the rnn's outputs on the rows, are a GRU's states (needed);
+    an LSTM's cell states are not among its outputs, so they are recomputed (ignored).
     """
-    if not (rnn.bidirectional and rnn.num_layers == 1 and rnn.batch_first):
-        raise ValueError("birnn_deletions needs a one-layer, bidirectional, batch_first RNN")
-    G, T, _ = embedded.shape
-    N, hidden = rows.shape[0], rnn.hidden_size
-    (hf, cf), (hb, cb) = _states(rnn, embedded, lengths, outputs)
-    n = lengths[rows]
-    source, before, valid = kept_positions(n, positions, T)
 
-    def start(h: Tensor, c: Tensor | None, at: Tensor) -> tuple[Tensor, Tensor | None]:
-        """States after position ``at`` of each deletion's row; zero where ``at`` is outside it."""
-        inside = ((at >= 0) & (at < n)).unsqueeze(-1).to(h.dtype)
-        at = at.clamp(0, T - 1)
-        return h[rows, at] * inside, None if c is None else c[rows, at] * inside
+    def __init__(self, rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor, outputs: Tensor | None = None):
+        if not (rnn.bidirectional and rnn.num_layers == 1 and rnn.batch_first):
+            raise ValueError("BiRNNDeletions needs a one-layer, bidirectional, batch_first RNN")
+        self.rnn, self.embedded, self.lengths = rnn, embedded, lengths
+        if isinstance(rnn, nn.LSTM):
+            (self.hf, self.cf), (self.hb, self.cb) = (_lstm_states(rnn, embedded, lengths, r) for r in (False, True))
+        else:
+            self.hf, self.hb = outputs.chunk(2, dim=-1)
+            self.cf = self.cb = None
+        # Unidirectional twins built on the meta device: functional_call lends them rnn's weights.
+        with torch.device("meta"):
+            self.twin = type(rnn)(rnn.input_size, rnn.hidden_size, batch_first=True)
+        names = ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
+        self.weights = [{f"{n}_l0": getattr(rnn, f"{n}_l0{d}") for n in names} for d in ("", "_reverse")]
 
-    # Forward over the suffix after the deleted position, from the state before it.
-    fwd = embedded.new_zeros(N, T - 1, hidden)
-    run = n - 1 - positions
-    some = run > 0
-    if some.any():
-        steps = torch.arange(T - 1, device=embedded.device)
-        suffix = (positions[some, None] + 1 + steps).clamp(max=T - 1)
-        x = embedded[rows[some, None], suffix]
-        fwd[some] = _run_direction(rnn, False, x, run[some], *_subset(start(hf, cf, positions - 1), some))
-    # Backward over the prefix before it (read in reverse), from the state after it.
-    bwd = embedded.new_zeros(N, T - 1, hidden)
-    some = positions > 0
-    if some.any():
-        steps = torch.arange(T - 1, device=embedded.device)
-        prefix = (positions[some, None] - 1 - steps).clamp(min=0)
-        x = embedded[rows[some, None], prefix]
-        bwd[some] = _run_direction(rnn, True, x, positions[some], *_subset(start(hb, cb, positions + 1), some))
-    # Assemble: before the deletion, the old forward states and the new backward ones (which
-    # ran from position t - 1 down, so new position j is step t - 1 - j); after it, the
-    # new forward states (step j - t) and the old backward ones.
-    j = torch.arange(T - 1, device=embedded.device)
-    t = positions[:, None]
-    new_fwd = fwd.gather(1, (j - t).clamp(min=0).unsqueeze(-1).expand(N, T - 1, hidden))
-    new_bwd = bwd.gather(1, (t - 1 - j).clamp(min=0).unsqueeze(-1).expand(N, T - 1, hidden))
-    old_fwd, old_bwd = hf[rows[:, None], source], hb[rows[:, None], source]
-    b = before.unsqueeze(-1)
-    out = torch.cat([torch.where(b, old_fwd, new_fwd), torch.where(b, new_bwd, old_bwd)], dim=-1)
-    return out * valid.unsqueeze(-1).to(out.dtype)
+    def _start(self, h: Tensor, c: Tensor | None, rows: Tensor, at: Tensor):
+        """States after position ``at`` of each row; zero where ``at`` is outside the row."""
+        inside = ((at >= 0) & (at < self.lengths[rows])).unsqueeze(0).unsqueeze(-1).to(h.dtype)
+        at = at.clamp(0, h.shape[1] - 1)
+        h0 = h[rows, at].unsqueeze(0) * inside
+        return h0 if c is None else (h0, c[rows, at].unsqueeze(0) * inside)
 
+    def _run(self, backward: bool, rows: Tensor, start: Tensor, run: Tensor, hx) -> Tensor:
+        """One direction over ``run[i]`` positions of row ``rows[i]`` from ``start[i]`` (read
+        backwards if ``backward``), from the states ``hx``: outputs [N, max(run), hidden].
+        Padded, not packed: a run's outputs never depend on what follows it, and torch's
+        fused kernels only take uniform lengths."""
+        steps = torch.arange(max(int(run.max()), 1), device=rows.device)
+        at = start[:, None] - steps if backward else start[:, None] + steps
+        x = self.embedded[rows[:, None], at.clamp(0, self.embedded.shape[1] - 1)]
+        out, _ = functional_call(self.twin, self.weights[backward], (x, hx))
+        return out
 
-def _subset(states: tuple[Tensor, Tensor | None], some: Tensor) -> tuple[Tensor, Tensor | None]:
-    h, c = states
-    return h[some], None if c is None else c[some]
+    def runs(self, rows: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The recomputed parts of deletions ``rows [N]``, ``positions [N]``: the forward
+        direction over the suffix after the deleted position, from the state before it, and
+        the backward direction over the prefix before it (read in reverse), from the state
+        after it; ``[N, L, hidden]`` each, in step order."""
+        n = self.lengths[rows]
+        fwd = self._run(False, rows, positions + 1, n - 1 - positions, self._start(self.hf, self.cf, rows, positions - 1))
+        bwd = self._run(True, rows, positions - 1, positions, self._start(self.hb, self.cb, rows, positions + 1))
+        return fwd, bwd
+
+    def splice(self, old_fwd: Tensor, new_fwd: Tensor, old_bwd: Tensor, new_bwd: Tensor, rows: Tensor,
+               positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-position features of the deletions, direction by direction: ``old_* [G, T, D]``
+        of the rows' own states, ``new_* [N, L, D]`` of :meth:`runs`' outputs (any map
+        applied position-wise to states commutes with this) -> forward and backward
+        ``[N, W - 1, D]``, not zeroed past each deletion's length. Before the deleted
+        position t: old forward, new backward (step t - 1 - j); from it on: new forward
+        (step j - t), old backward (position j + 1)."""
+        n = self.lengths[rows]
+        source, before, _ = kept_positions(n, positions, int(n.max()))
+        j = torch.arange(source.shape[1], device=rows.device)
+        t = positions[:, None]
+
+        def steps(new: Tensor, step: Tensor) -> Tensor:
+            return new.gather(1, step.clamp(0, new.shape[1] - 1).unsqueeze(-1).expand(-1, -1, new.shape[2]))
+
+        b = before.unsqueeze(-1)
+        forward = torch.where(b, old_fwd[rows[:, None], source], steps(new_fwd, j - t))
+        backward = torch.where(b, steps(new_bwd, t - 1 - j), old_bwd[rows[:, None], source])
+        return forward, backward
+
+    def __call__(self, rows: Tensor, positions: Tensor) -> Tensor:
+        fwd, bwd = self.runs(rows, positions)
+        out = torch.cat(self.splice(self.hf, fwd, self.hb, bwd, rows, positions), dim=-1)
+        valid = torch.arange(out.shape[1], device=rows.device) < (self.lengths[rows] - 1)[:, None]
+        return out * valid.unsqueeze(-1).to(out.dtype)

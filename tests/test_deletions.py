@@ -1,5 +1,6 @@
-"""Re-encoding one-token deletions with reuse (models/deletions.py) against re-encoding each
-shortened row alone, and leave_one_out through it against the per-sequence reference."""
+"""One-token deletions with reuse (models/deletions.py, AttentionClassifier.deletion_logits)
+against running the model on each shortened row alone, and leave_one_out through them
+against the per-sequence reference."""
 
 import pytest
 import torch
@@ -8,20 +9,22 @@ from hypothesis import strategies as st
 
 from attnmetrics import leave_one_out
 from attnmetrics.reference import leave_one_out_reference
-from attnmetrics_models.classifier import ENCODERS, AttentionClassifier, ModelConfig
+from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassifier, ModelConfig
 
 F64 = torch.float64
 
 
-def model_for(encoder: str, dtype=F64, seed=0, classes=1) -> AttentionClassifier:
+def model_for(encoder: str, dtype=F64, seed=0, classes=1, attention="tanh") -> AttentionClassifier:
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=40, embed_dim=5, hidden_size=8, num_classes=classes, encoder=encoder)
+    config = ModelConfig(vocab_size=40, embed_dim=5, hidden_size=8, num_classes=classes, encoder=encoder,
+                         attention=attention)
     return AttentionClassifier(config).to(dtype).eval()
 
 
 def each_deletion_alone(model, embedded, lengths, rows, positions):
     """The definition: delete the position, then encode the shortened row by itself."""
-    out = torch.zeros(len(rows), embedded.shape[1] - 1, model.encoder.output_size, dtype=embedded.dtype)
+    width = int(lengths[rows].max())  # the chunk's longest row
+    out = torch.zeros(len(rows), width - 1, model.encoder.output_size, dtype=embedded.dtype)
     for i, (r, t) in enumerate(zip(rows.tolist(), positions.tolist())):
         n = int(lengths[r])
         if n == 1:
@@ -43,7 +46,10 @@ def ragged_embeddings(lengths, width, dtype, seed=0):
     return x * (torch.arange(width) < lengths[:, None]).unsqueeze(-1).to(dtype)  # zero padding, as embed gives
 
 
-@pytest.mark.parametrize("encoder", sorted(ENCODERS))
+REUSING = ["lstm", "gru", "average"]  # encoders with a `deletions` method
+
+
+@pytest.mark.parametrize("encoder", REUSING)
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 def test_every_deletion_equals_encoding_the_shortened_row(encoder, dtype):
     model = model_for(encoder, dtype)
@@ -51,9 +57,9 @@ def test_every_deletion_equals_encoding_the_shortened_row(encoder, dtype):
     embedded = ragged_embeddings(lengths, 10, dtype)  # one column of extra padding
     rows, positions = every_deletion(lengths)
     with torch.no_grad():
-        got = model.encode_deletions(embedded, lengths, rows, positions)
+        got = model.encoder.deletions(embedded, lengths)(rows, positions)
         want = each_deletion_alone(model, embedded, lengths, rows, positions)
-    assert got.shape == (len(rows), 9, model.encoder.output_size)
+    assert got.shape == (len(rows), 8, model.encoder.output_size)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got, want, **tol)
 
@@ -64,10 +70,10 @@ def test_a_length_one_row_leaves_nothing(encoder):
     lengths = torch.tensor([1, 4])
     embedded = ragged_embeddings(lengths, 4, F64)
     with torch.no_grad():
-        got = model.encode_deletions(embedded, lengths, torch.tensor([0, 1]), torch.tensor([0, 3]))
+        got = model.encoder.deletions(embedded, lengths)(torch.tensor([0, 1]), torch.tensor([0, 3]))
     assert (got[0] == 0).all()
-    torch.testing.assert_close(got[1:], each_deletion_alone(model, embedded, lengths, torch.tensor([1]),
-                                                             torch.tensor([3])))
+    torch.testing.assert_close(got, each_deletion_alone(model, embedded, lengths, torch.tensor([0, 1]),
+                                                        torch.tensor([0, 3])))
 
 
 @settings(max_examples=25, deadline=None)
@@ -81,9 +87,32 @@ def test_any_subset_of_deletions_in_any_order(lengths, encoder, seed, data):
     rows, positions = every_deletion(lengths)
     pick = torch.tensor(data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=12)))
     with torch.no_grad():
-        got = model.encode_deletions(embedded, lengths, rows[pick], positions[pick])
+        got = model.encoder.deletions(embedded, lengths)(rows[pick], positions[pick])
         want = each_deletion_alone(model, embedded, lengths, rows[pick], positions[pick])
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("encoder", sorted(ENCODERS))
+@pytest.mark.parametrize("attention", sorted(ATTENTIONS))
+@pytest.mark.parametrize("classes", [1, 3])
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_deletion_logits_equal_the_model_on_each_shortened_row(encoder, attention, classes, dtype):
+    model = model_for(encoder, dtype, seed=2, classes=classes, attention=attention)
+    lengths = torch.tensor([7, 3, 5, 9, 2])  # <SOS> ... <EOS>; the last row has no real token left
+    embedded = ragged_embeddings(lengths, 10, dtype)
+    rows = torch.repeat_interleave(torch.arange(5), lengths - 2)
+    positions = torch.cat([torch.arange(1, int(n) - 1) for n in lengths])
+    rows, positions = torch.cat([rows, torch.tensor([4])]), torch.cat([positions, torch.tensor([1])])
+    with torch.no_grad():
+        got = model.deletion_logits(embedded, lengths)(rows, positions)
+        want = []
+        for r, t in zip(rows.tolist(), positions.tolist()):
+            n = int(lengths[r])
+            hidden = model.encode(torch.cat([embedded[r, :t], embedded[r, t + 1 : n]])[None], torch.tensor([n - 1]))
+            attention_ = model.attend(hidden, torch.tensor([n - 1]))
+            want.append(model.decoder(attention_ @ hidden[0]))
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, torch.cat(want), **tol)
 
 
 @pytest.mark.parametrize("encoder", sorted(ENCODERS))
