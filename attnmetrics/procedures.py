@@ -106,6 +106,12 @@ def _ops():
     return ops
 
 
+def _cuda_kernels() -> bool:
+    from attnmetrics import _ops as loader
+
+    return loader.CUDA_KERNELS
+
+
 def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -> tuple[Tensor, int | None]:
     """Validate leave_one_out's arguments; return lengths as int64 and mask_token as int or None."""
     if not isinstance(model, AttentionClassifier):
@@ -344,9 +350,11 @@ def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_toke
     seq_widths = [length if mode == "mask" else length - 1 for length in len_list]
     for s, e in _length_groups(real.tolist(), seq_widths, per_position, budget):
         idx = rows[s:e]
-        # The kernel runs on CPU; the token ids are small next to the model's work.
+        # The kernel runs where the tokens are when it has a CUDA build, else on the CPU
+        # (the token ids are small next to the model's work).
+        on = device if device.type == "cpu" or _cuda_kernels() else torch.device("cpu")
         seqs, seq_lengths, source = _ops().leave_one_out_batch(
-            tokens[idx, : len_list[e - 1]].to("cpu").contiguous(), lengths[idx].to("cpu"), lead, trail, mask_token, 0
+            tokens[idx, : len_list[e - 1]].to(on).contiguous(), lengths[idx].to(on), lead, trail, mask_token, 0
         )
         source = source.to(device)
         counts = real[s:e]
