@@ -115,3 +115,23 @@ def test_device_cuda_without_a_gpu_fails_before_any_work(tmp_path, monkeypatch, 
     assert main(["run", *QUICK, *FAST, "--device", "cuda", "--out", str(out)]) == 2
     assert "--device cuda, but torch sees no CUDA GPU" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_same_config_and_seed_give_the_same_numbers(run_dir, tmp_path):
+    """Issue 4 item 7: rerunning a run's flags reproduces every number it wrote."""
+    import numpy as np
+
+    out = tmp_path / "again"
+    assert main(["run", *QUICK, *FAST, "--out", str(out)]) == 0
+
+    def numbers(folder):  # all but the timings and the output folder
+        results = json.loads((folder / "results.json").read_text())
+        del results["wall_time_s"], results["config"]["out"]
+        for epoch in results["training"]["history"]:
+            del epoch["seconds"]
+        return results
+
+    assert numbers(run_dir) == numbers(out)
+    with np.load(run_dir / "predictions.npz") as a, np.load(out / "predictions.npz") as b:
+        for key in a.files:
+            np.testing.assert_array_equal(a[key], b[key])
