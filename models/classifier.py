@@ -265,7 +265,6 @@ class AttentionClassifier(nn.Module):
             self.mlm_proj = nn.Linear(H, E)
             self.mlm_output = nn.Linear(E, config.vocab_size)
             self.mlm_output.weight = self.embedding.weight
-        self.hidden_size = H
         self.attention = ATTENTIONS[config.attention](H, config.attention_dim or H // 2)
         self.decoder = nn.Linear(H, config.num_classes)
 
