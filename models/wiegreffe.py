@@ -17,7 +17,6 @@ import math
 from dataclasses import replace
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -170,11 +169,10 @@ def diagnostic_mlps(base: AttentionClassifier, make: ModelFactory, train_data: E
 
 
 def jain_wallace_point(results: dict) -> dict | None:
-    """J&W's per-instance adversary as a (mean output TVD, mean max JSD) point, from the
-    battery's ``adversarial`` instances in ``results``, for the TVD-vs-JSD plot; None if absent."""
-    inst = results.get("instances", {}).get("adversarial")
-    if not inst:
+    """J&W's per-instance adversary as one (mean output TVD, mean max JSD) point for the
+    TVD-vs-JSD plot, from the battery's ``adversarial`` summary in ``results`` (instances with
+    at least 2 tokens, as there); None when the battery did not run it."""
+    adv = results.get("adversarial")
+    if not adv:
         return None
-    tvd = np.array([np.nan if v is None else v for v in inst["output_tvd"]], dtype=float)
-    jsd = np.array([np.nan if v is None else v for v in inst["max_jsd"]], dtype=float)
-    return {"tvd_mean": float(np.nanmean(tvd)), "jsd_mean": float(np.nanmean(jsd))}
+    return {"tvd_mean": adv["output_tvd"]["mean"], "jsd_mean": adv["overall"]["mean"]}
