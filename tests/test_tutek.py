@@ -13,7 +13,14 @@ from attnmetrics_models.classifier import REGULARISERS, AttentionClassifier, Mod
 from attnmetrics_models.data import load_sst
 from attnmetrics_models.experiments import run_battery
 from attnmetrics_models.text import Vocabulary, collate
-from attnmetrics_models.training import TrainConfig, make_optimizer, seed_everything, train
+from attnmetrics_models.training import (
+    TrainConfig,
+    load_checkpoint,
+    make_optimizer,
+    save_checkpoint,
+    seed_everything,
+    train,
+)
 from attnmetrics_models.tutek import single_token_inputs, single_token_test
 
 torch.set_num_threads(1)
@@ -116,6 +123,19 @@ def test_mlm_head_shares_the_embedding_matrix():
     opt = make_optimizer(model, TrainConfig())
     opt.step()
     assert model.mlm_output.weight is model.embedding.weight
+
+
+
+def test_regularised_checkpoint_round_trip(tmp_path):
+    for regulariser in ("mlm", "residual"):
+        model = model_with(regulariser).float()
+        save_checkpoint(tmp_path / regulariser, model)
+        loaded = load_checkpoint(tmp_path / regulariser).model
+        assert loaded.config.regulariser == regulariser
+        if regulariser == "mlm":
+            assert loaded.mlm_output.weight is loaded.embedding.weight
+        _, tokens, lengths = ragged(6)
+        assert torch.equal(loaded(tokens, lengths)[0], model(tokens, lengths)[0])
 
 
 @pytest.fixture(scope="module")
