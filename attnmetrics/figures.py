@@ -131,3 +131,27 @@ def adversarial(results: dict, folder: Path) -> str | None:
     ax.set_title("Adversarial attention (J&W 2019)")
     _per_class_by_bins(bx, jsd, inst, results["data"]["classes"], "max JSD within the output bound")
     return _save(fig, folder / "adversarial.png")
+
+
+def consistent_adversary(results: dict, folder: Path) -> str | None:
+    """W&P 2019 (fig. 4): mean output TVD against mean attention JSD, one point per λ, with
+    J&W's per-instance adversary as a separate marker when the battery ran it."""
+    c = results.get("consistent_adversary")
+    if not c or not c.get("per_lambda"):
+        return None
+    per = c["per_lambda"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["jsd_mean"] for r in per], [r["tvd_mean"] for r in per], "o-", label="model-consistent adversary (W&P)")
+    for r in per:
+        ax.annotate(f"λ={r['lambda']:g}", (r["jsd_mean"], r["tvd_mean"]), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)
+    if "jain_wallace" in c:
+        jw = c["jain_wallace"]
+        ax.plot([jw["jsd_mean"]], [jw["tvd_mean"]], "s", color="tab:red", label="per-instance adversary (J&W)")
+    ax.set_xlabel("mean attention JSD to the base (nats)")
+    ax.set_ylabel("mean output TVD to the base")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title("Model-consistent adversary (W&P 2019)")
+    return _save(fig, folder / "consistent_adversary.png")

@@ -101,12 +101,48 @@ def _single_removal_section(results: dict) -> list[str]:
     return lines
 
 
+def _single_token_section(results: dict) -> list[str]:
+    s = results["single_token"]
+    rows = [["all", *_tau_row(s["tau"])]]
+    rows += [[f"predicted {c}", *_tau_row(v)] for c, v in s.get("tau_per_class", {}).items()]
+    return ["## Single-token inputs (Tutek & Šnajder 2020, sec. 4)", "",
+            "Each real token alone between the row's special tokens; Kendall τ-b between the attention and each "
+            "token's alone-probability of the full input's predicted class. The top-attention token alone gives "
+            f"the full input's decision in {_fmt(s['top_token_agreement'])} of {s['n']} instances.", "",
+            _table(rows, ["instances", "mean τ", "std", f"p ≤ {SIGNIFICANCE}", "n", "undefined"]), ""]
+
+
+def _consistent_adversary_section(results: dict) -> list[str]:
+    c = results["consistent_adversary"]
+    rows = [[_fmt(r["lambda"], 4), _fmt(r["tvd_mean"], 4), _fmt(r["jsd_mean"], 4), _fmt(r["accuracy"]),
+             _fmt(r["macro_f1"]), r.get("best_epoch", "–")] for r in c["per_lambda"]]
+    lines = ["## Model-consistent adversary (Wiegreffe & Pinter 2019, sec. 4.3–4.4)", "",
+             "A new model per λ, trained with loss Σ TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv ‖ α_base); test means of the "
+             "output TVD to the base and of the attention JSD (nats) to the base.", "",
+             _table(rows, ["λ", "mean output TVD", "mean attention JSD", "accuracy", "macro F1", "epoch kept"]), ""]
+    if "jain_wallace" in c:
+        jw = c["jain_wallace"]
+        lines += [f"Jain & Wallace's per-instance adversary (battery): mean output TVD {_fmt(jw['tvd_mean'], 4)}, "
+                  f"mean max JSD {_fmt(jw['jsd_mean'], 4)}.", ""]
+    return lines
+
+
+def _diagnostic_section(results: dict) -> list[str]:
+    rows = [[name, _fmt(v["accuracy"]), _fmt(v["macro_f1"])] for name, v in results["diagnostic"].items()]
+    return ["## Diagnostic MLP (Wiegreffe & Pinter 2019, sec. 4.2)", "",
+            "Per-token MLP (no context) trained and tested with the attention imposed from each source.", "",
+            _table(rows, ["attention", "accuracy", "macro F1"]), ""]
+
+
 _SECTIONS = (
     ("flip", _flip_section, figures.flips, "flip fraction"),
     ("kendall", _kendall_section, figures.kendall, "kendall tau"),
     ("permutation", _permutation_section, figures.permutation, "permutation"),
     ("adversarial", _adversarial_section, figures.adversarial, "adversarial"),
     ("single_removal", _single_removal_section, None, None),
+    ("single_token", _single_token_section, None, None),
+    ("consistent_adversary", _consistent_adversary_section, figures.consistent_adversary, "TVD vs JSD"),
+    ("diagnostic", _diagnostic_section, None, None),
 )
 
 

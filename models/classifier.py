@@ -5,7 +5,11 @@ small modules looked up by name, as in J&W sec. 3 and W&P:
 
 - ``ENCODERS``: ``lstm`` (BiLSTM, the default), ``gru`` (BiGRU), ``cnn`` (widths 1/3/5/7),
   ``average`` (per-token Linear + tanh, no context: the "no encoder"/MLP baseline).
-- ``ATTENTIONS``: ``tanh`` (additive, the default), ``dot`` (scaled, learned query).
+- ``ATTENTIONS``: ``tanh`` (additive, the default), ``dot`` (scaled, learned query),
+  ``uniform`` (W&P's baseline: 1/L over the real tokens, no parameters).
+- ``REGULARISERS`` (T&Š 2020, sec. 3): ``none``, ``concat``/``residual`` (the embedding is fed
+  past the encoder, so hidden states "stay true" to their words), ``tying``/``mlm`` (auxiliary
+  losses, :meth:`AttentionClassifier.auxiliary_loss`).
 
 Every encoder maps ``[B, T, E]`` and ``lengths [B]`` to ``[B, T, H]`` (``H = output_size``),
 exactly zero on padding, and treats a row the same alone or in a padded batch.
@@ -15,13 +19,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from functools import partial
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnmetrics_models.deletions import BiRNNDeletions, delete_positions
+from attnmetrics_models.text import UNK
 
 
 def real_token_mask(lengths: Tensor, T: int, lead: int = 1, trail: int = 1) -> Tensor:
@@ -175,8 +181,25 @@ class DotAttention(nn.Module):
         return _masked_softmax(self.score(self.w(hidden)), mask)
 
 
+class UniformAttention(nn.Module):
+    """W&P 2019's uniform baseline (sec. 3.2): 1/L on each of the L positions where ``mask``
+    is True, exactly 0 elsewhere. No parameters, so it stays frozen in training and testing.
+    Arguments are accepted for a common signature and unused."""
+
+    def __init__(self, hidden_size: int | None = None, attention_dim: int | None = None):
+        super().__init__()
+
+    def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
+        """hidden [B, T, H], mask [B, T] bool -> attention [B, T] in hidden's dtype."""
+        weights = mask.to(hidden.dtype)
+        # A row with no real token stays all zero (its context is the zero vector).
+        return weights / weights.sum(1, keepdim=True).clamp_min(1)
+
+
 ENCODERS = {"lstm": LSTMEncoder, "gru": GRUEncoder, "cnn": CNNEncoder, "average": AverageEncoder}
-ATTENTIONS = {"tanh": TanhAttention, "dot": DotAttention}
+ATTENTIONS = {"tanh": TanhAttention, "dot": DotAttention, "uniform": UniformAttention}
+#: T&Š 2020 (sec. 3): how hidden states are kept close to their input words
+REGULARISERS = ("none", "concat", "residual", "tying", "mlm")
 
 
 @dataclass
@@ -186,7 +209,10 @@ class ModelConfig:
     ``num_classes == 1`` is one sigmoid logit for a binary task (J&W); ``>= 2`` softmax.
     ``hidden_size`` is per direction for ``lstm``/``gru`` (H = 2·hidden_size) and the whole
     output for ``cnn``/``average`` (H = hidden_size; J&W: 4 widths × 32 = 128).
-    ``attention_dim`` (``tanh`` only) defaults to half the encoder's output (J&W: 256 -> 128)."""
+    ``attention_dim`` (``tanh`` only) defaults to half the encoder's output (J&W: 256 -> 128).
+    ``regulariser`` is one of :data:`REGULARISERS` (T&Š 2020); ``tying_weight`` and
+    ``mlm_weight`` scale its auxiliary loss, ``mlm_mask_prob`` is the share of real tokens
+    masked (replaced by ``<UNK>``) for the masked-LM head."""
 
     vocab_size: int
     embed_dim: int = 300
@@ -197,6 +223,10 @@ class ModelConfig:
     attention_dim: int | None = None
     lead: int = 1
     trail: int = 1
+    regulariser: str = "none"
+    tying_weight: float = 1.0
+    mlm_weight: float = 1.0
+    mlm_mask_prob: float = 0.15
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -208,6 +238,15 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown model config keys: {sorted(unknown)}")
         return cls(**d)
+
+
+class States(NamedTuple):
+    """One forward pass: logits [B, C], attention [B, T], embedded [B, T, E], hidden [B, T, H]."""
+
+    logits: Tensor
+    attention: Tensor
+    embedded: Tensor
+    hidden: Tensor
 
 
 class AttentionClassifier(nn.Module):
@@ -225,6 +264,10 @@ class AttentionClassifier(nn.Module):
             raise ValueError(f"unknown attention {config.attention!r}; choose from {sorted(ATTENTIONS)}")
         if config.num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {config.num_classes}")
+        if config.regulariser not in REGULARISERS:
+            raise ValueError(f"unknown regulariser {config.regulariser!r}; choose from {REGULARISERS}")
+        if not 0 < config.mlm_mask_prob <= 1:
+            raise ValueError(f"mlm_mask_prob must lie in (0, 1], got {config.mlm_mask_prob}")
         self.config = config
         self.lead, self.trail = config.lead, config.trail
         self.embedding = nn.Embedding(config.vocab_size, config.embed_dim, padding_idx=0)
@@ -237,7 +280,21 @@ class AttentionClassifier(nn.Module):
                 self.embedding.weight.copy_(embeddings)
                 self.embedding.weight[0].zero_()
         self.encoder = ENCODERS[config.encoder](config.embed_dim, config.hidden_size)
-        H = self.encoder.output_size
+        H, E = self.encoder.output_size, config.embed_dim
+        if config.regulariser == "concat":
+            H = H + E  # hidden ⊕ embedding
+        elif config.regulariser == "residual":
+            self.residual = nn.Linear(E, H)  # hidden + W e + b
+        elif config.regulariser == "tying":
+            # ||P h_t - e_t||²: P maps a hidden state into embedding space (the identity when H == E,
+            # T&Š's own set-up where the two have the same size).
+            self.tying = nn.Identity() if H == E else nn.Linear(H, E, bias=False)
+        elif config.regulariser == "mlm":
+            # Masked-LM head: hidden -> embedding space -> vocabulary, the output matrix being the
+            # embedding matrix itself (weight tying, Press & Wolf 2017).
+            self.mlm_proj = nn.Linear(H, E)
+            self.mlm_output = nn.Linear(E, config.vocab_size)
+            self.mlm_output.weight = self.embedding.weight
         self.attention = ATTENTIONS[config.attention](H, config.attention_dim or H // 2)
         self.decoder = nn.Linear(H, config.num_classes)
 
@@ -246,8 +303,17 @@ class AttentionClassifier(nn.Module):
         return self.embedding(tokens)
 
     def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:
-        """embeddings [B, T, E], lengths [B] -> hidden states [B, T, H], zero on padding."""
-        return self.encoder(embedded, lengths)
+        """embeddings [B, T, E], lengths [B] -> hidden states [B, T, H], zero on padding.
+
+        With the ``concat`` regulariser H = encoder output + E (hidden ⊕ embedding); with
+        ``residual`` the projected embedding is added (T&Š 2020, sec. 3)."""
+        hidden = self.encoder(embedded, lengths)
+        regulariser = self.config.regulariser
+        if regulariser in ("concat", "residual"):
+            mask = _pad_mask(lengths, embedded.shape[1]).to(hidden.dtype)
+            extra = embedded if regulariser == "concat" else self.residual(embedded)
+            hidden = torch.cat([hidden, extra * mask], -1) if regulariser == "concat" else hidden + extra * mask
+        return hidden
 
     def deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
         """Prepare the one-token deletions of rows ``embedded [G, T, E]``, ``lengths [G]``
@@ -261,9 +327,11 @@ class AttentionClassifier(nn.Module):
         depend on each state only through linear maps (the attention's projection and the
         decoder), so those are applied to each state once, not to every deletion's copy.
         """
-        if isinstance(self.encoder, _BiRNNEncoder) and hasattr(self.attention, "projection"):
+        # concat/residual add the embedding past the encoder: those re-encode each deletion
+        plain = self.config.regulariser not in ("concat", "residual")
+        if plain and isinstance(self.encoder, _BiRNNEncoder) and hasattr(self.attention, "projection"):
             return self._spliced_deletion_logits(embedded, lengths)
-        if hasattr(self.encoder, "deletions"):
+        if plain and hasattr(self.encoder, "deletions"):
             encode = self.encoder.deletions(embedded, lengths)
         else:
             def encode(rows: Tensor, positions: Tensor) -> Tensor:
@@ -309,13 +377,46 @@ class AttentionClassifier(nn.Module):
         ``attention`` [B, T], if given, is imposed instead of the model's own (uniform
         baselines, permutations, adversaries); it is returned as the attention used.
         """
-        hidden = self.encode(self.embed(tokens), lengths)
+        out = self.states(tokens, lengths, attention)
+        return out.logits, out.attention
+
+    def states(self, tokens: Tensor, lengths: Tensor, attention: Tensor | None = None) -> States:
+        """:meth:`forward` keeping the intermediate tensors (for auxiliary losses)."""
+        embedded = self.embed(tokens)
+        hidden = self.encode(embedded, lengths)
         if attention is None:
             attention = self.attend(hidden, lengths)
         elif attention.shape != hidden.shape[:2]:
             raise ValueError(f"imposed attention must be [B, T] = {list(hidden.shape[:2])}, got {list(attention.shape)}")
         context = torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1)
-        return self.decoder(context), attention
+        return States(self.decoder(context), attention, embedded, hidden)
+
+    def auxiliary_loss(self, tokens: Tensor, lengths: Tensor, embedded: Tensor, hidden: Tensor) -> Tensor | None:
+        """The regulariser's auxiliary training loss (T&Š 2020, sec. 3), already weighted, or
+        None when the regulariser has none. ``training.train`` adds it to the task loss.
+
+        - ``tying``: ``tying_weight`` · mean over real tokens of ||P h_t − e_t||² (squared L2;
+          the embedding is the target, detached, so the loss pulls hidden states towards their
+          words rather than shrinking the embeddings towards the hidden states).
+        - ``mlm``: ``mlm_weight`` · cross-entropy of predicting the original id of each masked
+          real token (a ``mlm_mask_prob`` share, replaced by ``<UNK>``) from the hidden states of
+          the masked input, through a head whose output matrix is the embedding matrix.
+
+        Args: tokens [B, T] int64, lengths [B] int64 (specials included), embedded [B, T, E]
+        and hidden [B, T, H] of the unmasked forward pass. Returns a scalar tensor or None.
+        """
+        real = real_token_mask(lengths, tokens.shape[1], self.lead, self.trail)
+        if self.config.regulariser == "tying":
+            squared = (self.tying(hidden) - embedded.detach()).pow(2).sum(-1)
+            return self.config.tying_weight * squared[real].mean()
+        if self.config.regulariser == "mlm":
+            masked = real & (torch.rand(real.shape, device=tokens.device) < self.config.mlm_mask_prob)
+            if not masked.any():
+                return hidden.sum() * 0.0  # keeps the graph; no token drawn in this batch
+            states = self.encode(self.embed(tokens.masked_fill(masked, UNK)), lengths)[masked]
+            logits = self.mlm_output(torch.tanh(self.mlm_proj(states)))  # [M, V]
+            return self.config.mlm_weight * F.cross_entropy(logits, tokens[masked])
+        return None
 
     def attention_parameters(self) -> list[nn.Parameter]:
         """The attention layer's parameters (J&W exempt them from weight decay)."""

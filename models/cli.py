@@ -27,7 +27,7 @@ import torch
 import attnmetrics
 from attnmetrics.io import run_folder, write_json_atomic, write_npz_atomic
 from attnmetrics.report import render, render_comparison
-from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassifier, ModelConfig
+from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, REGULARISERS, AttentionClassifier, ModelConfig
 from attnmetrics_models.data import DATASETS, load_dataset
 from attnmetrics_models import sweep
 from attnmetrics_models.experiments import DEFAULT_ORDERS, EXPERIMENTS, run_battery
@@ -41,6 +41,7 @@ from attnmetrics_models.training import (
     train,
     train_config_dict,
 )
+from attnmetrics_models.wiegreffe import consistent_adversaries, diagnostic_mlps, jain_wallace_point
 
 CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.json
 
@@ -51,6 +52,8 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, help="folder with the dataset's files (sst: train.txt, dev.txt, test.txt)")
     p.add_argument("--limit", type=int, help="use only the first N examples of each split (quick runs)")
     p.add_argument("--max-tokens", type=int, help="truncate texts to N tokens (default: 400 for bbc, none otherwise)")
+    p.add_argument("--split-seed", type=int, default=0,
+                   help="seed of the train/dev/test split, independent of --seed (default: 0)")
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
@@ -65,6 +68,17 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=1e-5)
+    p.add_argument("--regulariser", choices=REGULARISERS, default="none",
+                   help="Tutek & Šnajder 2020: concat/residual (embedding past the encoder), tying/mlm (auxiliary loss)")
+    p.add_argument("--tying-weight", type=float, default=1.0, help="weight of the tying loss (--regulariser tying)")
+    p.add_argument("--mlm-weight", type=float, default=1.0, help="weight of the masked-LM loss (--regulariser mlm)")
+
+
+def _add_wiegreffe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--consistent-adversary", nargs="+", type=float, metavar="LAMBDA",
+                   help="Wiegreffe & Pinter 2019: train a model-consistent adversary for each λ")
+    p.add_argument("--diagnostic", action="store_true",
+                   help="Wiegreffe & Pinter 2019: diagnostic MLPs with uniform/trained/base/adversary attention")
 
 
 def _add_battery_args(p: argparse.ArgumentParser) -> None:
@@ -102,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_train_args(p)
     for p in (run, ev):
         _add_battery_args(p)
+    _add_wiegreffe_args(run)
     _add_common_args(run)
     _add_common_args(tr)
     _add_common_args(ev, out_required=True)
@@ -140,7 +155,7 @@ def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int
 
 
 def _train(args, results: dict):
-    splits = _load_data(args.dataset, args.data_dir, args.limit, args.seed, args.max_tokens)
+    splits = _load_data(args.dataset, args.data_dir, args.limit, args.split_seed, args.max_tokens)
     vocab = Vocabulary.build(text for text, _ in splits.train)
     embeddings, embed_dim = None, args.embed_dim
     if args.embeddings == "glove":
@@ -149,9 +164,15 @@ def _train(args, results: dict):
         results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
     classes = len(splits.classes)
     config = ModelConfig(vocab_size=len(vocab), embed_dim=embed_dim, hidden_size=args.hidden_size,
-                         num_classes=1 if classes == 2 else classes, encoder=args.encoder, attention=args.attention)
-    torch.manual_seed(args.seed)
-    model = AttentionClassifier(config, embeddings).to(args.device)
+                         num_classes=1 if classes == 2 else classes, encoder=args.encoder, attention=args.attention,
+                         regulariser=args.regulariser, tying_weight=args.tying_weight, mlm_weight=args.mlm_weight)
+
+    def make(cfg: ModelConfig) -> AttentionClassifier:
+        """A fresh model of ``cfg``, initialised as the base (same seed, same embeddings)."""
+        torch.manual_seed(args.seed)
+        return AttentionClassifier(cfg, embeddings).to(args.device)
+
+    model = make(config)
     tconf = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                         weight_decay=args.weight_decay, seed=args.seed, progress=not args.no_progress)
     train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
@@ -162,7 +183,31 @@ def _train(args, results: dict):
     results["training"] = {"config": train_config_dict(tconf), "best_epoch": result.best_epoch,
                            "best_dev": result.best_dev, "history": result.history}
     results["wall_time_s"]["training"] = result.seconds
-    return model, vocab, splits
+    return model, vocab, splits, (make, tconf, train_data, dev_data)
+
+
+def _wiegreffe(args, model, vocab, splits, recipe, results: dict) -> None:
+    """W&P 2019's trained experiments: model-consistent adversaries and diagnostic MLPs."""
+    make, tconf, train_data, dev_data = recipe
+    test = vocab.encode_split(splits.test)
+    adversaries = []
+    if args.consistent_adversary:
+        t0 = time.perf_counter()
+        summary, instances, adversaries = consistent_adversaries(model, make, train_data, dev_data, test,
+                                                                 args.consistent_adversary, tconf)
+        jw = jain_wallace_point(results)
+        if jw:
+            summary["jain_wallace"] = jw
+        results["consistent_adversary"] = summary
+        results["instances"]["consistent_adversary"] = instances
+        results["wall_time_s"]["consistent_adversary"] = time.perf_counter() - t0
+    if args.diagnostic:
+        t0 = time.perf_counter()
+        summary, instances = diagnostic_mlps(model, make, train_data, dev_data, test, tconf,
+                                             adversaries[0] if adversaries else None)
+        results["diagnostic"] = summary
+        results["instances"]["diagnostic"] = instances
+        results["wall_time_s"]["diagnostic"] = time.perf_counter() - t0
 
 
 def _battery(args, model, vocab, splits, results: dict) -> None:
@@ -195,6 +240,18 @@ def _battery(args, model, vocab, splits, results: dict) -> None:
                        "loss -JSD + 500 ReLU(TVD - 0.01) - pairwise JSD; max JSD among outputs with TVD <= 0.05",
         "single_removal": "one weight zeroed, rest renormalised; output JSD in nats; McNemar exact test",
         "divergences": "JSD in nats (natural log), symmetric; TVD = 1/2 sum |p - q|; sums over a test set are means",
+        "single_token": "T&S 2020: each real token alone between the row's own special tokens; tau-b between attention "
+                        "and the alone-probability of the full input's predicted class; top-attention token (ties: "
+                        "lower index) alone gives the full decision",
+        "regulariser": "T&S 2020: concat = hidden (+) embedding; residual = hidden + Linear(embedding); tying = weight * "
+                       "mean over real tokens of ||P h_t - e_t||^2 (P = identity if H == E, else a learned Linear; "
+                       "e_t detached); mlm = weight * CE of masked real tokens (p = 0.15, replaced by <UNK>) through "
+                       "a head whose output matrix is the embedding matrix",
+        "consistent_adversary": "W&P 2019: loss sum over batch of TVD(y_adv, y_base) - lambda KL(a_adv || a_base), KL "
+                                "over real tokens (0 log 0 = 0), base frozen; same init, data and recipe as the base; "
+                                "epoch kept: lowest mean dev objective; test TVD of outputs, JSD of attention (means)",
+        "diagnostic": "W&P 2019: average encoder (Linear + tanh per token) with imposed attention in training and "
+                      "testing; epoch kept: best dev ROC-AUC",
     }
 
 
@@ -259,7 +316,10 @@ def main(argv: list[str] | None = None) -> int:
                 ckpt = load_checkpoint(args.model_run / CHECKPOINT)
                 saved = ckpt.extra
                 data_dir = args.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
-                splits = _load_data(saved["dataset"], data_dir, args.limit, saved.get("seed", 0), saved.get("max_tokens"))
+                # Checkpoints from before --split-seed split with the model seed.
+                split_seed = saved.get("split_seed", saved.get("seed", 0))
+                splits = _load_data(saved["dataset"], data_dir, args.limit, split_seed, saved.get("max_tokens"))
+                results["split_seed"] = split_seed
                 results["config"]["dataset"] = saved["dataset"]
                 results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
                 results["model"] = ckpt.model.config.to_dict()
@@ -267,15 +327,18 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 # CUDA has no deterministic kernel for a few ops (e.g. embedding backward): warn there
                 torch.use_deterministic_algorithms(True, warn_only=args.device == "cuda")
-                model, vocab, splits = _train(args, results)
+                model, vocab, splits, recipe = _train(args, results)
+                results["split_seed"] = args.split_seed
                 data_dir = str(args.data_dir.resolve()) if args.data_dir else None
                 save_checkpoint(folder / CHECKPOINT, model, vocab,
                                 extra={"dataset": args.dataset, "data_dir": data_dir, "seed": args.seed,
-                                       "max_tokens": args.max_tokens})
+                                       "split_seed": args.split_seed, "max_tokens": args.max_tokens})
             if args.command == "train":
                 results["test"] = evaluate(model, vocab.encode_split(splits.test))
             else:
                 _battery(args, model, vocab, splits, results)
+                if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
+                    _wiegreffe(args, model, vocab, splits, recipe, results)
             _write_predictions(model, vocab, splits, folder)
             _finish(results, folder, start)
     except FileExistsError as e:

@@ -1,4 +1,5 @@
-"""The faithfulness battery on a trained model's test split (J&W 2019; S&S 2019).
+"""The faithfulness battery on a trained model's test split (J&W 2019; S&S 2019; T&Š 2020's
+single-token-input test).
 
 Runs per evaluation batch and gathers per-instance results, so memory stays bounded by
 the batch size whatever the size of the test set.
@@ -24,11 +25,12 @@ from attnmetrics.summaries import (
     single_removal_summary,
     tau_summary,
 )
+from attnmetrics_models.tutek import single_token_test
 
 #: S&S 2019's orderings (sec. 4): attention, random, gradient w.r.t. attention, attention x gradient; plus reverse.
 DEFAULT_ORDERS = ("attention", "random", "gradient", "attn_grad", "reverse")
 #: experiments of the battery, in the order they run; each can be skipped
-EXPERIMENTS = ("flip", "kendall", "loo", "permutation", "adversarial", "single_removal")
+EXPERIMENTS = ("flip", "kendall", "loo", "permutation", "adversarial", "single_removal", "single_token")
 #: S&S 2019 (sec. 3): which single weight is removed
 SINGLE_REMOVALS = ("top", "second", "lowest", "random")
 
@@ -95,6 +97,11 @@ def run_battery(
                 r = attnmetrics.single_removal(*args, which=which, generator=generator)
                 acc[f"single_removal/{which}/jsd"].append(r.jsd)
                 acc[f"single_removal/{which}/flipped"].append(r.flipped)
+        if "single_token" in experiments:
+            r = single_token_test(model, tokens, lengths)
+            acc["single_token/tau"].append(r.tau)
+            acc["single_token/pvalue"].append(r.pvalue)
+            acc["single_token/top_agrees"].append(r.top_agrees)
 
     x = {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}
     lengths, predicted, max_attention = x["lengths"], x["predicted"], x["max_attention"]
@@ -131,4 +138,14 @@ def run_battery(
         summary["single_removal"] = single_removal_summary(jsd, flipped, lengths)
         instances["single_removal"] = {w: {"jsd": jsd[w].tolist(), "flipped": flipped[w].tolist()}
                                        for w in SINGLE_REMOVALS}
+    if "single_token" in experiments:
+        tau, p, agrees = x["single_token/tau"], x["single_token/pvalue"], x["single_token/top_agrees"]
+        taus = tau_summary(tau, p, predicted, class_names)
+        has_tokens = lengths > 0
+        summary["single_token"] = {
+            "tau": taus["overall"], "tau_per_class": taus["per_class"],
+            "top_token_agreement": float(agrees[has_tokens].mean()) if has_tokens.any() else float("nan"),
+            "n": int(has_tokens.sum()),
+        }
+        instances["single_token"] = {"tau": tau.tolist(), "pvalue": p.tolist(), "top_token_agrees": agrees.tolist()}
     return summary, instances

@@ -3,6 +3,10 @@
 Adam (lr 1e-3, amsgrad as in J&W's code), weight decay 1e-5 on everything but the attention
 layer, batch 32, 8 epochs; after each epoch the dev ROC-AUC decides which epoch's weights
 are kept. Seeded and deterministic on CPU.
+
+The loop is shared by the paper experiments that train: an ``attention_source`` imposes
+attention (W&P's uniform/base/adversary diagnostic MLPs) and an ``objective`` replaces the
+loss and the epoch choice (W&P's model-consistent adversary).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -60,6 +64,10 @@ class Predictions(NamedTuple):
     labels: Tensor
 
 
+#: (tokens [B, T] int64, lengths [B] int64) -> attention [B, T] to impose on the model
+AttentionSource = Callable[[Tensor, Tensor], Tensor]
+
+
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (call before building a model to fix its initialisation)."""
     random.seed(seed)
@@ -75,7 +83,8 @@ def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def make_optimizer(model: AttentionClassifier, config: TrainConfig) -> torch.optim.Optimizer:
-    """Adam with weight decay on every parameter except the attention layer's (J&W)."""
+    """Adam with weight decay on every parameter except the attention layer's (J&W).
+    An attention without parameters (``uniform``) gets an empty group, which Adam accepts."""
     attn = {id(p) for p in model.attention_parameters()}
     rest = [p for p in model.parameters() if id(p) not in attn]
     return torch.optim.Adam(
@@ -88,6 +97,45 @@ def make_optimizer(model: AttentionClassifier, config: TrainConfig) -> torch.opt
     )
 
 
+def _imposed(source: AttentionSource | None, tokens: Tensor, lengths: Tensor) -> Tensor | None:
+    if source is None:
+        return None
+    with torch.no_grad():
+        return source(tokens, lengths).detach()
+
+
+class Objective(Protocol):
+    """What :func:`train` minimises and how it picks the epoch to keep."""
+
+    def loss(self, model: AttentionClassifier, batch: Batch, attention: Tensor | None) -> Tensor:
+        """Training loss of one batch (on the model's device); ``attention`` [B, T] is imposed or None."""
+
+    def select(self, model: AttentionClassifier, dev: EncodedSplit, source: AttentionSource | None,
+               batch_size: int) -> tuple[float, dict]:
+        """(score, higher is better; dev metrics for the history) after an epoch."""
+
+
+class Classification:
+    """J&W's objective: the task loss (:func:`loss_fn`) plus the model's ``auxiliary_loss``
+    when it has one (T&Š's tying / masked-LM regularisers); the epoch with the best dev
+    ROC-AUC is kept."""
+
+    def loss(self, model, batch, attention):
+        if hasattr(model, "states"):
+            out = model.states(batch.tokens, batch.lengths, attention)
+            logits, embedded, hidden = out.logits, out.embedded, out.hidden
+        else:
+            (logits, _), embedded, hidden = model(batch.tokens, batch.lengths, attention), None, None
+        loss = loss_fn(logits, batch.labels)
+        aux = getattr(model, "auxiliary_loss", None)
+        extra = aux(batch.tokens, batch.lengths, embedded, hidden) if aux is not None and hidden is not None else None
+        return loss if extra is None else loss + extra
+
+    def select(self, model, dev, source, batch_size):
+        metrics = evaluate(model, dev, batch_size, attention_source=source)
+        return (-math.inf if math.isnan(metrics["roc_auc"]) else metrics["roc_auc"]), metrics
+
+
 def _batches(data: EncodedSplit | Iterable[Batch], batch_size: int) -> Iterable[Batch]:
     return data.batches(batch_size) if isinstance(data, EncodedSplit) else data
 
@@ -97,16 +145,19 @@ def _to(batch: Batch, device: torch.device) -> Batch:
 
 
 @torch.no_grad()
-def predict(model: AttentionClassifier, batches: EncodedSplit | Iterable[Batch], batch_size: int = 256) -> Predictions:
+def predict(model: AttentionClassifier, batches: EncodedSplit | Iterable[Batch], batch_size: int = 256,
+            attention_source: AttentionSource | None = None) -> Predictions:
     """Run the model (on whatever device it is) over a split (an :class:`EncodedSplit` or its
-    batches); rows come back on the CPU in split order (by ``Batch.index``)."""
+    batches); rows come back on the CPU in split order (by ``Batch.index``). With
+    ``attention_source`` its attention is imposed on every batch."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     parts = []
     try:
         for b in _batches(batches, batch_size):
-            logits, attention = model(b.tokens.to(device), b.lengths.to(device))
+            tokens, lengths = b.tokens.to(device), b.lengths.to(device)
+            logits, attention = model(tokens, lengths, _imposed(attention_source, tokens, lengths))
             parts.append((b.index, logits.cpu(), attention.cpu(), b.lengths, b.labels))
     finally:
         model.train(was_training)
@@ -149,17 +200,24 @@ def classification_metrics(logits: Tensor, labels: Tensor) -> dict:
     }
 
 
-def evaluate(model: AttentionClassifier, data: EncodedSplit | Iterable[Batch], batch_size: int = 256) -> dict:
-    """accuracy, macro_f1, roc_auc and mean loss over a split."""
-    p = predict(model, data, batch_size)
+def evaluate(model: AttentionClassifier, data: EncodedSplit | Iterable[Batch], batch_size: int = 256,
+             attention_source: AttentionSource | None = None) -> dict:
+    """accuracy, macro_f1, roc_auc and mean loss over a split (``attention_source``: as in :func:`predict`)."""
+    p = predict(model, data, batch_size, attention_source)
     return {**classification_metrics(p.logits, p.labels), "loss": float(loss_fn(p.logits, p.labels))}
 
 
 def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: EncodedSplit,
-          config: TrainConfig | None = None) -> TrainResult:
+          config: TrainConfig | None = None, *, attention_source: AttentionSource | None = None,
+          objective: Objective | None = None) -> TrainResult:
     """Train in place, on the device the model is on; at the end the model holds the weights
-    of the epoch with the best dev ROC-AUC (the first such epoch on ties)."""
+    of the epoch with the best dev score (the first such epoch on ties).
+
+    ``attention_source`` imposes attention in training and on dev (W&P's diagnostic MLPs);
+    ``objective`` (default :class:`Classification`: task loss + auxiliary loss, dev ROC-AUC)
+    sets the loss and the dev score."""
     config = config or TrainConfig()
+    objective = objective or Classification()
     device = next(model.parameters()).device
     seed_everything(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
@@ -176,25 +234,23 @@ def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: Encode
                    desc=f"epoch {epoch}/{config.epochs}", disable=not config.progress, leave=False)
         for b in bar:
             b = _to(b, device)
-            logits, _ = model(b.tokens, b.lengths)
-            loss = loss_fn(logits, b.labels)
+            loss = objective.loss(model, b, _imposed(attention_source, b.tokens, b.lengths))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             total += loss.item() * len(b.labels)
             seen += len(b.labels)
             bar.set_postfix(loss=f"{total / seen:.4f}", refresh=False)
-        dev = evaluate(model, dev_data, config.eval_batch_size)
+        key, dev = objective.select(model, dev_data, attention_source, config.eval_batch_size)
         record = {"epoch": epoch, "train_loss": total / max(seen, 1), **{f"dev_{k}": v for k, v in dev.items()},
                   "seconds": time.perf_counter() - t0}
         history.append(record)
-        key = -math.inf if math.isnan(dev["roc_auc"]) else dev["roc_auc"]
         if best_state is None or key > best_key:
             best_key, best_epoch, best_dev = key, epoch, dev
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if config.progress:
-            tqdm.write(f"epoch {epoch}: train loss {record['train_loss']:.4f}, dev acc {dev['accuracy']:.4f}, "
-                       f"dev auc {dev['roc_auc']:.4f} ({record['seconds']:.1f}s)")
+            shown = ", ".join(f"dev {k} {v:.4f}" for k, v in dev.items() if k in ("accuracy", "roc_auc", "objective"))
+            tqdm.write(f"epoch {epoch}: train loss {record['train_loss']:.4f}, {shown} ({record['seconds']:.1f}s)")
     if best_state is not None:
         model.load_state_dict(best_state)
     return TrainResult(best_epoch, best_dev, history, time.perf_counter() - start)

@@ -14,10 +14,10 @@ from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassif
 F64 = torch.float64
 
 
-def model_for(encoder: str, dtype=F64, seed=0, classes=1, attention="tanh") -> AttentionClassifier:
+def model_for(encoder: str, dtype=F64, seed=0, classes=1, attention="tanh", regulariser="none") -> AttentionClassifier:
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=40, embed_dim=5, hidden_size=8, num_classes=classes, encoder=encoder,
-                         attention=attention)
+                         attention=attention, regulariser=regulariser)
     return AttentionClassifier(config).to(dtype).eval()
 
 
@@ -97,7 +97,16 @@ def test_any_subset_of_deletions_in_any_order(lengths, encoder, seed, data):
 @pytest.mark.parametrize("classes", [1, 3])
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 def test_deletion_logits_equal_the_model_on_each_shortened_row(encoder, attention, classes, dtype):
-    model = model_for(encoder, dtype, seed=2, classes=classes, attention=attention)
+    check_deletion_logits(model_for(encoder, dtype, seed=2, classes=classes, attention=attention), dtype)
+
+
+@pytest.mark.parametrize("encoder", ["lstm", "average"])
+@pytest.mark.parametrize("regulariser", ["concat", "residual", "tying"])
+def test_deletion_logits_with_regularisers(encoder, regulariser):
+    check_deletion_logits(model_for(encoder, seed=3, regulariser=regulariser), F64)
+
+
+def check_deletion_logits(model, dtype):
     lengths = torch.tensor([7, 3, 5, 9, 2])  # <SOS> ... <EOS>; the last row has no real token left
     embedded = ragged_embeddings(lengths, 10, dtype)
     rows = torch.repeat_interleave(torch.arange(5), lengths - 2)

@@ -138,7 +138,7 @@ def zoo_model(encoder: str, attention: str, num_classes: int = 1, seed: int = 0)
 
 
 def test_registries():
-    assert set(ENCODERS) == {"lstm", "gru", "cnn", "average"} and set(ATTENTIONS) == {"tanh", "dot"}
+    assert set(ENCODERS) == {"lstm", "gru", "cnn", "average"} and set(ATTENTIONS) == {"tanh", "dot", "uniform"}
     # H: both directions for the RNNs, the whole hidden_size for cnn (4 widths x 2) and average.
     sizes = {e: zoo_model(e, "tanh").encoder.output_size for e in ENCODERS}
     assert sizes == {"lstm": 16, "gru": 16, "cnn": 8, "average": 8}
@@ -210,8 +210,9 @@ def test_zoo_imposed_attention_and_gradients(encoder, attention):
     _, tokens, lengths = ragged_batch(7)
     logits, attn = model(tokens, lengths)
     real = real_token_mask(lengths, tokens.shape[1]).double()
-    uniform = real / real.sum(1, keepdim=True)
-    imposed, _ = model(tokens, lengths, attention=uniform)
+    skewed = real * torch.arange(1, tokens.shape[1] + 1, dtype=real.dtype)  # differs from every model's own, uniform's too
+    skewed = skewed / skewed.sum(1, keepdim=True)
+    imposed, _ = model(tokens, lengths, attention=skewed)
     assert not torch.allclose(imposed, logits)
     assert torch.allclose(model(tokens, lengths, attention=attn)[0], logits)
 
