@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Callable, Iterator
 
 import numpy as np
 
@@ -27,13 +27,14 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+def _write_atomic(path: str | os.PathLike, write: Callable[[IO], None], mode: str) -> None:
+    """Call ``write`` on a temporary file in ``path``'s folder, flush it to disk, then rename it
+    to ``path``: readers see the old file or the whole new one, never a part."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -41,6 +42,11 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    _write_atomic(path, lambda f: f.write(text), "w")
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
@@ -49,19 +55,9 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
 
 
 def write_npz_atomic(path: str | os.PathLike, **arrays: np.ndarray) -> None:
-    """Write ``arrays`` as an uncompressed ``.npz`` (``numpy.savez``) through a temporary file and a rename."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:  # a file object: savez would append ".npz" to a name
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    """Write ``arrays`` as an uncompressed ``.npz`` (``numpy.savez``), atomically."""
+    # a file object: savez would append ".npz" to a name
+    _write_atomic(path, lambda f: np.savez(f, **arrays), "wb")
 
 
 @contextlib.contextmanager
