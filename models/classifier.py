@@ -351,14 +351,14 @@ class AttentionClassifier(nn.Module):
         # score and decoder inputs are sums of a forward and a backward half: W h = W_f h_f + W_b h_b
         maps = torch.cat([projection.weight, self.decoder.weight])  # [A + C, H]
         forward_map, backward_map = maps.chunk(2, dim=1)
-        old_forward, old_backward = deletions.hf @ forward_map.t(), deletions.hb @ backward_map.t()
+        old = torch.stack([deletions.hf @ forward_map.t(), deletions.hb @ backward_map.t()], dim=2)
+        if projection.bias is not None:  # each position holds one old half: add the bias there, once
+            old[..., :A] += projection.bias
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
             fwd, bwd = deletions.runs(rows, positions)
-            f, b = deletions.splice(old_forward, fwd @ forward_map.t(), old_backward, bwd @ backward_map.t(),
-                                    rows, positions)
-            mapped = f + b  # [N, W - 1, A + C]
-            projected = mapped[..., :A] if projection.bias is None else mapped[..., :A] + projection.bias
+            mapped = deletions.splice(old, fwd @ forward_map.t(), bwd @ backward_map.t(), rows, positions)
+            projected = mapped[..., :A]  # [N, W - 1, A + C]: attention projection ⊕ decoder
             mask = real_token_mask(lengths[rows] - 1, mapped.shape[1], self.lead, self.trail)
             attention = _masked_softmax(self.attention.score(projected), mask)
             out = torch.einsum("nt,ntc->nc", attention, mapped[..., A:])

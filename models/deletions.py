@@ -20,6 +20,7 @@ recomputed runs are padded to the chunk's longest run, so a chunk of nearby posi
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -129,29 +130,33 @@ class BiRNNDeletions:
         bwd = self._run(True, rows, positions - 1, positions, self._start(self.hb, self.cb, rows, positions + 1))
         return fwd, bwd
 
-    def splice(self, old_fwd: Tensor, new_fwd: Tensor, old_bwd: Tensor, new_bwd: Tensor, rows: Tensor,
-               positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-position features of the deletions, direction by direction: ``old_* [G, T, D]``
-        of the rows' own states, ``new_* [N, L, D]`` of :meth:`runs`' outputs (any map
-        applied position-wise to states commutes with this) -> forward and backward
-        ``[N, W - 1, D]``, not zeroed past each deletion's length. Before the deleted
-        position t: old forward, new backward (step t - 1 - j); from it on: new forward
-        (step j - t), old backward (position j + 1)."""
+    def splice(self, old: Tensor, new_fwd: Tensor, new_bwd: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
+        """Per-position features of the deletions, for features that add over the two halves
+        of a state (any linear map of it): ``old [G, T, 2, D]``, the features of the rows' own
+        forward (``[:, :, 0]``) and backward (``[:, :, 1]``) states; ``new_* [N, L, D]``, those
+        of :meth:`runs`' outputs -> ``[N, W - 1, D]``, not zeroed past each deletion's length.
+
+        Each new position j holds one reused and one recomputed state: before the deleted
+        position t, the old forward state at j and the new backward one (step t - 1 - j);
+        from t on, the new forward state (step j - t) and the old backward one at j + 1.
+        Two row gathers, one from each table, and an add build it.
+        """
         n = self.lengths[rows]
         source, before, _ = kept_positions(n, positions, int(n.max()))
+        N, (Lf, D), Lb, T = rows.shape[0], new_fwd.shape[1:], new_bwd.shape[1], old.shape[1]
         j = torch.arange(source.shape[1], device=rows.device)
-        t = positions[:, None]
-
-        def steps(new: Tensor, step: Tensor) -> Tensor:
-            return new.gather(1, step.clamp(0, new.shape[1] - 1).unsqueeze(-1).expand(-1, -1, new.shape[2]))
-
-        b = before.unsqueeze(-1)
-        forward = torch.where(b, old_fwd[rows[:, None], source], steps(new_fwd, j - t))
-        backward = torch.where(b, steps(new_bwd, t - 1 - j), old_bwd[rows[:, None], source])
-        return forward, backward
+        t, i = positions[:, None], torch.arange(N, device=rows.device)[:, None]
+        old_index = (rows[:, None] * T + source) * 2 + (~before).long()
+        new_index = torch.where(before, N * Lf + i * Lb + (t - 1 - j).clamp(0, Lb - 1), i * Lf + (j - t).clamp(0, Lf - 1))
+        new = torch.cat([new_fwd.reshape(-1, D), new_bwd.reshape(-1, D)])
+        out = old.reshape(-1, D).index_select(0, old_index.reshape(-1))
+        return out.add_(new.index_select(0, new_index.reshape(-1))).view(N, -1, D)
 
     def __call__(self, rows: Tensor, positions: Tensor) -> Tensor:
         fwd, bwd = self.runs(rows, positions)
-        out = torch.cat(self.splice(self.hf, fwd, self.hb, bwd, rows, positions), dim=-1)
+        # The hidden state is forward ⊕ backward: as features, each half padded by zeros.
+        hd = fwd.shape[-1]
+        old = torch.stack([F.pad(self.hf, (0, hd)), F.pad(self.hb, (hd, 0))], dim=2)
+        out = self.splice(old, F.pad(fwd, (0, hd)), F.pad(bwd, (hd, 0)), rows, positions)
         valid = torch.arange(out.shape[1], device=rows.device) < (self.lengths[rows] - 1)[:, None]
         return out * valid.unsqueeze(-1).to(out.dtype)
