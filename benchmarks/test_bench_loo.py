@@ -9,13 +9,15 @@ batches of 32 rows, which is timed too for the SST-like case (``batch_size=32``)
 Each approach runs once per case (they take seconds to minutes on 2 cores); the ratio
 is in ``extra_info["speedup"]``. The SST-like case uses B = 500 rather than SST's 1,821
 test sentences, and the IMDB-like case B = 100, to keep the run to a few minutes
-(about 7 on one thread; J&W's loop takes three quarters of it).
+(about 3 on one thread; J&W's loop takes four fifths of it).
 
-Both sides are bound by the BiLSTM itself, so the ratio comes from doing fewer, better
-shaped token-steps (no rows riding along past their length, uniform-length calls of
-cache size), not from skipping work. On a 2-core machine shared with other jobs, two
-OpenMP threads contend badly (small calls suffer most); ``OMP_NUM_THREADS=1`` gives
-steadier numbers. ``extra_info`` records the threads and the load average.
+Both sides are bound by the BiLSTM itself. J&W's loop re-encodes every shortened row from
+scratch (and runs rows too short for the deleted position along); ours asks the model for
+``deletion_logits``, which reuses what a deletion leaves unchanged: the forward states before the
+token and the backward states after it, so each deletion runs one direction over the part it
+changed, and the attention projection and the decoder are applied to each state once. On a
+2-core machine shared with other jobs, two OpenMP threads contend badly (small calls suffer
+most); ``OMP_NUM_THREADS=1`` gives steadier numbers. ``extra_info`` records the threads and the load average.
 
 With a GPU (and attnmetrics' CUDA build) ``leave_one_out`` also runs on ``cuda`` (model
 and tokens there), against its CPU run on the same inputs (``extra_info["speedup_vs_cpu"]``).
