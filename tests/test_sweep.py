@@ -94,12 +94,11 @@ def test_config_errors_in_sections(tmp_path):
         load_config(_config(tmp_path, '[[grid]\n'))
 
 
-def test_shipped_config_parses():
-    options = {a.dest for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions}
-    if not {"consistent_adversary", "diagnostic", "regulariser"} <= options:
-        pytest.skip("the W&P / T&Š run flags are not in this branch yet")
+def test_shipped_configs_parse():
     sweep = load_config(REPO / "configs" / "sweep.toml")
     assert len([c for c in sweep.cells if c.grid == "wp"]) == 2 * 2 * 2 * 3
+    assert {c.grid for c in sweep.cells} == {"wp", "adversary", "tutek"}
+    assert len(load_config(REPO / "configs" / "seed-variance.toml").cells) == 8  # W&P's 8 seeds
 
 
 TINY = f"""
