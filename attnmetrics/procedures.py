@@ -28,6 +28,11 @@ DEFAULT_MEMORY_BUDGET = 256 * 2**20
 #: ran about twice as fast per token as calls of ~30k, whose activations leave the cache.
 CPU_CALL_BYTES = 32 * 2**20
 
+#: The same cap for calls to a model's ``deletion_logits``, which hold far less per position
+#: than a full forward (the estimate above is for the latter): J&W's BiLSTM ran 6-30 % faster
+#: per token with calls four times larger (more so with two threads), and slower beyond.
+CPU_DELETION_CALL_BYTES = 128 * 2**20
+
 
 class Forward(NamedTuple):
     """One forward pass over the real tokens; per-token tensors are [B, T_real]."""
@@ -257,8 +262,9 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
     ``sequences * width * (E + 8 H) * element_size`` with E and H the embedding and
     hidden sizes measured on the first call (a single row's deletions are split
     across calls if they exceed it); on CPU calls are also capped at
-    :data:`CPU_CALL_BYTES` (32 MiB), which ran faster per token than larger ones. The
-    model must treat rows independently.
+    :data:`CPU_CALL_BYTES` (32 MiB; :data:`CPU_DELETION_CALL_BYTES`, 128 MiB, for
+    ``deletion_logits``), which ran faster per token than larger ones. The model must
+    treat rows independently.
 
     Args:
         model: any :class:`attnmetrics.AttentionClassifier`.
@@ -326,7 +332,9 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
 
             # Deletion batches: groups of rows, each contributing its real-token count.
             if mode == "delete" and callable(getattr(model, "deletion_logits", None)):
-                parts = _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, budget, classes)
+                cap = CPU_DELETION_CALL_BYTES if device.type == "cpu" else memory_budget
+                parts = _deletions_by_model(model, tokens, lengths, rows, len_list, per_position,
+                                            min(memory_budget, cap), classes)
             else:
                 parts = _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_token, per_position,
                                              budget, classes)
