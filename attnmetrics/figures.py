@@ -99,7 +99,8 @@ def kendall(results: dict, folder: Path) -> str | None:
                 ax.hist(t, bins=np.linspace(-1, 1, 41), alpha=0.6, label=f"predicted {name}")
         ax.set_xlabel(f"Kendall τ-b ({pair})")
         ax.set_ylabel("instances")
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # no histogram when τ is undefined everywhere (uniform attention)
+            ax.legend(fontsize=8)
     return _save(fig, folder / "kendall_tau.png")
 
 
