@@ -65,14 +65,16 @@ def consistent_adversary_figure(agg: dict, folder: Path) -> str | None:
     groups = {g: v["consistent_adversary"] for g, v in agg["groups"].items() if "consistent_adversary" in v}
     if not groups:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     for i, (g, ca) in enumerate(groups.items()):
         rows = ca["per_lambda"]
         x = [r["jsd_mean"]["mean"] for r in rows]
         y = [r["tvd_mean"]["mean"] for r in rows]
         ax.plot(x, y, "o-", color=f"C{i}", label=g)
-        for r, xi, yi in zip(rows, x, y):
-            ax.annotate(f"λ={r['lambda']:g}", (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        if len(rows) > 1:  # a λ sweep: label its points (single-λ groups are named in the legend)
+            for k, (r, xi, yi) in enumerate(zip(rows, x, y)):
+                ax.annotate(f"λ={r['lambda']:g}", (xi, yi), fontsize=7, xytext=(4, 4 - 10 * (k % 2)),
+                            textcoords="offset points", color=f"C{i}")
         if "jain_wallace" in ca:
             jw = ca["jain_wallace"]
             ax.plot([jw["jsd_mean"]["mean"]], [jw["tvd_mean"]["mean"]], "*", ms=12, color=f"C{i}",
@@ -80,7 +82,7 @@ def consistent_adversary_figure(agg: dict, folder: Path) -> str | None:
     ax.set_xlabel("mean attention JSD from the base (nats)")
     ax.set_ylabel("mean output TVD from the base")
     ax.set_title("Model-consistent adversary (W&P 2019)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     return _save(fig, folder / "consistent_adversary.png")
 
 
