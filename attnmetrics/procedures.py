@@ -380,19 +380,36 @@ def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_toke
 def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, budget, classes):
     """Yield what :func:`_deletions_by_kernel` does, with the logits from the model's
     ``deletion_logits``: prepared once for a block of rows (within the budget), then fed
-    each length group's deletions position by position, so the positions of one call are
-    close together (what a deletion changes, and a reusing model recomputes, depends on
-    where it is)."""
+    the deletions of rows of about one length (within :data:`DELETION_BAND`) position by
+    position, so the positions of one call are close together (what a deletion changes,
+    and a reusing model recomputes, depends on where it is) and its rows pad little."""
     lead, trail, device = model.lead, model.trail, tokens.device
     for bs, be in _length_groups([1] * len(len_list), len_list, per_position, budget, same_width=False):
         idx = rows[bs:be]
-        deletions = model.deletion_logits(model.embed(tokens[idx, : len_list[be - 1]]), lengths[idx])
-        for s, e in _length_groups([0] * (be - bs), len_list[bs:be], per_position, budget):
-            n = len_list[bs + s]
-            local = torch.arange(s, e, device=device).repeat(n - lead - trail)  # position-major
-            position = torch.arange(n - lead - trail, device=device).repeat_interleave(e - s)
-            per_call = max(1, budget // max(1, (n - 1) * per_position))
+        block_lengths = lengths[idx]
+        deletions = model.deletion_logits(model.embed(tokens[idx, : len_list[be - 1]]), block_lengths)
+        for s, e in _bands(len_list[bs:be]):
+            real = block_lengths[s:e] - lead - trail
+            local = torch.repeat_interleave(torch.arange(s, e, device=device), real)
+            position = torch.arange(local.shape[0], device=device) - (torch.cumsum(real, 0) - real)[local - s]
+            order = torch.argsort(position * (e - s) + local - s)  # position-major
+            local, position = local[order], position[order]
+            per_call = max(1, budget // max(1, (len_list[bs + e - 1] - 1) * per_position))
             for c in range(0, local.shape[0], per_call):
                 r, k = local[c : c + per_call], position[c : c + per_call]
                 logits = _checked_logits(deletions(r, k + lead), r.shape[0], "the deletion batch", classes)
                 yield r + bs, k, logits
+
+
+#: rows whose lengths differ by at most this share deletion calls
+DELETION_BAND = 2
+
+
+def _bands(widths: list[int]) -> list[tuple[int, int]]:
+    """Consecutive groups [s, e) of ascending ``widths`` at most :data:`DELETION_BAND` above the first."""
+    bands, start = [], 0
+    for i, w in enumerate(widths):
+        if w > widths[start] + DELETION_BAND:
+            bands.append((start, i))
+            start = i
+    return bands + [(start, len(widths))] if widths else bands
