@@ -134,25 +134,34 @@ def adversarial(results: dict, folder: Path) -> str | None:
     return _save(fig, folder / "adversarial.png")
 
 
+def tvd_vs_jsd(ax, per_lambda: list[tuple[float, float, float]], jain_wallace: tuple[float, float] | None,
+               label: str, color: str = "C0", jw_label: str = "per-instance adversary (J&W)") -> None:
+    """W&P 2019 (fig. 4) on ``ax``: the model-consistent adversary's (λ, mean attention JSD,
+    mean output TVD) points as a curve, λ-labelled when there are several, and J&W's
+    per-instance adversary (JSD, TVD) as a star."""
+    ax.plot([j for _, j, _ in per_lambda], [t for _, _, t in per_lambda], "o-", color=color, label=label)
+    if len(per_lambda) > 1:  # a λ sweep: label its points (a single λ is named in the legend)
+        for k, (lam, j, t) in enumerate(per_lambda):
+            ax.annotate(f"λ={lam:g}", (j, t), fontsize=7, xytext=(4, 4 - 10 * (k % 2)), textcoords="offset points",
+                        color=color)
+    if jain_wallace is not None:
+        ax.plot([jain_wallace[0]], [jain_wallace[1]], "*", ms=12, color=color, label=jw_label)
+    ax.set_xlabel("mean attention JSD to the base (nats)")
+    ax.set_ylabel("mean output TVD to the base")
+    ax.set_title("Model-consistent adversary (W&P 2019)")
+
+
 def consistent_adversary(results: dict, folder: Path) -> str | None:
     """W&P 2019 (fig. 4): mean output TVD against mean attention JSD, one point per λ, with
     J&W's per-instance adversary as a separate marker when the battery ran it."""
     c = results.get("consistent_adversary")
     if not c or not c.get("per_lambda"):
         return None
-    per = c["per_lambda"]
+    jw = c.get("jain_wallace")
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["jsd_mean"] for r in per], [r["tvd_mean"] for r in per], "o-", label="model-consistent adversary (W&P)")
-    for r in per:
-        ax.annotate(f"λ={r['lambda']:g}", (r["jsd_mean"], r["tvd_mean"]), textcoords="offset points", xytext=(4, 4),
-                    fontsize=8)
-    if "jain_wallace" in c:
-        jw = c["jain_wallace"]
-        ax.plot([jw["jsd_mean"]], [jw["tvd_mean"]], "s", color="tab:red", label="per-instance adversary (J&W)")
-    ax.set_xlabel("mean attention JSD to the base (nats)")
-    ax.set_ylabel("mean output TVD to the base")
+    tvd_vs_jsd(ax, [(r["lambda"], r["jsd_mean"], r["tvd_mean"]) for r in c["per_lambda"]],
+               (jw["jsd_mean"], jw["tvd_mean"]) if jw else None, "model-consistent adversary (W&P)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    ax.set_title("Model-consistent adversary (W&P 2019)")
     return _save(fig, folder / "consistent_adversary.png")

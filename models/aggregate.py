@@ -28,8 +28,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from attnmetrics.io import write_json_atomic
+from attnmetrics.outputs import decision
 from attnmetrics.stats import bootstrap_ci, macro_f1, mcnemar, seed_variance
 from attnmetrics.summaries import _by_max_attention, stats
 
@@ -112,8 +114,7 @@ def cell_statistics(results: dict, predictions: dict | None) -> dict[str, tuple[
 
 
 def _decision(logits: np.ndarray) -> np.ndarray:
-    # attnmetrics.decision on numpy: one sigmoid output -> p > 0.5; otherwise argmax
-    return (logits[:, 0] > 0).astype(np.int64) if logits.shape[1] == 1 else logits.argmax(1)
+    return decision(torch.from_numpy(logits)).numpy()
 
 
 def _spread(values: list[float | None]) -> dict:

@@ -33,10 +33,11 @@ from attnmetrics_models import sweep
 from attnmetrics_models.experiments import DEFAULT_ORDERS, EXPERIMENTS, run_battery
 from attnmetrics_models.text import Vocabulary, glove_matrix
 from attnmetrics_models.training import (
+    Predictions,
     TrainConfig,
-    evaluate,
     load_checkpoint,
     predict,
+    prediction_metrics,
     save_checkpoint,
     train,
     train_config_dict,
@@ -186,10 +187,9 @@ def _train(args, results: dict):
     return model, vocab, splits, (make, tconf, train_data, dev_data)
 
 
-def _wiegreffe(args, model, vocab, splits, recipe, results: dict) -> None:
+def _wiegreffe(args, model, test, recipe, results: dict) -> None:
     """W&P 2019's trained experiments: model-consistent adversaries and diagnostic MLPs."""
     make, tconf, train_data, dev_data = recipe
-    test = vocab.encode_split(splits.test)
     adversaries = []
     if args.consistent_adversary:
         t0 = time.perf_counter()
@@ -210,9 +210,7 @@ def _wiegreffe(args, model, vocab, splits, recipe, results: dict) -> None:
         results["wall_time_s"]["diagnostic"] = time.perf_counter() - t0
 
 
-def _battery(args, model, vocab, splits, results: dict) -> None:
-    test = vocab.encode_split(splits.test)
-    results["test"] = evaluate(model, test)
+def _battery(args, model, test, splits, results: dict) -> None:
     never = float("nan") if args.never_flipped == "nan" else 1.0
     t0 = time.perf_counter()
     batches = ((b.tokens, b.lengths) for b in test.batches(256))
@@ -255,11 +253,10 @@ def _battery(args, model, vocab, splits, results: dict) -> None:
     }
 
 
-def _write_predictions(model, vocab, splits, folder: Path) -> None:
-    """predictions.npz: the test split in split order, real tokens only (for re-analysis across
-    runs, e.g. W&P seed variance): logits [N, C] float32, attention [N, T] float32 (zero past
-    each length), lengths [N] int64 (real tokens), labels [N] int64."""
-    p = predict(model, vocab.encode_split(splits.test))
+def _write_predictions(model, p: Predictions, folder: Path) -> None:
+    """predictions.npz: the test split's predictions ``p`` in split order, real tokens only (for
+    re-analysis across runs, e.g. W&P seed variance): logits [N, C] float32, attention [N, T]
+    float32 (zero past each length), lengths [N] int64 (real tokens), labels [N] int64."""
     lengths = p.lengths - model.lead - model.trail
     attention = p.attention[:, model.lead : model.lead + int(lengths.max())]
     write_npz_atomic(folder / "predictions.npz", logits=p.logits.float().numpy(), attention=attention.float().numpy(),
@@ -333,13 +330,14 @@ def main(argv: list[str] | None = None) -> int:
                 save_checkpoint(folder / CHECKPOINT, model, vocab,
                                 extra={"dataset": args.dataset, "data_dir": data_dir, "seed": args.seed,
                                        "split_seed": args.split_seed, "max_tokens": args.max_tokens})
-            if args.command == "train":
-                results["test"] = evaluate(model, vocab.encode_split(splits.test))
-            else:
-                _battery(args, model, vocab, splits, results)
+            test = vocab.encode_split(splits.test)
+            predictions = predict(model, test)
+            results["test"] = prediction_metrics(predictions)
+            if args.command != "train":
+                _battery(args, model, test, splits, results)
                 if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
-                    _wiegreffe(args, model, vocab, splits, recipe, results)
-            _write_predictions(model, vocab, splits, folder)
+                    _wiegreffe(args, model, test, recipe, results)
+            _write_predictions(model, predictions, folder)
             _finish(results, folder, start)
     except FileExistsError as e:
         print(f"attnmetrics: {e}", file=sys.stderr)

@@ -98,7 +98,7 @@ def run_battery(
                 acc[f"single_removal/{which}/jsd"].append(r.jsd)
                 acc[f"single_removal/{which}/flipped"].append(r.flipped)
         if "single_token" in experiments:
-            r = single_token_test(model, tokens, lengths)
+            r = single_token_test(model, tokens, lengths, full=out)
             acc["single_token/tau"].append(r.tau)
             acc["single_token/pvalue"].append(r.pvalue)
             acc["single_token/top_agrees"].append(r.top_agrees)

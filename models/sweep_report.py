@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnmetrics.figures import _bin_labels, _by_bins, _save, _violins, plt
+from attnmetrics.figures import _bin_labels, _by_bins, _save, _violins, plt, tvd_vs_jsd
 from attnmetrics.io import write_text_atomic
 from attnmetrics.report import _fmt, _table
 
@@ -67,21 +67,10 @@ def consistent_adversary_figure(agg: dict, folder: Path) -> str | None:
         return None
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for i, (g, ca) in enumerate(groups.items()):
-        rows = ca["per_lambda"]
-        x = [r["jsd_mean"]["mean"] for r in rows]
-        y = [r["tvd_mean"]["mean"] for r in rows]
-        ax.plot(x, y, "o-", color=f"C{i}", label=g)
-        if len(rows) > 1:  # a λ sweep: label its points (single-λ groups are named in the legend)
-            for k, (r, xi, yi) in enumerate(zip(rows, x, y)):
-                ax.annotate(f"λ={r['lambda']:g}", (xi, yi), fontsize=7, xytext=(4, 4 - 10 * (k % 2)),
-                            textcoords="offset points", color=f"C{i}")
-        if "jain_wallace" in ca:
-            jw = ca["jain_wallace"]
-            ax.plot([jw["jsd_mean"]["mean"]], [jw["tvd_mean"]["mean"]], "*", ms=12, color=f"C{i}",
-                    label=f"{g}: J&W adversary")
-    ax.set_xlabel("mean attention JSD from the base (nats)")
-    ax.set_ylabel("mean output TVD from the base")
-    ax.set_title("Model-consistent adversary (W&P 2019)")
+        jw = ca.get("jain_wallace")
+        tvd_vs_jsd(ax, [(r["lambda"], r["jsd_mean"]["mean"], r["tvd_mean"]["mean"]) for r in ca["per_lambda"]],
+                   (jw["jsd_mean"]["mean"], jw["tvd_mean"]["mean"]) if jw else None, g, f"C{i}",
+                   f"{g}: J&W adversary")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     return _save(fig, folder / "consistent_adversary.png")
 

@@ -203,7 +203,11 @@ def classification_metrics(logits: Tensor, labels: Tensor) -> dict:
 def evaluate(model: AttentionClassifier, data: EncodedSplit | Iterable[Batch], batch_size: int = 256,
              attention_source: AttentionSource | None = None) -> dict:
     """accuracy, macro_f1, roc_auc and mean loss over a split (``attention_source``: as in :func:`predict`)."""
-    p = predict(model, data, batch_size, attention_source)
+    return prediction_metrics(predict(model, data, batch_size, attention_source))
+
+
+def prediction_metrics(p: Predictions) -> dict:
+    """accuracy, macro_f1, roc_auc and mean loss of a split's :class:`Predictions`."""
     return {**classification_metrics(p.logits, p.labels), "loss": float(loss_fn(p.logits, p.labels))}
 
 

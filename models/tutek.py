@@ -18,7 +18,7 @@ from torch import Tensor
 
 import attnmetrics
 from attnmetrics.outputs import output_distribution
-from attnmetrics.procedures import forward
+from attnmetrics.procedures import Forward, forward
 from attnmetrics.protocol import AttentionClassifier
 
 #: single-token inputs per model call (all have length lead + 1 + trail, so this bounds memory)
@@ -60,7 +60,7 @@ def single_token_inputs(tokens: Tensor, lengths: Tensor, lead: int, trail: int) 
 
 @torch.no_grad()
 def single_token_test(model: AttentionClassifier, tokens: Tensor, lengths: Tensor,
-                      max_rows: int = MAX_ROWS_PER_CALL) -> SingleTokenResult:
+                      max_rows: int = MAX_ROWS_PER_CALL, full: Forward | None = None) -> SingleTokenResult:
     """T&Š 2020 (sec. 4) single-token-input test on one batch.
 
     Args:
@@ -68,10 +68,11 @@ def single_token_test(model: AttentionClassifier, tokens: Tensor, lengths: Tenso
         tokens: [B, T] int64, lengths: [B] int64, special tokens included.
         max_rows: single-token inputs per model call (they all have one length, so every
             call is one dense batch; never one call per token).
+        full: :func:`attnmetrics.procedures.forward` on these rows, if the caller has it.
 
     Returns: :class:`SingleTokenResult`. Raises ValueError for lengths below lead + trail.
     """
-    full = forward(model, tokens, lengths)
+    full = forward(model, tokens, lengths) if full is None else full
     predicted = attnmetrics.decision(full.logits)  # [B]
     inputs, rows, positions = single_token_inputs(tokens, lengths, model.lead, model.trail)
     width = full.attention.shape[1]
