@@ -247,12 +247,12 @@ def aggregate_sweep(sweep) -> Path:
     from attnmetrics_models.sweep_report import render_sweep
 
     out = sweep.out
-    cells = [(c, *load_cell(c.folder(out))) for c in sweep.cells if (c.folder(out) / "results.json").is_file()]
+    cells = [(c, *load_cell(c.folder(out))) for c in sweep.cells if c.is_done(out)]
     status = {}
     if (out / "status.json").is_file():
         status = json.loads((out / "status.json").read_text()).get("cells", {})
     agg = aggregate(cells)
-    agg["cells"] = {f"{c.grid}/{c.name}": {"state": "done" if (c.folder(out) / "results.json").is_file()
+    agg["cells"] = {f"{c.grid}/{c.name}": {"state": "done" if c.is_done(out)
                                            else status.get(f"{c.grid}/{c.name}", {}).get("state", "not run"),
                                            "group": c.group, "seed": c.axes["seed"]} for c in sweep.cells}
     out.mkdir(parents=True, exist_ok=True)

@@ -96,6 +96,10 @@ class Cell:
     def folder(self, out: Path) -> Path:
         return out / self.grid / self.name
 
+    def is_done(self, out: Path) -> bool:
+        """A cell is done once its run folder holds results.json (run folders appear whole)."""
+        return (self.folder(out) / "results.json").is_file()
+
 
 @dataclass
 class Sweep:
@@ -318,7 +322,7 @@ def _folder_lock(out: Path):
 def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> int:
     """Run every cell not yet done; returns 0, 1 if a cell failed, 2 if refused (stale cells)."""
     out = sweep.out
-    done = [c for c in sweep.cells if (c.folder(out) / "results.json").is_file()]
+    done = [c for c in sweep.cells if c.is_done(out)]
     stale = {c for c in done if is_stale(c, out)}
     if stale and not overwrite:
         names = ", ".join(f"{c.grid}/{c.name}" for c in sorted(stale, key=lambda c: (c.grid, c.name))[:5])
@@ -352,7 +356,6 @@ def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> i
         except KeyboardInterrupt:
             print("attnmetrics sweep: interrupted; stopping the running cells (rerun to resume)", file=sys.stderr)
             runner.stop()
-            pool.shutdown(wait=True, cancel_futures=True)
             return 130
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -386,7 +389,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.dry_run:
         for c in sweep.cells:
-            state = "done" if (c.folder(sweep.out) / "results.json").is_file() else "todo"
+            state = "done" if c.is_done(sweep.out) else "todo"
             print(f"{state}\t{c.grid}/{c.name}\t{' '.join(cell_command(c, sweep.out)[3:])}")
         print(f"{len(sweep.cells)} cells in {sweep.out}", file=sys.stderr)
         return 0
