@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnmetrics_models.deletions import BiRNNDeletions, delete_positions
+from attnmetrics_models.deletions import BiRNNDeletions, delete_positions, splice, tanh_by_sigmoid
 from attnmetrics_models.text import UNK
 
 
@@ -64,8 +64,7 @@ class _BiRNNEncoder(nn.Module):
 
     def deletions(self, embedded: Tensor, lengths: Tensor) -> BiRNNDeletions:
         """The rows' deletions, reusing the states each leaves unchanged (models/deletions.py)."""
-        outputs = None if isinstance(self.rnn, nn.LSTM) else self(embedded, lengths)
-        return BiRNNDeletions(self.rnn, embedded, lengths, outputs)
+        return BiRNNDeletions(self.rnn, embedded, lengths)
 
 
 class LSTMEncoder(_BiRNNEncoder):
@@ -148,9 +147,9 @@ class TanhAttention(nn.Module):
         """The linear map through which the scores depend on h_t (see :meth:`score`)."""
         return self.proj
 
-    def score(self, projected: Tensor) -> Tensor:
-        """projection(hidden) [..., T, A] -> scores [..., T]."""
-        return self.v(torch.tanh(projected)).squeeze(-1)
+    def score(self, projected: Tensor, tanh: Callable[[Tensor], Tensor] = torch.tanh) -> Tensor:
+        """projection(hidden) [..., T, A] -> scores [..., T]; ``tanh`` may be any equal form."""
+        return self.v(tanh(projected)).squeeze(-1)
 
     def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
         """hidden [B, T, H], mask [B, T] bool -> attention [B, T]."""
@@ -172,8 +171,8 @@ class DotAttention(nn.Module):
         """The linear map through which the scores depend on h_t (see :meth:`score`)."""
         return self.w
 
-    def score(self, projected: Tensor) -> Tensor:
-        """projection(hidden) [..., T, 1] -> scores [..., T]."""
+    def score(self, projected: Tensor, tanh: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+        """projection(hidden) [..., T, 1] -> scores [..., T] (``tanh``, unused, as for TanhAttention)."""
         return projected.squeeze(-1) * self.scale
 
     def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
@@ -347,21 +346,21 @@ class AttentionClassifier(nn.Module):
     def _spliced_deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
         deletions = self.encoder.deletions(embedded, lengths)
         projection = self.attention.projection
-        A = projection.out_features
-        # score and decoder inputs are sums of a forward and a backward half: W h = W_f h_f + W_b h_b
-        maps = torch.cat([projection.weight, self.decoder.weight])  # [A + C, H]
-        forward_map, backward_map = maps.chunk(2, dim=1)
-        old = torch.stack([deletions.hf @ forward_map.t(), deletions.hb @ backward_map.t()], dim=2)
+        # Scores and decoder inputs are sums of a forward and a backward half, W h = W_f h_f + W_b h_b:
+        # each half's features are computed once per state, kept apart so the scores' stay contiguous.
+        maps = [[half.contiguous() for half in m.chunk(2, dim=1)] for m in (projection.weight, self.decoder.weight)]
+        old = [deletions.row_features(f, b) for f, b in maps]
         if projection.bias is not None:  # each position holds one old half: add the bias there, once
-            old[..., :A] += projection.bias
+            old[0] += projection.bias
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
             fwd, bwd = deletions.runs(rows, positions)
-            mapped = deletions.splice(old, fwd @ forward_map.t(), bwd @ backward_map.t(), rows, positions)
-            projected = mapped[..., :A]  # [N, W - 1, A + C]: attention projection ⊕ decoder
-            mask = real_token_mask(lengths[rows] - 1, mapped.shape[1], self.lead, self.trail)
-            attention = _masked_softmax(self.attention.score(projected), mask)
-            out = torch.einsum("nt,ntc->nc", attention, mapped[..., A:])
+            old_index, new_index = deletions.splice_index(fwd, bwd, rows, positions)
+            projected, decoded = (splice(o, deletions.run_features(fwd, bwd, f, b), old_index, new_index)
+                                  .view(rows.shape[0], -1, f.shape[0]) for o, (f, b) in zip(old, maps))
+            mask = real_token_mask(lengths[rows] - 1, projected.shape[1], self.lead, self.trail)
+            attention = _masked_softmax(self.attention.score(projected, tanh_by_sigmoid), mask)
+            out = (attention.unsqueeze(-1) * decoded).sum(1)
             return out if self.decoder.bias is None else out + self.decoder.bias
 
         return logits
