@@ -31,7 +31,7 @@ CPU_CALL_BYTES = 32 * 2**20
 #: The same cap for calls to a model's ``deletion_logits``, which hold far less per position
 #: than a full forward (the estimate above is for the latter): J&W's BiLSTM ran 6-30 % faster
 #: per token with calls four times larger (more so with two threads), and slower beyond.
-CPU_DELETION_CALL_BYTES = 128 * 2**20
+CPU_DELETION_CALL_BYTES = 32 * 2**20
 
 
 class Forward(NamedTuple):
@@ -388,13 +388,14 @@ def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, bu
         idx = rows[bs:be]
         block_lengths = lengths[idx]
         deletions = model.deletion_logits(model.embed(tokens[idx, : len_list[be - 1]]), block_lengths)
+        position_bytes = getattr(deletions, "position_bytes", per_position)
         for s, e in _bands(len_list[bs:be]):
             real = block_lengths[s:e] - lead - trail
             local = torch.repeat_interleave(torch.arange(s, e, device=device), real)
             position = torch.arange(local.shape[0], device=device) - (torch.cumsum(real, 0) - real)[local - s]
             order = torch.argsort(position * (e - s) + local - s)  # position-major
             local, position = local[order], position[order]
-            per_call = max(1, budget // max(1, (len_list[bs + e - 1] - 1) * per_position))
+            per_call = max(1, budget // max(1, (len_list[bs + e - 1] - 1) * position_bytes))
             for c in range(0, local.shape[0], per_call):
                 r, k = local[c : c + per_call], position[c : c + per_call]
                 logits = _checked_logits(deletions(r, k + lead), r.shape[0], "the deletion batch", classes)
@@ -402,7 +403,7 @@ def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, bu
 
 
 #: rows whose lengths differ by at most this share deletion calls
-DELETION_BAND = 2
+DELETION_BAND = 8
 
 
 def _bands(widths: list[int]) -> list[tuple[int, int]]:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnmetrics_models.deletions import BiRNNDeletions, delete_positions, splice, tanh_by_sigmoid
+from attnmetrics_models.deletions import BiRNNDeletions, delete_positions, tanh_by_sigmoid
 from attnmetrics_models.text import UNK
 
 
@@ -62,9 +62,11 @@ class _BiRNNEncoder(nn.Module):
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)
         return out
 
-    def deletions(self, embedded: Tensor, lengths: Tensor) -> BiRNNDeletions:
-        """The rows' deletions, reusing the states each leaves unchanged (models/deletions.py)."""
-        return BiRNNDeletions(self.rnn, embedded, lengths)
+    def deletions(self, embedded: Tensor, lengths: Tensor, feature_map: Tensor | None = None,
+                  bias: Tensor | None = None) -> BiRNNDeletions:
+        """The rows' deletions, reusing the states each leaves unchanged: their hidden states,
+        or ``feature_map @ h + bias`` (models/deletions.py)."""
+        return BiRNNDeletions(self.rnn, embedded, lengths, feature_map, bias)
 
 
 class LSTMEncoder(_BiRNNEncoder):
@@ -344,25 +346,25 @@ class AttentionClassifier(nn.Module):
         return logits
 
     def _spliced_deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
-        deletions = self.encoder.deletions(embedded, lengths)
+        # Scores and decoder inputs depend on the hidden states through linear maps only: the
+        # deletions give those features directly (attention projection ⊕ decoder input).
         projection = self.attention.projection
-        # Scores and decoder inputs are sums of a forward and a backward half, W h = W_f h_f + W_b h_b:
-        # each half's features are computed once per state, kept apart so the scores' stay contiguous.
-        maps = [[half.contiguous() for half in m.chunk(2, dim=1)] for m in (projection.weight, self.decoder.weight)]
-        old = [deletions.row_features(f, b) for f, b in maps]
-        if projection.bias is not None:  # each position holds one old half: add the bias there, once
-            old[0] += projection.bias
+        A = projection.out_features
+        maps = torch.cat([projection.weight, self.decoder.weight])  # [A + C, H]
+        bias = None if projection.bias is None else F.pad(projection.bias, (0, self.decoder.out_features))
+        deletions = self.encoder.deletions(embedded, lengths, maps, bias)
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
-            fwd, bwd = deletions.runs(rows, positions)
-            old_index, new_index = deletions.splice_index(fwd, bwd, rows, positions)
-            projected, decoded = (splice(o, deletions.run_features(fwd, bwd, f, b), old_index, new_index)
-                                  .view(rows.shape[0], -1, f.shape[0]) for o, (f, b) in zip(old, maps))
-            mask = real_token_mask(lengths[rows] - 1, projected.shape[1], self.lead, self.trail)
-            attention = _masked_softmax(self.attention.score(projected, tanh_by_sigmoid), mask)
-            out = (attention.unsqueeze(-1) * decoded).sum(1)
+            mapped = deletions(rows, positions, zero_padding=False)  # [N, W - 1, A + C]
+            mask = real_token_mask(lengths[rows] - 1, mapped.shape[1], self.lead, self.trail)
+            attention = _masked_softmax(self.attention.score(mapped[..., :A], tanh_by_sigmoid), mask)
+            out = (attention.unsqueeze(-1) * mapped[..., A:]).sum(1)
             return out if self.decoder.bias is None else out + self.decoder.bias
 
+        # what a call holds per position of its deletions (leave_one_out sizes calls by it): the
+        # features of the recomputed states and the spliced ones, A + C each, and the scores'
+        # temporary, A
+        logits.position_bytes = (2 * maps.shape[0] + A) * embedded.element_size()
         return logits
 
     def attend(self, hidden: Tensor, lengths: Tensor) -> Tensor:

@@ -19,8 +19,6 @@ flat table per direction (:class:`Runs`), from which a splice builds each deleti
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -28,6 +26,8 @@ from torch import Tensor, nn
 #: Runs of one RNN call differ in length by at most this share of the shortest (the
 #: padding a call may carry): a few large calls beat many exact ones, up to a point.
 RUN_SLACK = 1 / 8
+#: Runs per RNN call, and the multiple that a length's last, smaller call is padded to.
+RUN_BATCH, RUN_ROUND = 64, 16
 
 
 def kept_positions(lengths: Tensor, positions: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -50,14 +50,14 @@ def delete_positions(x: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor
     return x[rows[:, None], source] * valid.unsqueeze(-1).to(x.dtype)
 
 
-def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """``x [K, in] @ weight[out, in].T``. On the CPU in float32 through oneDNN (torch's own
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x [K, in] @ weight[out, in].T (+ bias [out])``. On the CPU in float32 through oneDNN (torch's own
     fused-linear op, as torch.compile uses it), which ran these tall, narrow products 2-3x
     faster than torch's default BLAS on our AMD EPYC machines; elsewhere ``F.linear``."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and _ONEDNN_LINEAR is not None:
         # contiguous: a strided weight took oneDNN seconds, not milliseconds
-        return _ONEDNN_LINEAR(x.contiguous(), weight.contiguous(), None, "none", [], "")
-    return F.linear(x, weight)
+        return _ONEDNN_LINEAR(x.contiguous(), weight.contiguous(), bias, "none", [], "")
+    return F.linear(x, weight, bias)
 
 
 _ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) \
@@ -68,7 +68,7 @@ def tanh_by_sigmoid(x: Tensor) -> Tensor:
     """tanh(x) = 2·sigmoid(2x) - 1, equal up to rounding (about 2e-7 in float32, 4e-16 in float64).
     torch.tanh runs through MKL on the CPU, which took 2.2 ns per float32 element on our AMD
     EPYC machines against 0.7 ns for this form."""
-    return torch.sigmoid(x * 2).mul_(2).sub_(1)
+    return torch.sigmoid_(x * 2).mul_(2).sub_(1)
 
 
 def _weights(rnn: nn.RNNBase, reverse: bool) -> list[Tensor]:
@@ -106,12 +106,13 @@ def _row_states(rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor, reverse: boo
     h = _run(rnn, weights, x, zeros, zeros if is_lstm else None)  # [T, G, hidden]
     c = None
     if is_lstm:
+        # gates i, f, g (torch's order i, f, g, o; o is not needed) of every step at once
+        rows = slice(0, 3 * rnn.hidden_size)
         h_prev = torch.cat([zeros[None], h[:-1]])
-        gates = torch.mm(x.reshape(T * G, -1), weights[0].t()).addmm_(h_prev.reshape(T * G, -1), weights[1].t())
-        if rnn.bias:
-            gates += weights[2] + weights[3]
-        i, f, g, _ = gates.view(T, G, -1).chunk(4, dim=-1)  # torch's gate order i, f, g, o
-        u = torch.sigmoid(i) * torch.tanh(g)
+        gates = linear(torch.cat([x, h_prev], -1).view(T * G, -1), torch.cat([weights[0][rows], weights[1][rows]], 1),
+                       weights[2][rows] + weights[3][rows] if rnn.bias else None)
+        i, f, g = gates.view(T, G, -1).chunk(3, dim=-1)
+        u = torch.sigmoid(i).mul_(tanh_by_sigmoid(g))
         f = torch.sigmoid(f)
         c = torch.empty_like(h)
         prev = zeros
@@ -123,124 +124,132 @@ def _row_states(rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor, reverse: boo
     return h.transpose(0, 1).contiguous(), None if c is None else c.transpose(0, 1).contiguous()
 
 
-class Runs(NamedTuple):
-    """One direction's recomputed states for N deletions: step s of deletion i is row
-    ``start[i] + s * stride[i]`` of ``states [S, hidden]``."""
-
-    states: Tensor
-    start: Tensor  # [N] int64
-    stride: Tensor  # [N] int64
-
-
-def _run_groups(counts: list[int]) -> list[tuple[int, int]]:
-    """Consecutive groups [s, e) of ascending run lengths ``counts``, each at most
-    :data:`RUN_SLACK` of its shortest above it; runs of length 0 are left out."""
-    groups, start = [], 0
+def _run_pieces(counts: list[int]) -> list[tuple[int, int, int]]:
+    """RNN calls (s, e, width) over ascending run lengths ``counts``: runs [s, e), padded to
+    ``width`` runs. Runs of one call differ in length by at most :data:`RUN_SLACK` of the
+    shortest; a call holds :data:`RUN_BATCH` runs, or, the last of a length group, a multiple
+    of :data:`RUN_ROUND`, so that calls come in few shapes (oneDNN builds a primitive for each
+    new shape, which costs as much as a call). Runs of length 0 are left out."""
+    pieces, start = [], 0
     while start < len(counts) and counts[start] == 0:
         start += 1
-    for i in range(start, len(counts)):
-        if counts[i] > counts[start] * (1 + RUN_SLACK):
-            groups.append((start, i))
-            start = i
-    return groups + [(start, len(counts))] if start < len(counts) else groups
+    while start < len(counts):
+        end = start
+        while end < len(counts) and end - start < RUN_BATCH and counts[end] <= counts[start] * (1 + RUN_SLACK):
+            end += 1
+        pieces.append((start, end, -(-(end - start) // RUN_ROUND) * RUN_ROUND))
+        start = end
+    return pieces
 
 
 class BiRNNDeletions:
     """The deletions of a block of rows through a one-layer bidirectional ``nn.LSTM``/``nn.GRU``
-    (batch_first): ``BiRNNDeletions(rnn, embedded [G, T, E], lengths [G])`` keeps the rows'
-    states; calling it with ``rows [N]``, ``positions [N]`` gives the hidden states
-    ``[N, W - 1, 2·hidden]`` of those deletions (W the longest of their rows), equal to
-    running ``rnn`` on the shortened rows, zero past each one's length.
+    (batch_first), as features of their hidden states h: ``W h + bias``.
+
+    ``BiRNNDeletions(rnn, embedded [G, T, E], lengths [G], feature_map, bias)`` keeps the
+    rows' states; calling it with ``rows [N]``, ``positions [N]`` gives ``[N, W - 1, D]`` for
+    those deletions (W the longest of their rows): ``feature_map [D, 2·hidden] @ h + bias [D]``
+    with h the states of ``rnn`` run on the shortened rows, equal to that up to rounding;
+    zero past each deletion's ``lengths[row] - 1`` positions when ``zero_padding``. Without
+    ``feature_map``, the hidden states themselves (D = 2·hidden).
+
+    A state's features are the sum of its halves', ``W h = W_f h_f + W_b h_b``, so each state
+    is mapped once: the rows' own when the block is prepared, a deletion's recomputed ones as
+    they are run. Both land in one table, and a deletion's features at each position are the
+    sum of two of its rows.
     """
 
-    def __init__(self, rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor):
+    def __init__(self, rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor, feature_map: Tensor | None = None,
+                 bias: Tensor | None = None):
         if not (rnn.bidirectional and rnn.num_layers == 1 and rnn.batch_first):
             raise ValueError("BiRNNDeletions needs a one-layer, bidirectional, batch_first RNN")
         self.rnn, self.embedded, self.lengths = rnn, embedded, lengths
-        (self.hf, self.cf), (self.hb, self.cb) = (_row_states(rnn, embedded, lengths, r) for r in (False, True))
+        if feature_map is None:
+            feature_map = torch.eye(2 * rnn.hidden_size, dtype=embedded.dtype, device=embedded.device)
+        self.maps = [half.contiguous() for half in feature_map.chunk(2, dim=1)]  # W_f, W_b
         self.weights = [_weights(rnn, r) for r in (False, True)]
+        (self.hf, self.cf), (self.hb, self.cb) = (_row_states(rnn, embedded, lengths, r) for r in (False, True))
+        # the table: row (g·T + p)·2 holds the forward half's features at position p of row g,
+        # + 1 the backward half's (with the bias: each position sums one old half and one new);
+        # a call's recomputed states follow
+        halves = [linear(h.view(-1, h.shape[-1]), m) for h, m in zip((self.hf, self.hb), self.maps)]
+        self.table = torch.stack(halves, dim=1).flatten(0, 1)
+        if bias is not None:
+            self.table += bias
+        self.reused = self.table.shape[0]
 
-    def _start(self, h: Tensor, c: Tensor | None, rows: Tensor, at: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _room(self, rows: int) -> Tensor:
+        """The table with room for ``rows`` recomputed rows after the reused ones (grown 1.5x at a time)."""
+        if self.table.shape[0] < self.reused + rows:
+            table = self.table.new_empty(self.reused + max(rows, self.table.shape[0] // 2), self.table.shape[1])
+            table[: self.reused] = self.table[: self.reused]
+            self.table = table
+        return self.table
+
+    def _start(self, h: Tensor, c: Tensor | None, rows: Tensor, at: Tensor) -> list[Tensor | None]:
         """States [N, hidden] after position ``at`` of each row; zero where ``at`` is outside the row."""
         inside = ((at >= 0) & (at < self.lengths[rows])).unsqueeze(-1).to(h.dtype)
         at = at.clamp(0, h.shape[1] - 1)
-        return h[rows, at] * inside, None if c is None else c[rows, at] * inside
+        return [h[rows, at] * inside, None if c is None else c[rows, at] * inside]
 
-    def _runs(self, backward: bool, rows: Tensor, first: Tensor, count: Tensor, h0: Tensor, c0: Tensor | None) -> Runs:
-        """One direction over ``count[i]`` positions of row ``rows[i]`` from ``first[i]`` (read
-        backwards if ``backward``), from the states h0, c0, in calls of runs of about one length."""
-        n = rows.shape[0]
-        order = torch.argsort(count, stable=True)
-        counts = count[order].tolist()
-        start = torch.zeros(n, dtype=torch.int64, device=rows.device)
-        stride = torch.zeros_like(start)
-        tables, base = [], 0
-        for s, e in _run_groups(counts):
-            idx, steps = order[s:e], torch.arange(counts[e - 1], device=rows.device)
-            at = first[idx][None] - steps[:, None] if backward else first[idx][None] + steps[:, None]
-            x = self.embedded[rows[idx][None], at.clamp(0, self.embedded.shape[1] - 1)]  # [L, n_g, E]
-            out = _run(self.rnn, self.weights[backward], x, h0[idx], None if c0 is None else c0[idx])
-            tables.append(out.view(-1, out.shape[-1]))
-            start[idx] = base + torch.arange(e - s, device=rows.device)
-            stride[idx] = e - s
-            base += out.shape[0] * out.shape[1]
-        states = torch.cat(tables) if tables else self.hf.new_zeros(1, self.rnn.hidden_size)
-        return Runs(states, start, stride)
-
-    def runs(self, rows: Tensor, positions: Tensor) -> tuple[Runs, Runs]:
-        """The recomputed parts of deletions ``rows [N]``, ``positions [N]``: the forward
-        direction over the suffix after the deleted position, from the state before it, and
-        the backward direction over the prefix before it (read in reverse), from the state
-        after it."""
+    def _runs(self, rows: Tensor, positions: Tensor) -> tuple[list[tuple], int]:
+        """The recomputed runs of deletions ``rows [N]``, ``positions [N]``, per direction
+        (first position read, length, start states, the RNN calls), and the table rows needed."""
         n = self.lengths[rows]
-        fwd = self._runs(False, rows, positions + 1, n - 1 - positions, *self._start(self.hf, self.cf, rows, positions - 1))
-        bwd = self._runs(True, rows, positions - 1, positions, *self._start(self.hb, self.cb, rows, positions + 1))
-        return fwd, bwd
+        runs = [(positions + 1, n - 1 - positions, self._start(self.hf, self.cf, rows, positions - 1)),
+                (positions - 1, positions, self._start(self.hb, self.cb, rows, positions + 1))]
+        plans, size = [], 0
+        for first, count, states in runs:
+            order = torch.argsort(count, stable=True)
+            counts = count[order].tolist()
+            pieces = _run_pieces(counts)
+            plans.append((first, states, order, counts, pieces))
+            size += sum(counts[e - 1] * width for _, e, width in pieces)
+        return plans, size
 
-    def row_features(self, forward_map: Tensor, backward_map: Tensor) -> Tensor:
-        """Features of the rows' own states for features that add over the two halves of a
-        state (a linear map ``W h = W_f h_f + W_b h_b``; maps [D, hidden]): ``[G·T·2, D]``,
-        row ``(g·T + p)·2`` the forward half at position p of row g, ``+ 1`` the backward one."""
-        halves = [linear(h.reshape(-1, h.shape[-1]), m) for h, m in ((self.hf, forward_map), (self.hb, backward_map))]
-        return torch.stack(halves, dim=1).flatten(0, 1)
+    def features(self, rows: Tensor, positions: Tensor) -> Tensor:
+        """The deletions' features ``[N, W - 1, D]``, not zeroed past each one's length.
 
-    @staticmethod
-    def run_features(fwd: Runs, bwd: Runs, forward_map: Tensor, backward_map: Tensor) -> Tensor:
-        """The same features of :meth:`runs`' states: ``[S_f + S_b, D]``, the forward table first."""
-        return torch.cat([linear(fwd.states, forward_map), linear(bwd.states, backward_map)])
-
-    def splice_index(self, fwd: Runs, bwd: Runs, rows: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Where each new position of the deletions finds its two halves: indices
-        ``[N·(W - 1)]`` into :meth:`row_features` and into :meth:`run_features` (clamped into
-        range past each deletion's length, which the caller masks).
-
-        Each new position j holds one reused and one recomputed state: before the deleted
-        position t, the old forward state at j and the new backward one (step t - 1 - j);
-        from t on, the new forward state (step j - t) and the old backward one at j + 1.
+        Only the forward direction over the suffix after the deleted position t (from the
+        state before it) and the backward direction over the prefix before it (read in
+        reverse, from the state after it) are run, in calls of runs of about one length.
+        Each new position j then holds one reused and one recomputed state: before t, the
+        old forward state at j and the new backward one (step t - 1 - j); from t on, the new
+        forward state (step j - t) and the old backward one at j + 1.
         """
+        device, width = rows.device, self.embedded.shape[1]
+        plans, size = self._runs(rows, positions)
+        table = self._room(size)
+        base = self.reused
+        start, stride = [], []  # per direction: step s of deletion i is table row start[i] + s·stride[i]
+        for backward, (first, states, order, counts, pieces) in enumerate(plans):
+            start.append(torch.zeros(rows.shape[0], dtype=torch.int64, device=device))
+            stride.append(torch.zeros_like(start[-1]))
+            for s, e, n in pieces:
+                idx = order[torch.arange(s, s + n, device=device).clamp_(max=e - 1)]  # padded with the last run
+                steps = torch.arange(counts[e - 1], device=device)[:, None]
+                at = first[idx][None] - steps if backward else first[idx][None] + steps
+                x = self.embedded[rows[idx][None], at.clamp(0, width - 1)]  # [L, n, E]
+                out = _run(self.rnn, self.weights[backward], x, *(None if h is None else h[idx] for h in states))
+                table[base : base + out.shape[0] * n] = linear(out.view(-1, out.shape[-1]), self.maps[backward])
+                start[-1][idx[: e - s]] = base + torch.arange(e - s, device=device)
+                stride[-1][idx[: e - s]] = n
+                base += out.shape[0] * n
         n = self.lengths[rows]
         source, before, _ = kept_positions(n, positions, int(n.max()))
-        j = torch.arange(source.shape[1], device=rows.device)
-        t, T, sf = positions[:, None], self.embedded.shape[1], fwd.states.shape[0]
-        old = (rows[:, None] * T + source) * 2 + (~before).long()
-        back = sf + bwd.start[:, None] + (t - 1 - j).clamp(min=0) * bwd.stride[:, None]
-        ahead = fwd.start[:, None] + (j - t).clamp(min=0) * fwd.stride[:, None]
-        new = torch.where(before, back, ahead).clamp_(max=sf + bwd.states.shape[0] - 1)
-        return old.reshape(-1), new.reshape(-1)
+        j = torch.arange(source.shape[1], device=device)
+        t = positions[:, None]
+        old = (rows[:, None] * width + source) * 2 + (~before).long()
+        ahead = start[0][:, None] + (j - t).clamp(min=0) * stride[0][:, None]
+        back = start[1][:, None] + (t - 1 - j).clamp(min=0) * stride[1][:, None]
+        new = torch.where(before, back, ahead).clamp_(max=max(base - 1, 0))  # past the end: any row
+        # a fused gather-and-add of the two rows of each position
+        out = F.embedding_bag(torch.stack([old.view(-1), new.view(-1)], 1), table, mode="sum")
+        return out.view(rows.shape[0], -1, out.shape[-1])
 
-    def __call__(self, rows: Tensor, positions: Tensor) -> Tensor:
-        fwd, bwd = self.runs(rows, positions)
-        # The hidden state is forward ⊕ backward: as features, each half through a padded identity.
-        hd = self.rnn.hidden_size
-        eye = torch.eye(hd, dtype=self.hf.dtype, device=self.hf.device)
-        forward_map, backward_map = F.pad(eye, (0, 0, 0, hd)), F.pad(eye, (0, 0, hd, 0))
-        old_index, new_index = self.splice_index(fwd, bwd, rows, positions)
-        out = splice(self.row_features(forward_map, backward_map), self.run_features(fwd, bwd, forward_map, backward_map),
-                     old_index, new_index).view(rows.shape[0], -1, 2 * hd)
-        valid = torch.arange(out.shape[1], device=rows.device) < (self.lengths[rows] - 1)[:, None]
-        return out * valid.unsqueeze(-1).to(out.dtype)
-
-
-def splice(old: Tensor, new: Tensor, old_index: Tensor, new_index: Tensor) -> Tensor:
-    """``old[old_index] + new[new_index]``: [K, D] from tables [*, D] and indices [K]."""
-    return old.index_select(0, old_index).add_(new.index_select(0, new_index))
+    def __call__(self, rows: Tensor, positions: Tensor, zero_padding: bool = True) -> Tensor:
+        out = self.features(rows, positions)
+        if zero_padding:
+            valid = torch.arange(out.shape[1], device=rows.device) < (self.lengths[rows] - 1)[:, None]
+            out = out * valid.unsqueeze(-1).to(out.dtype)
+        return out
