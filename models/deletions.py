@@ -26,8 +26,12 @@ from torch import Tensor, nn
 #: Runs of one RNN call differ in length by at most this share of the shortest (the
 #: padding a call may carry): a few large calls beat many exact ones, up to a point.
 RUN_SLACK = 1 / 8
-#: Runs per RNN call, and the multiple that a length's last, smaller call is padded to.
+#: Runs per RNN call on the CPU (elsewhere a call takes every run of about one length), and
+#: the multiple that a length's last, smaller call is padded to.
 RUN_BATCH, RUN_ROUND = 64, 16
+#: ... unless the padding runs more steps than this: a new call shape cost oneDNN about as
+#: much as 500 LSTM steps of one run (0.5 ms on our 2-core AMD EPYC).
+ROUND_CELLS = 512
 
 
 def kept_positions(lengths: Tensor, positions: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -124,20 +128,24 @@ def _row_states(rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor, reverse: boo
     return h.transpose(0, 1).contiguous(), None if c is None else c.transpose(0, 1).contiguous()
 
 
-def _run_pieces(counts: list[int]) -> list[tuple[int, int, int]]:
+def _run_pieces(counts: list[int], batch: int) -> list[tuple[int, int, int]]:
     """RNN calls (s, e, width) over ascending run lengths ``counts``: runs [s, e), padded to
     ``width`` runs. Runs of one call differ in length by at most :data:`RUN_SLACK` of the
-    shortest; a call holds :data:`RUN_BATCH` runs, or, the last of a length group, a multiple
-    of :data:`RUN_ROUND`, so that calls come in few shapes (oneDNN builds a primitive for each
-    new shape, which costs as much as a call). Runs of length 0 are left out."""
+    shortest; a call holds ``batch`` runs, or, the last of a length group, a multiple of
+    :data:`RUN_ROUND` (unless that pads more than :data:`ROUND_CELLS` steps), so that calls
+    come in few shapes: on the CPU oneDNN builds a primitive for each new shape, which costs
+    as much as a call. Runs of length 0 are left out."""
     pieces, start = [], 0
     while start < len(counts) and counts[start] == 0:
         start += 1
     while start < len(counts):
         end = start
-        while end < len(counts) and end - start < RUN_BATCH and counts[end] <= counts[start] * (1 + RUN_SLACK):
+        while end < len(counts) and end - start < batch and counts[end] <= counts[start] * (1 + RUN_SLACK):
             end += 1
-        pieces.append((start, end, -(-(end - start) // RUN_ROUND) * RUN_ROUND))
+        width = -(-(end - start) // RUN_ROUND) * RUN_ROUND
+        if (width - (end - start)) * counts[end - 1] > ROUND_CELLS:  # long runs: padding costs more
+            width = end - start
+        pieces.append((start, end, width))
         start = end
     return pieces
 
@@ -202,7 +210,7 @@ class BiRNNDeletions:
         for first, count, states in runs:
             order = torch.argsort(count, stable=True)
             counts = count[order].tolist()
-            pieces = _run_pieces(counts)
+            pieces = _run_pieces(counts, RUN_BATCH if rows.device.type == "cpu" else len(counts))
             plans.append((first, states, order, counts, pieces))
             size += sum(counts[e - 1] * width for _, e, width in pieces)
         return plans, size
