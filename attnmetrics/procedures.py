@@ -28,9 +28,9 @@ DEFAULT_MEMORY_BUDGET = 256 * 2**20
 #: ran about twice as fast per token as calls of ~30k, whose activations leave the cache.
 CPU_CALL_BYTES = 32 * 2**20
 
-#: The same cap for calls to a model's ``deletion_logits``, which hold far less per position
-#: than a full forward (the estimate above is for the latter): J&W's BiLSTM ran 6-30 % faster
-#: per token with calls four times larger (more so with two threads), and slower beyond.
+#: The same cap for calls to a model's ``deletion_logits``, sized by the ``position_bytes``
+#: the model gives (else by the full-forward estimate): with J&W's BiLSTM, 16, 32 and 64 MiB
+#: ran within the machine's noise of each other, 128 MiB about 10 % slower.
 CPU_DELETION_CALL_BYTES = 32 * 2**20
 
 
@@ -261,10 +261,11 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
     Each call holds at most about ``memory_budget`` bytes, estimated as
     ``sequences * width * (E + 8 H) * element_size`` with E and H the embedding and
     hidden sizes measured on the first call (a single row's deletions are split
-    across calls if they exceed it); on CPU calls are also capped at
-    :data:`CPU_CALL_BYTES` (32 MiB; :data:`CPU_DELETION_CALL_BYTES`, 128 MiB, for
-    ``deletion_logits``), which ran faster per token than larger ones. The model must
-    treat rows independently.
+    across calls if they exceed it), or, for ``deletion_logits``, as ``sequences *
+    width * position_bytes`` when the callable it returns has that attribute; on CPU
+    calls are also capped at :data:`CPU_CALL_BYTES` (32 MiB; also 32 MiB,
+    :data:`CPU_DELETION_CALL_BYTES`, for ``deletion_logits``), which ran faster per
+    token than larger ones. The model must treat rows independently.
 
     Args:
         model: any :class:`attnmetrics.AttentionClassifier`.
@@ -389,6 +390,9 @@ def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, bu
         block_lengths = lengths[idx]
         deletions = model.deletion_logits(model.embed(tokens[idx, : len_list[be - 1]]), block_lengths)
         position_bytes = getattr(deletions, "position_bytes", per_position)
+        if isinstance(position_bytes, bool) or not isinstance(position_bytes, int) or position_bytes <= 0:
+            raise ValueError("model.deletion_logits(...).position_bytes must be a positive int (bytes per "
+                             f"position of a call's deletions), got {position_bytes!r}")
         for s, e in _bands(len_list[bs:be]):
             real = block_lengths[s:e] - lead - trail
             local = torch.repeat_interleave(torch.arange(s, e, device=device), real)

@@ -35,3 +35,5 @@ class AttentionClassifier(Protocol):
     # deletion_logits(embedded [G, T, E], lengths [G]) -> logits(rows [N], positions [N] int64)
     #   -> [N, C]: the logits on row ``rows[i]`` with position ``positions[i]`` deleted (length
     #   ``lengths[rows[i]] - 1``); lets a model reuse the work a deletion leaves unchanged.
+    #   The returned callable may carry ``position_bytes`` (int): about what a call holds per
+    #   position of its deletions, by which leave_one_out sizes the calls to its memory budget.

@@ -3,6 +3,7 @@ per-sequence and J&W-loop references, on the toy model and on the real BiLSTM cl
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from attnmetrics import leave_one_out
 from attnmetrics.outputs import output_distribution
 from attnmetrics.reference import leave_one_out_jw, leave_one_out_reference, tvd_reference
 from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
+from attnmetrics_models.deletions import delete_positions
 from tests.toy import ToyClassifier
 
 F64 = torch.float64
@@ -219,6 +221,44 @@ def test_memory_budget_bounds_each_call():
     leave_one_out(model, tokens, lengths, memory_budget=budget)
     assert all(n * w * per_position <= budget for n, w in model.calls)
     assert len(model.calls) > 3
+
+
+class DeletionSpy(Toy):
+    """The toy with ``deletion_logits`` (each deletion re-encoded, as the protocol defines it)
+    declaring ``position_bytes``; records the [N, W - 1] shape of every deletion call."""
+
+    def __init__(self, position_bytes, **kw):
+        super().__init__(**kw)
+        self.position_bytes, self.deletion_calls = position_bytes, []
+
+    def deletion_logits(self, embedded, lengths):
+        def logits(rows, positions):
+            n = lengths[rows]
+            self.deletion_calls.append((rows.shape[0], int(n.max()) - 1))
+            hidden = self.encode(delete_positions(embedded, lengths, rows, positions), n - 1)
+            return self.decoder(torch.einsum("nt,nth->nh", self.attend(hidden, n - 1), hidden))
+
+        logits.position_bytes = self.position_bytes
+        return logits
+
+
+def test_deletion_calls_sized_by_position_bytes():
+    tokens, lengths = ragged(rows=20, width=15, seed=9)
+    want = leave_one_out_reference(Toy(classes=2, seed=9), tokens, lengths)
+    budget, calls = 3000, []
+    for position_bytes in (1, 20, 100, 10**6):
+        model = DeletionSpy(position_bytes, classes=2, seed=9)
+        got = leave_one_out(model, tokens, lengths, memory_budget=budget)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+        assert sum(n for n, _ in model.deletion_calls) == int(real_counts(lengths, model).sum())
+        # each call holds what the budget allows by the model's own estimate, one deletion at least
+        assert all(n * w * position_bytes <= budget or n == 1 for n, w in model.deletion_calls)
+        calls.append(len(model.deletion_calls))
+    assert calls == sorted(calls) and calls[0] < calls[-1]
+    assert calls[-1] == int(real_counts(lengths, model).sum())  # one deletion per call
+    for bad in (0, -5, 2.5, True, "1"):
+        with pytest.raises(ValueError, match=r"position_bytes must be a positive int .* got " + re.escape(repr(bad))):
+            leave_one_out(DeletionSpy(bad, classes=2), tokens, lengths)
 
 
 def test_row_alone_equals_row_in_batch():
