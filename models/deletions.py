@@ -11,9 +11,11 @@ re-encoding the shortened row from scratch, with the same result.
 The states are computed once for a block of rows (:class:`BiRNNDeletions`), then any
 chunk of their deletions is encoded from them: a deletion is a pair (row, position);
 ``rows [N]`` index the block's rows and ``positions [N]`` the deleted position in that
-row. Each direction's runs are sorted by length and run in groups of about one length
-(:data:`RUN_SLACK`), so the RNN calls carry little padding; their states land in one
-flat table per direction (:class:`Runs`), from which a splice builds each deletion's
+row. Each direction's runs are sorted by length and run in fused RNN calls of runs of
+about one length and of a few shapes (:func:`_run_pieces`), so the calls carry little
+padding; what the caller needs of their states (any linear map: for J&W's classifier the
+attention projection and the decoder) lands in one table after that of the rows' own
+states, and a fused gather-add of two table rows builds each of a deletion's
 ``lengths[row] - 1`` positions.
 """
 
@@ -55,9 +57,10 @@ def delete_positions(x: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x [K, in] @ weight[out, in].T (+ bias [out])``. On the CPU in float32 through oneDNN (torch's own
-    fused-linear op, as torch.compile uses it), which ran these tall, narrow products 2-3x
-    faster than torch's default BLAS on our AMD EPYC machines; elsewhere ``F.linear``."""
+    """``x [K, in] @ weight[out, in].T (+ bias [out])``. On the CPU in float32 through oneDNN
+    (torch's own fused-linear op, as torch.compile uses it), which ran these tall, narrow
+    products 2-3x faster than torch's default BLAS on our AMD EPYC machines; elsewhere
+    ``F.linear``."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and _ONEDNN_LINEAR is not None:
         # contiguous: a strided weight took oneDNN seconds, not milliseconds
         return _ONEDNN_LINEAR(x.contiguous(), weight.contiguous(), bias, "none", [], "")

@@ -4,11 +4,13 @@ against the per-sequence reference."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnmetrics import leave_one_out
 from attnmetrics.reference import leave_one_out_reference
+from attnmetrics_models import deletions as deletions_module
 from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassifier, ModelConfig
 
 F64 = torch.float64
@@ -137,3 +139,78 @@ def test_leave_one_out_through_reuse_matches_the_reference(encoder, classes):
     tokens[pos >= lengths[:, None]] = 0
     got = leave_one_out(model, tokens, lengths, memory_budget=4096)  # several calls, rows split
     torch.testing.assert_close(got, leave_one_out_reference(model, tokens, lengths), rtol=1e-10, atol=1e-13)
+
+
+# ---- how the runs are cut into RNN calls, the growing table, the fast forms ------------------
+
+
+@pytest.mark.parametrize("encoder", ["lstm", "gru"])
+@pytest.mark.parametrize("batch, round_, slack, round_cells", [
+    (1, 1, 0.0, 512),  # one run per call, no padding
+    (2, 1, 1.0, 512),  # two runs of lengths up to twice apart
+    (3, 4, 0.5, 512),  # calls padded with copies of their last run
+    (3, 4, 0.5, 0),  # ... unless padding would run any step
+    (64, 16, 0.125, 512),  # the defaults
+])
+def test_any_cut_of_the_runs_into_calls(encoder, batch, round_, slack, round_cells, monkeypatch):
+    for name, value in (("RUN_BATCH", batch), ("RUN_ROUND", round_), ("RUN_SLACK", slack), ("ROUND_CELLS", round_cells)):
+        monkeypatch.setattr(deletions_module, name, value)
+    model = model_for(encoder)
+    lengths = torch.tensor([9, 3, 1, 6, 9, 2, 7, 9, 4, 8, 5, 9])
+    embedded = ragged_embeddings(lengths, 9, F64, seed=4)
+    rows, positions = every_deletion(lengths)
+    with torch.no_grad():
+        got = model.encoder.deletions(embedded, lengths)(rows, positions)
+        want = each_deletion_alone(model, embedded, lengths, rows, positions)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_run_pieces():
+    counts = [0, 0, 1, 1, 1, 2, 3, 3, 8, 9]
+    pieces = deletions_module._run_pieces(counts, batch=2)
+    # every run of non-zero length in exactly one call, calls within the batch and the slack
+    assert [i for s, e, _ in pieces for i in range(s, e)] == list(range(2, 10))
+    for s, e, width in pieces:
+        assert e - s <= 2 and counts[e - 1] <= counts[s] * (1 + deletions_module.RUN_SLACK)
+        assert width >= e - s and (width % deletions_module.RUN_ROUND == 0 or width == e - s)
+    assert deletions_module._run_pieces([0, 0], batch=4) == []
+
+
+def test_table_grows_across_calls():
+    """A first call of few short deletions, then larger ones: the table grows, earlier rows kept."""
+    model = model_for("lstm")
+    lengths = torch.tensor([9, 4, 8, 9])
+    embedded = ragged_embeddings(lengths, 9, F64, seed=5)
+    rows, positions = every_deletion(lengths)
+    maps = torch.randn(3, 16, dtype=F64, generator=torch.Generator().manual_seed(0))
+    bias = torch.tensor([0.5, -1.0, 2.0], dtype=F64)
+    with torch.no_grad():
+        deletions = model.encoder.deletions(embedded, lengths, maps, bias)
+        sizes = []
+        for part in (slice(9, 10), slice(0, 9), slice(None)):
+            got = deletions(rows[part], positions[part])
+            sizes.append(deletions.table.shape[0])
+            want = each_deletion_alone(model, embedded, lengths, rows[part], positions[part]) @ maps.t() + bias
+            valid = torch.arange(got.shape[1]) < (lengths[rows[part]] - 1)[:, None]
+            torch.testing.assert_close(got, want * valid.unsqueeze(-1), rtol=1e-12, atol=1e-12)
+    assert sizes[0] < sizes[1] <= sizes[2]
+
+
+def test_linear_equals_f_linear():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 128, generator=g)
+    weight = torch.randn(129, 256, generator=g)[:, :128]  # strided, as a half of a map
+    bias = torch.randn(129, generator=g)
+    assert not weight.is_contiguous()
+    torch.testing.assert_close(deletions_module.linear(x, weight, bias), F.linear(x, weight, bias),
+                               rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(deletions_module.linear(x.double(), weight.double()), F.linear(x.double(),
+                               weight.double()), rtol=1e-14, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 3e-7), (F64, 1e-15)])
+def test_tanh_by_sigmoid(dtype, tol):
+    x = torch.cat([torch.linspace(-30, 30, 100_001, dtype=dtype), torch.tensor([0.0, 1e-30, -1e-30], dtype=dtype)])
+    got = deletions_module.tanh_by_sigmoid(x.clone())
+    assert (got - torch.tanh(x)).abs().max() <= tol
+    assert got.abs().max() <= 1 and (got == 0).sum() >= 1  # odd at 0, saturates at ±1
