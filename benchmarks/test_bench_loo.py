@@ -6,16 +6,18 @@ weights, embedding 50 (GloVe-50 sized; J&W used 300), hidden 128 per direction, 
 sigmoid output. J&W's loop (:func:`attnmetrics.reference.leave_one_out_jw`) runs one
 forward over the whole batch per deleted position; their code ran it on length-sorted
 batches of 32 rows, which is timed too for the SST-like case (``batch_size=32``).
-Each approach runs once per case (they take seconds to minutes on 2 cores); the ratio
-is in ``extra_info["speedup"]``. The SST-like case uses B = 500 rather than SST's 1,821
-test sentences, and the IMDB-like case B = 100, to keep the run to a few minutes
-(about 3 on one thread; J&W's loop takes four fifths of it).
+Each approach runs once per case (they take seconds to minutes on 2 cores), ours from a
+cold start (oneDNN builds a primitive for each new call shape, about 0.2 s in all on 2
+cores); the ratio is in ``extra_info["speedup"]``. The SST-like case has SST's 1,821 test
+sentences (DESIGN §6); the IMDB-like case B = 100 rather than 1,000, to keep the run to a
+few minutes (about 4 on one thread; J&W's loop takes nine tenths of it).
 
 Both sides are bound by the BiLSTM itself. J&W's loop re-encodes every shortened row from
 scratch (and runs rows too short for the deleted position along); ours asks the model for
 ``deletion_logits``, which reuses what a deletion leaves unchanged: the forward states before the
 token and the backward states after it, so each deletion runs one direction over the part it
-changed, and the attention projection and the decoder are applied to each state once. On a
+changed (in fused oneDNN calls of runs of about one length), and the attention projection and
+the decoder are applied to each state once. On a
 2-core machine shared with other jobs, two OpenMP threads contend badly (small calls suffer
 most); ``OMP_NUM_THREADS=1`` gives steadier numbers. ``extra_info`` records the threads and the load average.
 
@@ -39,7 +41,7 @@ from benchmarks.measure import median_seconds
 VOCAB = 5000
 # (batch, min real tokens, max real tokens); every row also holds <SOS> and <EOS>
 CASES = {
-    "sst": (500, 10, 55),  # SST-like sentence lengths (B reduced from 1,821)
+    "sst": (1821, 10, 55),  # SST's test set size, its sentence lengths
     "imdb": (100, 20, 400),  # IMDB-like reviews
 }
 
