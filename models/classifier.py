@@ -326,7 +326,9 @@ class AttentionClassifier(nn.Module):
         The recurrent encoders reuse the states a deletion leaves unchanged (the forward
         ones before it, the backward ones after it); with them, attention scores and logits
         depend on each state only through linear maps (the attention's projection and the
-        decoder), so those are applied to each state once, not to every deletion's copy.
+        decoder), so those are applied to each state once, not to every deletion's copy;
+        that callable carries ``position_bytes``, what a call holds per position of its
+        deletions, by which ``leave_one_out`` sizes the calls.
         """
         # concat/residual add the embedding past the encoder: those re-encode each deletion
         plain = self.config.regulariser not in ("concat", "residual")
