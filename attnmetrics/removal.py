@@ -216,7 +216,7 @@ def attention_gradient(attention: Tensor, values: Tensor, decoder: Decoder,
     for s in range(0, batch, rows):
         e = min(batch, s + rows)
         alpha = attention[s:e].masked_fill(~mask[s:e], 0)
-        h = values[s:e]
+        h = values[s:e].masked_fill(~mask[s:e, :, None], 0)  # padding is never read, NaN there too
         with torch.no_grad():
             context = torch.einsum("bt,bth->bh", alpha, h)
         context.requires_grad_(True)

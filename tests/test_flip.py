@@ -352,6 +352,16 @@ def test_attention_gradient_matches_jacobian(classes):
         assert (got[b, n:] == 0).all()
 
 
+def test_attention_gradient_never_reads_padding():
+    att, values, lengths = batch(b=6, t=5, h=3, seed=42, min_len=1)
+    dec = mlp(3, 2)
+    want = attention_gradient(att, values, dec, lengths)
+    junk = values.clone()
+    junk[torch.arange(5) >= lengths[:, None]] = math.nan  # NaN in every padding position
+    assert junk.isnan().any()
+    torch.testing.assert_close(attention_gradient(att, junk, dec, lengths), want, rtol=0, atol=0)
+
+
 # ---- properties ------------------------------------------------------------------------------
 
 
