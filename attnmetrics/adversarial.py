@@ -232,7 +232,7 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
     linear = _is_plain_linear(decoder)
     if linear:
         with torch.no_grad():
-            feats_all = _project(values, decoder, lengths, budget)
+            feats_all = _project(values, decoder.weight, lengths, budget)
         c = feats_all.shape[2]
         bias = decoder.bias.detach() if decoder.bias is not None else feats_all.new_zeros(c)
         head, out_width = None, c

@@ -31,6 +31,7 @@ from attnmetrics.removal import (
     _check_logits,
     _is_plain_linear,
     _ops,
+    _project,
     _rows_per_chunk,
 )
 
@@ -97,25 +98,6 @@ def attention_permutations(lengths: Tensor, width: int, permutations: int, seed:
     lengths = check_lengths(lengths, lengths.shape[0], width, lengths.device)
     return _ops().attention_permutations(lengths, width, permutations, seed, row_offset,
                                          permutation_offset)
-
-
-def _project_prefix(values: Tensor, weight: Tensor, lengths: Tensor, budget: int) -> Tensor:
-    """values @ W.T as [B, T, C] on each valid prefix, zero on padding (kernel; padding is
-    never read). Non-contiguous values are copied in row chunks of about ``budget`` bytes."""
-    batch, width, hidden = values.shape
-    weight = weight.detach().contiguous()
-    ops = _ops()
-    if values.is_contiguous():
-        out = ops.project_prefix(values, weight, lengths)
-    else:
-        out = values.new_empty(batch, width, weight.shape[0])
-        rows = _rows_per_chunk(width * hidden * values.element_size(), budget)
-        for s in range(0, batch, rows):
-            chunk = values[s:s + rows].contiguous()
-            out[s:s + rows] = ops.project_prefix(chunk, weight, lengths[s:s + rows])
-    if not torch.isfinite(out).all():
-        raise ValueError("values must be finite on each row's valid prefix")
-    return out
 
 
 def _median(x: Tensor) -> Tensor:
@@ -242,7 +224,7 @@ def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
 
     with torch.no_grad():
         if _is_plain_linear(decoder):
-            projected = _project_prefix(values, decoder.weight, lengths, budget)
+            projected = _project(values, decoder.weight, lengths, budget)
             if decoder.bias is None:
                 bias = projected.new_zeros(projected.shape[2])
             else:

@@ -268,16 +268,22 @@ def _order_scores(order: Order, attention: Tensor, values: Tensor, decoder: Deco
 # ---- search -------------------------------------------------------------------------------
 
 
-def _project(values: Tensor, linear: nn.Linear, lengths: Tensor, budget: int) -> Tensor:
-    """values @ W.T as [B, T, C], in row chunks (a non-contiguous chunk is copied)."""
+def _project(values: Tensor, weight: Tensor, lengths: Tensor, budget: int) -> Tensor:
+    """values @ W.T as [B, T, C] on each valid prefix, zero on padding (the ``project_prefix``
+    kernel; padding is never read). Non-contiguous values are copied in row chunks of about
+    ``budget`` bytes. ValueError if a projected value on a valid prefix is not finite."""
     batch, width, hidden = values.shape
-    weight = linear.weight.detach()
-    out = values.new_empty(batch, width, weight.shape[0])
-    rows = _rows_per_chunk(width * (hidden + weight.shape[0]) * values.element_size(), budget)
-    for s in range(0, batch, rows):
-        torch.matmul(values[s:s + rows], weight.t(), out=out[s:s + rows])
-    bad = ~torch.isfinite(out).all(2) & valid_mask(lengths, width)
-    if bad.any():
+    weight = weight.detach().contiguous()
+    ops = _ops()
+    if values.is_contiguous():
+        out = ops.project_prefix(values, weight, lengths)
+    else:
+        out = values.new_empty(batch, width, weight.shape[0])
+        rows = _rows_per_chunk(width * hidden * values.element_size(), budget)
+        for s in range(0, batch, rows):
+            chunk = values[s:s + rows].contiguous()
+            out[s:s + rows] = ops.project_prefix(chunk, weight, lengths[s:s + rows])
+    if not torch.isfinite(out).all():
         raise ValueError("values must be finite on each row's valid prefix")
     return out
 
@@ -424,7 +430,7 @@ def flip_fraction(attention: Tensor, values: Tensor, decoder: Decoder,
     with torch.no_grad():
         linear = _is_plain_linear(decoder)
         if linear:
-            projected = _project(values, decoder, lengths, budget)
+            projected = _project(values, decoder.weight, lengths, budget)
             bias = decoder.bias.detach() if decoder.bias is not None else projected.new_zeros(projected.shape[2])
             att = attention.contiguous()
         removed, mass = [], []

@@ -162,7 +162,7 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
 
         linear = _is_plain_linear(decoder)
         if linear:
-            projected = _project(values, decoder, lengths, budget)
+            projected = _project(values, decoder.weight, lengths, budget)
             n_classes = projected.shape[2]
             bias = (decoder.bias.detach().to(torch.float64) if decoder.bias is not None
                     else torch.zeros(n_classes, dtype=torch.float64, device=device))
