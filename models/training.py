@@ -112,13 +112,15 @@ class Objective(Protocol):
 
     def select(self, model: AttentionClassifier, dev: EncodedSplit, source: AttentionSource | None,
                batch_size: int) -> tuple[float, dict]:
-        """(score, higher is better; dev metrics for the history) after an epoch."""
+        """(score, higher is better: a float, or a tuple compared in order; dev metrics for the
+        history) after an epoch."""
 
 
 class Classification:
     """J&W's objective: the task loss (:func:`loss_fn`) plus the model's ``auxiliary_loss``
     when it has one (T&Š's tying / masked-LM regularisers); the epoch with the best dev
-    ROC-AUC is kept."""
+    ROC-AUC is kept, and among epochs tied on it (a saturated dev set, e.g. two BBC topics
+    at ROC-AUC 1.0 from the first epoch on) the one with the lowest dev loss."""
 
     def loss(self, model, batch, attention):
         if hasattr(model, "states"):
@@ -133,7 +135,8 @@ class Classification:
 
     def select(self, model, dev, source, batch_size):
         metrics = evaluate(model, dev, batch_size, attention_source=source)
-        return (-math.inf if math.isnan(metrics["roc_auc"]) else metrics["roc_auc"]), metrics
+        auc = -math.inf if math.isnan(metrics["roc_auc"]) else metrics["roc_auc"]
+        return (auc, -metrics["loss"]), metrics
 
 
 def _batches(data: EncodedSplit | Iterable[Batch], batch_size: int) -> Iterable[Batch]:
@@ -228,7 +231,7 @@ def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: Encode
     optimizer = make_optimizer(model, config)
     start = time.perf_counter()
     history: list[dict] = []
-    best_key, best_state, best_epoch, best_dev = -math.inf, None, 0, {}
+    best_key, best_state, best_epoch, best_dev = None, None, 0, {}
     n_batches = math.ceil(len(train_data) / config.batch_size)
     for epoch in range(1, config.epochs + 1):
         t0 = time.perf_counter()

@@ -310,6 +310,19 @@ def test_keeps_best_dev_epoch_and_checkpoint_round_trip(sst_slice, tmp_path):
         load_checkpoint(tmp_path)
 
 
+def test_ties_on_dev_roc_auc_go_to_the_lower_dev_loss(sst_slice, monkeypatch):
+    """A saturated dev set (ROC-AUC 1.0 from the first epoch, as two BBC topics give): the epoch
+    kept is the tied one with the lowest dev loss; a higher ROC-AUC still wins over any loss."""
+    import attnmetrics_models.training as training
+
+    vocab, tr, dv = sst_slice
+    scripted = iter([dict(roc_auc=0.9, loss=0.1), dict(roc_auc=1.0, loss=0.5), dict(roc_auc=1.0, loss=0.2),
+                     dict(roc_auc=1.0, loss=0.3), dict(roc_auc=float("nan"), loss=0.0)])
+    monkeypatch.setattr(training, "evaluate", lambda *a, **k: dict(accuracy=1.0, macro_f1=1.0, **next(scripted)))
+    result = train(fresh(vocab), tr.subset(40), dv, TrainConfig(epochs=5, progress=False))
+    assert result.best_epoch == 3 and result.best_dev["loss"] == 0.2
+
+
 def test_multiclass_training_step():
     model = small_model(num_classes=3)
     _, tokens, lengths = ragged_batch()
