@@ -224,6 +224,7 @@ def _battery(args, model, test, splits, results: dict) -> None:
     results["instances"] = instances
     results["conventions"] = {
         "special_tokens": "<SOS>/<EOS> masked out of attention; statistics over real tokens only",
+        "epoch_selection": "J&W: the epoch with the best dev ROC-AUC; among tied epochs the lowest dev loss",
         "renormalisation": "L1 over the remaining attention weights",
         "flip_ties": "equal scores removed lower index first",
         "flip_denominator": "number of real tokens (attention items)",
@@ -249,7 +250,7 @@ def _battery(args, model, test, splits, results: dict) -> None:
                                 "over real tokens (0 log 0 = 0), base frozen; same init, data and recipe as the base; "
                                 "epoch kept: lowest mean dev objective; test TVD of outputs, JSD of attention (means)",
         "diagnostic": "W&P 2019: average encoder (Linear + tanh per token) with imposed attention in training and "
-                      "testing; epoch kept: best dev ROC-AUC",
+                      "testing; epoch kept: best dev ROC-AUC (ties: lowest dev loss)",
     }
 
 
