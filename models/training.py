@@ -111,7 +111,7 @@ class Objective(Protocol):
         """Training loss of one batch (on the model's device); ``attention`` [B, T] is imposed or None."""
 
     def select(self, model: AttentionClassifier, dev: EncodedSplit, source: AttentionSource | None,
-               batch_size: int) -> tuple[float, dict]:
+               batch_size: int) -> tuple[float | tuple[float, ...], dict]:
         """(score, higher is better: a float, or a tuple compared in order; dev metrics for the
         history) after an epoch."""
 
