@@ -357,7 +357,7 @@ class AttentionClassifier(nn.Module):
         deletions = self.encoder.deletions(embedded, lengths, maps, bias)
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
-            mapped = deletions(rows, positions, zero_padding=False)  # [N, W - 1, A + C]
+            mapped = deletions.features(rows, positions)  # [N, W - 1, A + C], padding masked below
             mask = real_token_mask(lengths[rows] - 1, mapped.shape[1], self.lead, self.trail)
             attention = _masked_softmax(self.attention.score(mapped[..., :A], tanh_by_sigmoid), mask)
             out = (attention.unsqueeze(-1) * mapped[..., A:]).sum(1)

@@ -161,8 +161,8 @@ class BiRNNDeletions:
     rows' states; calling it with ``rows [N]``, ``positions [N]`` gives ``[N, W - 1, D]`` for
     those deletions (W the longest of their rows): ``feature_map [D, 2·hidden] @ h + bias [D]``
     with h the states of ``rnn`` run on the shortened rows, equal to that up to rounding;
-    zero past each deletion's ``lengths[row] - 1`` positions when ``zero_padding``. Without
-    ``feature_map``, the hidden states themselves (D = 2·hidden).
+    zero past each deletion's ``lengths[row] - 1`` positions (:meth:`features` leaves that
+    padding as it is). Without ``feature_map``, the hidden states themselves (D = 2·hidden).
 
     A state's features are the sum of its halves', ``W h = W_f h_f + W_b h_b``, so each state
     is mapped once: the rows' own when the block is prepared, a deletion's recomputed ones as
@@ -190,9 +190,11 @@ class BiRNNDeletions:
         self.reused = self.table.shape[0]
 
     def _room(self, rows: int) -> Tensor:
-        """The table with room for ``rows`` recomputed rows after the reused ones (grown 1.5x at a time)."""
-        if self.table.shape[0] < self.reused + rows:
-            table = self.table.new_empty(self.reused + max(rows, self.table.shape[0] // 2), self.table.shape[1])
+        """The table with room for ``rows`` recomputed rows after the reused ones (the room grown
+        1.5x at a time, so calls of slowly growing size copy the reused rows a few times only)."""
+        room = self.table.shape[0] - self.reused
+        if room < rows:
+            table = self.table.new_empty(self.reused + max(rows, room * 3 // 2), self.table.shape[1])
             table[: self.reused] = self.table[: self.reused]
             self.table = table
         return self.table
@@ -258,9 +260,7 @@ class BiRNNDeletions:
         out = F.embedding_bag(torch.stack([old.view(-1), new.view(-1)], 1), table, mode="sum")
         return out.view(rows.shape[0], -1, out.shape[-1])
 
-    def __call__(self, rows: Tensor, positions: Tensor, zero_padding: bool = True) -> Tensor:
+    def __call__(self, rows: Tensor, positions: Tensor) -> Tensor:
         out = self.features(rows, positions)
-        if zero_padding:
-            valid = torch.arange(out.shape[1], device=rows.device) < (self.lengths[rows] - 1)[:, None]
-            out = out * valid.unsqueeze(-1).to(out.dtype)
-        return out
+        valid = torch.arange(out.shape[1], device=rows.device) < (self.lengths[rows] - 1)[:, None]
+        return out * valid.unsqueeze(-1).to(out.dtype)
