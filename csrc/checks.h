@@ -1,6 +1,7 @@
-// Shape and dtype checks that the CPU impls and the CUDA glue share, so both back ends
-// reject the same inputs with the same messages. Device and contiguity checks stay with
-// each back end.
+// Shape and dtype checks that the CPU impls (csrc/cpu/*.cpp) and the CUDA glue
+// (csrc/cuda/*_cuda.cpp) share, so both back ends reject the same inputs with the same
+// messages. Device checks stay with each back end, and so does contiguity where a back end
+// checks it together with the device.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +23,12 @@ inline void check_length_range(const int64_t* len, int64_t batch, int64_t low,
   }
 }
 
+// t float32 or float64: "<name> must be float32 or float64, got <dtype>".
+inline void check_floating(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, name,
+              " must be float32 or float64, got ", t.scalar_type());
+}
+
 // A linear head on projected values: projected [B, T, C] = values @ W.T and bias [C],
 // both of attention's dtype. Returns C.
 inline int64_t check_linear_head(const at::Tensor& attention, const at::Tensor& projected,
@@ -41,6 +48,22 @@ inline int64_t check_linear_head(const at::Tensor& attention, const at::Tensor& 
   return C;
 }
 
+// ---- tvd / jsd ------------------------------------------------------------------------------
+
+// tvd's or jsd's (op's) p, q [N, K] (float32/float64, one dtype, contiguous).
+inline void check_distance_shapes(const char* op, const at::Tensor& p, const at::Tensor& q) {
+  TORCH_CHECK(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, op,
+              ": p must be float32 or float64, got ", p.scalar_type());
+  TORCH_CHECK(q.scalar_type() == p.scalar_type(), op, ": q must have p's dtype ",
+              p.scalar_type(), ", got ", q.scalar_type());
+  TORCH_CHECK(p.dim() == 2, op, ": p must be [N, K], got ", p.sizes());
+  TORCH_CHECK(q.sizes() == p.sizes(), op, ": q must have p's shape ", p.sizes(), ", got ",
+              q.sizes());
+  TORCH_CHECK(p.is_contiguous() && q.is_contiguous(), op, ": p and q must be contiguous");
+}
+
+// ---- kendall_tau ---------------------------------------------------------------------------
+
 // kendall_tau's x, y [B, T] (float32/float64, one dtype, contiguous) and lengths [B] int64.
 inline void check_kendall_shapes(const at::Tensor& x, const at::Tensor& y,
                                  const at::Tensor& lengths) {
@@ -58,6 +81,41 @@ inline void check_kendall_shapes(const at::Tensor& x, const at::Tensor& y,
   TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == x.size(0),
               "kendall_tau: lengths must be [B] = [", x.size(0), "], got ", lengths.sizes());
   TORCH_CHECK(lengths.is_contiguous(), "kendall_tau: lengths must be contiguous");
+}
+
+// ---- flip search (flip_search_linear, renormalised_contexts) -----------------------------
+
+// attention [B, T] float32/float64, order [B, T] int64 and lengths [B] int64 (contiguity:
+// each back end; values of lengths and order prefixes: the CPU impls' check_rows, the
+// CUDA glue's run_row_checks).
+inline void check_flip_shapes(const at::Tensor& attention, const at::Tensor& order,
+                              const at::Tensor& lengths) {
+  check_floating(attention, "attention");
+  TORCH_CHECK(attention.dim() == 2, "attention must have shape [B, T], got ", attention.sizes());
+  TORCH_CHECK(order.scalar_type() == at::kLong, "order must be int64, got ", order.scalar_type());
+  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
+              lengths.scalar_type());
+  TORCH_CHECK(order.sizes() == attention.sizes(), "order must have the shape of attention ",
+              attention.sizes(), ", got ", order.sizes());
+  const int64_t B = attention.size(0);
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B, "lengths must have shape [B] = [", B,
+              "], got ", lengths.sizes());
+}
+
+// renormalised_contexts' values [B, T, H] of attention's dtype and offsets [B] int64, after
+// check_flip_shapes (values of offsets: each back end). Returns H.
+inline int64_t check_contexts_shapes(const at::Tensor& attention, const at::Tensor& values,
+                                     const at::Tensor& offsets) {
+  const int64_t B = attention.size(0), T = attention.size(1);
+  TORCH_CHECK(values.dim() == 3 && values.size(0) == B && values.size(1) == T,
+              "values must have shape [B, T, H] = [", B, ", ", T, ", H], got ", values.sizes());
+  TORCH_CHECK(values.scalar_type() == attention.scalar_type(), "values dtype ",
+              values.scalar_type(), " must match attention dtype ", attention.scalar_type());
+  TORCH_CHECK(offsets.scalar_type() == at::kLong, "offsets must be int64, got ",
+              offsets.scalar_type());
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == B, "offsets must have shape [B] = [", B,
+              "], got ", offsets.sizes());
+  return values.size(2);
 }
 
 // ---- permutation test (attention_permutations, permutation_tvd_linear) -------------------
@@ -94,8 +152,7 @@ inline void check_permutations_args(const at::Tensor& lengths, int64_t width, in
 // attention [B, T] float32/float64, contiguous, and its lengths [B].
 inline void check_permutation_attention(const at::Tensor& attention, const at::Tensor& lengths) {
   TORCH_CHECK(attention.is_contiguous(), "attention must be contiguous");
-  TORCH_CHECK(attention.scalar_type() == at::kFloat || attention.scalar_type() == at::kDouble,
-              "attention must be float32 or float64, got ", attention.scalar_type());
+  check_floating(attention, "attention");
   TORCH_CHECK(attention.dim() == 2, "attention must have shape [B, T], got ", attention.sizes());
   check_permutation_lengths(lengths, attention.size(0), attention.size(1));
 }
@@ -109,8 +166,7 @@ inline int64_t check_projection_inputs(const at::Tensor& values, const at::Tenso
   TORCH_CHECK(values.is_contiguous(), "values must be contiguous");
   TORCH_CHECK(weight.is_contiguous(), "weight must be contiguous");
   TORCH_CHECK(lengths.is_contiguous(), "lengths must be contiguous");
-  TORCH_CHECK(values.scalar_type() == at::kFloat || values.scalar_type() == at::kDouble,
-              "values must be float32 or float64, got ", values.scalar_type());
+  check_floating(values, "values");
   TORCH_CHECK(values.dim() == 3, "values must have shape [B, T, H], got ", values.sizes());
   const int64_t B = values.size(0), H = values.size(2);
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == H, "weight must have shape [C, H] = [C, ",

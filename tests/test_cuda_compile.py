@@ -2,10 +2,11 @@
 
 - every ``csrc/cuda/*.cu`` compiles with plain ``nvcc -c -I csrc`` (no torch headers) for
   sm_80 and sm_90, with the loader's nvcc flags and warnings as errors;
-- the ATen glue ``csrc/cuda/ops_cuda.cpp`` compiles (``g++ -c -O0``, as cheap as
-  ``-fsyntax-only``) against torch's headers (a CPU wheel ships ``c10/cuda`` and
-  ``ATen/cuda`` too) and the CUDA include dir, and every launcher it calls is defined, with
-  the same signature, by the kernels' objects (what the link would check);
+- the ATen glue, one ``csrc/cuda/*_cuda.cpp`` per op family as ``csrc/cpu/*.cpp``, compiles
+  file by file (``g++ -c -O0``, as cheap as ``-fsyntax-only``) against torch's headers (a
+  CPU wheel ships ``c10/cuda`` and ``ATen/cuda`` too) and the CUDA include dir, and every
+  launcher each file calls is defined, with the same signature, by the kernels' objects
+  (what the link would check); together the glue files register every op once;
 - ``tests/cuda/host_harness.cpp`` runs the kernels' per-thread code on the CPU over the
   launchers' grids and checks rows, scratch and outputs against the per-row functions; for
   attention_permutations, permutation_tvd_linear, project_prefix and leave_one_out_batch it
@@ -38,6 +39,7 @@ from attnmetrics import _ops
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 KERNELS = sorted(p.name for p in (CSRC / "cuda").glob("*.cu"))
+GLUE = sorted(p.name for p in (CSRC / "cuda").glob("*_cuda.cpp"))
 ARCHS = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"]
 CXX = os.environ.get("CXX", "c++")
 
@@ -86,10 +88,11 @@ def _jobs(tmp: Path) -> dict[str, list[str]]:
             system = [a for d in (*cpp_extension.include_paths(), *includes) for a in ("-isystem", d)]
             # -c -O0 rather than -fsyntax-only: as cheap, and the object's undefined symbols
             # show which launchers it calls (checked against the kernels' objects below).
-            jobs["ops_cuda.cpp"] = [CXX, "-std=c++17", "-c", "-O0", "-Wall", "-Wextra", "-Werror",
-                                    "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DTORCH_API_INCLUDE_EXTENSION_H",
-                                    "-DTORCH_EXTENSION_NAME=attnmetrics_C_cuda", *system, "-I", str(CSRC),
-                                    str(CSRC / "cuda" / "ops_cuda.cpp"), "-o", str(tmp / "ops_cuda.o")]
+            for name in GLUE:
+                jobs[name] = [CXX, "-std=c++17", "-c", "-O0", "-Wall", "-Wextra", "-Werror",
+                              "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DTORCH_API_INCLUDE_EXTENSION_H",
+                              "-DTORCH_EXTENSION_NAME=attnmetrics_C_cuda", *system, "-I", str(CSRC),
+                              str(CSRC / "cuda" / name), "-o", str(tmp / f"{name}.o")]
     if shutil.which(CXX):
         jobs["host_harness"] = [CXX, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", str(CSRC),
                                 str(ROOT / "tests" / "cuda" / "host_harness.cpp"), "-o", str(tmp / "harness")]
@@ -118,8 +121,41 @@ def _check(results, name):
     assert res.returncode == 0, f"{name} failed to compile:\n{res.stdout}\n{res.stderr}"
 
 
+FAMILIES = ("distances", "kendall", "flip", "permutation", "projection", "loo")
+
+
 def test_kernels_found():
-    assert {"distances.cu", "kendall.cu", "flip.cu", "permutation.cu", "projection.cu", "loo.cu"} <= set(KERNELS)
+    assert {f"{family}.cu" for family in FAMILIES} <= set(KERNELS)
+
+
+def test_glue_files_found():
+    """One glue file per op family, beside its kernels, as the CPU impls in csrc/cpu."""
+    assert set(GLUE) == {f"{family}_cuda.cpp" for family in FAMILIES}
+    assert {p.stem for p in (CSRC / "cpu").glob("*.cpp")} == set(FAMILIES)
+
+
+def _registered(path: Path, key: str) -> list[str]:
+    """The ops that path's TORCH_LIBRARY_IMPL(attnmetrics, key, m) blocks register."""
+    text = path.read_text()
+    blocks = re.findall(r"TORCH_LIBRARY_IMPL\(attnmetrics,\s*" + key + r",\s*m\)\s*\{([^}]*)\}", text, re.S)
+    return [op for block in blocks for op in re.findall(r'm\.impl\("(\w+)"', block)]
+
+
+def test_glue_registers_every_op_once_as_the_cpu_impls_do():
+    """Each op's CUDA impl sits in the glue file of the family whose CPU file holds its CPU impl."""
+    cuda = {name: _registered(CSRC / "cuda" / name, "CUDA") for name in GLUE}
+    cpu = {p.stem: _registered(p, "CPU") for p in (CSRC / "cpu").glob("*.cpp")}
+    everything = [op for ops in cuda.values() for op in ops]
+    assert sorted(everything) == sorted(_ops._OPS)
+    assert {name.removesuffix("_cuda.cpp"): sorted(ops) for name, ops in cuda.items()} == \
+        {family: sorted(ops) for family, ops in cpu.items()}
+
+
+def test_build_object_names_are_unique():
+    """torch's JIT build names each object after its source's basename (x.cpp -> x.o,
+    x.cu -> x.cuda.o): two sources with one object name would overwrite each other."""
+    objects = [Path(s).stem + (".cuda.o" if s.endswith(".cu") else ".o") for s in _ops._sources(True)]
+    assert len(objects) == len(set(objects)), sorted(objects)
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found (CUDA_HOME, PATH, /usr/local/cuda)")
@@ -131,11 +167,12 @@ def test_nvcc_compiles_kernel_for_sm80_and_sm90(builds, name):
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not found: no CUDA include dir for the glue")
-def test_glue_syntax_against_torch_and_cuda_headers(builds):
+@pytest.mark.parametrize("name", GLUE)
+def test_glue_syntax_against_torch_and_cuda_headers(builds, name):
     _, results = builds
-    if "ops_cuda.cpp" not in results:
+    if name not in results:
         pytest.skip("no cuda_runtime_api.h in nvcc's include dirs")
-    _check(results, "ops_cuda.cpp")
+    _check(results, name)
 
 
 def _symbols(obj: Path, flag: str) -> set[str]:
@@ -146,20 +183,22 @@ def _symbols(obj: Path, flag: str) -> set[str]:
 
 @pytest.mark.skipif(NVCC is None or shutil.which("nm") is None, reason="needs nvcc and nm")
 def test_glue_calls_only_launchers_the_kernels_define(builds):
-    """What linking would check: every launcher the glue calls, with its exact signature,
-    is defined by the nvcc objects (a CPU torch has no libc10_cuda to link against)."""
+    """What linking would check: every launcher each glue file calls, with its exact
+    signature, is defined by the nvcc objects (a CPU torch has no libc10_cuda to link
+    against)."""
     tmp, results = builds
-    if "ops_cuda.cpp" not in results:
+    if not any(name in results for name in GLUE):
         pytest.skip("no cuda_runtime_api.h in nvcc's include dirs")
-    _check(results, "ops_cuda.cpp")
-    for name in KERNELS:
+    for name in (*GLUE, *KERNELS):
         _check(results, name)
-    wanted = _symbols(tmp / "ops_cuda.o", "--undefined-only")
     defined = set().union(*(_symbols(tmp / f"{name}.o", "--defined-only") for name in KERNELS))
+    wanted = {name: _symbols(tmp / f"{name}.o", "--undefined-only") for name in GLUE}
+    for name, launchers in wanted.items():
+        assert launchers, f"{name} calls no launcher"
+        assert launchers <= defined, (name, launchers - defined)
     # tvd, jsd, kendall_tau, flip ops, permutation_tvd_linear, project_prefix x 2 dtypes,
     # check_rows, attention_permutations, leave_one_out_batch
-    assert len(wanted) >= 17
-    assert wanted <= defined, wanted - defined
+    assert len(set().union(*wanted.values())) >= 17
 
 
 @pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no {CXX}")
@@ -224,10 +263,16 @@ def test_host_harness_equals_cpu_ops(builds, tmp_path):
                     "leave_one_out_batch": 7}
 
 
+GLUE_HEADER = CSRC / "cuda" / "glue.h"  # the glue files' shared helpers: ATen, for them only
+
+
 def test_kernels_and_launcher_header_stay_free_of_torch():
     for path in [*(CSRC / "cuda").glob("*.cu"), *(CSRC / "cuda").glob("*.h"), *(CSRC / "kernels").glob("*.h")]:
+        if path == GLUE_HEADER:
+            continue
         text = path.read_text()
         assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", text), path
+        assert not re.search(r"#include\s*[<\"](cuda/)?glue\.h", text), path
 
 
 # ---- the loader's choice of build ---------------------------------------------------------
@@ -261,7 +306,7 @@ def test_loader_plan(monkeypatch):
 def test_cpu_build_sources_have_no_cuda():
     assert not any("cuda" in Path(s).parts for s in _ops._sources(False))
     cuda = _ops._sources(True)
-    assert {Path(s).name for s in cuda} >= {*KERNELS, "ops_cuda.cpp", "ops.cpp"}
+    assert {Path(s).name for s in cuda} >= {*KERNELS, *GLUE, "ops.cpp"}
 
 
 def test_this_process_loaded_the_expected_build():

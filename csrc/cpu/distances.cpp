@@ -10,20 +10,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include "checks.h"
+
 namespace attnmetrics {
 namespace {
 
 void check_inputs(const char* op, const at::Tensor& p, const at::Tensor& q) {
   TORCH_CHECK(p.device().is_cpu() && q.device().is_cpu(), op,
               " (CPU): p and q must be CPU tensors");
-  TORCH_CHECK(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, op,
-              ": p must be float32 or float64, got ", p.scalar_type());
-  TORCH_CHECK(q.scalar_type() == p.scalar_type(), op, ": q must have p's dtype ",
-              p.scalar_type(), ", got ", q.scalar_type());
-  TORCH_CHECK(p.dim() == 2, op, ": p must be [N, K], got ", p.sizes());
-  TORCH_CHECK(q.sizes() == p.sizes(), op, ": q must have p's shape ", p.sizes(), ", got ",
-              q.sizes());
-  TORCH_CHECK(p.is_contiguous() && q.is_contiguous(), op, ": p and q must be contiguous");
+  attnmetrics::check_distance_shapes(op, p, q);
 }
 
 // Applies row_fn(p_row, q_row, K) -> acc_t to every row, in parallel.

@@ -22,27 +22,14 @@ void check_cpu_contiguous(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
-void check_floating(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, name,
-              " must be float32 or float64, got ", t.scalar_type());
-}
-
 // Checks shared by both ops: attention [B, T] float, order [B, T] int64,
 // lengths [B] int64 in [0, T], and each order prefix a permutation of 0..L-1.
 void check_rows(const at::Tensor& attention, const at::Tensor& order, const at::Tensor& lengths) {
   check_cpu_contiguous(attention, "attention");
   check_cpu_contiguous(order, "order");
   check_cpu_contiguous(lengths, "lengths");
-  check_floating(attention, "attention");
-  TORCH_CHECK(attention.dim() == 2, "attention must have shape [B, T], got ", attention.sizes());
-  TORCH_CHECK(order.scalar_type() == at::kLong, "order must be int64, got ", order.scalar_type());
-  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
-              lengths.scalar_type());
-  TORCH_CHECK(order.sizes() == attention.sizes(), "order must have the shape of attention ",
-              attention.sizes(), ", got ", order.sizes());
+  attnmetrics::check_flip_shapes(attention, order, lengths);
   const int64_t B = attention.size(0), T = attention.size(1);
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B, "lengths must have shape [B] = [", B,
-              "], got ", lengths.sizes());
 
   const int64_t* len = lengths.data_ptr<int64_t>();
   attnmetrics::check_length_range(len, B, 0, "0", T);
@@ -105,15 +92,7 @@ at::Tensor renormalised_contexts_cpu(const at::Tensor& attention, const at::Tens
   check_cpu_contiguous(values, "values");
   check_cpu_contiguous(offsets, "offsets");
   const int64_t B = attention.size(0), T = attention.size(1);
-  TORCH_CHECK(values.dim() == 3 && values.size(0) == B && values.size(1) == T,
-              "values must have shape [B, T, H] = [", B, ", ", T, ", H], got ", values.sizes());
-  TORCH_CHECK(values.scalar_type() == attention.scalar_type(), "values dtype ",
-              values.scalar_type(), " must match attention dtype ", attention.scalar_type());
-  TORCH_CHECK(offsets.scalar_type() == at::kLong, "offsets must be int64, got ",
-              offsets.scalar_type());
-  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == B, "offsets must have shape [B] = [", B,
-              "], got ", offsets.sizes());
-  const int64_t H = values.size(2);
+  const int64_t H = attnmetrics::check_contexts_shapes(attention, values, offsets);
   // Offsets decide where each row writes: they must be exactly the exclusive
   // cumsum of lengths, or rows would overlap or run past the output.
   const int64_t* len = lengths.data_ptr<int64_t>();

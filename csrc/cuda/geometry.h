@@ -1,6 +1,6 @@
 // Launch geometry of the CUDA kernels: plain host arithmetic, no CUDA or torch
 // headers, shared by the launchers (csrc/cuda/*.cu), the glue that sizes scratch
-// (ops_cuda.cpp) and the host harness that checks it (tests/cuda/host_harness.cpp).
+// (*_cuda.cpp) and the host harness that checks it (tests/cuda/host_harness.cpp).
 //
 // Every kernel loops over its rows (grid-stride), so a grid never needs more
 // blocks than kMaxBlocks, far below CUDA's grid.x limit of 2^31 - 1, however

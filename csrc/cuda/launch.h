@@ -1,8 +1,8 @@
 // Launchers of the CUDA kernels (csrc/cuda/*.cu): raw pointers, sizes and a
 // stream in, the launch's cudaError_t out. No torch headers, so the .cu files
 // compile with plain `nvcc -c -I csrc` (tests/test_cuda_compile.py); the glue in
-// ops_cuda.cpp validates the tensors, allocates outputs and scratch with ATen
-// and calls these on the current stream.
+// *_cuda.cpp (one file per op family) validates the tensors, allocates outputs and
+// scratch with ATen and calls these on the current stream.
 //
 // Every pointer is to contiguous device memory on the current device; rows may
 // be 0 (nothing is launched). Launches are asynchronous: the returned error is

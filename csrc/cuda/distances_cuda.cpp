@@ -1,0 +1,52 @@
+// CUDA impls of tvd and jsd (schemas in ops.cpp; CPU impls in cpu/distances.cpp).
+// Common to the glue files: glue.h. No check needs the data: no read back.
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "checks.h"
+#include "cuda/glue.h"
+#include "cuda/launch.h"
+
+namespace attnmetrics {
+namespace {
+
+using namespace glue;
+
+void check_distance_inputs(const char* op, const at::Tensor& p, const at::Tensor& q) {
+  TORCH_CHECK(p.device().is_cuda() && q.device() == p.device(), op,
+              " (CUDA): p and q must be CUDA tensors on one device, got ", p.device(), " and ",
+              q.device());
+  attnmetrics::check_distance_shapes(op, p, q);
+}
+
+template <bool JSD>
+at::Tensor distance_cuda(const at::Tensor& p, const at::Tensor& q) {
+  const char* op = JSD ? "jsd" : "tvd";
+  check_distance_inputs(op, p, q);
+  const c10::cuda::CUDAGuard guard(p.device());
+  at::Tensor out = at::empty({p.size(0)}, p.options());
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "distance_cuda", [&] {
+    const scalar_t* ps = p.const_data_ptr<scalar_t>();
+    const scalar_t* qs = q.const_data_ptr<scalar_t>();
+    scalar_t* os = out.mutable_data_ptr<scalar_t>();
+    const cudaError_t err = JSD ? gpu::jsd(ps, qs, os, p.size(0), p.size(1), current_stream())
+                                : gpu::tvd(ps, qs, os, p.size(0), p.size(1), current_stream());
+    check_launch(err, op);
+  });
+  return out;
+}
+
+at::Tensor tvd_cuda(const at::Tensor& p, const at::Tensor& q) { return distance_cuda<false>(p, q); }
+at::Tensor jsd_cuda(const at::Tensor& p, const at::Tensor& q) { return distance_cuda<true>(p, q); }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attnmetrics, CUDA, m) {
+  m.impl("tvd", &tvd_cuda);
+  m.impl("jsd", &jsd_cuda);
+}
+
+}  // namespace attnmetrics
