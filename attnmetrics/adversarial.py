@@ -1,4 +1,4 @@
-"""Adversarial attention search (J&W 2019, sec. 4.3; DESIGN §4 "Adversarial attention").
+"""Adversarial attention search (J&W 2019, sec. 4.3; docs/definitions.md §10).
 
 For each instance, K candidate attention distributions over its real tokens are
 optimised with Adam, the model frozen, to be far (JSD) from the original attention
@@ -17,19 +17,18 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnmetrics._validation import valid_mask
+from attnmetrics._decoder import Decoder, is_plain_linear, project
+from attnmetrics._validation import (
+    DEFAULT_MEMORY_BUDGET,
+    check_budget,
+    check_decoder,
+    check_inputs,
+    check_logits,
+)
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.outputs import output_distribution
-from attnmetrics.removal import (
-    _DEFAULT_BUDGET,
-    Decoder,
-    _check_budget,
-    _check_decoder,
-    _check_inputs,
-    _check_logits,
-    _is_plain_linear,
-    _project,
-)
+from attnmetrics.protocol import token_mask
+
 
 class AdversarialResult(NamedTuple):
     """Per-row outcome of :func:`adversarial_attention`.
@@ -97,7 +96,7 @@ def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | N
     if decoder is None:
         logits = (mixed + bias).reshape(n * k, f)
     else:
-        logits = _check_logits(decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None)
+        logits = check_logits(decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None)
         classes[:] = [logits.shape[1]]
     return output_distribution(logits).view(n, k, -1)
 
@@ -134,8 +133,8 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
                           tvd_penalty: float = 500.0, tvd_margin: float = 0.01,
                           tvd_threshold: float = 0.05, init_std: float = 3.0,
                           amsgrad: bool = False, generator: torch.Generator | None = None,
-                          memory_budget: int = _DEFAULT_BUDGET) -> AdversarialResult:
-    """Most different attention that keeps the output (J&W 2019, sec. 4.3; DESIGN §4).
+                          memory_budget: int = DEFAULT_MEMORY_BUDGET) -> AdversarialResult:
+    """Most different attention that keeps the output (J&W 2019, sec. 4.3; docs/definitions.md §10).
 
     Per row with L = ``lengths[b]`` >= 2 real tokens and original attention alpha:
     K = ``candidates`` logit vectors ``z_k`` start at ``log(1/L) + init_std * noise[b, k, :L]``
@@ -201,9 +200,9 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
         >>> bool(res.max_jsd[0] > 0.5), float(res.output_tvd[0])
         (True, 0.0)
     """
-    lengths = _check_inputs(attention, values, lengths)
-    _check_decoder(decoder, values)
-    budget = _check_budget(memory_budget)
+    lengths = check_inputs(attention, values, lengths)
+    check_decoder(decoder, values)
+    budget = check_budget(memory_budget)
     k = _check_int("candidates", candidates, 1)
     steps = _check_int("steps", steps, 0)
     lr = _check_real("lr", lr, positive=True)
@@ -224,15 +223,15 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
     dtype, device, item = attention.dtype, attention.device, values.element_size()
     noise = torch.randn((batch, k, width), generator=generator, dtype=dtype, device=device)
 
-    mask = valid_mask(lengths, width)
+    mask = token_mask(lengths, width)
     out_att = attention.masked_fill(~mask, 0.0)
     out_jsd = attention.new_zeros(batch)
     out_tvd = attention.new_zeros(batch)
 
-    linear = _is_plain_linear(decoder)
+    linear = is_plain_linear(decoder)
     if linear:
         with torch.no_grad():
-            feats_all = _project(values, decoder.weight, lengths, budget)
+            feats_all = project(values, decoder.weight, lengths, budget)
         c = feats_all.shape[2]
         bias = decoder.bias.detach() if decoder.bias is not None else feats_all.new_zeros(c)
         head, out_width = None, c

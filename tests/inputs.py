@@ -1,11 +1,19 @@
-"""Shared test inputs: ragged attention batches and small decoders (float64 unless asked)."""
+"""Shared inputs of the tests and benchmarks: the checkout's paths (the real SST beside it),
+ragged attention batches and small decoders (float64 unless asked)."""
 
 import math
+import os
+from pathlib import Path
 
 import torch
 from torch import nn
 
 F64 = torch.float64
+
+#: the checkout's root
+ROOT = Path(__file__).resolve().parents[1]
+#: the real Stanford Sentiment Treebank (train/dev/test.txt), kept beside the checkout, never in it
+SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", ROOT.parent / "shared" / "data" / "sst"))
 
 
 def batch(b=40, t=12, h=6, dtype=F64, seed=0, temperature=2.0, min_len=0):

@@ -23,8 +23,8 @@ from torch import nn
 
 from attnmetrics import _ops, flip_fraction, jsd, kendall_tau, tvd
 from attnmetrics._ops import ops
+from attnmetrics.flip import random_scores, removal_order
 from attnmetrics.permutation import attention_permutations, permutation_test
-from attnmetrics.removal import random_scores, removal_order
 
 DEVICE = torch.device(os.environ.get("ATTNMETRICS_TEST_DEVICE") or "cuda")
 ON_GPU = DEVICE.type == "cuda"

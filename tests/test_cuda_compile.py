@@ -26,11 +26,10 @@ import subprocess
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils import cpp_extension
-
-import numpy as np
 
 import attnmetrics
 from attnmetrics import _ops

@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 from torch import nn
 
 import attnmetrics
-from attnmetrics.outputs import decision
-from attnmetrics.reference import flip_fraction_reference, flip_search_sequential
-from attnmetrics.removal import (
+from attnmetrics.flip import (
     FlipResult,
     attention_gradient,
     flip_fraction,
     random_scores,
     removal_order,
 )
+from attnmetrics.outputs import decision
+from attnmetrics.reference import flip_fraction_reference, flip_search_sequential
 from tests.inputs import batch, linear, make_decoder, mlp
 
 F64 = torch.float64

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 import attnmetrics
 from attnmetrics import leave_one_out
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.deletions import delete_positions
 from attnmetrics.outputs import output_distribution
 from attnmetrics.reference import leave_one_out_jw, leave_one_out_reference, tvd_reference
-from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
-from attnmetrics_models.deletions import delete_positions
 from tests.toy import ToyClassifier
 
 F64 = torch.float64
@@ -39,9 +39,9 @@ class Toy(ToyClassifier):
         return super().attend(hidden, lengths).nan_to_num(0.0)
 
 
-def real_model(classes: int, dtype=torch.float32, seed: int = 0) -> AttentionClassifier:
+def real_model(classes: int, dtype=torch.float32, seed: int = 0) -> EncoderAttentionClassifier:
     torch.manual_seed(seed)
-    return AttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6, num_classes=classes)).to(dtype)
+    return EncoderAttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6, num_classes=classes)).to(dtype)
 
 
 def ragged(rows=10, width=12, vocab=30, seed=0, min_len=3, lead=1, trail=1):

@@ -1,4 +1,4 @@
-"""Removal with renormalisation and the decision-flip search (S&S 2019, sec. 4; DESIGN §4).
+"""Removal with renormalisation and the decision-flip search (S&S 2019, sec. 4; docs/definitions.md §4).
 
 Items of each row's attention are removed one at a time in the order of a score,
 the remaining weights renormalised to sum to 1, and the layers after attention
@@ -11,28 +11,28 @@ row in one batched call (``renormalised_contexts``).
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Union
+from typing import NamedTuple, Union
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
+from attnmetrics._decoder import Decoder, is_plain_linear, project, rows_per_chunk
+from attnmetrics._ops import ops
 from attnmetrics._validation import (
-    check_attention,
-    check_float,
+    DEFAULT_MEMORY_BUDGET,
+    check_budget,
+    check_decoder,
+    check_inputs,
     check_lengths,
-    check_same_device,
-    valid_mask,
+    check_logits,
 )
 from attnmetrics.outputs import decision, output_distribution
+from attnmetrics.protocol import token_mask
 
-Decoder = Callable[[Tensor], Tensor]
 Order = Union[str, Tensor]
 
 #: order names accepted by :func:`flip_fraction` (or pass a [B, T] score tensor)
 ORDERS = ("attention", "reverse", "random", "gradient", "attn_grad", "sign_grad_attn")
-
-_DEFAULT_BUDGET = 256 * 2**20
-
 
 class FlipResult(NamedTuple):
     """Per-row outcome of a flip search; each field is ``[B]`` (``[samples, B]`` for
@@ -48,79 +48,6 @@ class FlipResult(NamedTuple):
     fraction: Tensor
     flipped: Tensor
     mass: Tensor
-
-
-def _ops():
-    # Imported lazily: building the extension is only needed once an op runs.
-    from attnmetrics._ops import ops
-
-    return ops
-
-
-# ---- validation ---------------------------------------------------------------------------
-
-
-def _check_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> Tensor:
-    """Validate attention [B, T] and values [B, T, H]; return lengths [B] int64."""
-    check_float("attention", attention)
-    check_float("values", values)
-    if attention.dim() != 2:
-        raise ValueError(f"attention must have shape [B, T], got {list(attention.shape)}")
-    if values.dim() != 3 or values.shape[:2] != attention.shape:
-        raise ValueError(
-            f"values must have shape [B, T, H] = [{attention.shape[0]}, {attention.shape[1]}, H] "
-            f"like attention, got {list(values.shape)}"
-        )
-    if values.dtype != attention.dtype:
-        raise ValueError(f"values dtype {values.dtype} differs from attention dtype {attention.dtype}")
-    check_same_device(attention=attention, values=values)
-    lengths = check_lengths(lengths, attention.shape[0], attention.shape[1], attention.device)
-    check_attention(attention, lengths)
-    return lengths
-
-
-def _is_plain_linear(decoder) -> bool:
-    """An nn.Linear whose call is exactly x @ W.T + b: no overridden forward, no hooks."""
-    return (
-        isinstance(decoder, nn.Linear)
-        and type(decoder).forward is nn.Linear.forward
-        and not (decoder._forward_hooks or decoder._forward_pre_hooks)
-    )
-
-
-def _check_decoder(decoder, values: Tensor) -> None:
-    if not callable(decoder):
-        raise TypeError(f"decoder must be callable [N, H] -> [N, C], got {type(decoder).__name__}")
-    if _is_plain_linear(decoder):
-        h = values.shape[2]
-        if decoder.in_features != h:
-            raise ValueError(
-                f"decoder is an nn.Linear with in_features {decoder.in_features}, "
-                f"but values have H = {h}"
-            )
-        w = decoder.weight
-        if w.dtype != values.dtype or w.device != values.device:
-            raise ValueError(
-                f"decoder weight is {w.dtype} on {w.device}, values are {values.dtype} on "
-                f"{values.device}; they must match"
-            )
-
-
-def _check_logits(logits, n: int, classes: int | None = None) -> Tensor:
-    if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or logits.shape[1] < 1:
-        got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(f"decoder must map contexts [N, H] to logits [N, C] with N = {n}, got {got}")
-    if classes is not None and logits.shape[1] != classes:
-        raise ValueError(f"decoder returned C = {logits.shape[1]} classes, earlier C = {classes}")
-    if not torch.isfinite(logits).all():
-        raise ValueError("decoder returned NaN or infinite logits")
-    return logits
-
-
-def _check_budget(memory_budget) -> int:
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
-        raise ValueError(f"memory_budget must be a positive int (bytes), got {memory_budget!r}")
-    return memory_budget
 
 
 # ---- orders -------------------------------------------------------------------------------
@@ -149,7 +76,7 @@ def removal_order(scores: Tensor, lengths: Tensor | None = None) -> Tensor:
         raise ValueError(f"scores must be real numbers, got {scores.dtype}")
     batch, width = scores.shape
     lengths = check_lengths(lengths, batch, width, scores.device)
-    mask = valid_mask(lengths, width)
+    mask = token_mask(lengths, width)
     if scores.is_floating_point() and torch.isnan(scores).logical_and(mask).any():
         raise ValueError("scores contain NaN on a row's valid prefix")
     # A stable descending sort keeps equal scores in index order. Padding gets the lowest
@@ -168,16 +95,12 @@ def random_scores(batch: int, width: int, generator: torch.Generator | None = No
     return torch.rand((batch, width), generator=generator, dtype=torch.float64, device=device)
 
 
-def _rows_per_chunk(row_bytes: int, budget: int) -> int:
-    return max(1, budget // max(1, row_bytes))
-
-
 def attention_gradient(attention: Tensor, values: Tensor, decoder: Decoder,
                        lengths: Tensor | None = None, *,
-                       memory_budget: int = _DEFAULT_BUDGET) -> Tensor:
+                       memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
     """Gradient of the predicted class's probability w.r.t. each attention weight.
 
-    S&S 2019 (sec. 4, "gradient" ordering; DESIGN §4): with the context
+    S&S 2019 (sec. 4, "gradient" ordering; docs/definitions.md §4): with the context
     ``c = sum_t alpha_t h_t`` and ``y`` the predicted class,
     ``d p_y / d alpha_t = (d p_y / d c) . h_t``. Autograd runs on ``c`` only, so
     ``decoder`` can be any callable mapping contexts ``[N, H]`` to logits ``[N, C]``
@@ -206,13 +129,13 @@ def attention_gradient(attention: Tensor, values: Tensor, decoder: Decoder,
         >>> attention_gradient(att, torch.randn(3, 5, 4, dtype=torch.float64), dec).shape
         torch.Size([3, 5])
     """
-    lengths = _check_inputs(attention, values, lengths)
-    _check_decoder(decoder, values)
-    budget = _check_budget(memory_budget)
+    lengths = check_inputs(attention, values, lengths)
+    check_decoder(decoder, values)
+    budget = check_budget(memory_budget)
     batch, width, hidden = values.shape
-    mask = valid_mask(lengths, width)
+    mask = token_mask(lengths, width)
     out = attention.new_zeros(batch, width)
-    rows = _rows_per_chunk(width * hidden * values.element_size(), budget)
+    rows = rows_per_chunk(width * hidden * values.element_size(), budget)
     for s in range(0, batch, rows):
         e = min(batch, s + rows)
         alpha = attention[s:e].masked_fill(~mask[s:e], 0)
@@ -221,7 +144,7 @@ def attention_gradient(attention: Tensor, values: Tensor, decoder: Decoder,
             context = torch.einsum("bt,bth->bh", alpha, h)
         context.requires_grad_(True)
         with torch.enable_grad():
-            logits = _check_logits(decoder(context), e - s)
+            logits = check_logits(decoder(context), e - s)
             predicted = decision(logits.detach())
             p = output_distribution(logits).gather(1, predicted[:, None]).sum()
             if not p.requires_grad:
@@ -246,7 +169,7 @@ def _order_scores(order: Order, attention: Tensor, values: Tensor, decoder: Deco
             raise ValueError(f"order is on {order.device}, attention on {attention.device}")
         if order.is_complex() or order.dtype == torch.bool:
             raise ValueError(f"order as a score tensor must be real, got {order.dtype}")
-        if order.is_floating_point() and torch.isnan(order).logical_and(valid_mask(lengths, order.shape[1])).any():
+        if order.is_floating_point() and torch.isnan(order).logical_and(token_mask(lengths, order.shape[1])).any():
             raise ValueError("order (score tensor) contains NaN on a row's valid prefix")
         return order
     if not isinstance(order, str) or order not in ORDERS:
@@ -266,26 +189,6 @@ def _order_scores(order: Order, attention: Tensor, values: Tensor, decoder: Deco
 
 
 # ---- search -------------------------------------------------------------------------------
-
-
-def _project(values: Tensor, weight: Tensor, lengths: Tensor, budget: int) -> Tensor:
-    """values @ W.T as [B, T, C] on each valid prefix, zero on padding (the ``project_prefix``
-    kernel; padding is never read). Non-contiguous values are copied in row chunks of about
-    ``budget`` bytes. ValueError if a projected value on a valid prefix is not finite."""
-    batch, width, hidden = values.shape
-    weight = weight.detach().contiguous()
-    ops = _ops()
-    if values.is_contiguous():
-        out = ops.project_prefix(values, weight, lengths)
-    else:
-        out = values.new_empty(batch, width, weight.shape[0])
-        rows = _rows_per_chunk(width * hidden * values.element_size(), budget)
-        for s in range(0, batch, rows):
-            chunk = values[s:s + rows].contiguous()
-            out[s:s + rows] = ops.project_prefix(chunk, weight, lengths[s:s + rows])
-    if not torch.isfinite(out).all():
-        raise ValueError("values must be finite on each row's valid prefix")
-    return out
 
 
 def _first_flip(decisions: Tensor, lengths: Tensor) -> Tensor:
@@ -327,7 +230,6 @@ def _search_general(attention: Tensor, values: Tensor, decoder: Decoder, lengths
     cum = torch.cumsum(row_bytes, 0)
     removed = torch.empty(batch, dtype=torch.int64, device=values.device)
     mass = attention.new_empty(batch)
-    ops = _ops()
     s = 0
     while s < batch:
         base = int(cum[s - 1]) if s else 0
@@ -340,7 +242,7 @@ def _search_general(attention: Tensor, values: Tensor, decoder: Decoder, lengths
         decisions = torch.empty(contexts.shape[0], dtype=torch.int64, device=values.device)
         for c in range(0, contexts.shape[0], call_rows):
             part = contexts[c:c + call_rows]
-            logits = _check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
+            logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
             classes[:] = [logits.shape[1]]
             decisions[c:c + call_rows] = decision(logits)
         removed[s:e] = _first_flip(decisions, lens)
@@ -353,10 +255,10 @@ def flip_fraction(attention: Tensor, values: Tensor, decoder: Decoder,
                   lengths: Tensor | None = None, order: Order = "attention", *,
                   samples: int = 1, generator: torch.Generator | None = None,
                   never_flipped: float = math.nan,
-                  memory_budget: int = _DEFAULT_BUDGET) -> FlipResult:
+                  memory_budget: int = DEFAULT_MEMORY_BUDGET) -> FlipResult:
     """How many attention items must be removed before the decision flips (S&S 2019, sec. 4).
 
-    Definition (DESIGN §4): order each row's valid prefix (length L) by a score,
+    Definition (docs/definitions.md §4): order each row's valid prefix (length L) by a score,
     descending, ties to the lower index. Remove items one at a time: zero the weight,
     renormalise the rest to sum to 1 (a zero vector if nothing is left), and re-run
     ``decoder`` on the context ``sum_t alpha'_t h_t``. ``removed`` is the smallest
@@ -415,9 +317,9 @@ def flip_fraction(attention: Tensor, values: Tensor, decoder: Decoder,
         >>> res.removed, res.fraction, res.mass
         (tensor([1]), tensor([0.3333], dtype=torch.float64), tensor([0.6000], dtype=torch.float64))
     """
-    lengths = _check_inputs(attention, values, lengths)
-    _check_decoder(decoder, values)
-    budget = _check_budget(memory_budget)
+    lengths = check_inputs(attention, values, lengths)
+    check_decoder(decoder, values)
+    budget = check_budget(memory_budget)
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an int >= 1, got {samples!r}")
     if generator is not None and generator.device != attention.device:
@@ -428,9 +330,9 @@ def flip_fraction(attention: Tensor, values: Tensor, decoder: Decoder,
     batch, width, _ = values.shape
 
     with torch.no_grad():
-        linear = _is_plain_linear(decoder)
+        linear = is_plain_linear(decoder)
         if linear:
-            projected = _project(values, decoder.weight, lengths, budget)
+            projected = project(values, decoder.weight, lengths, budget)
             bias = decoder.bias.detach() if decoder.bias is not None else projected.new_zeros(projected.shape[2])
             att = attention.contiguous()
         removed, mass = [], []
@@ -439,7 +341,7 @@ def flip_fraction(attention: Tensor, values: Tensor, decoder: Decoder,
             s = scores if scores is not None else random_scores(batch, width, generator, attention.device)
             order_ = removal_order(s, lengths)
             if linear:
-                r, m = _ops().flip_search_linear(att, projected, bias.contiguous(), order_, lengths)
+                r, m = ops.flip_search_linear(att, projected, bias.contiguous(), order_, lengths)
             else:
                 r, m = _search_general(attention, values, decoder, lengths, order_, budget, classes)
             removed.append(r)

@@ -2,16 +2,15 @@
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-from attnmetrics_models.cli import main
+from attnmetrics.app.cli import main
+from tests.inputs import SST_DIR
 
-SST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sst"
-pytestmark = pytest.mark.skipif(not (SST / "train.txt").is_file(), reason="real SST not found beside the project")
+pytestmark = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason="real SST not found beside the project")
 
-QUICK = ["--dataset", "sst", "--data-dir", str(SST), "--limit", "160", "--epochs", "1", "--embeddings", "random",
+QUICK = ["--dataset", "sst", "--data-dir", str(SST_DIR), "--limit", "160", "--epochs", "1", "--embeddings", "random",
          "--embed-dim", "24", "--hidden-size", "16", "--no-progress", "--threads", "1"]
 FAST = ["--permutations", "20", "--adversarial-steps", "20"]
 

@@ -1,4 +1,4 @@
-"""One-token deletions with reuse (models/deletions.py, AttentionClassifier.deletion_logits)
+"""One-token deletions with reuse (models/deletions.py, EncoderAttentionClassifier.deletion_logits)
 against running the model on each shortened row alone, and leave_one_out through them
 against the per-sequence reference."""
 
@@ -9,18 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnmetrics import leave_one_out
+from attnmetrics.models import deletions as deletions_module
+from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, EncoderAttentionClassifier, ModelConfig
 from attnmetrics.reference import leave_one_out_reference
-from attnmetrics_models import deletions as deletions_module
-from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassifier, ModelConfig
 
 F64 = torch.float64
 
 
-def model_for(encoder: str, dtype=F64, seed=0, classes=1, attention="tanh", regulariser="none") -> AttentionClassifier:
+def model_for(encoder: str, dtype=F64, seed=0, classes=1, attention="tanh", regulariser="none") -> EncoderAttentionClassifier:
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=40, embed_dim=5, hidden_size=8, num_classes=classes, encoder=encoder,
                          attention=attention, regulariser=regulariser)
-    return AttentionClassifier(config).to(dtype).eval()
+    return EncoderAttentionClassifier(config).to(dtype).eval()
 
 
 def each_deletion_alone(model, embedded, lengths, rows, positions):

@@ -6,9 +6,9 @@ import pytest
 from scipy.spatial.distance import jensenshannon
 from sklearn.metrics import f1_score
 
+from attnmetrics.app.aggregate import aggregate_group, paired_tests
+from attnmetrics.app.sweep import Cell
 from attnmetrics.stats import bootstrap_ci, macro_f1, seed_variance
-from attnmetrics_models.aggregate import aggregate_group, paired_tests
-from attnmetrics_models.sweep import Cell
 
 
 def _loop_ci(x, statistic, resamples=20000, seed=1):

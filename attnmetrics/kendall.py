@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from attnmetrics._ops import ops
-from attnmetrics._validation import check_float, check_lengths, check_same_device, valid_mask
+from attnmetrics._validation import check_float, check_lengths, check_same_device
+from attnmetrics.protocol import token_mask
 
 
 class KendallTau(NamedTuple):
@@ -64,7 +65,7 @@ def kendall_tau(x: Tensor, y: Tensor, lengths: Tensor | None = None) -> KendallT
     if batch == 0:
         raise ValueError(f"x is an empty batch (B = 0, shape {list(x.shape)}); expected B >= 1")
     lengths = check_lengths(lengths, batch, width, x.device)
-    mask = valid_mask(lengths, width)
+    mask = token_mask(lengths, width)
     nan_x, nan_y = torch.stack([(torch.isnan(t) & mask).any() for t in (x, y)]).tolist()  # one read back
     for name, t, found in (("x", x, nan_x), ("y", y, nan_y)):
         if found:

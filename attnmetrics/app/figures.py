@@ -13,7 +13,7 @@ matplotlib.use("Agg")  # files only, never a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from attnmetrics.summaries import MAX_ATTENTION_BINS  # noqa: E402
+from attnmetrics.app.summaries import MAX_ATTENTION_BINS  # noqa: E402
 
 
 def _save(fig, path: Path) -> str:

@@ -8,8 +8,8 @@ the batch size whatever the size of the test set.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from itertools import combinations
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -17,15 +17,17 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 import attnmetrics
-from attnmetrics.procedures import forward, gradient_importance, leave_one_out
-from attnmetrics.summaries import (
+from attnmetrics.app.summaries import (
     adversarial_summary,
     flip_summary,
     permutation_summary,
     single_removal_summary,
     tau_summary,
 )
-from attnmetrics_models.tutek import single_token_test
+from attnmetrics.importance import gradient_importance
+from attnmetrics.loo import leave_one_out
+from attnmetrics.models.tutek import single_token_test
+from attnmetrics.protocol import forward
 
 #: S&S 2019's orderings (sec. 4): attention, random, gradient w.r.t. attention, attention x gradient; plus reverse.
 DEFAULT_ORDERS = ("attention", "random", "gradient", "attn_grad", "reverse")

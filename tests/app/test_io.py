@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from attnmetrics.io import run_folder, write_json_atomic
+from attnmetrics.app.io import run_folder, write_json_atomic
 
 
 def test_json_is_strict_with_nan_as_null(tmp_path):

@@ -1,12 +1,12 @@
 """``attnmetrics sweep CONFIG.toml``: run a grid of ``attnmetrics run`` cells, resumably, then
-aggregate them into one report (models/aggregate.py).
+aggregate them into one report (attnmetrics/app/aggregate.py).
 
 Config (TOML; relative paths resolve against the config file's folder; see configs/sweep.toml)::
 
     [sweep]
     out = "runs/sweep"                        # sweep folder (--out overrides, relative to the cwd)
     jobs = 2                                  # cells run at once (--jobs overrides)
-    data_dirs = { sst = "../shared/data/sst" } # --data-dir per dataset
+    data_dirs = { sst = "path/to/sst" }       # --data-dir per dataset
 
     [defaults]                                # run flags for every cell
     epochs = 8
@@ -26,7 +26,7 @@ A flag key is the option without its dashes (``consistent_adversary`` or ``consi
 passes its items, anything else its value. Grid keys override ``[defaults]``. Keys that are not
 options of ``attnmetrics run`` (or that the sweep sets itself: out, dataset, seed, ...) are errors.
 
-Each cell runs ``python -m attnmetrics_models.cli run ... --out OUT/GRID/CELL --no-progress`` in
+Each cell runs ``python -m attnmetrics run ... --out OUT/GRID/CELL --no-progress`` in
 its own process, CELL = ``DATASET-ENCODER-ATTENTION[-REGULARISER]-sSEED`` (``:`` -> ``_``), its
 output appended to ``OUT/GRID/CELL.log``.
 
@@ -62,7 +62,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from attnmetrics.io import write_json_atomic, write_text_atomic
+from attnmetrics.app.io import write_json_atomic, write_text_atomic
+from attnmetrics.app.parser import build_parser
 
 #: grid axis -> the run option it sets
 AXES = {"datasets": "dataset", "encoders": "encoder", "attentions": "attention", "regularisers": "regulariser",
@@ -111,8 +112,6 @@ class Sweep:
 
 def _run_options() -> dict[str, argparse.Action]:
     """``attnmetrics run``'s options by dest, read from the CLI parser (so new flags need no change here)."""
-    from attnmetrics_models.cli import build_parser
-
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return {a.dest: a for a in sub.choices["run"]._actions if a.option_strings}
 
@@ -225,13 +224,11 @@ def load_config(path: str | Path, out: Path | None = None, jobs: int | None = No
 
 def cell_command(cell: Cell, out: Path, overwrite: bool = False) -> list[str]:
     """The subprocess argv of one cell."""
-    return [sys.executable, "-m", "attnmetrics_models.cli", "run", *cell.flags, "--out", str(cell.folder(out)),
+    return [sys.executable, "-m", "attnmetrics", "run", *cell.flags, "--out", str(cell.folder(out)),
             "--no-progress", *(["--overwrite"] if overwrite else [])]
 
 
 def _config_of(argv: list[str]) -> dict:
-    from attnmetrics_models.cli import build_parser
-
     args = build_parser().parse_args(argv)
     return json.loads(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}))
 
@@ -367,20 +364,10 @@ def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> i
     return 1 if failed else 0
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", type=Path, help="sweep config (TOML; see configs/sweep.toml)")
-    p.add_argument("--out", type=Path, help="sweep folder (default: [sweep] out of the config)")
-    p.add_argument("--jobs", type=int, help="cells run at once (default: [sweep] jobs, else 1)")
-    p.add_argument("--dry-run", action="store_true", help="list the cells and their commands, run nothing")
-    p.add_argument("--report-only", action="store_true", help="aggregate the finished cells, run nothing")
-    p.add_argument("--overwrite", action="store_true", help="rerun finished cells whose flags changed")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
 def main(args: argparse.Namespace) -> int:
     """The ``sweep`` subcommand: run (or list, or only aggregate) a config's cells, then write
     OUT/report.md, OUT/aggregate.json and the figures."""
-    from attnmetrics_models.aggregate import aggregate_sweep
+    from attnmetrics.app.aggregate import aggregate_sweep
 
     try:
         sweep = load_config(args.config, args.out, args.jobs)

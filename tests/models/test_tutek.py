@@ -1,19 +1,16 @@
 """Tutek & Šnajder 2020: the regularisers (concat, residual, tying, masked LM) and the
 single-token-input test against a plain loop (one forward per token)."""
 
-import os
-from pathlib import Path
 
 import pytest
 import scipy.stats
 import torch
 
-from attnmetrics.outputs import decision, output_distribution
-from attnmetrics_models.classifier import REGULARISERS, AttentionClassifier, ModelConfig
-from attnmetrics_models.data import load_sst
-from attnmetrics_models.experiments import run_battery
-from attnmetrics_models.text import Vocabulary, collate
-from attnmetrics_models.training import (
+from attnmetrics.app.battery import run_battery
+from attnmetrics.models.classifier import REGULARISERS, EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.data import load_sst
+from attnmetrics.models.text import Vocabulary, collate
+from attnmetrics.models.training import (
     TrainConfig,
     load_checkpoint,
     make_optimizer,
@@ -21,17 +18,18 @@ from attnmetrics_models.training import (
     seed_everything,
     train,
 )
-from attnmetrics_models.tutek import single_token_inputs, single_token_test
+from attnmetrics.models.tutek import single_token_inputs, single_token_test
+from attnmetrics.outputs import decision, output_distribution
+from tests.inputs import SST_DIR
 
 torch.set_num_threads(1)
-SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", Path(__file__).resolve().parents[2] / "shared" / "data" / "sst"))
 E, HID = 8, 8  # embedding size; hidden size (per direction for the BiLSTM, H = 16)
 
 
-def model_with(regulariser: str, encoder: str = "lstm", seed: int = 0, **kw) -> AttentionClassifier:
+def model_with(regulariser: str, encoder: str = "lstm", seed: int = 0, **kw) -> EncoderAttentionClassifier:
     torch.manual_seed(seed)
     config = ModelConfig(30, embed_dim=E, hidden_size=HID, encoder=encoder, regulariser=regulariser, **kw)
-    return AttentionClassifier(config).double().eval()
+    return EncoderAttentionClassifier(config).double().eval()
 
 
 def ragged(seed: int = 0, rows: int = 6):
@@ -44,9 +42,9 @@ def ragged(seed: int = 0, rows: int = 6):
 def test_registry_and_bad_config():
     assert REGULARISERS == ("none", "concat", "residual", "tying", "mlm")
     with pytest.raises(ValueError, match="unknown regulariser"):
-        AttentionClassifier(ModelConfig(30, regulariser="dropout"))
+        EncoderAttentionClassifier(ModelConfig(30, regulariser="dropout"))
     with pytest.raises(ValueError, match="mlm_mask_prob"):
-        AttentionClassifier(ModelConfig(30, regulariser="mlm", mlm_mask_prob=0.0))
+        EncoderAttentionClassifier(ModelConfig(30, regulariser="mlm", mlm_mask_prob=0.0))
     # A config saved before the regulariser fields existed still loads, as "none".
     old = {k: v for k, v in ModelConfig(30).to_dict().items()
            if k not in ("regulariser", "tying_weight", "mlm_weight", "mlm_mask_prob")}
@@ -92,7 +90,7 @@ def test_residual_adds_the_projected_embedding():
 def test_tying_loss_value():
     for hidden_size, identity in ((HID, False), (E // 2, True)):  # BiLSTM H = 2 * hidden_size
         torch.manual_seed(0)
-        model = AttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=hidden_size, regulariser="tying",
+        model = EncoderAttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=hidden_size, regulariser="tying",
                                                 tying_weight=0.5)).double()
         assert isinstance(model.tying, torch.nn.Identity) == identity
         rows, tokens, lengths = ragged(2)
@@ -152,7 +150,7 @@ def sst_slice():
 def test_auxiliary_loss_decreases_in_training(regulariser, sst_slice):
     vocab, tr, dv = sst_slice
     seed_everything(0)
-    model = AttentionClassifier(ModelConfig(len(vocab), embed_dim=16, hidden_size=8, regulariser=regulariser))
+    model = EncoderAttentionClassifier(ModelConfig(len(vocab), embed_dim=16, hidden_size=8, regulariser=regulariser))
 
     def aux_on_train():
         torch.manual_seed(123)  # the same masks before and after
@@ -183,7 +181,7 @@ def test_single_token_inputs_keep_the_rows_specials():
 @pytest.mark.parametrize("num_classes, encoder", [(1, "lstm"), (3, "cnn"), (2, "average")])
 def test_single_token_matches_a_plain_loop(num_classes, encoder):
     torch.manual_seed(0)
-    model = AttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=8, encoder=encoder,
+    model = EncoderAttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=8, encoder=encoder,
                                             num_classes=num_classes)).double().eval()
     rows, tokens, lengths = ragged(4, rows=9)
     rows.append([2, 7, 3])  # one real token: tau undefined, agreement defined
@@ -214,7 +212,7 @@ def test_single_token_matches_a_plain_loop(num_classes, encoder):
 
 def test_single_token_in_the_battery():
     torch.manual_seed(0)
-    model = AttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=HID)).eval()
+    model = EncoderAttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=HID)).eval()
     _, tokens, lengths = ragged(5, rows=12)
     summary, instances = run_battery(model, [(tokens, lengths)], ("neg", "pos"), experiments=["single_token"],
                                      progress=False)

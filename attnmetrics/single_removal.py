@@ -1,4 +1,4 @@
-"""Single-weight removal (S&S 2019, sec. 3; DESIGN §4 "Single removal").
+"""Single-weight removal (S&S 2019, sec. 3; docs/definitions.md §5).
 
 Zero one attention weight of each row (the highest, the second highest, the lowest,
 or a random one), renormalise the rest to sum to 1 (L1), re-run the layers after
@@ -7,7 +7,7 @@ the two output distributions and whether the decision changed. S&S compare remov
 the top weight with removing a random one on the same instances
 (:func:`attnmetrics.stats.mcnemar` tests the paired flips).
 
-Lives beside :mod:`attnmetrics.removal` (the flip search), whose validation and
+Lives beside :mod:`attnmetrics.flip` (the flip search), whose validation and
 projection it reuses; it needs no kernel: one closed form on projected values for a
 plain ``nn.Linear`` decoder, one batched decoder call per chunk of rows otherwise.
 """
@@ -20,20 +20,17 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnmetrics._validation import valid_mask
+from attnmetrics._decoder import Decoder, is_plain_linear, project, rows_per_chunk
+from attnmetrics._validation import (
+    DEFAULT_MEMORY_BUDGET,
+    check_budget,
+    check_decoder,
+    check_inputs,
+    check_logits,
+)
 from attnmetrics.distances import jsd
 from attnmetrics.outputs import decision, output_distribution
-from attnmetrics.removal import (
-    _DEFAULT_BUDGET,
-    Decoder,
-    _check_budget,
-    _check_decoder,
-    _check_inputs,
-    _check_logits,
-    _is_plain_linear,
-    _project,
-    _rows_per_chunk,
-)
+from attnmetrics.protocol import token_mask
 
 #: weights :func:`single_removal` can remove
 WHICH = ("top", "second", "lowest", "random")
@@ -71,7 +68,7 @@ def removed_positions(attention: Tensor, lengths: Tensor, which: str,
         return torch.where(short, -1, draw % lengths.clamp(min=1))
     if width == 0:
         return torch.full((batch,), -1, dtype=torch.int64, device=attention.device)
-    mask = valid_mask(lengths, width)
+    mask = token_mask(lengths, width)
     if which == "lowest":
         index = attention.masked_fill(~mask, math.inf).argmin(1)  # first minimum
     else:
@@ -85,10 +82,10 @@ def removed_positions(attention: Tensor, lengths: Tensor, which: str,
 def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
                    lengths: Tensor | None = None, which: str = "top", *,
                    generator: torch.Generator | None = None,
-                   memory_budget: int = _DEFAULT_BUDGET) -> SingleRemovalResult:
+                   memory_budget: int = DEFAULT_MEMORY_BUDGET) -> SingleRemovalResult:
     """Output JSD and decision flip when one attention weight is removed (S&S 2019, sec. 3).
 
-    Definition (DESIGN §4): for each row with valid prefix length L >= 2, zero the weight
+    Definition (docs/definitions.md §5): for each row with valid prefix length L >= 2, zero the weight
     chosen by ``which``, renormalise the others to sum to 1 (L1; the zero vector if they
     sum to exactly 0), decode the context ``sum_t alpha'_t h_t`` and compare with the
     decoded original context ``sum_t alpha_t h_t / sum_t alpha_t`` (the renormalised full
@@ -138,9 +135,9 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
         >>> res.flipped.tolist(), res.removed_index.tolist(), res.removed_weight.tolist()
         ([True], [0], [0.7])
     """
-    lengths = _check_inputs(attention, values, lengths)
-    _check_decoder(decoder, values)
-    budget = _check_budget(memory_budget)
+    lengths = check_inputs(attention, values, lengths)
+    check_decoder(decoder, values)
+    budget = check_budget(memory_budget)
     if not isinstance(which, str) or which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -160,9 +157,9 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
             return SingleRemovalResult(divergence.to(dtype), flipped, index, removed_weight)
         removed_weight[ok] = attention[ok].gather(1, index[ok, None]).squeeze(1)
 
-        linear = _is_plain_linear(decoder)
+        linear = is_plain_linear(decoder)
         if linear:
-            projected = _project(values, decoder.weight, lengths, budget)
+            projected = project(values, decoder.weight, lengths, budget)
             n_classes = projected.shape[2]
             bias = (decoder.bias.detach().to(torch.float64) if decoder.bias is not None
                     else torch.zeros(n_classes, dtype=torch.float64, device=device))
@@ -170,13 +167,13 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
         else:  # a copy of the chunk's values, two float64 weight rows, two contexts
             item = values.element_size()
             row_bytes = width * (hidden * item + 16) + 2 * hidden * item
-        rows = _rows_per_chunk(row_bytes, budget)
+        rows = rows_per_chunk(row_bytes, budget)
         classes: list[int] = []  # C of the first decoder call, checked on later ones
         for s in range(0, batch, rows):
             keep = s + ok[s:s + rows].nonzero().squeeze(1)  # rows with something to remove
             if keep.numel() == 0:
                 continue
-            mask = valid_mask(lengths[keep], width)
+            mask = token_mask(lengths[keep], width)
             alpha = attention[keep].to(torch.float64).masked_fill(~mask, 0)
             rest = alpha.scatter(1, index[keep, None], 0.0)
             total, left = alpha.sum(1, keepdim=True), rest.sum(1, keepdim=True)
@@ -192,7 +189,7 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
                     raise ValueError("values must be finite on each row's valid prefix")
                 contexts = torch.bmm(torch.stack([before, after], 1).to(h.dtype), h)
                 n = keep.numel()
-                z = _check_logits(decoder(contexts.view(2 * n, hidden)), 2 * n,
+                z = check_logits(decoder(contexts.view(2 * n, hidden)), 2 * n,
                                   classes[0] if classes else None)
                 classes[:] = [z.shape[1]]
                 z = z.view(n, 2, -1)

@@ -1,4 +1,4 @@
-"""A sweep's report.md and figures, rendered from its aggregate (models/aggregate.py) alone:
+"""A sweep's report.md and figures, rendered from its aggregate (attnmetrics/app/aggregate.py) alone:
 one section per paper's question; a section without data is left out."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from attnmetrics.figures import _bin_labels, _by_bins, _save, _violins, plt, tvd_vs_jsd
-from attnmetrics.io import write_text_atomic
-from attnmetrics.report import _fmt, _table
+from attnmetrics.app.figures import _bin_labels, _by_bins, _save, _violins, plt, tvd_vs_jsd
+from attnmetrics.app.io import write_text_atomic
+from attnmetrics.app.report import _fmt, _table
 
 STAT_HEADERS = ["group", "statistic", "mean over seeds", "std", "min", "max", "95% CI (instances)", "seeds"]
 

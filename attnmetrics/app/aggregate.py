@@ -24,16 +24,16 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
-from attnmetrics.io import write_json_atomic
+from attnmetrics.app.io import write_json_atomic
+from attnmetrics.app.summaries import _by_max_attention, stats
 from attnmetrics.outputs import decision
 from attnmetrics.stats import bootstrap_ci, macro_f1, mcnemar, seed_variance
-from attnmetrics.summaries import _by_max_attention, stats
 
 CONVENTIONS = {
     "groups": "cells differing only in the seed",
@@ -202,7 +202,7 @@ def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
     """McNemar per seed for every pair of cells differing only in one ``BASELINES`` axis."""
     index = {(c.grid, tuple(sorted((k, str(v)) for k, v in c.axes.items()))): (c, r, p) for c, r, p in cells}
     tests = []
-    for c, r, p in cells:
+    for c, _, p in cells:
         for axis, baseline in BASELINES.items():
             if axis not in c.axes or str(c.axes[axis]) == baseline or p is None:
                 continue
@@ -244,7 +244,7 @@ def aggregate(cells: list[tuple[object, dict, dict | None]]) -> dict:
 
 def aggregate_sweep(sweep) -> Path:
     """Aggregate a sweep's finished cells; writes OUT/aggregate.json, OUT/report.md and the figures."""
-    from attnmetrics_models.sweep_report import render_sweep
+    from attnmetrics.app.sweep_report import render_sweep
 
     out = sweep.out
     cells = [(c, *load_cell(c.folder(out))) for c in sweep.cells if c.is_done(out)]

@@ -1,27 +1,26 @@
-"""Model-agnostic procedures over the embed -> encode -> attend -> decode protocol.
+"""Leave-one-out token importance (J&W 2019, sec. 4.1): delete (or mask) each real token,
+re-encode, and score the output TVD from the original.
 
-They take any :class:`attnmetrics.AttentionClassifier` and a batch of token ids; they
-never import a concrete model. Per-token results cover the real tokens only: the
-``lead`` special positions (``<SOS>``) are sliced off the front and the ``trail`` ones
-(``<EOS>``) fall beyond the shortened lengths (DESIGN §4, "Special tokens").
+Model-agnostic: it takes any :class:`attnmetrics.AttentionClassifier` and a batch of token
+ids, never a concrete model. Per-token results cover the real tokens only: the ``lead``
+special positions (``<SOS>``) are sliced off the front and the ``trail`` ones (``<EOS>``)
+fall beyond the shortened lengths (docs/definitions.md, "Special tokens").
 """
 
 from __future__ import annotations
 
 import operator
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
+from attnmetrics._ops import ops
+from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits
 from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import AttentionClassifier
 
 #: leave_one_out modes: delete the token (J&W) or replace it with a mask token
 LOO_MODES = ("delete", "mask")
-
-#: Default bound, in bytes, on the estimated activations of one model call.
-DEFAULT_MEMORY_BUDGET = 256 * 2**20
 
 #: On CPU, leave_one_out's calls hold at most this much (estimated) even when the budget
 #: allows more: with J&W's BiLSTM on a 2-core machine, calls of ~4k positions (~32 MiB)
@@ -33,82 +32,8 @@ CPU_CALL_BYTES = 32 * 2**20
 #: ran within the machine's noise of each other, 128 MiB about 10 % slower.
 CPU_DELETION_CALL_BYTES = 32 * 2**20
 
-
-class Forward(NamedTuple):
-    """One forward pass over the real tokens; per-token tensors are [B, T_real]."""
-
-    attention: Tensor  # [B, T_real], sums to 1 over each row's real tokens
-    hidden: Tensor  # [B, T_real, H], the vectors attention averages
-    lengths: Tensor  # [B] int64, number of real tokens
-    logits: Tensor  # [B, C]
-
-
-def real_tokens(x: Tensor, lengths: Tensor, model: AttentionClassifier) -> tuple[Tensor, Tensor]:
-    """Slice ``x`` [B, T, ...] to the real tokens: ``x[:, lead:]`` with ``lengths - lead - trail``."""
-    return x[:, model.lead :], lengths - model.lead - model.trail
-
-
-@torch.no_grad()
-def forward(model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> Forward:
-    """Run the model once and return what the faithfulness tests need, real tokens only."""
-    hidden = model.encode(model.embed(tokens), lengths)
-    attention = model.attend(hidden, lengths)
-    context = torch.einsum("bt,bth->bh", attention, hidden)
-    logits = model.decoder(context)
-    attention, real = real_tokens(attention, lengths, model)
-    hidden, _ = real_tokens(hidden, lengths, model)
-    return Forward(attention.contiguous(), hidden.contiguous(), real, logits)
-
-
-def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> Tensor:
-    """Gradient-based token importance of Jain & Wallace 2019 (sec. 4.1, "Gradient").
-
-    For every output class c, the gradient of p_c with respect to the input embeddings,
-    with the attention weights detached (held fixed), times the embedding and summed
-    over the embedding dimension (grad x input); the absolute values are summed over
-    classes and L1-normalised over each row's real tokens.
-
-    Args:
-        model: any :class:`attnmetrics.AttentionClassifier`.
-        tokens: [B, T] int64 token ids, special tokens included.
-        lengths: [B] int64 positions per row, special tokens included.
-
-    Returns:
-        [B, T_real] importance in the same float dtype as the model's embeddings:
-        non-negative, summing to 1 over each row's real tokens (0 on padding; a row
-        whose gradients all vanish is left at 0).
-    """
-    was_training = model.training if hasattr(model, "training") else False
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
-        embedded = model.embed(tokens).detach().requires_grad_(True)
-        with torch.enable_grad():
-            hidden = model.encode(embedded, lengths)
-            attention = model.attend(hidden, lengths).detach()
-            probs = output_distribution(model.decoder(torch.einsum("bt,bth->bh", attention, hidden)))
-            score = torch.zeros(embedded.shape[:2], dtype=embedded.dtype, device=embedded.device)
-            for c in range(probs.shape[1]):
-                (grad,) = torch.autograd.grad(probs[:, c].sum(), embedded, retain_graph=c + 1 < probs.shape[1])
-                score += (grad * embedded).sum(-1).abs()
-    finally:
-        if was_training:
-            model.train()
-    score, real = real_tokens(score.detach(), lengths, model)
-    mask = torch.arange(score.shape[1], device=score.device) < real[:, None]
-    score = score.masked_fill(~mask, 0)
-    total = score.sum(1, keepdim=True)
-    return torch.where(total > 0, score / total.clamp_min(torch.finfo(score.dtype).tiny), score)
-
-
-# ---- leave-one-out (J&W 2019, sec. 4.1) ------------------------------------------------------
-
-
-def _ops():
-    # Imported lazily: building the extension is only needed once an op runs.
-    from attnmetrics._ops import ops
-
-    return ops
+_ONLY_SPECIALS = ("; after deleting the only real token of a row only the special tokens are left, which the "
+                  "model must accept (e.g. a zero context when no position gets attention)")
 
 
 def _cuda_kernels() -> bool:
@@ -170,8 +95,7 @@ def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -
             raise ValueError(f"mask_token must be a non-negative int token id, got {mask_token!r}") from None
         if mask_token < 0:
             raise ValueError(f"mask_token must be a non-negative int token id, got {mask_token}")
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
-        raise ValueError(f"memory_budget must be a positive int (bytes), got {memory_budget!r}")
+    check_budget(memory_budget)
     return lengths.to(torch.int64), mask_token
 
 
@@ -200,18 +124,7 @@ def _head_logits(model, hidden: Tensor, lengths: Tensor, what: str, classes: int
 
 def _checked_logits(logits, n: int, what: str, classes: int | None) -> Tensor:
     """``logits`` if they are finite [n, C] (C = ``classes`` when given), else ValueError."""
-    if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or logits.shape[1] < 1:
-        got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
-        raise ValueError(f"model must map {what} to logits [N, C] with N = {n}, got {got}")
-    if classes is not None and logits.shape[1] != classes:
-        raise ValueError(f"model returned C = {logits.shape[1]} classes on {what}, earlier C = {classes}")
-    if not torch.isfinite(logits).all():
-        raise ValueError(
-            f"model returned NaN or infinite logits on {what}; after deleting the only real token "
-            "of a row only the special tokens are left, which the model must accept (e.g. a "
-            "zero context when no position gets attention)"
-        )
-    return logits
+    return check_logits(logits, n, classes, source="model", inputs=what, on=f" on {what}", hint=_ONLY_SPECIALS)
 
 
 def _length_groups(counts: list[int], widths: list[int], per_position: int, budget: int,
@@ -232,7 +145,7 @@ def _length_groups(counts: list[int], widths: list[int], per_position: int, budg
 
 def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, mode: str = "delete",
                   mask_token: int | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
-    """Leave-one-out token importance of Jain & Wallace 2019 (sec. 4.1; DESIGN §4).
+    """Leave-one-out token importance of Jain & Wallace 2019 (sec. 4.1; docs/definitions.md §7).
 
     For every real token t of a row, the total variation distance
     ``TVD(y, y_{-t}) = 1/2 sum_c |y_c - y_{-t,c}|`` between the model's output
@@ -290,10 +203,10 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
             unknown mode, a missing, negative or superfluous mask_token, a non-positive
             memory_budget, or model outputs that are not finite ``[N, C]`` logits.
 
-    Example (``attnmetrics_models`` holds J&W's classifier; any protocol model works)::
+    Example (``attnmetrics.models`` holds J&W's classifier; any protocol model works)::
 
-        from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
-        model = AttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6))
+        from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+        model = EncoderAttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6))
         tokens = torch.tensor([[2, 7, 8, 9, 3], [2, 11, 12, 3, 0]])  # <SOS>=2 ... <EOS>=3
         leave_one_out(model, tokens, torch.tensor([5, 4]))  # [2, 4]; row 1: 2 values, then 0
     """
@@ -308,7 +221,6 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
     rows = torch.nonzero(real > 0).squeeze(1)
     rows = rows[torch.argsort(lengths[rows], stable=True)]
     row_list, len_list = rows.tolist(), lengths[rows].tolist()
-    ops = _ops()
 
     was_training = getattr(model, "training", False)
     if hasattr(model, "eval"):
@@ -362,7 +274,7 @@ def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_toke
         # The kernel runs where the tokens are when it has a CUDA build, else on the CPU
         # (the token ids are small next to the model's work).
         on = device if device.type == "cpu" or _cuda_kernels() else torch.device("cpu")
-        seqs, seq_lengths, source = _ops().leave_one_out_batch(
+        seqs, seq_lengths, source = ops.leave_one_out_batch(
             tokens[idx, : len_list[e - 1]].to(on).contiguous(), lengths[idx].to(on), lead, trail, mask_token, 0
         )
         source = source.to(device)

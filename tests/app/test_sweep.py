@@ -11,11 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from attnmetrics_models.cli import build_parser, main
-from attnmetrics_models.sweep import load_config
-
-SST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "sst"
-REPO = Path(__file__).resolve().parents[1]
+from attnmetrics.app.cli import build_parser, main
+from attnmetrics.app.sweep import load_config
+from tests.inputs import ROOT, SST_DIR
 
 
 def _config(tmp_path, text, name="sweep.toml"):
@@ -95,15 +93,15 @@ def test_config_errors_in_sections(tmp_path):
 
 
 def test_shipped_configs_parse():
-    sweep = load_config(REPO / "configs" / "sweep.toml")
+    sweep = load_config(ROOT / "configs" / "sweep.toml")
     assert len([c for c in sweep.cells if c.grid == "wp"]) == 2 * 2 * 2 * 3
     assert {c.grid for c in sweep.cells} == {"wp", "adversary", "tutek"}
-    assert len(load_config(REPO / "configs" / "seed-variance.toml").cells) == 8  # W&P's 8 seeds
+    assert len(load_config(ROOT / "configs" / "seed-variance.toml").cells) == 8  # W&P's 8 seeds
 
 
 TINY = f"""
 [sweep]
-data_dirs = {{ sst = "{SST}" }}
+data_dirs = {{ sst = "{SST_DIR}" }}
 [defaults]
 limit = 60
 epochs = 1
@@ -120,16 +118,23 @@ seeds = [0, 1]
 """
 
 
-@pytest.mark.skipif(not (SST / "train.txt").is_file(), reason="real SST not found beside the project")
+def _recorded_done(out, cell: str) -> bool:
+    try:
+        return json.loads((out / "status.json").read_text())["cells"][cell]["state"] == "done"
+    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+        return False
+
+
+@pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason="real SST not found beside the project")
 def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, capsys):
     config, out = _config(tmp_path, TINY), tmp_path / "sweep"
     first = out / "g" / "sst-lstm-tanh-s0" / "results.json"
-    cmd = [sys.executable, "-m", "attnmetrics_models.cli", "sweep", str(config), "--out", str(out), "--jobs", "1",
+    cmd = [sys.executable, "-m", "attnmetrics", "sweep", str(config), "--out", str(out), "--jobs", "1",
            "--no-progress"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not first.is_file() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.2)
+    while not _recorded_done(out, "g/sst-lstm-tanh-s0") and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)  # results.json, then the sweep records the cell once its process exits
     assert first.is_file(), proc.stderr.read() if proc.poll() is not None else "first cell never finished"
     time.sleep(2)  # the second cell is under way
     proc.send_signal(signal.SIGTERM)
