@@ -33,10 +33,10 @@ import time
 import pytest
 import torch
 
-from attnmetrics import _ops, leave_one_out
+from attnmetrics import leave_one_out
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.reference import leave_one_out_jw
-from benchmarks.measure import median_seconds
+from benchmarks.measure import median_seconds, skip_without
 
 VOCAB = 5000
 # (batch, min real tokens, max real tokens); every row also holds <SOS> and <EOS>
@@ -105,8 +105,7 @@ def test_leave_one_out_vs_jw_loop(benchmark, case):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_leave_one_out_cuda(benchmark, case):
-    if not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
-        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
+    skip_without("cuda")
     model = make_model()
     batch, lo, hi = CASES[case]
     tokens, lengths = make_batch(batch, lo, hi)
