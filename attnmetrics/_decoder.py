@@ -41,8 +41,8 @@ def project(values: Tensor, weight: Tensor, lengths: Tensor, budget: int) -> Ten
         out = values.new_empty(batch, width, weight.shape[0])
         rows = rows_per_chunk(width * hidden * values.element_size(), budget)
         for s in range(0, batch, rows):
-            chunk = values[s:s + rows].contiguous()
-            out[s:s + rows] = ops.project_prefix(chunk, weight, lengths[s:s + rows])
+            chunk = values[s : s + rows].contiguous()
+            out[s : s + rows] = ops.project_prefix(chunk, weight, lengths[s : s + rows])
     if not torch.isfinite(out).all():
         raise ValueError("values must be finite on each row's valid prefix")
     return out

@@ -43,8 +43,17 @@ CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++17"]  # -fopenmp: at::parallel_for runs
 # same bits on both (flip decisions, tau) up to the math library (log, erf/erfc).
 NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false"]
 
-_OPS = ("tvd", "jsd", "kendall_tau", "flip_search_linear", "renormalised_contexts",
-        "attention_permutations", "permutation_tvd_linear", "project_prefix", "leave_one_out_batch")
+_OPS = (
+    "tvd",
+    "jsd",
+    "kendall_tau",
+    "flip_search_linear",
+    "renormalised_contexts",
+    "attention_permutations",
+    "permutation_tvd_linear",
+    "project_prefix",
+    "leave_one_out_batch",
+)
 
 
 def _sources(with_cuda: bool = False) -> list[str]:
@@ -76,8 +85,10 @@ def _want_cuda() -> tuple[bool, str | None]:
         return False, None
     if not torch.cuda.is_available():
         if mode == "1":
-            raise RuntimeError("ATTNMETRICS_CUDA=1 asks for the CUDA kernels, but torch sees no CUDA GPU "
-                               f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+            raise RuntimeError(
+                "ATTNMETRICS_CUDA=1 asks for the CUDA kernels, but torch sees no CUDA GPU "
+                f"(torch {torch.__version__}, CUDA {torch.version.cuda})"
+            )
         return False, None
     if find_nvcc() is None:
         why = (
@@ -96,6 +107,7 @@ def _register_cuda_stubs(why: str) -> None:
     global _stub_library
     _stub_library = torch.library.Library("attnmetrics", "IMPL")  # kept alive: owns the impls
     for name in _OPS:
+
         def stub(*args, _name=name):
             raise RuntimeError(
                 f"attnmetrics::{_name} got CUDA tensors, but attnmetrics was built without its "

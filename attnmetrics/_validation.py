@@ -113,10 +113,7 @@ def check_decoder(decoder, values: Tensor) -> None:
     if is_plain_linear(decoder):
         h = values.shape[2]
         if decoder.in_features != h:
-            raise ValueError(
-                f"decoder is an nn.Linear with in_features {decoder.in_features}, "
-                f"but values have H = {h}"
-            )
+            raise ValueError(f"decoder is an nn.Linear with in_features {decoder.in_features}, but values have H = {h}")
         w = decoder.weight
         if w.dtype != values.dtype or w.device != values.device:
             raise ValueError(
@@ -125,8 +122,16 @@ def check_decoder(decoder, values: Tensor) -> None:
             )
 
 
-def check_logits(logits, n: int | None = None, classes: int | None = None, *, source: str = "decoder",
-                 inputs: str = "contexts [N, H]", on: str = "", hint: str = "") -> Tensor:
+def check_logits(
+    logits,
+    n: int | None = None,
+    classes: int | None = None,
+    *,
+    source: str = "decoder",
+    inputs: str = "contexts [N, H]",
+    on: str = "",
+    hint: str = "",
+) -> Tensor:
     """The one logits check: ``logits`` if they are [N, C] (N = ``n`` and C = ``classes`` when
     given) and finite, else ValueError. ``source`` (decoder, model) and ``inputs`` name what
     was called on what; ``on`` and ``hint`` extend the messages. With ``n=None`` only the shape

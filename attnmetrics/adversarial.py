@@ -80,15 +80,13 @@ def _chunks(lens: list[int], row_bytes, budget: int):
     the chunk's (largest, last) length; at least one row."""
     s, n = 0, len(lens)
     while s < n:
-        fits = bisect.bisect_right(range(s + 1, n + 1), budget,
-                                   key=lambda e: (e - s) * row_bytes(lens[e - 1]))
+        fits = bisect.bisect_right(range(s + 1, n + 1), budget, key=lambda e: (e - s) * row_bytes(lens[e - 1]))
         e = max(s + 1, s + fits)
         yield s, e
         s = e
 
 
-def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | None,
-             classes: list[int]) -> Tensor:
+def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | None, classes: list[int]) -> Tensor:
     """Output distributions [n, K, C'] for attention a [n, K, W] over feats [n, W, F]:
     projected values plus bias (linear decoder) or decoder(contexts)."""
     mixed = torch.bmm(a, feats)
@@ -108,8 +106,7 @@ def _mixture_xlogx(p: Tensor, q: Tensor) -> Tensor:
     return (m * m.clamp_min(torch.finfo(m.dtype).tiny).log()).sum(-1)
 
 
-def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes,
-          pair_i, pair_j, penalty, margin) -> Tensor:
+def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes, pair_i, pair_j, penalty, margin) -> Tensor:
     """Sum over rows of -mean_k JSD(a_k, alpha) + penalty * mean_k ReLU(TVD_k - margin)
     - mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, W].
 
@@ -127,13 +124,23 @@ def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes,
     return loss.sum()
 
 
-def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
-                          lengths: Tensor | None = None, *,
-                          candidates: int = 5, steps: int = 500, lr: float = 0.01,
-                          tvd_penalty: float = 500.0, tvd_margin: float = 0.01,
-                          tvd_threshold: float = 0.05, init_std: float = 3.0,
-                          amsgrad: bool = False, generator: torch.Generator | None = None,
-                          memory_budget: int = DEFAULT_MEMORY_BUDGET) -> AdversarialResult:
+def adversarial_attention(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    *,
+    candidates: int = 5,
+    steps: int = 500,
+    lr: float = 0.01,
+    tvd_penalty: float = 500.0,
+    tvd_margin: float = 0.01,
+    tvd_threshold: float = 0.05,
+    init_std: float = 3.0,
+    amsgrad: bool = False,
+    generator: torch.Generator | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> AdversarialResult:
     """Most different attention that keeps the output (J&W 2019, sec. 4.3; docs/definitions.md §10).
 
     Per row with L = ``lengths[b]`` >= 2 real tokens and original attention alpha:
@@ -261,8 +268,9 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
         opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad)
         with torch.enable_grad():
             for _ in range(steps):
-                loss = _loss(z, valid, alpha, alpha_xlogx, y0, feats, head, bias, classes,
-                             pair_i, pair_j, penalty, margin)
+                loss = _loss(
+                    z, valid, alpha, alpha_xlogx, y0, feats, head, bias, classes, pair_i, pair_j, penalty, margin
+                )
                 (z.grad,) = torch.autograd.grad(loss, [z])
                 opt.step()
 

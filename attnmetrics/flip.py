@@ -34,6 +34,7 @@ Order = Union[str, Tensor]
 #: order names accepted by :func:`flip_fraction` (or pass a [B, T] score tensor)
 ORDERS = ("attention", "reverse", "random", "gradient", "attn_grad", "sign_grad_attn")
 
+
 class FlipResult(NamedTuple):
     """Per-row outcome of a flip search; each field is ``[B]`` (``[samples, B]`` for
     ``order="random"`` with ``samples > 1``).
@@ -85,8 +86,9 @@ def removal_order(scores: Tensor, lengths: Tensor | None = None) -> Tensor:
     return torch.sort(scores.masked_fill(~mask, lowest), dim=1, descending=True, stable=True).indices
 
 
-def random_scores(batch: int, width: int, generator: torch.Generator | None = None,
-                  device: torch.device | str | None = None) -> Tensor:
+def random_scores(
+    batch: int, width: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
+) -> Tensor:
     """``[B, T]`` float64 scores whose removal order is a uniform random permutation per row.
 
     ``order="random"`` draws sample s as the s-th call of this function with the same
@@ -95,9 +97,14 @@ def random_scores(batch: int, width: int, generator: torch.Generator | None = No
     return torch.rand((batch, width), generator=generator, dtype=torch.float64, device=device)
 
 
-def attention_gradient(attention: Tensor, values: Tensor, decoder: Decoder,
-                       lengths: Tensor | None = None, *,
-                       memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+def attention_gradient(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
     """Gradient of the predicted class's probability w.r.t. each attention weight.
 
     S&S 2019 (sec. 4, "gradient" ordering; docs/definitions.md §4): with the context
@@ -156,8 +163,9 @@ def attention_gradient(attention: Tensor, values: Tensor, decoder: Decoder,
     return out
 
 
-def _order_scores(order: Order, attention: Tensor, values: Tensor, decoder: Decoder,
-                  lengths: Tensor, memory_budget: int) -> Tensor | None:
+def _order_scores(
+    order: Order, attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, memory_budget: int
+) -> Tensor | None:
     """Scores of a deterministic order ([B, T]); None for "random" (drawn per sample)."""
     if isinstance(order, Tensor):
         if order.shape != attention.shape:
@@ -215,8 +223,9 @@ def _removed_mass(attention: Tensor, order: Tensor, removed: Tensor) -> Tensor:
     return torch.where(removed > 0, at, math.nan).to(attention.dtype)
 
 
-def _search_general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor,
-                    order: Tensor, budget: int, classes: list[int]) -> tuple[Tensor, Tensor]:
+def _search_general(
+    attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, order: Tensor, budget: int, classes: list[int]
+) -> tuple[Tensor, Tensor]:
     """Flip search with any decoder: all renormalised contexts of a chunk of rows, decided
     in batched decoder calls. ``classes`` carries C across calls (checked for consistency)."""
     batch, width, hidden = values.shape
@@ -237,25 +246,31 @@ def _search_general(attention: Tensor, values: Tensor, decoder: Decoder, lengths
         lens = lengths[s:e]
         att = attention[s:e].contiguous()
         ord_ = order[s:e].contiguous()
-        contexts = ops.renormalised_contexts(att, values[s:e].contiguous(), ord_, lens,
-                                             torch.cumsum(lens, 0) - lens)
+        contexts = ops.renormalised_contexts(att, values[s:e].contiguous(), ord_, lens, torch.cumsum(lens, 0) - lens)
         decisions = torch.empty(contexts.shape[0], dtype=torch.int64, device=values.device)
         for c in range(0, contexts.shape[0], call_rows):
-            part = contexts[c:c + call_rows]
+            part = contexts[c : c + call_rows]
             logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
             classes[:] = [logits.shape[1]]
-            decisions[c:c + call_rows] = decision(logits)
+            decisions[c : c + call_rows] = decision(logits)
         removed[s:e] = _first_flip(decisions, lens)
         mass[s:e] = _removed_mass(att, ord_, removed[s:e])
         s = e
     return removed, mass
 
 
-def flip_fraction(attention: Tensor, values: Tensor, decoder: Decoder,
-                  lengths: Tensor | None = None, order: Order = "attention", *,
-                  samples: int = 1, generator: torch.Generator | None = None,
-                  never_flipped: float = math.nan,
-                  memory_budget: int = DEFAULT_MEMORY_BUDGET) -> FlipResult:
+def flip_fraction(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    order: Order = "attention",
+    *,
+    samples: int = 1,
+    generator: torch.Generator | None = None,
+    never_flipped: float = math.nan,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> FlipResult:
     """How many attention items must be removed before the decision flips (S&S 2019, sec. 4).
 
     Definition (docs/definitions.md §4): order each row's valid prefix (length L) by a score,
@@ -349,9 +364,7 @@ def flip_fraction(attention: Tensor, values: Tensor, decoder: Decoder,
         removed_t = torch.stack(removed)
         mass_t = torch.stack(mass)
         flipped = removed_t >= 0
-        fraction = torch.where(
-            flipped, removed_t.to(attention.dtype) / lengths.to(attention.dtype), never_flipped
-        )
+        fraction = torch.where(flipped, removed_t.to(attention.dtype) / lengths.to(attention.dtype), never_flipped)
     if n_samples == 1:
         return FlipResult(removed_t[0], fraction[0], flipped[0], mass_t[0])
     return FlipResult(removed_t, fraction, flipped, mass_t)

@@ -32,8 +32,10 @@ CPU_CALL_BYTES = 32 * 2**20
 #: ran within the machine's noise of each other, 128 MiB about 10 % slower.
 CPU_DELETION_CALL_BYTES = 32 * 2**20
 
-_ONLY_SPECIALS = ("; after deleting the only real token of a row only the special tokens are left, which the "
-                  "model must accept (e.g. a zero context when no position gets attention)")
+_ONLY_SPECIALS = (
+    "; after deleting the only real token of a row only the special tokens are left, which the "
+    "model must accept (e.g. a zero context when no position gets attention)"
+)
 
 
 def _cuda_kernels() -> bool:
@@ -85,7 +87,9 @@ def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -
         raise ValueError(f"mode must be one of {LOO_MODES}, got {mode!r}")
     if mode == "delete":
         if mask_token is not None:
-            raise ValueError(f"mask_token is only used with mode='mask', got mask_token={mask_token!r} with mode='delete'")
+            raise ValueError(
+                f"mask_token is only used with mode='mask', got mask_token={mask_token!r} with mode='delete'"
+            )
     else:
         if mask_token is None or isinstance(mask_token, bool):
             raise ValueError(f"mode='mask' needs mask_token, a non-negative int token id, got {mask_token!r}")
@@ -99,8 +103,9 @@ def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -
     return lengths.to(torch.int64), mask_token
 
 
-def _model_logits(model, tokens: Tensor, lengths: Tensor, what: str,
-                  classes: int | None) -> tuple[Tensor, int, torch.dtype]:
+def _model_logits(
+    model, tokens: Tensor, lengths: Tensor, what: str, classes: int | None
+) -> tuple[Tensor, int, torch.dtype]:
     """embed -> encode -> attend -> decoder on one batch; returns logits [N, C], the
     estimated bytes per position, and the embeddings' dtype.
 
@@ -127,8 +132,9 @@ def _checked_logits(logits, n: int, what: str, classes: int | None) -> Tensor:
     return check_logits(logits, n, classes, source="model", inputs=what, on=f" on {what}", hint=_ONLY_SPECIALS)
 
 
-def _length_groups(counts: list[int], widths: list[int], per_position: int, budget: int,
-                   same_width: bool = True) -> list[tuple[int, int]]:
+def _length_groups(
+    counts: list[int], widths: list[int], per_position: int, budget: int, same_width: bool = True
+) -> list[tuple[int, int]]:
     """Consecutive groups [s, e) of rows sorted by width, holding at most ``budget`` bytes
     of ``count * width * per_position`` (``width`` the group's widest); with ``same_width``
     also rows of one width only. A row that alone exceeds the budget forms its own group."""
@@ -143,8 +149,15 @@ def _length_groups(counts: list[int], widths: list[int], per_position: int, budg
     return groups
 
 
-def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, mode: str = "delete",
-                  mask_token: int | None = None, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+def leave_one_out(
+    model: AttentionClassifier,
+    tokens: Tensor,
+    lengths: Tensor,
+    *,
+    mode: str = "delete",
+    mask_token: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
     """Leave-one-out token importance of Jain & Wallace 2019 (sec. 4.1; docs/definitions.md §7).
 
     For every real token t of a row, the total variation distance
@@ -246,11 +259,13 @@ def leave_one_out(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *
             # Deletion batches: groups of rows, each contributing its real-token count.
             if mode == "delete" and callable(getattr(model, "deletion_logits", None)):
                 cap = CPU_DELETION_CALL_BYTES if device.type == "cpu" else memory_budget
-                parts = _deletions_by_model(model, tokens, lengths, rows, len_list, per_position,
-                                            min(memory_budget, cap), classes)
+                parts = _deletions_by_model(
+                    model, tokens, lengths, rows, len_list, per_position, min(memory_budget, cap), classes
+                )
             else:
-                parts = _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_token, per_position,
-                                             budget, classes)
+                parts = _deletions_by_kernel(
+                    model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, classes
+                )
             for src, position, logits in parts:  # src indexes `rows`, position the row's real tokens
                 p = original_dist[src].contiguous()
                 q = output_distribution(logits).to(p.dtype).contiguous()
@@ -285,8 +300,9 @@ def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_toke
         per_call = max(1, budget // max(1, seq_widths[e - 1] * per_position))
         for c in range(0, source.shape[0], per_call):
             part = slice(c, c + per_call)
-            logits, _, _ = _model_logits(model, seqs[part].to(device), seq_lengths[part].to(device),
-                                         "the deletion batch", classes)
+            logits, _, _ = _model_logits(
+                model, seqs[part].to(device), seq_lengths[part].to(device), "the deletion batch", classes
+            )
             yield source[part] + s, position[part], logits
 
 
@@ -303,8 +319,10 @@ def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, bu
         deletions = model.deletion_logits(model.embed(tokens[idx, : len_list[be - 1]]), block_lengths)
         position_bytes = getattr(deletions, "position_bytes", per_position)
         if isinstance(position_bytes, bool) or not isinstance(position_bytes, int) or position_bytes <= 0:
-            raise ValueError("model.deletion_logits(...).position_bytes must be a positive int (bytes per "
-                             f"position of a call's deletions), got {position_bytes!r}")
+            raise ValueError(
+                "model.deletion_logits(...).position_bytes must be a positive int (bytes per "
+                f"position of a call's deletions), got {position_bytes!r}"
+            )
         for s, e in _bands(len_list[bs:be]):
             real = block_lengths[s:e] - lead - trail
             local = torch.repeat_interleave(torch.arange(s, e, device=device), real)

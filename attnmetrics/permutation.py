@@ -61,8 +61,9 @@ def _check_int(name: str, value, low: int) -> int:
     return value
 
 
-def attention_permutations(lengths: Tensor, width: int, permutations: int, seed: int, *,
-                           row_offset: int = 0, permutation_offset: int = 0) -> Tensor:
+def attention_permutations(
+    lengths: Tensor, width: int, permutations: int, seed: int, *, row_offset: int = 0, permutation_offset: int = 0
+) -> Tensor:
     """The random permutations a permutation test with ``seed`` applies.
 
     Args:
@@ -94,8 +95,7 @@ def attention_permutations(lengths: Tensor, width: int, permutations: int, seed:
         got = list(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__
         raise ValueError(f"lengths must be a [B] integer tensor, got {got}")
     lengths = check_lengths(lengths, lengths.shape[0], width, lengths.device)
-    return ops.attention_permutations(lengths, width, permutations, seed, row_offset,
-                                         permutation_offset)
+    return ops.attention_permutations(lengths, width, permutations, seed, row_offset, permutation_offset)
 
 
 def _median(x: Tensor) -> Tensor:
@@ -105,8 +105,9 @@ def _median(x: Tensor) -> Tensor:
     return (s[:, (n - 1) // 2] + s[:, n // 2]) / 2
 
 
-def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor,
-             permutations: int, seed: int, budget: int) -> Tensor:
+def _general(
+    attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, permutations: int, seed: int, budget: int
+) -> Tensor:
     """Output TVD [B, P] (float64) with any decoder. Per chunk of rows: the permutations
     (kernel), the permuted weights by gather, the original and every permuted context of a
     row in one batched matmul (row b: ``[P + 1, T] @ [T, H]``), decoded in batched calls."""
@@ -135,7 +136,7 @@ def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tenso
             raise ValueError("values must be finite on each row's valid prefix")
         dists = []
         for c in range(0, n * p1, call_rows):
-            part = contexts[c:c + call_rows]
+            part = contexts[c : c + call_rows]
             logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
             classes[:] = [logits.shape[1]]
             dists.append(output_distribution(logits.to(torch.float64)))
@@ -144,10 +145,17 @@ def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tenso
     return result
 
 
-def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
-                     lengths: Tensor | None = None, *, permutations: int = 100,
-                     generator: torch.Generator | None = None, return_all: bool = False,
-                     memory_budget: int = DEFAULT_MEMORY_BUDGET) -> PermutationResult:
+def permutation_test(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    *,
+    permutations: int = 100,
+    generator: torch.Generator | None = None,
+    return_all: bool = False,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> PermutationResult:
     """Median output TVD over random permutations of the attention (J&W 2019, sec. 4.2).
 
     Definition (docs/definitions.md §9): the hidden states are encoded once; for each row (valid
@@ -228,8 +236,9 @@ def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
                 bias = decoder.bias.detach().contiguous()
                 if not torch.isfinite(bias).all():
                     raise ValueError("decoder bias must be finite")
-            median, tvds = ops.permutation_tvd_linear(attention.contiguous(), projected, bias,
-                                                         lengths, permutations, seed)
+            median, tvds = ops.permutation_tvd_linear(
+                attention.contiguous(), projected, bias, lengths, permutations, seed
+            )
         else:
             tvds = _general(attention, values, decoder, lengths, permutations, seed, budget)
             tvds[lengths <= 1] = 0  # equal contexts; a batched decoder call may round them apart

@@ -188,9 +188,22 @@ def flip_search_sequential(attention, values, decoder, lengths, order_scores="at
 from attnmetrics.adversarial import AdversarialResult  # noqa: E402
 
 
-def adversarial_attention_reference(attention, values, decoder, lengths=None, *, candidates=5, steps=500,
-                                    lr=0.01, tvd_penalty=500.0, tvd_margin=0.01, tvd_threshold=0.05,
-                                    init_std=3.0, amsgrad=False, generator=None):
+def adversarial_attention_reference(
+    attention,
+    values,
+    decoder,
+    lengths=None,
+    *,
+    candidates=5,
+    steps=500,
+    lr=0.01,
+    tvd_penalty=500.0,
+    tvd_margin=0.01,
+    tvd_threshold=0.05,
+    init_std=3.0,
+    amsgrad=False,
+    generator=None,
+):
     """J&W 2019 sec. 4.3 adversarial search, one instance at a time (docs/definitions.md §10).
 
     The initial noise is drawn for the whole batch first, ``torch.randn((B, K, T))`` from
@@ -301,8 +314,11 @@ def single_removal_reference(attention, values, decoder, lengths, which="top"):
             w = attention[b, :n]
             by_weight = sorted(range(n), key=lambda t: (-float(w[t]), t))  # descending, ties by index
             if isinstance(which, str):
-                i = {"top": by_weight[0], "second": by_weight[1],
-                     "lowest": min(range(n), key=lambda t: (float(w[t]), t))}[which]
+                i = {
+                    "top": by_weight[0],
+                    "second": by_weight[1],
+                    "lowest": min(range(n), key=lambda t: (float(w[t]), t)),
+                }[which]
             else:
                 i = int(which[b])
             h = values[b, :n]
@@ -318,14 +334,15 @@ def single_removal_reference(attention, values, decoder, lengths, which="top"):
             positions.append(i)
             weights.append(float(w[i]))
     dtype = attention.dtype
-    return SingleRemovalResult(torch.tensor(jsds, dtype=torch.float64).to(dtype), torch.tensor(flips),
-                               torch.tensor(positions, dtype=torch.int64),
-                               torch.tensor(weights, dtype=torch.float64).to(dtype))
+    return SingleRemovalResult(
+        torch.tensor(jsds, dtype=torch.float64).to(dtype),
+        torch.tensor(flips),
+        torch.tensor(positions, dtype=torch.int64),
+        torch.tensor(weights, dtype=torch.float64).to(dtype),
+    )
 
 
 # ---- leave-one-out (J&W 2019) --------------------------------------------------------------
-
-
 
 
 def _loo_distribution(model, tokens, lengths):

@@ -52,8 +52,9 @@ class SingleRemovalResult(NamedTuple):
     removed_weight: Tensor
 
 
-def removed_positions(attention: Tensor, lengths: Tensor, which: str,
-                      generator: torch.Generator | None = None) -> Tensor:
+def removed_positions(
+    attention: Tensor, lengths: Tensor, which: str, generator: torch.Generator | None = None
+) -> Tensor:
     """``[B]`` int64 position each row removes (-1 where L <= 1); inputs already validated.
 
     ``top``: the highest weight; ``second``: the next one in the same order; ``lowest``:
@@ -79,10 +80,16 @@ def removed_positions(attention: Tensor, lengths: Tensor, which: str,
     return torch.where(short, -1, index)
 
 
-def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
-                   lengths: Tensor | None = None, which: str = "top", *,
-                   generator: torch.Generator | None = None,
-                   memory_budget: int = DEFAULT_MEMORY_BUDGET) -> SingleRemovalResult:
+def single_removal(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    which: str = "top",
+    *,
+    generator: torch.Generator | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> SingleRemovalResult:
     """Output JSD and decision flip when one attention weight is removed (S&S 2019, sec. 3).
 
     Definition (docs/definitions.md §5): for each row with valid prefix length L >= 2, zero the weight
@@ -161,8 +168,11 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
         if linear:
             projected = project(values, decoder.weight, lengths, budget)
             n_classes = projected.shape[2]
-            bias = (decoder.bias.detach().to(torch.float64) if decoder.bias is not None
-                    else torch.zeros(n_classes, dtype=torch.float64, device=device))
+            bias = (
+                decoder.bias.detach().to(torch.float64)
+                if decoder.bias is not None
+                else torch.zeros(n_classes, dtype=torch.float64, device=device)
+            )
             row_bytes = width * (n_classes + 2) * 8
         else:  # a copy of the chunk's values, two float64 weight rows, two contexts
             item = values.element_size()
@@ -170,7 +180,7 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
         rows = rows_per_chunk(row_bytes, budget)
         classes: list[int] = []  # C of the first decoder call, checked on later ones
         for s in range(0, batch, rows):
-            keep = s + ok[s:s + rows].nonzero().squeeze(1)  # rows with something to remove
+            keep = s + ok[s : s + rows].nonzero().squeeze(1)  # rows with something to remove
             if keep.numel() == 0:
                 continue
             mask = token_mask(lengths[keep], width)
@@ -189,8 +199,7 @@ def single_removal(attention: Tensor, values: Tensor, decoder: Decoder,
                     raise ValueError("values must be finite on each row's valid prefix")
                 contexts = torch.bmm(torch.stack([before, after], 1).to(h.dtype), h)
                 n = keep.numel()
-                z = check_logits(decoder(contexts.view(2 * n, hidden)), 2 * n,
-                                  classes[0] if classes else None)
+                z = check_logits(decoder(contexts.view(2 * n, hidden)), 2 * n, classes[0] if classes else None)
                 classes[:] = [z.shape[1]]
                 z = z.view(n, 2, -1)
             dist = output_distribution(z.reshape(-1, z.shape[2]).to(torch.float64))

@@ -55,14 +55,16 @@ def test_adversarial_vs_per_instance(benchmark, kind):
     attention, values, lengths = ragged_batch(batch, lo, hi, hidden, shared_direction=0)
     decoder = bench_decoder(kind, hidden, classes)
     benchmark.group = "adversarial-sst"
+
     def fresh():  # the same initial noise every round
         kwargs = {"steps": STEPS, "generator": torch.Generator().manual_seed(0)}
         return (attention, values, decoder, lengths), kwargs
 
     result = benchmark.pedantic(adversarial_attention, setup=fresh, rounds=3, iterations=1, warmup_rounds=1)
     start = time.perf_counter()
-    loop = adversarial_attention_reference(attention, values, decoder, lengths, steps=STEPS,
-                                           generator=torch.Generator().manual_seed(0))
+    loop = adversarial_attention_reference(
+        attention, values, decoder, lengths, steps=STEPS, generator=torch.Generator().manual_seed(0)
+    )
     loop_s = time.perf_counter() - start
     batched_s = median_seconds(benchmark, lambda: adversarial_attention(*fresh()[0], **fresh()[1]))
     # float32 trajectories of the two differ by rounding only
@@ -92,8 +94,9 @@ def test_adversarial_large_bounded_memory(benchmark, kind):
     # a small warm-up call first: one-off allocations (thread pools, arenas) are not the search's
     adversarial_attention(attention[:100], values[:100], decoder, lengths[:100], **kwargs)
     peak = peak_extra_mib(lambda: adversarial_attention(attention, values, decoder, lengths, **kwargs))
-    result = benchmark.pedantic(adversarial_attention, args=(attention, values, decoder, lengths),
-                                kwargs=kwargs, rounds=1, iterations=1)
+    result = benchmark.pedantic(
+        adversarial_attention, args=(attention, values, decoder, lengths), kwargs=kwargs, rounds=1, iterations=1
+    )
     width, k = values.shape[1], 5
     out_width = 2 if kind == "linear" else 2 * values.shape[2]
     one_chunk = 20_000 * _row_bytes(width, k, k * (k - 1) // 2, out_width, 4)

@@ -48,8 +48,11 @@ def test_flip_fraction_vs_sequential(benchmark, case, kind, device):
     decoder = bench_decoder(kind, values.shape[2]).to(device)
     benchmark.group = f"flip-{case}" + ("" if device == "cpu" else f" {device}")
     result = benchmark.pedantic(
-        synchronised(flip_fraction, device), args=(attention, values, decoder, lengths, "attention"),
-        rounds=5, iterations=1, warmup_rounds=1,
+        synchronised(flip_fraction, device),
+        args=(attention, values, decoder, lengths, "attention"),
+        rounds=5,
+        iterations=1,
+        warmup_rounds=1,
     )
     start = time.perf_counter()
     sequential = synchronised(flip_search_sequential, device)(attention, values, decoder, lengths, attention)
@@ -92,8 +95,11 @@ def test_flip_fraction_large_bounded_memory(benchmark, kind, device):
     measure = _peak_extra_device_mib if device == "cuda" else peak_extra_mib
     peak = measure(lambda: run(attention, values, decoder, lengths, memory_budget=budget))
     result = benchmark.pedantic(
-        run, args=(attention, values, decoder, lengths),
-        kwargs={"memory_budget": budget}, rounds=3, iterations=1,
+        run,
+        args=(attention, values, decoder, lengths),
+        kwargs={"memory_budget": budget},
+        rounds=3,
+        iterations=1,
     )
     benchmark.extra_info.update(
         describe(result, lengths),

@@ -85,5 +85,6 @@ def test_kernel(benchmark, case, device):
     torch.testing.assert_close(result.tau.cpu(), want[0], rtol=1e-6, atol=1e-7, equal_nan=True)
     if benchmark.stats is not None and case in _scipy_median:
         kernel = benchmark.stats.stats.median
-        benchmark.extra_info.update(scipy_loop_s=_scipy_median[case], kernel_s=kernel,
-                                    ratio=_scipy_median[case] / kernel)
+        benchmark.extra_info.update(
+            scipy_loop_s=_scipy_median[case], kernel_s=kernel, ratio=_scipy_median[case] / kernel
+        )

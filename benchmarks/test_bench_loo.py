@@ -95,8 +95,11 @@ def test_leave_one_out_vs_jw_loop(benchmark, case):
     )
     if case == "sst":
         jw32, jw32_s = timed(lambda: leave_one_out_jw(model, tokens, lengths, batch_size=32))
-        info.update(jw_loop_bsize32_s=jw32_s, speedup_vs_bsize32=jw32_s / ours_s,
-                    max_abs_diff_vs_bsize32=float((result - jw32).abs().max()))
+        info.update(
+            jw_loop_bsize32_s=jw32_s,
+            speedup_vs_bsize32=jw32_s / ours_s,
+            max_abs_diff_vs_bsize32=float((result - jw32).abs().max()),
+        )
     info["load_average_after"] = os.getloadavg()[0]
     benchmark.extra_info.update(info)
     # float32 BiLSTM: batch composition moves the last bits only
@@ -120,9 +123,14 @@ def test_leave_one_out_cuda(benchmark, case):
     result = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
     cpu, cpu_s = timed(lambda: leave_one_out(model, tokens, lengths))
     cuda_s = median_seconds(benchmark, run)
-    benchmark.extra_info.update(rows=int(lengths.shape[0]), sequences=int((lengths - 2).sum()), device="cuda",
-                                leave_one_out_cuda_s=cuda_s, leave_one_out_cpu_s=cpu_s,
-                                speedup_vs_cpu=cpu_s / cuda_s,
-                                max_abs_diff_vs_cpu=float((result.cpu() - cpu).abs().max()))
+    benchmark.extra_info.update(
+        rows=int(lengths.shape[0]),
+        sequences=int((lengths - 2).sum()),
+        device="cuda",
+        leave_one_out_cuda_s=cuda_s,
+        leave_one_out_cpu_s=cpu_s,
+        speedup_vs_cpu=cpu_s / cuda_s,
+        max_abs_diff_vs_cpu=float((result.cpu() - cpu).abs().max()),
+    )
     # cuDNN's LSTM rounds differently from the CPU's
     torch.testing.assert_close(result.cpu(), cpu, rtol=1e-3, atol=1e-4)

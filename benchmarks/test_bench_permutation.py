@@ -50,8 +50,9 @@ def test_permutation_test_vs_jw_loop(benchmark, kind, case):
     benchmark.group = f"permutation-{case}"
 
     def kernel():
-        return permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
-                                generator=torch.Generator().manual_seed(0))
+        return permutation_test(
+            attention, values, decoder, lengths, permutations=PERMUTATIONS, generator=torch.Generator().manual_seed(0)
+        )
 
     result = benchmark.pedantic(kernel, rounds=5 if kind == "linear" else 3, iterations=1, warmup_rounds=1)
     seed = draw_seed(torch.Generator().manual_seed(0))
@@ -79,8 +80,15 @@ def test_permutation_test_large_bounded_memory(benchmark):
     benchmark.group = "permutation-large"
 
     def kernel():
-        return permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
-                                memory_budget=budget, generator=torch.Generator().manual_seed(0))
+        return permutation_test(
+            attention,
+            values,
+            decoder,
+            lengths,
+            permutations=PERMUTATIONS,
+            memory_budget=budget,
+            generator=torch.Generator().manual_seed(0),
+        )
 
     peak = peak_extra_mib(kernel)
     result = benchmark.pedantic(kernel, rounds=2, iterations=1)
@@ -108,11 +116,19 @@ def test_permutation_test_cuda(benchmark, kind, case):
 
     result = benchmark.pedantic(kernel, rounds=5, iterations=1, warmup_rounds=1)
     start = time.perf_counter()
-    cpu = permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
-                           generator=torch.Generator().manual_seed(0))
+    cpu = permutation_test(
+        attention, values, decoder, lengths, permutations=PERMUTATIONS, generator=torch.Generator().manual_seed(0)
+    )
     cpu_s = time.perf_counter() - start
     kernel_s = median_seconds(benchmark, kernel)
     err = float((cpu.median_tvd.double() - result.median_tvd.cpu().double()).abs().max())
-    benchmark.extra_info.update(describe(cpu, lengths), decoder=kind, device="cuda", cuda_median_s=kernel_s,
-                                cpu_s=cpu_s, speedup_vs_cpu=cpu_s / kernel_s, max_abs_diff_vs_cpu=err)
+    benchmark.extra_info.update(
+        describe(cpu, lengths),
+        decoder=kind,
+        device="cuda",
+        cuda_median_s=kernel_s,
+        cpu_s=cpu_s,
+        speedup_vs_cpu=cpu_s / kernel_s,
+        max_abs_diff_vs_cpu=err,
+    )
     assert err < 1e-4  # the same permutations; float32 rounding only

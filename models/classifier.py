@@ -52,8 +52,9 @@ class _BiRNNEncoder(nn.Module):
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)
         return out
 
-    def deletions(self, embedded: Tensor, lengths: Tensor, feature_map: Tensor | None = None,
-                  bias: Tensor | None = None) -> BiRNNDeletions:
+    def deletions(
+        self, embedded: Tensor, lengths: Tensor, feature_map: Tensor | None = None, bias: Tensor | None = None
+    ) -> BiRNNDeletions:
         """The rows' deletions, reusing the states each leaves unchanged: their hidden states,
         or ``feature_map @ h + bias`` (models/deletions.py)."""
         return BiRNNDeletions(self.rnn, embedded, lengths, feature_map, bias)
@@ -156,7 +157,7 @@ class DotAttention(nn.Module):
     def __init__(self, hidden_size: int, attention_dim: int | None = None):
         super().__init__()
         self.w = nn.Linear(hidden_size, 1, bias=False)  # a bias would shift every score alike
-        self.scale = hidden_size ** -0.5
+        self.scale = hidden_size**-0.5
 
     @property
     def projection(self) -> nn.Linear:
@@ -327,6 +328,7 @@ class EncoderAttentionClassifier(nn.Module):
         if plain and hasattr(self.encoder, "deletions"):
             encode = self.encoder.deletions(embedded, lengths)
         else:
+
             def encode(rows: Tensor, positions: Tensor) -> Tensor:
                 return self.encode(delete_positions(embedded, lengths, rows, positions), lengths[rows] - 1)
 
@@ -380,7 +382,9 @@ class EncoderAttentionClassifier(nn.Module):
         if attention is None:
             attention = self.attend(hidden, lengths)
         elif attention.shape != hidden.shape[:2]:
-            raise ValueError(f"imposed attention must be [B, T] = {list(hidden.shape[:2])}, got {list(attention.shape)}")
+            raise ValueError(
+                f"imposed attention must be [B, T] = {list(hidden.shape[:2])}, got {list(attention.shape)}"
+            )
         context = torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1)
         return States(self.decoder(context), attention, embedded, hidden)
 

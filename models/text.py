@@ -148,13 +148,15 @@ class Vocabulary:
         return [self.itos[i] for i in ids]
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps({"specials": list(SPECIALS), "words": self.itos[len(SPECIALS):]}))
+        Path(path).write_text(json.dumps({"specials": list(SPECIALS), "words": self.itos[len(SPECIALS) :]}))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Vocabulary:
         data = json.loads(Path(path).read_text())
         if data.get("specials") != list(SPECIALS):
-            raise ValueError(f"{path}: vocabulary was saved with specials {data.get('specials')}, expected {list(SPECIALS)}")
+            raise ValueError(
+                f"{path}: vocabulary was saved with specials {data.get('specials')}, expected {list(SPECIALS)}"
+            )
         return cls(data["words"])
 
 
@@ -174,7 +176,7 @@ def glove_matrix(
     matrix = rng.normal(0.0, oov_std, size=(len(vocab), vectors.shape[1])).astype(np.float32)
     matrix[PAD] = 0.0
     found = 0
-    for i, w in enumerate(vocab.itos[len(SPECIALS):], start=len(SPECIALS)):
+    for i, w in enumerate(vocab.itos[len(SPECIALS) :], start=len(SPECIALS)):
         j = row.get(w)
         if j is not None:
             matrix[i] = vectors[j]

@@ -58,8 +58,13 @@ def single_token_inputs(tokens: Tensor, lengths: Tensor, lead: int, trail: int) 
 
 
 @torch.no_grad()
-def single_token_test(model: AttentionClassifier, tokens: Tensor, lengths: Tensor,
-                      max_rows: int = MAX_ROWS_PER_CALL, full: Forward | None = None) -> SingleTokenResult:
+def single_token_test(
+    model: AttentionClassifier,
+    tokens: Tensor,
+    lengths: Tensor,
+    max_rows: int = MAX_ROWS_PER_CALL,
+    full: Forward | None = None,
+) -> SingleTokenResult:
     """T&Š 2020 (sec. 4) single-token-input test on one batch.
 
     Args:

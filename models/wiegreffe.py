@@ -95,9 +95,15 @@ class ConsistentAdversary:
         return -objective, {"objective": objective, "tvd": tvd, "kl": kl}
 
 
-def consistent_adversaries(base: EncoderAttentionClassifier, make: ModelFactory, train_data: EncodedSplit,
-                           dev_data: EncodedSplit, test_data: EncodedSplit, lambdas: Sequence[float],
-                           config: TrainConfig) -> tuple[dict, dict, list[EncoderAttentionClassifier]]:
+def consistent_adversaries(
+    base: EncoderAttentionClassifier,
+    make: ModelFactory,
+    train_data: EncodedSplit,
+    dev_data: EncodedSplit,
+    test_data: EncodedSplit,
+    lambdas: Sequence[float],
+    config: TrainConfig,
+) -> tuple[dict, dict, list[EncoderAttentionClassifier]]:
     """Train one model-consistent adversary per λ (W&P 2019, sec. 4.3-4.4) and score it on test.
 
     Args:
@@ -124,9 +130,18 @@ def consistent_adversaries(base: EncoderAttentionClassifier, make: ModelFactory,
         tvd = attnmetrics.tvd(output_distribution(p.logits), output_distribution(reference.logits))
         jsd = attnmetrics.jsd(p.attention, reference.attention)
         metrics = classification_metrics(p.logits, p.labels)
-        per_lambda.append({"lambda": float(lam), "tvd_mean": float(tvd.mean()), "jsd_mean": float(jsd.mean()),
-                           "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
-                           "best_epoch": result.best_epoch, "history": result.history, "seconds": result.seconds})
+        per_lambda.append(
+            {
+                "lambda": float(lam),
+                "tvd_mean": float(tvd.mean()),
+                "jsd_mean": float(jsd.mean()),
+                "accuracy": metrics["accuracy"],
+                "macro_f1": metrics["macro_f1"],
+                "best_epoch": result.best_epoch,
+                "history": result.history,
+                "seconds": result.seconds,
+            }
+        )
         instances["lambda"].append(float(lam))
         instances["tvd"].append(tvd.tolist())
         instances["jsd"].append(jsd.tolist())
@@ -134,9 +149,15 @@ def consistent_adversaries(base: EncoderAttentionClassifier, make: ModelFactory,
     return {"per_lambda": per_lambda}, instances, models
 
 
-def diagnostic_mlps(base: EncoderAttentionClassifier, make: ModelFactory, train_data: EncodedSplit,
-                    dev_data: EncodedSplit, test_data: EncodedSplit, config: TrainConfig,
-                    adversary: EncoderAttentionClassifier | None = None) -> tuple[dict, dict]:
+def diagnostic_mlps(
+    base: EncoderAttentionClassifier,
+    make: ModelFactory,
+    train_data: EncodedSplit,
+    dev_data: EncodedSplit,
+    test_data: EncodedSplit,
+    config: TrainConfig,
+    adversary: EncoderAttentionClassifier | None = None,
+) -> tuple[dict, dict]:
     """W&P 2019's diagnostic MLPs (sec. 4.2): the ``average`` encoder (per-token Linear + tanh)
     with imposed attention, trained and tested with it.
 

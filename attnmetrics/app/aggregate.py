@@ -39,10 +39,10 @@ CONVENTIONS = {
     "groups": "cells differing only in the seed",
     "spread": "per-seed summary numbers: mean, sample std (ddof=1), min, max",
     "ci": "95% percentile bootstrap over instances (scipy.stats.bootstrap, 9999 resamples, seed 0) of the "
-          "statistic of the per-instance values averaged over seeds (NaN-aware)",
+    "statistic of the per-instance values averaged over seeds (NaN-aware)",
     "mcnemar": "exact, per seed, on per-instance correctness; b01 = only the baseline right, b10 = only the other",
     "seed_variance": "base = smallest seed; per instance median JSD(base, seed attention) over the other seeds "
-                     "(nats) and mean TVD of output distributions",
+    "(nats) and mean TVD of output distributions",
 }
 #: paired comparisons: axis -> the baseline value the others are tested against
 BASELINES = {"attention": "uniform", "regulariser": "none"}
@@ -72,7 +72,9 @@ def _get(d, *keys):
     return d
 
 
-def cell_statistics(results: dict, predictions: dict | None) -> dict[str, tuple[str, float, np.ndarray | None, Callable]]:
+def cell_statistics(
+    results: dict, predictions: dict | None
+) -> dict[str, tuple[str, float, np.ndarray | None, Callable]]:
     """Every battery statistic a cell has: name -> (paper section, the cell's summary number,
     per-instance values [N] or None, the statistic over instances). Rows that an experiment
     leaves undefined (fewer than 2 tokens) are NaN."""
@@ -90,11 +92,19 @@ def cell_statistics(results: dict, predictions: dict | None) -> dict[str, tuple[
         tau = _get(inst, "kendall", pair, "tau")
         out[f"τ {pair}"] = ("jw", s["overall"]["mean"], _arr(tau) if tau else None, _nanmean)
     if "permutation" in results:
-        out["permutation median TVD"] = ("jw", results["permutation"]["overall"]["median"],
-                                         ok(inst["permutation"]["median_tvd"]), _nanmedian)
+        out["permutation median TVD"] = (
+            "jw",
+            results["permutation"]["overall"]["median"],
+            ok(inst["permutation"]["median_tvd"]),
+            _nanmedian,
+        )
     if "adversarial" in results:
-        out["adversarial max JSD (mean)"] = ("jw", results["adversarial"]["overall"]["mean"],
-                                             ok(inst["adversarial"]["max_jsd"]), _nanmean)
+        out["adversarial max JSD (mean)"] = (
+            "jw",
+            results["adversarial"]["overall"]["mean"],
+            ok(inst["adversarial"]["max_jsd"]),
+            _nanmean,
+        )
     for order, s in results.get("flip", {}).items():
         f = _get(inst, "flip", order)
         same = f is not None and len(f["fraction"]) == len(lengths)
@@ -108,8 +118,12 @@ def cell_statistics(results: dict, predictions: dict | None) -> dict[str, tuple[
             out[f"single removal flips ({which})"] = ("ss", s["flip_rate"], ok(r["flipped"]) if r else None, _nanmean)
     if "single_token" in results:
         tau = _get(inst, "single_token", "tau")
-        out["single-token τ"] = ("ts", _get(results, "single_token", "tau", "mean"),
-                                 _arr(tau) if isinstance(tau, list) else None, _nanmean)
+        out["single-token τ"] = (
+            "ts",
+            _get(results, "single_token", "tau", "mean"),
+            _arr(tau) if isinstance(tau, list) else None,
+            _nanmean,
+        )
     return out
 
 
@@ -122,13 +136,20 @@ def _spread(values: list[float | None]) -> dict:
     v = v[np.isfinite(v)]
     if not v.size:
         return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan, "seeds": 0}
-    return {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
-            "min": float(v.min()), "max": float(v.max()), "seeds": int(v.size)}
+    return {
+        "mean": float(v.mean()),
+        "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "seeds": int(v.size),
+    }
 
 
 def _same_instances(preds: list[dict]) -> bool:
-    return all(np.array_equal(p["labels"], preds[0]["labels"]) and np.array_equal(p["lengths"], preds[0]["lengths"])
-               for p in preds)
+    return all(
+        np.array_equal(p["labels"], preds[0]["labels"]) and np.array_equal(p["lengths"], preds[0]["lengths"])
+        for p in preds
+    )
 
 
 def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
@@ -143,8 +164,11 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
         if not all(name in c for c in per_cell):
             continue
         section, _, _, reducer = per_cell[0][name]
-        entry = {"section": section, "per_seed": dict(zip(map(str, seeds), (c[name][1] for c in per_cell))),
-                 **_spread([c[name][1] for c in per_cell])}
+        entry = {
+            "section": section,
+            "per_seed": dict(zip(map(str, seeds), (c[name][1] for c in per_cell))),
+            **_spread([c[name][1] for c in per_cell]),
+        }
         lo = hi = math.nan
         values = [c[name][2] for c in per_cell]
         if name == "test macro F1" and have_preds:
@@ -173,10 +197,17 @@ def _seed_variance(preds: list[dict]) -> dict:
     att = np.stack([np.pad(p["attention"], ((0, 0), (0, T - p["attention"].shape[1]))) for p in preds])
     sv = seed_variance(att, np.stack([p["logits"] for p in preds]))
     base_max = att[0].max(1)
-    return {"base_seed_index": 0, "median_jsd": stats(sv.median_jsd), "mean_tvd": stats(sv.mean_tvd),
-            "median_jsd_by_max_attention": _by_max_attention(sv.median_jsd, base_max),
-            "instances": {"median_jsd": sv.median_jsd.tolist(), "mean_tvd": sv.mean_tvd.tolist(),
-                          "base_max_attention": base_max.tolist()}}
+    return {
+        "base_seed_index": 0,
+        "median_jsd": stats(sv.median_jsd),
+        "mean_tvd": stats(sv.mean_tvd),
+        "median_jsd_by_max_attention": _by_max_attention(sv.median_jsd, base_max),
+        "instances": {
+            "median_jsd": sv.median_jsd.tolist(),
+            "mean_tvd": sv.mean_tvd.tolist(),
+            "base_max_attention": base_max.tolist(),
+        },
+    }
 
 
 def _consistent_adversary(per_seed: list[dict]) -> dict:
@@ -184,9 +215,15 @@ def _consistent_adversary(per_seed: list[dict]) -> dict:
     for r in per_seed:
         for row in r.get("per_lambda", []):
             by_lambda.setdefault(row["lambda"], []).append(row)
-    out = {"per_lambda": [{"lambda": lam, **{k: _spread([row.get(k) for row in rows])
-                                             for k in ("tvd_mean", "jsd_mean", "accuracy", "macro_f1")}}
-                          for lam, rows in sorted(by_lambda.items())]}
+    out = {
+        "per_lambda": [
+            {
+                "lambda": lam,
+                **{k: _spread([row.get(k) for row in rows]) for k in ("tvd_mean", "jsd_mean", "accuracy", "macro_f1")},
+            }
+            for lam, rows in sorted(by_lambda.items())
+        ]
+    }
     jw = [r["jain_wallace"] for r in per_seed if "jain_wallace" in r]
     if jw:
         out["jain_wallace"] = {k: _spread([j.get(k) for j in jw]) for k in ("tvd_mean", "jsd_mean")}
@@ -213,9 +250,21 @@ def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
             ok_c = _decision(p["logits"]) == p["labels"]
             ok_b = _decision(pb["logits"]) == pb["labels"]
             m = mcnemar(ok_c, ok_b)  # b01: only the baseline right; b10: only this model
-            tests.append({"axis": axis, "grid": c.grid, "group": c.group, "baseline": b.group, "seed": c.axes["seed"],
-                          "accuracy": float(ok_c.mean()), "baseline_accuracy": float(ok_b.mean()),
-                          "b01": m.b01, "b10": m.b10, "pvalue": m.pvalue, "instances": int(ok_c.size)})
+            tests.append(
+                {
+                    "axis": axis,
+                    "grid": c.grid,
+                    "group": c.group,
+                    "baseline": b.group,
+                    "seed": c.axes["seed"],
+                    "accuracy": float(ok_c.mean()),
+                    "baseline_accuracy": float(ok_b.mean()),
+                    "b01": m.b01,
+                    "b10": m.b10,
+                    "pvalue": m.pvalue,
+                    "instances": int(ok_c.size),
+                }
+            )
     return tests
 
 
@@ -237,8 +286,11 @@ def aggregate(cells: list[tuple[object, dict, dict | None]]) -> dict:
     out = {"conventions": CONVENTIONS, "groups": {}, "paired_tests": paired_tests(cells)}
     for name, members in groups.items():
         c0 = members[0][0]
-        out["groups"][name] = {"grid": c0.grid, "axes": {k: v for k, v in c0.axes.items() if k != "seed"},
-                               **aggregate_group([(c.axes["seed"], r, p) for c, r, p in members])}
+        out["groups"][name] = {
+            "grid": c0.grid,
+            "axes": {k: v for k, v in c0.axes.items() if k != "seed"},
+            **aggregate_group([(c.axes["seed"], r, p) for c, r, p in members]),
+        }
     return out
 
 
@@ -252,9 +304,14 @@ def aggregate_sweep(sweep) -> Path:
     if (out / "status.json").is_file():
         status = json.loads((out / "status.json").read_text()).get("cells", {})
     agg = aggregate(cells)
-    agg["cells"] = {f"{c.grid}/{c.name}": {"state": "done" if c.is_done(out)
-                                           else status.get(f"{c.grid}/{c.name}", {}).get("state", "not run"),
-                                           "group": c.group, "seed": c.axes["seed"]} for c in sweep.cells}
+    agg["cells"] = {
+        f"{c.grid}/{c.name}": {
+            "state": "done" if c.is_done(out) else status.get(f"{c.grid}/{c.name}", {}).get("state", "not run"),
+            "group": c.group,
+            "seed": c.axes["seed"],
+        }
+        for c in sweep.cells
+    }
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "aggregate.json", agg)
     return render_sweep(agg, out)

@@ -74,13 +74,16 @@ def run_battery(
         if "flip" in experiments:
             for name in orders:
                 samples = random_samples if name == "random" else 1
-                r = attnmetrics.flip_fraction(*args, order=name, samples=samples, generator=generator,
-                                              never_flipped=never_flipped)
+                r = attnmetrics.flip_fraction(
+                    *args, order=name, samples=samples, generator=generator, never_flipped=never_flipped
+                )
                 acc[f"flip/{name}/removed"].append(r.removed.reshape(-1))
                 acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1))
         if "kendall" in experiments:
-            scores = {"attention": out.attention,
-                      "gradient": gradient_importance(model, tokens, lengths).to(out.attention.dtype)}
+            scores = {
+                "attention": out.attention,
+                "gradient": gradient_importance(model, tokens, lengths).to(out.attention.dtype),
+            }
             if "loo" in experiments:
                 scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
             for a, b in combinations(scores, 2):
@@ -108,8 +111,11 @@ def run_battery(
     x = {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}
     lengths, predicted, max_attention = x["lengths"], x["predicted"], x["max_attention"]
     summary: dict = {}
-    instances: dict = {"predicted": predicted.tolist(), "lengths": lengths.tolist(),
-                       "max_attention": max_attention.tolist()}
+    instances: dict = {
+        "predicted": predicted.tolist(),
+        "lengths": lengths.tolist(),
+        "max_attention": max_attention.tolist(),
+    }
     if "flip" in experiments:
         summary["flip"] = {}
         instances["flip"] = {}
@@ -138,14 +144,16 @@ def run_battery(
         jsd = {w: x[f"single_removal/{w}/jsd"] for w in SINGLE_REMOVALS}
         flipped = {w: x[f"single_removal/{w}/flipped"] for w in SINGLE_REMOVALS}
         summary["single_removal"] = single_removal_summary(jsd, flipped, lengths)
-        instances["single_removal"] = {w: {"jsd": jsd[w].tolist(), "flipped": flipped[w].tolist()}
-                                       for w in SINGLE_REMOVALS}
+        instances["single_removal"] = {
+            w: {"jsd": jsd[w].tolist(), "flipped": flipped[w].tolist()} for w in SINGLE_REMOVALS
+        }
     if "single_token" in experiments:
         tau, p, agrees = x["single_token/tau"], x["single_token/pvalue"], x["single_token/top_agrees"]
         taus = tau_summary(tau, p, predicted, class_names)
         has_tokens = lengths > 0
         summary["single_token"] = {
-            "tau": taus["overall"], "tau_per_class": taus["per_class"],
+            "tau": taus["overall"],
+            "tau_per_class": taus["per_class"],
             "top_token_agreement": float(agrees[has_tokens].mean()) if has_tokens.any() else float("nan"),
             "n": int(has_tokens.sum()),
         }

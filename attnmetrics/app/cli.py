@@ -66,8 +66,9 @@ def _environment(seed: int, device: str = "cpu") -> dict:
 def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int, max_tokens: int | None = None):
     splits = load_dataset(dataset, data_dir=data_dir, seed=seed, max_tokens=max_tokens)
     if limit:
-        splits = type(splits)(splits.name, splits.classes, splits.train[:limit], splits.dev[:limit],
-                              splits.test[:limit], splits.info)
+        splits = type(splits)(
+            splits.name, splits.classes, splits.train[:limit], splits.dev[:limit], splits.test[:limit], splits.info
+        )
     print(splits.summary(), file=sys.stderr)
     return splits
 
@@ -81,9 +82,17 @@ def _train(args, results: dict):
         embed_dim = embeddings.shape[1]
         results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
     classes = len(splits.classes)
-    config = ModelConfig(vocab_size=len(vocab), embed_dim=embed_dim, hidden_size=args.hidden_size,
-                         num_classes=1 if classes == 2 else classes, encoder=args.encoder, attention=args.attention,
-                         regulariser=args.regulariser, tying_weight=args.tying_weight, mlm_weight=args.mlm_weight)
+    config = ModelConfig(
+        vocab_size=len(vocab),
+        embed_dim=embed_dim,
+        hidden_size=args.hidden_size,
+        num_classes=1 if classes == 2 else classes,
+        encoder=args.encoder,
+        attention=args.attention,
+        regulariser=args.regulariser,
+        tying_weight=args.tying_weight,
+        mlm_weight=args.mlm_weight,
+    )
 
     def make(cfg: ModelConfig) -> EncoderAttentionClassifier:
         """A fresh model of ``cfg``, initialised as the base (same seed, same embeddings)."""
@@ -91,15 +100,26 @@ def _train(args, results: dict):
         return EncoderAttentionClassifier(cfg, embeddings).to(args.device)
 
     model = make(config)
-    tconf = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                        weight_decay=args.weight_decay, seed=args.seed, progress=not args.no_progress)
+    tconf = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
     train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
     result = train(model, train_data, dev_data, tconf)
-    results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes(),
-                           vocabulary=len(vocab), info=splits.info)
+    results["data"].update(
+        name=splits.name, classes=list(splits.classes), sizes=splits.sizes(), vocabulary=len(vocab), info=splits.info
+    )
     results["model"] = config.to_dict()
-    results["training"] = {"config": train_config_dict(tconf), "best_epoch": result.best_epoch,
-                           "best_dev": result.best_dev, "history": result.history}
+    results["training"] = {
+        "config": train_config_dict(tconf),
+        "best_epoch": result.best_epoch,
+        "best_dev": result.best_dev,
+        "history": result.history,
+    }
     results["wall_time_s"]["training"] = result.seconds
     return model, vocab, splits, (make, tconf, train_data, dev_data)
 
@@ -110,8 +130,9 @@ def _wiegreffe(args, model, test, recipe, results: dict) -> None:
     adversaries = []
     if args.consistent_adversary:
         t0 = time.perf_counter()
-        summary, instances, adversaries = consistent_adversaries(model, make, train_data, dev_data, test,
-                                                                 args.consistent_adversary, tconf)
+        summary, instances, adversaries = consistent_adversaries(
+            model, make, train_data, dev_data, test, args.consistent_adversary, tconf
+        )
         jw = jain_wallace_point(results)
         if jw:
             summary["jain_wallace"] = jw
@@ -120,8 +141,9 @@ def _wiegreffe(args, model, test, recipe, results: dict) -> None:
         results["wall_time_s"]["consistent_adversary"] = time.perf_counter() - t0
     if args.diagnostic:
         t0 = time.perf_counter()
-        summary, instances = diagnostic_mlps(model, make, train_data, dev_data, test, tconf,
-                                             adversaries[0] if adversaries else None)
+        summary, instances = diagnostic_mlps(
+            model, make, train_data, dev_data, test, tconf, adversaries[0] if adversaries else None
+        )
         results["diagnostic"] = summary
         results["instances"]["diagnostic"] = instances
         results["wall_time_s"]["diagnostic"] = time.perf_counter() - t0
@@ -132,10 +154,19 @@ def _battery(args, model, test, splits, results: dict) -> None:
     t0 = time.perf_counter()
     batches = ((b.tokens, b.lengths) for b in test.batches(256))
     experiments = [e for e in EXPERIMENTS if e not in args.skip]
-    summary, instances = run_battery(model, batches, splits.classes, experiments=experiments, orders=args.orders,
-                                     seed=args.seed, random_samples=args.random_samples, never_flipped=never,
-                                     permutations=args.permutations, adversarial_steps=args.adversarial_steps,
-                                     progress=not args.no_progress)
+    summary, instances = run_battery(
+        model,
+        batches,
+        splits.classes,
+        experiments=experiments,
+        orders=args.orders,
+        seed=args.seed,
+        random_samples=args.random_samples,
+        never_flipped=never,
+        permutations=args.permutations,
+        adversarial_steps=args.adversarial_steps,
+        progress=not args.no_progress,
+    )
     results["wall_time_s"]["experiments"] = time.perf_counter() - t0
     results.update(summary)
     results["instances"] = instances
@@ -146,28 +177,29 @@ def _battery(args, model, test, splits, results: dict) -> None:
         "flip_ties": "equal scores removed lower index first",
         "flip_denominator": "number of real tokens (attention items)",
         "flip_max_removed": "L - 1 (the last item is never removed)",
-        "never_flipped": "NaN, left out of fraction statistics" if args.never_flipped == "nan"
+        "never_flipped": "NaN, left out of fraction statistics"
+        if args.never_flipped == "nan"
         else "fraction 1.0 (Mohankumar et al. 2020)",
         "gradient_importance": "J&W: |grad x input| summed over classes, attention detached, L1-normalised",
         "kendall": "tau-b, two-sided p as scipy.stats.kendalltau defaults",
         "leave_one_out": "token deleted (sequence shortened, re-encoded); TVD of output distributions (1/2 L1)",
         "permutation": f"{args.permutations} permutations among real tokens, median output TVD per instance",
         "adversarial": f"J&W: 5 candidates, {args.adversarial_steps} Adam steps lr 0.01, "
-                       "loss -JSD + 500 ReLU(TVD - 0.01) - pairwise JSD; max JSD among outputs with TVD <= 0.05",
+        "loss -JSD + 500 ReLU(TVD - 0.01) - pairwise JSD; max JSD among outputs with TVD <= 0.05",
         "single_removal": "one weight zeroed, rest renormalised; output JSD in nats; McNemar exact test",
         "divergences": "JSD in nats (natural log), symmetric; TVD = 1/2 sum |p - q|; sums over a test set are means",
         "single_token": "T&S 2020: each real token alone between the row's own special tokens; tau-b between attention "
-                        "and the alone-probability of the full input's predicted class; top-attention token (ties: "
-                        "lower index) alone gives the full decision",
+        "and the alone-probability of the full input's predicted class; top-attention token (ties: "
+        "lower index) alone gives the full decision",
         "regulariser": "T&S 2020: concat = hidden (+) embedding; residual = hidden + Linear(embedding); tying = weight * "
-                       "mean over real tokens of ||P h_t - e_t||^2 (P = identity if H == E, else a learned Linear; "
-                       "e_t detached); mlm = weight * CE of masked real tokens (p = 0.15, replaced by <UNK>) through "
-                       "a head whose output matrix is the embedding matrix",
+        "mean over real tokens of ||P h_t - e_t||^2 (P = identity if H == E, else a learned Linear; "
+        "e_t detached); mlm = weight * CE of masked real tokens (p = 0.15, replaced by <UNK>) through "
+        "a head whose output matrix is the embedding matrix",
         "consistent_adversary": "W&P 2019: loss sum over batch of TVD(y_adv, y_base) - lambda KL(a_adv || a_base), KL "
-                                "over real tokens (0 log 0 = 0), base frozen; same init, data and recipe as the base; "
-                                "epoch kept: lowest mean dev objective; test TVD of outputs, JSD of attention (means)",
+        "over real tokens (0 log 0 = 0), base frozen; same init, data and recipe as the base; "
+        "epoch kept: lowest mean dev objective; test TVD of outputs, JSD of attention (means)",
         "diagnostic": "W&P 2019: average encoder (Linear + tanh per token) with imposed attention in training and "
-                      "testing; epoch kept: best dev ROC-AUC (ties: lowest dev loss)",
+        "testing; epoch kept: best dev ROC-AUC (ties: lowest dev loss)",
     }
 
 
@@ -177,8 +209,13 @@ def _write_predictions(model, p: Predictions, folder: Path) -> None:
     float32 (zero past each length), lengths [N] int64 (real tokens), labels [N] int64."""
     lengths = p.lengths - model.lead - model.trail
     attention = p.attention[:, model.lead : model.lead + int(lengths.max())]
-    write_npz_atomic(folder / "predictions.npz", logits=p.logits.float().numpy(), attention=attention.float().numpy(),
-                     lengths=lengths.numpy(), labels=p.labels.numpy())
+    write_npz_atomic(
+        folder / "predictions.npz",
+        logits=p.logits.float().numpy(),
+        attention=attention.float().numpy(),
+        lengths=lengths.numpy(),
+        labels=p.labels.numpy(),
+    )
 
 
 def _finish(results: dict, folder: Path, start: float) -> None:
@@ -215,14 +252,22 @@ def main(argv: list[str] | None = None) -> int:
         return sweep.main(args)
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"attnmetrics: --device cuda, but torch sees no CUDA GPU (torch {torch.__version__}, "
-              f"CUDA {torch.version.cuda}); use --device cpu", file=sys.stderr)
+        print(
+            f"attnmetrics: --device cuda, but torch sees no CUDA GPU (torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}); use --device cpu",
+            file=sys.stderr,
+        )
         return 2
     if args.device == "cuda":  # deterministic cuBLAS (read when its first handle is made)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     start = time.perf_counter()
-    results = {"command": args.command, "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-               **_environment(args.seed, args.device), "data": {}, "wall_time_s": {}}
+    results = {
+        "command": args.command,
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **_environment(args.seed, args.device),
+        "data": {},
+        "wall_time_s": {},
+    }
     if args.command in ("run", "train") and args.out is None:
         args.out = Path("runs") / f"{args.dataset.replace(':', '_')}-{args.encoder}"
     try:
@@ -245,9 +290,18 @@ def main(argv: list[str] | None = None) -> int:
                 model, vocab, splits, recipe = _train(args, results)
                 results["split_seed"] = args.split_seed
                 data_dir = str(args.data_dir.resolve()) if args.data_dir else None
-                save_checkpoint(folder / CHECKPOINT, model, vocab,
-                                extra={"dataset": args.dataset, "data_dir": data_dir, "seed": args.seed,
-                                       "split_seed": args.split_seed, "max_tokens": args.max_tokens})
+                save_checkpoint(
+                    folder / CHECKPOINT,
+                    model,
+                    vocab,
+                    extra={
+                        "dataset": args.dataset,
+                        "data_dir": data_dir,
+                        "seed": args.seed,
+                        "split_seed": args.split_seed,
+                        "max_tokens": args.max_tokens,
+                    },
+                )
             test = vocab.encode_split(splits.test)
             predictions = predict(model, test)
             results["test"] = prediction_metrics(predictions)

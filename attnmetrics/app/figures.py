@@ -40,8 +40,10 @@ def _violins(ax, data: list[np.ndarray], positions, width=0.8, color=None):
 
 def _by_bins(values: np.ndarray, max_attention: np.ndarray) -> list[np.ndarray]:
     edges = MAX_ATTENTION_BINS
-    return [values[(max_attention >= lo) & ((max_attention < hi) if hi < 1 else (max_attention <= hi))]
-            for lo, hi in zip(edges[:-1], edges[1:])]
+    return [
+        values[(max_attention >= lo) & ((max_attention < hi) if hi < 1 else (max_attention <= hi))]
+        for lo, hi in zip(edges[:-1], edges[1:])
+    ]
 
 
 def _bin_labels() -> list[str]:
@@ -109,8 +111,13 @@ def permutation(results: dict, folder: Path) -> str | None:
     if "permutation" not in inst:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    _per_class_by_bins(ax, _array(inst["permutation"]["median_tvd"]), inst, results["data"]["classes"],
-                       "median output TVD over permutations")
+    _per_class_by_bins(
+        ax,
+        _array(inst["permutation"]["median_tvd"]),
+        inst,
+        results["data"]["classes"],
+        "median output TVD over permutations",
+    )
     ax.set_title("Permuted attention (J&W 2019)")
     return _save(fig, folder / "permutation.png")
 
@@ -134,16 +141,23 @@ def adversarial(results: dict, folder: Path) -> str | None:
     return _save(fig, folder / "adversarial.png")
 
 
-def tvd_vs_jsd(ax, per_lambda: list[tuple[float, float, float]], jain_wallace: tuple[float, float] | None,
-               label: str, color: str = "C0", jw_label: str = "per-instance adversary (J&W)") -> None:
+def tvd_vs_jsd(
+    ax,
+    per_lambda: list[tuple[float, float, float]],
+    jain_wallace: tuple[float, float] | None,
+    label: str,
+    color: str = "C0",
+    jw_label: str = "per-instance adversary (J&W)",
+) -> None:
     """W&P 2019 (fig. 4) on ``ax``: the model-consistent adversary's (λ, mean attention JSD,
     mean output TVD) points as a curve, λ-labelled when there are several, and J&W's
     per-instance adversary (JSD, TVD) as a star."""
     ax.plot([j for _, j, _ in per_lambda], [t for _, _, t in per_lambda], "o-", color=color, label=label)
     if len(per_lambda) > 1:  # a λ sweep: label its points (a single λ is named in the legend)
         for k, (lam, j, t) in enumerate(per_lambda):
-            ax.annotate(f"λ={lam:g}", (j, t), fontsize=7, xytext=(4, 4 - 10 * (k % 2)), textcoords="offset points",
-                        color=color)
+            ax.annotate(
+                f"λ={lam:g}", (j, t), fontsize=7, xytext=(4, 4 - 10 * (k % 2)), textcoords="offset points", color=color
+            )
     if jain_wallace is not None:
         ax.plot([jain_wallace[0]], [jain_wallace[1]], "*", ms=12, color=color, label=jw_label)
     ax.set_xlabel("mean attention JSD to the base (nats)")
@@ -159,8 +173,12 @@ def consistent_adversary(results: dict, folder: Path) -> str | None:
         return None
     jw = c.get("jain_wallace")
     fig, ax = plt.subplots(figsize=(6, 4))
-    tvd_vs_jsd(ax, [(r["lambda"], r["jsd_mean"], r["tvd_mean"]) for r in c["per_lambda"]],
-               (jw["jsd_mean"], jw["tvd_mean"]) if jw else None, "model-consistent adversary (W&P)")
+    tvd_vs_jsd(
+        ax,
+        [(r["lambda"], r["jsd_mean"], r["tvd_mean"]) for r in c["per_lambda"]],
+        (jw["jsd_mean"], jw["tvd_mean"]) if jw else None,
+        "model-consistent adversary (W&P)",
+    )
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)

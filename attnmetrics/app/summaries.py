@@ -26,8 +26,14 @@ def stats(x: np.ndarray) -> dict[str, float]:
     if x.size == 0:
         return {"n": 0, "mean": math.nan, "std": math.nan, "median": math.nan, "q1": math.nan, "q3": math.nan}
     q1, med, q3 = np.percentile(x, [25, 50, 75])
-    return {"n": int(x.size), "mean": float(x.mean()), "std": float(x.std()), "median": float(med),
-            "q1": float(q1), "q3": float(q3)}
+    return {
+        "n": int(x.size),
+        "mean": float(x.mean()),
+        "std": float(x.std()),
+        "median": float(med),
+        "q1": float(q1),
+        "q3": float(q3),
+    }
 
 
 def _by_class(x: np.ndarray, predicted: np.ndarray, class_names: Sequence[str]) -> dict[str, dict]:
@@ -63,7 +69,9 @@ def flip_summary(removed: np.ndarray, fraction: np.ndarray, lengths: np.ndarray)
     }
 
 
-def tau_summary(tau: np.ndarray, pvalue: np.ndarray, predicted: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
+def tau_summary(
+    tau: np.ndarray, pvalue: np.ndarray, predicted: np.ndarray, class_names: Sequence[str]
+) -> dict[str, Any]:
     """Kendall tau-b summary as J&W 2019 (sec. 4.1, Table 2): mean ± std and share with
     p <= 0.05, overall and per predicted class. Rows where tau is undefined (NaN: fewer
     than 2 tokens or all tied) are left out and counted."""
@@ -82,35 +90,58 @@ def tau_summary(tau: np.ndarray, pvalue: np.ndarray, predicted: np.ndarray, clas
     }
 
 
-def permutation_summary(median_tvd: np.ndarray, max_attention: np.ndarray, lengths: np.ndarray,
-                        predicted: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
+def permutation_summary(
+    median_tvd: np.ndarray,
+    max_attention: np.ndarray,
+    lengths: np.ndarray,
+    predicted: np.ndarray,
+    class_names: Sequence[str],
+) -> dict[str, Any]:
     """J&W 2019 (sec. 4.2, fig. 5): median output TVD under permuted attention, overall, per
     predicted class and by the instance's max attention. Rows with one token are left out."""
     ok = np.asarray(lengths) > 1
     tvd = np.where(ok, median_tvd, np.nan)
-    return {"overall": stats(tvd), "per_class": _by_class(tvd, predicted, class_names),
-            "by_max_attention": _by_max_attention(tvd, max_attention), "too_short": int((~ok).sum())}
+    return {
+        "overall": stats(tvd),
+        "per_class": _by_class(tvd, predicted, class_names),
+        "by_max_attention": _by_max_attention(tvd, max_attention),
+        "too_short": int((~ok).sum()),
+    }
 
 
-def adversarial_summary(max_jsd: np.ndarray, output_tvd: np.ndarray, max_attention: np.ndarray,
-                        lengths: np.ndarray, predicted: np.ndarray, class_names: Sequence[str]) -> dict[str, Any]:
+def adversarial_summary(
+    max_jsd: np.ndarray,
+    output_tvd: np.ndarray,
+    max_attention: np.ndarray,
+    lengths: np.ndarray,
+    predicted: np.ndarray,
+    class_names: Sequence[str],
+) -> dict[str, Any]:
     """J&W 2019 (sec. 4.3, figs. 6-7): max attention JSD within the output-TVD bound, overall,
     per predicted class and by max attention; the share that reaches JSD > 0.5 nats (of ln 2)."""
     ok = np.asarray(lengths) > 1
     jsd = np.where(ok, max_jsd, np.nan)
-    return {"overall": stats(jsd), "per_class": _by_class(jsd, predicted, class_names),
-            "by_max_attention": _by_max_attention(jsd, max_attention),
-            "share_above_0.5": float(np.nanmean(jsd > 0.5)) if ok.any() else math.nan,
-            "output_tvd": stats(np.where(ok, output_tvd, np.nan)), "too_short": int((~ok).sum())}
+    return {
+        "overall": stats(jsd),
+        "per_class": _by_class(jsd, predicted, class_names),
+        "by_max_attention": _by_max_attention(jsd, max_attention),
+        "share_above_0.5": float(np.nanmean(jsd > 0.5)) if ok.any() else math.nan,
+        "output_tvd": stats(np.where(ok, output_tvd, np.nan)),
+        "too_short": int((~ok).sum()),
+    }
 
 
-def single_removal_summary(jsd: Mapping[str, np.ndarray], flipped: Mapping[str, np.ndarray],
-                           lengths: np.ndarray) -> dict[str, Any]:
+def single_removal_summary(
+    jsd: Mapping[str, np.ndarray], flipped: Mapping[str, np.ndarray], lengths: np.ndarray
+) -> dict[str, Any]:
     """S&S 2019 (sec. 3): output JSD and flip rate after removing one weight, per choice of
     weight, and McNemar's exact test of top vs random flips on the same instances."""
     ok = np.asarray(lengths) > 1
     out: dict[str, Any] = {
-        which: {"jsd": stats(np.where(ok, j, np.nan)), "flip_rate": float(flipped[which][ok].mean()) if ok.any() else math.nan}
+        which: {
+            "jsd": stats(np.where(ok, j, np.nan)),
+            "flip_rate": float(flipped[which][ok].mean()) if ok.any() else math.nan,
+        }
         for which, j in jsd.items()
     }
     if "top" in jsd and "random" in jsd:

@@ -66,8 +66,13 @@ from attnmetrics.app.io import write_json_atomic, write_text_atomic
 from attnmetrics.app.parser import build_parser
 
 #: grid axis -> the run option it sets
-AXES = {"datasets": "dataset", "encoders": "encoder", "attentions": "attention", "regularisers": "regulariser",
-        "seeds": "seed"}
+AXES = {
+    "datasets": "dataset",
+    "encoders": "encoder",
+    "attentions": "attention",
+    "regularisers": "regulariser",
+    "seeds": "seed",
+}
 #: run options the sweep sets itself
 RESERVED = {"out", "overwrite", "no_progress", "data_dir", *AXES.values()}
 #: results.json "config" keys that may differ without making a finished cell stale
@@ -119,12 +124,18 @@ def _run_options() -> dict[str, argparse.Action]:
 def _flag(key: str, value, options: dict[str, argparse.Action], where: str) -> list[str]:
     dest = key.replace("-", "_")
     if dest in RESERVED:
-        raise ValueError(f"{where}: key {key!r} is set by the sweep itself"
-                         + (f"; use the grid axis {next(k for k, v in AXES.items() if v == dest)!r}"
-                            if dest in AXES.values() else ""))
+        raise ValueError(
+            f"{where}: key {key!r} is set by the sweep itself"
+            + (
+                f"; use the grid axis {next(k for k, v in AXES.items() if v == dest)!r}"
+                if dest in AXES.values()
+                else ""
+            )
+        )
     if dest not in options:
-        raise ValueError(f"{where}: unknown key {key!r}: neither a grid axis ({', '.join(AXES)}) nor an option of "
-                         f"'attnmetrics run'")
+        raise ValueError(
+            f"{where}: unknown key {key!r}: neither a grid axis ({', '.join(AXES)}) nor an option of 'attnmetrics run'"
+        )
     opt = options[dest].option_strings[-1]
     if isinstance(value, bool):
         return [opt] if value else []
@@ -201,8 +212,10 @@ def load_config(path: str | Path, out: Path | None = None, jobs: int | None = No
             if dest == "seed":
                 bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool)]
             if bad:
-                raise ValueError(f"[[grid]] {name!r}: axis {axis!r} has invalid values {bad}"
-                                 + (f"; choose from {sorted(choices)}" if choices and dest != "seed" else ""))
+                raise ValueError(
+                    f"[[grid]] {name!r}: axis {axis!r} has invalid values {bad}"
+                    + (f"; choose from {sorted(choices)}" if choices and dest != "seed" else "")
+                )
             axes[dest] = values
         flags = {k: v for k, v in {**defaults, **grid}.items() if k not in AXES and k != "name"}
         common = [f for k, v in flags.items() for f in _flag(k, v, options, f"[[grid]] {name!r}")]
@@ -224,8 +237,17 @@ def load_config(path: str | Path, out: Path | None = None, jobs: int | None = No
 
 def cell_command(cell: Cell, out: Path, overwrite: bool = False) -> list[str]:
     """The subprocess argv of one cell."""
-    return [sys.executable, "-m", "attnmetrics", "run", *cell.flags, "--out", str(cell.folder(out)),
-            "--no-progress", *(["--overwrite"] if overwrite else [])]
+    return [
+        sys.executable,
+        "-m",
+        "attnmetrics",
+        "run",
+        *cell.flags,
+        "--out",
+        str(cell.folder(out)),
+        "--no-progress",
+        *(["--overwrite"] if overwrite else []),
+    ]
 
 
 def _config_of(argv: list[str]) -> dict:
@@ -323,8 +345,11 @@ def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> i
     stale = {c for c in done if is_stale(c, out)}
     if stale and not overwrite:
         names = ", ".join(f"{c.grid}/{c.name}" for c in sorted(stale, key=lambda c: (c.grid, c.name))[:5])
-        print(f"attnmetrics sweep: {len(stale)} finished cell(s) in {out} were run with other flags than this "
-              f"config ({names}{', ...' if len(stale) > 5 else ''}); pass --overwrite to rerun them", file=sys.stderr)
+        print(
+            f"attnmetrics sweep: {len(stale)} finished cell(s) in {out} were run with other flags than this "
+            f"config ({names}{', ...' if len(stale) > 5 else ''}); pass --overwrite to rerun them",
+            file=sys.stderr,
+        )
         return 2
     with _folder_lock(out):
         write_text_atomic(out / "sweep.toml", sweep.text)
@@ -338,8 +363,13 @@ def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> i
                 runner.record(c, state="done", log=str(out / c.grid / f"{c.name}.log"))
         failed = 0
         handlers = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
-        bar = tqdm(total=len(sweep.cells), initial=len(sweep.cells) - len(todo), desc="sweep", unit="cell",
-                   disable=not progress)
+        bar = tqdm(
+            total=len(sweep.cells),
+            initial=len(sweep.cells) - len(todo),
+            desc="sweep",
+            unit="cell",
+            disable=not progress,
+        )
         pool = cf.ThreadPoolExecutor(sweep.jobs)
         try:
             futures = {pool.submit(runner.run, c, c in stale): c for c in todo}
@@ -359,8 +389,10 @@ def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> i
             bar.close()
             for s, h in handlers.items():
                 signal.signal(s, h)
-    print(f"attnmetrics sweep: {len(sweep.cells) - failed}/{len(sweep.cells)} cells done, {failed} failed",
-          file=sys.stderr)
+    print(
+        f"attnmetrics sweep: {len(sweep.cells) - failed}/{len(sweep.cells)} cells done, {failed} failed",
+        file=sys.stderr,
+    )
     return 1 if failed else 0
 
 

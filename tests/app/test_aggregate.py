@@ -42,8 +42,9 @@ def test_macro_f1_matches_sklearn():
         ref = f1_score(y, z, average="macro", labels=range(classes), zero_division=0)
         assert macro_f1(y, z, classes) == pytest.approx(ref)
     y, z = rng.integers(0, 3, (4, 30)), rng.integers(0, 3, (4, 30))  # vectorised over leading axes
-    np.testing.assert_allclose(macro_f1(y, z, 3), [f1_score(a, b, average="macro", labels=range(3), zero_division=0)
-                                                   for a, b in zip(y, z)])
+    np.testing.assert_allclose(
+        macro_f1(y, z, 3), [f1_score(a, b, average="macro", labels=range(3), zero_division=0) for a, b in zip(y, z)]
+    )
 
 
 def _distributions(rng, seeds, n, lengths):
@@ -83,8 +84,12 @@ def _cell(attention, seed, grid="g"):
 def _predictions(correct, labels):
     # one sigmoid output: logit > 0 decides class 1
     decision = np.where(correct, labels, 1 - labels)
-    return {"logits": np.where(decision == 1, 1.0, -1.0)[:, None].astype(np.float32), "labels": labels,
-            "lengths": np.full(len(labels), 5), "attention": np.full((len(labels), 5), 0.2, np.float32)}
+    return {
+        "logits": np.where(decision == 1, 1.0, -1.0)[:, None].astype(np.float32),
+        "labels": labels,
+        "lengths": np.full(len(labels), 5),
+        "attention": np.full((len(labels), 5), 0.2, np.float32),
+    }
 
 
 def test_mcnemar_pairs_learned_with_uniform_of_the_same_seed():
@@ -112,13 +117,19 @@ def test_group_spread_over_seeds_and_ci_over_seed_averaged_instances():
     per_instance[1, 1] = np.nan  # undefined in one seed: mean of the others
     for s in range(3):
         tvd = per_instance[s]
-        results = {"test": {"accuracy": 0.5 + s / 10, "macro_f1": 0.4},
-                   "permutation": {"overall": {"median": float(np.nanmedian(tvd))}},
-                   "instances": {"lengths": [5] * n, "permutation": {"median_tvd": [None if np.isnan(v) else v for v in tvd]}}}
+        results = {
+            "test": {"accuracy": 0.5 + s / 10, "macro_f1": 0.4},
+            "permutation": {"overall": {"median": float(np.nanmedian(tvd))}},
+            "instances": {"lengths": [5] * n, "permutation": {"median_tvd": [None if np.isnan(v) else v for v in tvd]}},
+        }
         members.append((s, results, None))
     g = aggregate_group(members)
     acc = g["statistics"]["test accuracy"]
-    assert acc["mean"] == pytest.approx(0.6) and acc["std"] == pytest.approx(0.1) and (acc["min"], acc["max"]) == (0.5, 0.7)
+    assert (
+        acc["mean"] == pytest.approx(0.6)
+        and acc["std"] == pytest.approx(0.1)
+        and (acc["min"], acc["max"]) == (0.5, 0.7)
+    )
     perm = g["statistics"]["permutation median TVD"]
     averaged = np.nanmean(per_instance[:, 1:], axis=0)
     assert perm["instances"] == n - 1

@@ -10,8 +10,25 @@ from tests.inputs import SST_DIR
 
 pytestmark = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason="real SST not found beside the project")
 
-QUICK = ["--dataset", "sst", "--data-dir", str(SST_DIR), "--limit", "160", "--epochs", "1", "--embeddings", "random",
-         "--embed-dim", "24", "--hidden-size", "16", "--no-progress", "--threads", "1"]
+QUICK = [
+    "--dataset",
+    "sst",
+    "--data-dir",
+    str(SST_DIR),
+    "--limit",
+    "160",
+    "--epochs",
+    "1",
+    "--embeddings",
+    "random",
+    "--embed-dim",
+    "24",
+    "--hidden-size",
+    "16",
+    "--no-progress",
+    "--threads",
+    "1",
+]
 FAST = ["--permutations", "20", "--adversarial-steps", "20"]
 
 
@@ -24,8 +41,15 @@ def run_dir(tmp_path_factory):
 
 def test_run_writes_a_complete_report(run_dir):
     names = {p.name for p in run_dir.iterdir()}
-    assert {"results.json", "report.md", "flip_fraction.png", "kendall_tau.png", "permutation.png",
-            "adversarial.png", "model"} <= names
+    assert {
+        "results.json",
+        "report.md",
+        "flip_fraction.png",
+        "kendall_tau.png",
+        "permutation.png",
+        "adversarial.png",
+        "model",
+    } <= names
     assert not [n for n in names if n.startswith(".")]  # no temporaries left
     results = json.loads((run_dir / "results.json").read_text())
     assert results["data"]["sizes"] == {"train": 160, "dev": 160, "test": 160}
@@ -52,7 +76,13 @@ def test_run_writes_a_complete_report(run_dir):
     assert {"top", "second", "lowest", "random", "top_vs_random"} <= set(single)
     assert 0 <= single["top_vs_random"]["mcnemar"]["pvalue"] <= 1
     report = (run_dir / "report.md").read_text()
-    for section in ("Decision flip", "Kendall", "Permuted attention", "Adversarial attention", "single attention weight"):
+    for section in (
+        "Decision flip",
+        "Kendall",
+        "Permuted attention",
+        "Adversarial attention",
+        "single attention weight",
+    ):
         assert section in report
 
 
@@ -71,8 +101,26 @@ def test_report_rerenders_from_results(run_dir):
 
 def test_evaluate_a_saved_model(run_dir, tmp_path):
     out = tmp_path / "eval"
-    assert main(["evaluate", str(run_dir), "--out", str(out), "--limit", "40", "--orders", "attention",
-                 "--skip", "permutation", "adversarial", "loo", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(run_dir),
+                "--out",
+                str(out),
+                "--limit",
+                "40",
+                "--orders",
+                "attention",
+                "--skip",
+                "permutation",
+                "adversarial",
+                "loo",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert set(results["flip"]) == {"attention"} and results["flip"]["attention"]["rows"] == 40
     assert "permutation" not in results and "adversarial" not in results

