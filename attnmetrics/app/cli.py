@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -242,8 +244,16 @@ def _report(args) -> int:
     return 0
 
 
+def _exit_on_sigterm(signum, frame):
+    # SIGTERM (a sweep stopping its cells, a scheduler's time limit) unwinds like Ctrl-C, so the
+    # run folder's claim is given back and partial outputs are named, instead of a silent kill.
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     if args.command == "report":
@@ -271,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("run", "train") and args.out is None:
         args.out = Path("runs") / f"{args.dataset.replace(':', '_')}-{args.encoder}"
     try:
-        with run_folder(args.out, args.overwrite) as folder:
+        protect = (args.model_run,) if args.command == "evaluate" else ()
+        with run_folder(args.out, args.overwrite, protect) as folder:
             if args.command == "evaluate":
                 ckpt = load_checkpoint(args.model_run / CHECKPOINT)
                 saved = ckpt.extra

@@ -62,7 +62,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from attnmetrics.app.io import write_json_atomic, write_text_atomic
+from attnmetrics.app.io import remove_abandoned_claim, write_json_atomic, write_text_atomic
 from attnmetrics.app.parser import build_parser
 
 #: grid axis -> the run option it sets
@@ -268,6 +268,8 @@ def clean_partial(cell: Cell, out: Path) -> list[Path]:
     leftovers = sorted((out / cell.grid).glob(f".{cell.name}.partial-*"))
     for p in leftovers:
         shutil.rmtree(p)
+    if remove_abandoned_claim(cell.folder(out)):  # claimed by a run killed before it finished
+        leftovers.append(cell.folder(out))
     return leftovers
 
 
