@@ -7,13 +7,14 @@ that is JIT-compiled on first import.
 
 from attnmetrics.adversarial import AdversarialResult, adversarial_attention
 from attnmetrics.distances import jsd, tvd
+from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
+from attnmetrics.importance import gradient_importance
+from attnmetrics.kendall import KendallTau, kendall_tau
+from attnmetrics.loo import leave_one_out
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.permutation import PermutationResult, permutation_test
-from attnmetrics.procedures import gradient_importance, leave_one_out
 from attnmetrics.protocol import AttentionClassifier
-from attnmetrics.ranking import KendallTau, kendall_tau
-from attnmetrics.removal import FlipResult, attention_gradient, flip_fraction
-from attnmetrics.single import SingleRemovalResult, single_removal
+from attnmetrics.single_removal import SingleRemovalResult, single_removal
 
 __version__ = "0.1.0"
 

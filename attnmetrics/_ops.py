@@ -1,4 +1,4 @@
-"""Builds the C++ extension once per process and registers the ops' fake impls.
+"""Builds the C++ extension once per process (fake impls: :mod:`attnmetrics._fake`).
 
 The sources ship inside the package (``attnmetrics/csrc``) and are compiled on first
 use by ``torch.utils.cpp_extension.load`` (ninja). The build is cached in
@@ -43,8 +43,17 @@ CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++17"]  # -fopenmp: at::parallel_for runs
 # same bits on both (flip decisions, tau) up to the math library (log, erf/erfc).
 NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false"]
 
-_OPS = ("tvd", "jsd", "kendall_tau", "flip_search_linear", "renormalised_contexts",
-        "attention_permutations", "permutation_tvd_linear", "project_prefix", "leave_one_out_batch")
+_OPS = (
+    "tvd",
+    "jsd",
+    "kendall_tau",
+    "flip_search_linear",
+    "renormalised_contexts",
+    "attention_permutations",
+    "permutation_tvd_linear",
+    "project_prefix",
+    "leave_one_out_batch",
+)
 
 
 def _sources(with_cuda: bool = False) -> list[str]:
@@ -76,8 +85,10 @@ def _want_cuda() -> tuple[bool, str | None]:
         return False, None
     if not torch.cuda.is_available():
         if mode == "1":
-            raise RuntimeError("ATTNMETRICS_CUDA=1 asks for the CUDA kernels, but torch sees no CUDA GPU "
-                               f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+            raise RuntimeError(
+                "ATTNMETRICS_CUDA=1 asks for the CUDA kernels, but torch sees no CUDA GPU "
+                f"(torch {torch.__version__}, CUDA {torch.version.cuda})"
+            )
         return False, None
     if find_nvcc() is None:
         why = (
@@ -96,6 +107,7 @@ def _register_cuda_stubs(why: str) -> None:
     global _stub_library
     _stub_library = torch.library.Library("attnmetrics", "IMPL")  # kept alive: owns the impls
     for name in _OPS:
+
         def stub(*args, _name=name):
             raise RuntimeError(
                 f"attnmetrics::{_name} got CUDA tensors, but attnmetrics was built without its "
@@ -137,53 +149,4 @@ def load() -> None:
 load()
 ops = torch.ops.attnmetrics
 
-
-# Fake impls: shapes and dtypes only, so torch.compile can trace through the ops.
-
-@torch.library.register_fake("attnmetrics::tvd")
-def _tvd_fake(p, q):
-    return p.new_empty(p.shape[:-1])
-
-
-@torch.library.register_fake("attnmetrics::jsd")
-def _jsd_fake(p, q):
-    return p.new_empty(p.shape[:-1])
-
-
-@torch.library.register_fake("attnmetrics::kendall_tau")
-def _kendall_tau_fake(x, y, lengths):
-    return x.new_empty(x.shape[:1]), x.new_empty(x.shape[:1])
-
-
-@torch.library.register_fake("attnmetrics::flip_search_linear")
-def _flip_search_linear_fake(attention, projected, bias, order, lengths):
-    b = attention.shape[:1]
-    return attention.new_empty(b, dtype=torch.int64), attention.new_empty(b)
-
-
-@torch.library.register_fake("attnmetrics::renormalised_contexts")
-def _renormalised_contexts_fake(attention, values, order, lengths, offsets):
-    n = torch.library.get_ctx().new_dynamic_size()
-    return values.new_empty(n, values.shape[-1])
-
-
-@torch.library.register_fake("attnmetrics::attention_permutations")
-def _attention_permutations_fake(lengths, width, permutations, seed, row_offset=0, permutation_offset=0):
-    return lengths.new_empty((lengths.shape[0], permutations, width), dtype=torch.int64)
-
-
-@torch.library.register_fake("attnmetrics::permutation_tvd_linear")
-def _permutation_tvd_linear_fake(attention, projected, bias, lengths, permutations, seed, row_offset=0):
-    b = attention.shape[0]
-    return attention.new_empty(b), attention.new_empty(b, permutations)
-
-
-
-@torch.library.register_fake("attnmetrics::project_prefix")
-def _project_prefix_fake(values, weight, lengths):
-    return values.new_empty(values.shape[0], values.shape[1], weight.shape[0])
-@torch.library.register_fake("attnmetrics::leave_one_out_batch")
-def _leave_one_out_batch_fake(tokens, lengths, lead, trail, mask_token=None, pad=0):
-    ctx = torch.library.get_ctx()
-    n, width = ctx.new_dynamic_size(), ctx.new_dynamic_size()
-    return tokens.new_empty(n, width), lengths.new_empty(n), lengths.new_empty(n)
+from attnmetrics import _fake  # noqa: E402, F401  (registers the fake impls once the schemas exist)

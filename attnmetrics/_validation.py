@@ -1,4 +1,5 @@
-"""Input checks shared by the public API: clear ValueErrors before any kernel runs.
+"""Input checks shared by the public API: clear ValueErrors before any kernel runs, and the one
+default memory budget of every chunked op.
 
 Checks of values read the device once per check (one small tensor copied back), so CUDA
 inputs wait for their stream once rather than once per condition.
@@ -9,7 +10,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnmetrics._decoder import is_plain_linear
+from attnmetrics.protocol import token_mask
+
 FLOAT_DTYPES = (torch.float32, torch.float64)
+
+#: Default bound, in bytes, on what one chunk of an op holds (its copies, contexts and
+#: model activations); every ``memory_budget`` argument defaults to it.
+DEFAULT_MEMORY_BUDGET = 256 * 2**20
 
 
 def check_float(name: str, x: Tensor) -> None:
@@ -49,11 +57,6 @@ def check_lengths(lengths: Tensor | None, batch: int, width: int, device: torch.
     return lengths.to(torch.int64).contiguous()
 
 
-def valid_mask(lengths: Tensor, width: int) -> Tensor:
-    """[B, T] bool, True on each row's valid prefix."""
-    return torch.arange(width, device=lengths.device) < lengths[:, None]
-
-
 def check_attention(attention: Tensor, lengths: Tensor, atol: float = 1e-4) -> None:
     """Attention [B, T]: finite, non-negative, each non-empty row summing to 1 over its prefix.
 
@@ -65,7 +68,7 @@ def check_attention(attention: Tensor, lengths: Tensor, atol: float = 1e-4) -> N
         raise ValueError(f"attention must have shape [B, T], got {list(attention.shape)}")
     if attention.shape[0] == 0:
         raise ValueError("attention is an empty batch (B = 0)")
-    mask = valid_mask(lengths, attention.shape[1])
+    mask = token_mask(lengths, attention.shape[1])
     real = attention.masked_fill(~mask, 0)
     sums = real.sum(1, dtype=torch.float64)
     bad = (lengths > 0) & ((sums - 1).abs() > atol)
@@ -82,3 +85,74 @@ def check_attention(attention: Tensor, lengths: Tensor, atol: float = 1e-4) -> N
             f"attention rows must sum to 1 over their first lengths[b] items "
             f"(rejected, not renormalised): row {i} sums to {float(sums[i]):.6g}"
         )
+
+
+def check_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> Tensor:
+    """Validate attention [B, T] and values [B, T, H]; return lengths [B] int64."""
+    check_float("attention", attention)
+    check_float("values", values)
+    if attention.dim() != 2:
+        raise ValueError(f"attention must have shape [B, T], got {list(attention.shape)}")
+    if values.dim() != 3 or values.shape[:2] != attention.shape:
+        raise ValueError(
+            f"values must have shape [B, T, H] = [{attention.shape[0]}, {attention.shape[1]}, H] "
+            f"like attention, got {list(values.shape)}"
+        )
+    if values.dtype != attention.dtype:
+        raise ValueError(f"values dtype {values.dtype} differs from attention dtype {attention.dtype}")
+    check_same_device(attention=attention, values=values)
+    lengths = check_lengths(lengths, attention.shape[0], attention.shape[1], attention.device)
+    check_attention(attention, lengths)
+    return lengths
+
+
+def check_decoder(decoder, values: Tensor) -> None:
+    """A callable [N, H] -> [N, C]; a plain ``nn.Linear`` must match values' H, dtype and device."""
+    if not callable(decoder):
+        raise TypeError(f"decoder must be callable [N, H] -> [N, C], got {type(decoder).__name__}")
+    if is_plain_linear(decoder):
+        h = values.shape[2]
+        if decoder.in_features != h:
+            raise ValueError(f"decoder is an nn.Linear with in_features {decoder.in_features}, but values have H = {h}")
+        w = decoder.weight
+        if w.dtype != values.dtype or w.device != values.device:
+            raise ValueError(
+                f"decoder weight is {w.dtype} on {w.device}, values are {values.dtype} on "
+                f"{values.device}; they must match"
+            )
+
+
+def check_logits(
+    logits,
+    n: int | None = None,
+    classes: int | None = None,
+    *,
+    source: str = "decoder",
+    inputs: str = "contexts [N, H]",
+    on: str = "",
+    hint: str = "",
+) -> Tensor:
+    """The one logits check: ``logits`` if they are [N, C] (N = ``n`` and C = ``classes`` when
+    given) and finite, else ValueError. ``source`` (decoder, model) and ``inputs`` name what
+    was called on what; ``on`` and ``hint`` extend the messages. With ``n=None`` only the shape
+    is checked (logits given by a user, not returned by a call)."""
+    if n is None:
+        if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[1] < 1:
+            got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+            raise ValueError(f"{source} must return logits of shape [N, C] with C >= 1, got {got}")
+        return logits
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or logits.shape[1] < 1:
+        got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"{source} must map {inputs} to logits [N, C] with N = {n}, got {got}")
+    if classes is not None and logits.shape[1] != classes:
+        raise ValueError(f"{source} returned C = {logits.shape[1]} classes{on}, earlier C = {classes}")
+    if not torch.isfinite(logits).all():
+        raise ValueError(f"{source} returned NaN or infinite logits{on}{hint}")
+    return logits
+
+
+def check_budget(memory_budget) -> int:
+    """A positive int number of bytes."""
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
+        raise ValueError(f"memory_budget must be a positive int (bytes), got {memory_budget!r}")
+    return memory_budget

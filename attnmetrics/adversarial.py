@@ -1,4 +1,4 @@
-"""Adversarial attention search (J&W 2019, sec. 4.3; DESIGN §4 "Adversarial attention").
+"""Adversarial attention search (J&W 2019, sec. 4.3; docs/definitions.md §10).
 
 For each instance, K candidate attention distributions over its real tokens are
 optimised with Adam, the model frozen, to be far (JSD) from the original attention
@@ -17,19 +17,18 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnmetrics._validation import valid_mask
+from attnmetrics._decoder import Decoder, is_plain_linear, project
+from attnmetrics._validation import (
+    DEFAULT_MEMORY_BUDGET,
+    check_budget,
+    check_decoder,
+    check_inputs,
+    check_logits,
+)
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.outputs import output_distribution
-from attnmetrics.removal import (
-    _DEFAULT_BUDGET,
-    Decoder,
-    _check_budget,
-    _check_decoder,
-    _check_inputs,
-    _check_logits,
-    _is_plain_linear,
-    _project,
-)
+from attnmetrics.protocol import token_mask
+
 
 class AdversarialResult(NamedTuple):
     """Per-row outcome of :func:`adversarial_attention`.
@@ -81,15 +80,13 @@ def _chunks(lens: list[int], row_bytes, budget: int):
     the chunk's (largest, last) length; at least one row."""
     s, n = 0, len(lens)
     while s < n:
-        fits = bisect.bisect_right(range(s + 1, n + 1), budget,
-                                   key=lambda e: (e - s) * row_bytes(lens[e - 1]))
+        fits = bisect.bisect_right(range(s + 1, n + 1), budget, key=lambda e: (e - s) * row_bytes(lens[e - 1]))
         e = max(s + 1, s + fits)
         yield s, e
         s = e
 
 
-def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | None,
-             classes: list[int]) -> Tensor:
+def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | None, classes: list[int]) -> Tensor:
     """Output distributions [n, K, C'] for attention a [n, K, W] over feats [n, W, F]:
     projected values plus bias (linear decoder) or decoder(contexts)."""
     mixed = torch.bmm(a, feats)
@@ -97,7 +94,7 @@ def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | N
     if decoder is None:
         logits = (mixed + bias).reshape(n * k, f)
     else:
-        logits = _check_logits(decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None)
+        logits = check_logits(decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None)
         classes[:] = [logits.shape[1]]
     return output_distribution(logits).view(n, k, -1)
 
@@ -109,8 +106,7 @@ def _mixture_xlogx(p: Tensor, q: Tensor) -> Tensor:
     return (m * m.clamp_min(torch.finfo(m.dtype).tiny).log()).sum(-1)
 
 
-def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes,
-          pair_i, pair_j, penalty, margin) -> Tensor:
+def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes, pair_i, pair_j, penalty, margin) -> Tensor:
     """Sum over rows of -mean_k JSD(a_k, alpha) + penalty * mean_k ReLU(TVD_k - margin)
     - mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, W].
 
@@ -128,14 +124,24 @@ def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes,
     return loss.sum()
 
 
-def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
-                          lengths: Tensor | None = None, *,
-                          candidates: int = 5, steps: int = 500, lr: float = 0.01,
-                          tvd_penalty: float = 500.0, tvd_margin: float = 0.01,
-                          tvd_threshold: float = 0.05, init_std: float = 3.0,
-                          amsgrad: bool = False, generator: torch.Generator | None = None,
-                          memory_budget: int = _DEFAULT_BUDGET) -> AdversarialResult:
-    """Most different attention that keeps the output (J&W 2019, sec. 4.3; DESIGN §4).
+def adversarial_attention(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    *,
+    candidates: int = 5,
+    steps: int = 500,
+    lr: float = 0.01,
+    tvd_penalty: float = 500.0,
+    tvd_margin: float = 0.01,
+    tvd_threshold: float = 0.05,
+    init_std: float = 3.0,
+    amsgrad: bool = False,
+    generator: torch.Generator | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> AdversarialResult:
+    """Most different attention that keeps the output (J&W 2019, sec. 4.3; docs/definitions.md §10).
 
     Per row with L = ``lengths[b]`` >= 2 real tokens and original attention alpha:
     K = ``candidates`` logit vectors ``z_k`` start at ``log(1/L) + init_std * noise[b, k, :L]``
@@ -201,9 +207,9 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
         >>> bool(res.max_jsd[0] > 0.5), float(res.output_tvd[0])
         (True, 0.0)
     """
-    lengths = _check_inputs(attention, values, lengths)
-    _check_decoder(decoder, values)
-    budget = _check_budget(memory_budget)
+    lengths = check_inputs(attention, values, lengths)
+    check_decoder(decoder, values)
+    budget = check_budget(memory_budget)
     k = _check_int("candidates", candidates, 1)
     steps = _check_int("steps", steps, 0)
     lr = _check_real("lr", lr, positive=True)
@@ -224,15 +230,15 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
     dtype, device, item = attention.dtype, attention.device, values.element_size()
     noise = torch.randn((batch, k, width), generator=generator, dtype=dtype, device=device)
 
-    mask = valid_mask(lengths, width)
+    mask = token_mask(lengths, width)
     out_att = attention.masked_fill(~mask, 0.0)
     out_jsd = attention.new_zeros(batch)
     out_tvd = attention.new_zeros(batch)
 
-    linear = _is_plain_linear(decoder)
+    linear = is_plain_linear(decoder)
     if linear:
         with torch.no_grad():
-            feats_all = _project(values, decoder.weight, lengths, budget)
+            feats_all = project(values, decoder.weight, lengths, budget)
         c = feats_all.shape[2]
         bias = decoder.bias.detach() if decoder.bias is not None else feats_all.new_zeros(c)
         head, out_width = None, c
@@ -262,8 +268,9 @@ def adversarial_attention(attention: Tensor, values: Tensor, decoder: Decoder,
         opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad)
         with torch.enable_grad():
             for _ in range(steps):
-                loss = _loss(z, valid, alpha, alpha_xlogx, y0, feats, head, bias, classes,
-                             pair_i, pair_j, penalty, margin)
+                loss = _loss(
+                    z, valid, alpha, alpha_xlogx, y0, feats, head, bias, classes, pair_i, pair_j, penalty, margin
+                )
                 (z.grad,) = torch.autograd.grad(loss, [z])
                 opt.step()
 

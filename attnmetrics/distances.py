@@ -119,9 +119,7 @@ def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
         try:
             shape = torch.broadcast_shapes(p.shape, q.shape)
         except RuntimeError:
-            raise ValueError(
-                f"p and q must be broadcastable, got shapes {list(p.shape)} and {list(q.shape)}"
-            ) from None
+            raise ValueError(f"p and q must be broadcastable, got shapes {list(p.shape)} and {list(q.shape)}") from None
         p, q = p.expand(shape), q.expand(shape)
     if not -len(shape) <= dim < len(shape):
         raise ValueError(f"dim must lie in [{-len(shape)}, {len(shape) - 1}] for shape {list(shape)}, got {dim}")

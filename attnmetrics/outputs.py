@@ -1,4 +1,4 @@
-"""From decoder logits to output distributions and decisions (DESIGN §2).
+"""From decoder logits to output distributions and decisions (docs/definitions.md §1).
 
 ``C >= 2`` logits are softmax classes; ``C == 1`` is one sigmoid output for a binary
 task (as in J&W 2019), whose distribution is ``(1 - p, p)``. The decision is the
@@ -10,10 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def check_logits(logits: Tensor) -> None:
-    if logits.dim() != 2 or logits.shape[1] < 1:
-        raise ValueError(f"decoder must return logits of shape [N, C] with C >= 1, got {list(logits.shape)}")
+from attnmetrics._validation import check_logits
 
 
 def output_distribution(logits: Tensor) -> Tensor:

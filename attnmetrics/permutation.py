@@ -1,4 +1,4 @@
-"""Permutation test (J&W 2019, sec. 4.2; DESIGN §4 "Permutation").
+"""Permutation test (J&W 2019, sec. 4.2; docs/definitions.md §9).
 
 Encode once; shuffle each row's attention weights among its real tokens while the
 hidden states stay in place (context ``sum_t alpha_{pi(t)} h_t``), re-run the layers
@@ -19,21 +19,19 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnmetrics._validation import check_lengths, valid_mask
+from attnmetrics._decoder import Decoder, is_plain_linear, project, rows_per_chunk
+from attnmetrics._ops import ops
+from attnmetrics._validation import (
+    DEFAULT_MEMORY_BUDGET,
+    check_budget,
+    check_decoder,
+    check_inputs,
+    check_lengths,
+    check_logits,
+)
 from attnmetrics.distances import tvd
 from attnmetrics.outputs import output_distribution
-from attnmetrics.removal import (
-    _DEFAULT_BUDGET,
-    Decoder,
-    _check_budget,
-    _check_decoder,
-    _check_inputs,
-    _check_logits,
-    _is_plain_linear,
-    _ops,
-    _project,
-    _rows_per_chunk,
-)
+from attnmetrics.protocol import token_mask
 
 
 class PermutationResult(NamedTuple):
@@ -63,8 +61,9 @@ def _check_int(name: str, value, low: int) -> int:
     return value
 
 
-def attention_permutations(lengths: Tensor, width: int, permutations: int, seed: int, *,
-                           row_offset: int = 0, permutation_offset: int = 0) -> Tensor:
+def attention_permutations(
+    lengths: Tensor, width: int, permutations: int, seed: int, *, row_offset: int = 0, permutation_offset: int = 0
+) -> Tensor:
     """The random permutations a permutation test with ``seed`` applies.
 
     Args:
@@ -96,8 +95,7 @@ def attention_permutations(lengths: Tensor, width: int, permutations: int, seed:
         got = list(lengths.shape) if isinstance(lengths, Tensor) else type(lengths).__name__
         raise ValueError(f"lengths must be a [B] integer tensor, got {got}")
     lengths = check_lengths(lengths, lengths.shape[0], width, lengths.device)
-    return _ops().attention_permutations(lengths, width, permutations, seed, row_offset,
-                                         permutation_offset)
+    return ops.attention_permutations(lengths, width, permutations, seed, row_offset, permutation_offset)
 
 
 def _median(x: Tensor) -> Tensor:
@@ -107,8 +105,9 @@ def _median(x: Tensor) -> Tensor:
     return (s[:, (n - 1) // 2] + s[:, n // 2]) / 2
 
 
-def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor,
-             permutations: int, seed: int, budget: int) -> Tensor:
+def _general(
+    attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, permutations: int, seed: int, budget: int
+) -> Tensor:
     """Output TVD [B, P] (float64) with any decoder. Per chunk of rows: the permutations
     (kernel), the permuted weights by gather, the original and every permuted context of a
     row in one batched matmul (row b: ``[P + 1, T] @ [T, H]``), decoded in batched calls."""
@@ -119,15 +118,14 @@ def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tenso
     # about half the budget; the decoder is fed slices of an eighth, leaving room for its
     # own activations (a few times its input).
     row_bytes = p1 * width * (8 + item) + width * hidden * item + p1 * hidden * item
-    rows = _rows_per_chunk(row_bytes, budget // 2)
+    rows = rows_per_chunk(row_bytes, budget // 2)
     call_rows = max(1, budget // (8 * hidden * item))
-    ops = _ops()
     classes: list[int] = []
     result = torch.empty(batch, permutations, dtype=torch.float64, device=values.device)
     for s in range(0, batch, rows):
         e = min(batch, s + rows)
         n, lens = e - s, lengths[s:e]
-        mask = valid_mask(lens, width)
+        mask = token_mask(lens, width)
         alpha = attention[s:e].masked_fill(~mask, 0)
         h = values[s:e].masked_fill(~mask[..., None], 0)  # padding never enters a context
         perms = ops.attention_permutations(lens, width, permutations, seed, s, 0)
@@ -138,8 +136,8 @@ def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tenso
             raise ValueError("values must be finite on each row's valid prefix")
         dists = []
         for c in range(0, n * p1, call_rows):
-            part = contexts[c:c + call_rows]
-            logits = _check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
+            part = contexts[c : c + call_rows]
+            logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
             classes[:] = [logits.shape[1]]
             dists.append(output_distribution(logits.to(torch.float64)))
         dist = torch.cat(dists).view(n, p1, -1)
@@ -147,13 +145,20 @@ def _general(attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tenso
     return result
 
 
-def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
-                     lengths: Tensor | None = None, *, permutations: int = 100,
-                     generator: torch.Generator | None = None, return_all: bool = False,
-                     memory_budget: int = _DEFAULT_BUDGET) -> PermutationResult:
+def permutation_test(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    *,
+    permutations: int = 100,
+    generator: torch.Generator | None = None,
+    return_all: bool = False,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> PermutationResult:
     """Median output TVD over random permutations of the attention (J&W 2019, sec. 4.2).
 
-    Definition (DESIGN §4): the hidden states are encoded once; for each row (valid
+    Definition (docs/definitions.md §9): the hidden states are encoded once; for each row (valid
     prefix of length L) and each of ``permutations`` uniformly random permutations pi
     of ``0 .. L-1``, the context ``sum_t alpha_{pi(t)} h_t`` is decoded and the output
     distribution compared with the original one (the unpermuted context
@@ -211,9 +216,9 @@ def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
         >>> res.median_tvd.shape, res.median_tvd[1].item(), res.max_attention.tolist()
         (torch.Size([2]), 0.0, [0.9, 1.0])
     """
-    lengths = _check_inputs(attention, values, lengths)
-    _check_decoder(decoder, values)
-    budget = _check_budget(memory_budget)
+    lengths = check_inputs(attention, values, lengths)
+    check_decoder(decoder, values)
+    budget = check_budget(memory_budget)
     permutations = _check_int("permutations", permutations, 1)
     if not isinstance(return_all, bool):
         raise ValueError(f"return_all must be a bool, got {return_all!r}")
@@ -223,23 +228,24 @@ def permutation_test(attention: Tensor, values: Tensor, decoder: Decoder,
     batch, width, _ = values.shape
 
     with torch.no_grad():
-        if _is_plain_linear(decoder):
-            projected = _project(values, decoder.weight, lengths, budget)
+        if is_plain_linear(decoder):
+            projected = project(values, decoder.weight, lengths, budget)
             if decoder.bias is None:
                 bias = projected.new_zeros(projected.shape[2])
             else:
                 bias = decoder.bias.detach().contiguous()
                 if not torch.isfinite(bias).all():
                     raise ValueError("decoder bias must be finite")
-            median, tvds = _ops().permutation_tvd_linear(attention.contiguous(), projected, bias,
-                                                         lengths, permutations, seed)
+            median, tvds = ops.permutation_tvd_linear(
+                attention.contiguous(), projected, bias, lengths, permutations, seed
+            )
         else:
             tvds = _general(attention, values, decoder, lengths, permutations, seed, budget)
             tvds[lengths <= 1] = 0  # equal contexts; a batched decoder call may round them apart
             median = _median(tvds).to(attention.dtype)
             tvds = tvds.to(attention.dtype)
         if width:
-            real = attention.masked_fill(~valid_mask(lengths, width), -torch.inf)
+            real = attention.masked_fill(~token_mask(lengths, width), -torch.inf)
             top = torch.where(lengths > 0, real.amax(1), torch.nan)
         else:
             top = attention.new_full((batch,), torch.nan)

@@ -1,4 +1,5 @@
-"""The small protocol that any attention classifier implements for the procedures.
+"""The small protocol that any attention classifier implements for the procedures, and one
+forward pass through it.
 
 embed -> encode -> attend -> decode (J&W 2019, sec. 2). ``lengths`` counts every
 position of a row, special tokens included; ``attend`` returns attention that is
@@ -9,8 +10,10 @@ special positions (``<SOS>``/``<EOS>``) at each end.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import NamedTuple, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 
@@ -37,3 +40,41 @@ class AttentionClassifier(Protocol):
     #   ``lengths[rows[i]] - 1``); lets a model reuse the work a deletion leaves unchanged.
     #   The returned callable may carry ``position_bytes`` (int): about what a call holds per
     #   position of its deletions, by which leave_one_out sizes the calls to its memory budget.
+
+
+def token_mask(lengths: Tensor, width: int, lead: int = 0, trail: int = 0) -> Tensor:
+    """The one mask helper: lengths [B] -> [B, T] bool, True at ``lead <= t < lengths - trail``.
+
+    With the defaults, each row's valid prefix; with a model's ``lead``/``trail``, its real
+    tokens (special positions excluded).
+    """
+    t = torch.arange(width, device=lengths.device)
+    if not lead:
+        return t < (lengths - trail)[:, None]
+    return (t >= lead) & (t < (lengths - trail)[:, None])
+
+
+class Forward(NamedTuple):
+    """One forward pass over the real tokens; per-token tensors are [B, T_real]."""
+
+    attention: Tensor  # [B, T_real], sums to 1 over each row's real tokens
+    hidden: Tensor  # [B, T_real, H], the vectors attention averages
+    lengths: Tensor  # [B] int64, number of real tokens
+    logits: Tensor  # [B, C]
+
+
+def real_tokens(x: Tensor, lengths: Tensor, model: AttentionClassifier) -> tuple[Tensor, Tensor]:
+    """Slice ``x`` [B, T, ...] to the real tokens: ``x[:, lead:]`` with ``lengths - lead - trail``."""
+    return x[:, model.lead :], lengths - model.lead - model.trail
+
+
+@torch.no_grad()
+def forward(model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> Forward:
+    """Run the model once and return what the faithfulness tests need, real tokens only."""
+    hidden = model.encode(model.embed(tokens), lengths)
+    attention = model.attend(hidden, lengths)
+    context = torch.einsum("bt,bth->bh", attention, hidden)
+    logits = model.decoder(context)
+    attention, real = real_tokens(attention, lengths, model)
+    hidden, _ = real_tokens(hidden, lengths, model)
+    return Forward(attention.contiguous(), hidden.contiguous(), real, logits)

@@ -8,7 +8,6 @@ beyond what the papers' code used.
 from __future__ import annotations
 
 # ---- distances and rank correlation (J&W 2019) -------------------------------------------
-
 import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -52,9 +51,8 @@ def kendall_tau_reference(x: torch.Tensor, y: torch.Tensor, lengths: torch.Tenso
 
 import math  # noqa: E402  (imports kept inside this section)
 
-
+from attnmetrics.flip import FlipResult  # noqa: E402
 from attnmetrics.outputs import decision, output_distribution  # noqa: E402
-from attnmetrics.removal import FlipResult  # noqa: E402
 
 
 def _flip_result(removed, lengths, mass, dtype):
@@ -95,7 +93,7 @@ def _reference_scores(order, attention, values, decoder, lengths):
 
 
 def flip_fraction_reference(attention, values, decoder, lengths, order="attention"):
-    """S&S 2019 flip search, one row and one removal step at a time (DESIGN §4).
+    """S&S 2019 flip search, one row and one removal step at a time (docs/definitions.md §4).
 
     For each row: sort its valid prefix by score (descending, ties to the lower index);
     for k = 1 .. L-1 zero the next weight, renormalise the rest to sum to 1 (a zero
@@ -190,10 +188,23 @@ def flip_search_sequential(attention, values, decoder, lengths, order_scores="at
 from attnmetrics.adversarial import AdversarialResult  # noqa: E402
 
 
-def adversarial_attention_reference(attention, values, decoder, lengths=None, *, candidates=5, steps=500,
-                                    lr=0.01, tvd_penalty=500.0, tvd_margin=0.01, tvd_threshold=0.05,
-                                    init_std=3.0, amsgrad=False, generator=None):
-    """J&W 2019 sec. 4.3 adversarial search, one instance at a time (DESIGN §4).
+def adversarial_attention_reference(
+    attention,
+    values,
+    decoder,
+    lengths=None,
+    *,
+    candidates=5,
+    steps=500,
+    lr=0.01,
+    tvd_penalty=500.0,
+    tvd_margin=0.01,
+    tvd_threshold=0.05,
+    init_std=3.0,
+    amsgrad=False,
+    generator=None,
+):
+    """J&W 2019 sec. 4.3 adversarial search, one instance at a time (docs/definitions.md §10).
 
     The initial noise is drawn for the whole batch first, ``torch.randn((B, K, T))`` from
     ``generator`` in the attention dtype, and row b takes ``noise[b, :, :L]``. For each row
@@ -281,7 +292,7 @@ def permutation_test_reference(attention, values, decoder, lengths, permutations
 
 # ---- single removal (S&S 2019) -------------------------------------------------------------
 
-from attnmetrics.single import SingleRemovalResult  # noqa: E402
+from attnmetrics.single_removal import SingleRemovalResult  # noqa: E402
 
 
 def single_removal_reference(attention, values, decoder, lengths, which="top"):
@@ -303,8 +314,11 @@ def single_removal_reference(attention, values, decoder, lengths, which="top"):
             w = attention[b, :n]
             by_weight = sorted(range(n), key=lambda t: (-float(w[t]), t))  # descending, ties by index
             if isinstance(which, str):
-                i = {"top": by_weight[0], "second": by_weight[1],
-                     "lowest": min(range(n), key=lambda t: (float(w[t]), t))}[which]
+                i = {
+                    "top": by_weight[0],
+                    "second": by_weight[1],
+                    "lowest": min(range(n), key=lambda t: (float(w[t]), t)),
+                }[which]
             else:
                 i = int(which[b])
             h = values[b, :n]
@@ -320,14 +334,15 @@ def single_removal_reference(attention, values, decoder, lengths, which="top"):
             positions.append(i)
             weights.append(float(w[i]))
     dtype = attention.dtype
-    return SingleRemovalResult(torch.tensor(jsds, dtype=torch.float64).to(dtype), torch.tensor(flips),
-                               torch.tensor(positions, dtype=torch.int64),
-                               torch.tensor(weights, dtype=torch.float64).to(dtype))
+    return SingleRemovalResult(
+        torch.tensor(jsds, dtype=torch.float64).to(dtype),
+        torch.tensor(flips),
+        torch.tensor(positions, dtype=torch.int64),
+        torch.tensor(weights, dtype=torch.float64).to(dtype),
+    )
 
 
 # ---- leave-one-out (J&W 2019) --------------------------------------------------------------
-
-
 
 
 def _loo_distribution(model, tokens, lengths):
@@ -339,7 +354,7 @@ def _loo_distribution(model, tokens, lengths):
 
 
 def leave_one_out_reference(model, tokens, lengths, mode="delete", mask_token=None):
-    """J&W 2019 sec. 4.1 leave-one-out, one sequence at a time (DESIGN §4).
+    """J&W 2019 sec. 4.1 leave-one-out, one sequence at a time (docs/definitions.md §7).
 
     For each row b (length L, special tokens included) and each real position
     t = lead .. L - trail - 1: build that row's sequence with t deleted (``mode="delete"``,

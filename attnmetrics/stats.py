@@ -70,8 +70,9 @@ def mcnemar(a, b) -> McNemar:
     return McNemar(b01, b10, float(binomtest(b01, b01 + b10, 0.5).pvalue))
 
 
-def bootstrap_ci(data, statistic, confidence: float = 0.95, n_resamples: int = 9999,
-                 seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    data, statistic, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap confidence interval over instances, through ``scipy.stats.bootstrap``.
 
     Args:
@@ -91,8 +92,17 @@ def bootstrap_ci(data, statistic, confidence: float = 0.95, n_resamples: int = 9
     data = tuple(np.asarray(d) for d in (data if isinstance(data, tuple) else (data,)))
     if data[0].shape[-1] < 2:
         return float("nan"), float("nan")
-    res = bootstrap(data, statistic, n_resamples=n_resamples, confidence_level=confidence, paired=len(data) > 1,
-                    vectorized=True, axis=-1, method="percentile", rng=np.random.default_rng(seed))
+    res = bootstrap(
+        data,
+        statistic,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        paired=len(data) > 1,
+        vectorized=True,
+        axis=-1,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
@@ -144,8 +154,10 @@ def seed_variance(attention, logits) -> SeedVariance:
     a = torch.as_tensor(np.asarray(attention), dtype=torch.float64)
     z = torch.as_tensor(np.asarray(logits), dtype=torch.float64)
     if a.dim() != 3 or z.dim() != 3 or a.shape[0] < 2 or a.shape[:2] != z.shape[:2]:
-        raise ValueError(f"attention must be [S, N, T] and logits [S, N, C] with S >= 2 and one S, N; "
-                         f"got {list(a.shape)} and {list(z.shape)}")
+        raise ValueError(
+            f"attention must be [S, N, T] and logits [S, N, C] with S >= 2 and one S, N; "
+            f"got {list(a.shape)} and {list(z.shape)}"
+        )
     p = torch.stack([output_distribution(zs) for zs in z])
     jsds = jsd(a[:1].expand_as(a[1:]), a[1:])  # [S - 1, N]
     tvds = tvd(p[:1].expand_as(p[1:]), p[1:])

@@ -1,8 +1,33 @@
 """Shared by the benchmark modules: the kernel's time whether or not pytest-benchmark measured
-it, and the peak memory a call adds (to show chunking keeps memory bounded)."""
+it, the peak memory a call adds (to show chunking keeps memory bounded), and the CUDA cases'
+skip and synchronisation."""
 
 import math
 import time
+
+import pytest
+import torch
+
+from attnmetrics import _ops
+
+
+def skip_without(device):
+    """Skip a ``cuda`` case without a GPU and attnmetrics' CUDA build."""
+    if device == "cuda" and not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
+        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
+
+
+def synchronised(fn, device):
+    """fn, waiting for the GPU before returning, so that the timer sees the work."""
+    if device != "cuda":
+        return fn
+
+    def run(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        return out
+
+    return run
 
 
 def median_seconds(benchmark, fn):

@@ -14,16 +14,15 @@ which would slow the per-instance loop far more than the batched search.
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
 import torch
-from torch import nn
 
 from attnmetrics.adversarial import _row_bytes, adversarial_attention
 from attnmetrics.reference import adversarial_attention_reference
 from benchmarks.measure import median_seconds, peak_extra_mib
+from tests.inputs import bench_decoder, ragged_batch
 
 STEPS = 100
 # (batch, min length, max length, hidden, classes): SST-like sentences, J&W's sigmoid output
@@ -36,25 +35,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-def make_inputs(batch, lo, hi, hidden, *, seed=0, dtype=torch.float32):
-    """Ragged batch: attention = softmax(2 * N(0, 1)) over each prefix; values N(0, 1)."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
-    width = int(lengths.max())
-    mask = torch.arange(width) < lengths[:, None]
-    logits = torch.randn(batch, width, generator=g) * 2.0
-    attention = torch.softmax(logits.masked_fill(~mask, -math.inf), 1)
-    values = torch.randn(batch, width, hidden, generator=g)
-    return attention.to(dtype), values.to(dtype), lengths
-
-
-def make_decoder(kind, hidden, classes, seed=0):
-    torch.manual_seed(seed)
-    if kind == "linear":
-        return nn.Linear(hidden, classes)
-    return nn.Sequential(nn.Linear(hidden, 64), nn.Tanh(), nn.Linear(64, classes)).eval()
 
 
 def describe(result, lengths):
@@ -72,17 +52,19 @@ def describe(result, lengths):
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
 def test_adversarial_vs_per_instance(benchmark, kind):
     batch, lo, hi, hidden, classes = SST
-    attention, values, lengths = make_inputs(batch, lo, hi, hidden)
-    decoder = make_decoder(kind, hidden, classes)
+    attention, values, lengths = ragged_batch(batch, lo, hi, hidden, shared_direction=0)
+    decoder = bench_decoder(kind, hidden, classes)
     benchmark.group = "adversarial-sst"
+
     def fresh():  # the same initial noise every round
         kwargs = {"steps": STEPS, "generator": torch.Generator().manual_seed(0)}
         return (attention, values, decoder, lengths), kwargs
 
     result = benchmark.pedantic(adversarial_attention, setup=fresh, rounds=3, iterations=1, warmup_rounds=1)
     start = time.perf_counter()
-    loop = adversarial_attention_reference(attention, values, decoder, lengths, steps=STEPS,
-                                           generator=torch.Generator().manual_seed(0))
+    loop = adversarial_attention_reference(
+        attention, values, decoder, lengths, steps=STEPS, generator=torch.Generator().manual_seed(0)
+    )
     loop_s = time.perf_counter() - start
     batched_s = median_seconds(benchmark, lambda: adversarial_attention(*fresh()[0], **fresh()[1]))
     # float32 trajectories of the two differ by rounding only
@@ -104,16 +86,17 @@ def test_adversarial_large_bounded_memory(benchmark, kind):
     # 20k rows, 3 steps: all rows in one chunk would need one_chunk_estimate_mib of working
     # memory; the budget caps each chunk's. Held for the whole batch on top: the initial
     # noise [B, K, T] (noise_mib), the projected values and the results.
-    attention, values, lengths = make_inputs(20_000, 10, 40, 64, seed=1)
-    decoder = make_decoder(kind, values.shape[2], 2)
+    attention, values, lengths = ragged_batch(20_000, 10, 40, 64, seed=1, shared_direction=0)
+    decoder = bench_decoder(kind, values.shape[2], 2)
     budget = 16 * 2**20
     kwargs = {"steps": 3, "memory_budget": budget}
     benchmark.group = "adversarial-large"
     # a small warm-up call first: one-off allocations (thread pools, arenas) are not the search's
     adversarial_attention(attention[:100], values[:100], decoder, lengths[:100], **kwargs)
     peak = peak_extra_mib(lambda: adversarial_attention(attention, values, decoder, lengths, **kwargs))
-    result = benchmark.pedantic(adversarial_attention, args=(attention, values, decoder, lengths),
-                                kwargs=kwargs, rounds=1, iterations=1)
+    result = benchmark.pedantic(
+        adversarial_attention, args=(attention, values, decoder, lengths), kwargs=kwargs, rounds=1, iterations=1
+    )
     width, k = values.shape[1], 5
     out_width = 2 if kind == "linear" else 2 * values.shape[2]
     one_chunk = 20_000 * _row_bytes(width, k, k * (k - 1) // 2, out_width, 4)

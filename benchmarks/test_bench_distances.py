@@ -15,8 +15,9 @@ bandwidth. ``extra_info["gb_per_s"]`` is the bytes each moves over its median ti
 import pytest
 import torch
 
-from attnmetrics import _ops, jsd, tvd
+from attnmetrics import jsd, tvd
 from attnmetrics.reference import jsd_reference, tvd_reference
+from benchmarks.measure import skip_without, synchronised
 
 FUNCTIONS = {"tvd": (tvd, tvd_reference), "jsd": (jsd, jsd_reference)}
 # (rows, K, broadcast q): SST attention vs a perturbed attention; 100k output
@@ -32,11 +33,6 @@ DEVICES = ["cpu", "cuda"]
 _inputs: dict = {}
 
 
-def skip_without(device):
-    if device == "cuda" and not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
-        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
-
-
 def inputs(case, device="cpu"):
     if (case, device) not in _inputs:
         rows, k, broadcast = CASES[case]
@@ -45,19 +41,6 @@ def inputs(case, device="cpu"):
         q = torch.softmax(torch.randn(1 if broadcast else rows, k, generator=g), dim=1)
         _inputs[case, device] = (p.to(device), (q[0] if broadcast else q).to(device))
     return _inputs[case, device]
-
-
-def synchronised(fn, device):
-    """fn, waiting for the GPU before returning, so that the timer sees the work."""
-    if device != "cuda":
-        return fn
-
-    def run(*args):
-        out = fn(*args)
-        torch.cuda.synchronize()
-        return out
-
-    return run
 
 
 def _copy_reference(case):

@@ -9,46 +9,21 @@ sequential search on the GPU); the large case then records the peak device memor
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
 import torch
-from torch import nn
 
-from attnmetrics import _ops
+from attnmetrics.flip import flip_fraction
 from attnmetrics.reference import flip_search_sequential
-from attnmetrics.removal import flip_fraction
-from benchmarks.measure import median_seconds, peak_extra_mib
+from benchmarks.measure import median_seconds, peak_extra_mib, skip_without, synchronised
+from tests.inputs import bench_decoder, ragged_batch
 
 # (batch, min length, max length, hidden)
 CASES = {
     "sst": (1821, 10, 55, 256),  # SST-like: test-set size, sentence lengths
     "imdb": (1000, 20, 400, 256),  # IMDB-like: long reviews
 }
-
-
-def make_inputs(batch, lo, hi, hidden, *, temperature=2.0, seed=0, dtype=torch.float32):
-    """Ragged batch: attention = softmax(temperature * N(0, 1)) over each prefix, so it is
-    peaked enough that removing the top items matters but rarely a one-hot; values carry a
-    per-row shared direction so some rows are confidently one class and never flip."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
-    width = int(lengths.max())
-    mask = torch.arange(width) < lengths[:, None]
-    logits = torch.randn(batch, width, generator=g) * temperature
-    attention = torch.softmax(logits.masked_fill(~mask, -math.inf), 1)
-    direction = torch.randn(hidden, generator=g)
-    values = torch.randn(batch, width, hidden, generator=g)
-    values += 0.5 * torch.randn(batch, 1, 1, generator=g) * direction
-    return attention.to(dtype), values.to(dtype), lengths
-
-
-def make_decoder(kind, hidden, classes=2, seed=0):
-    torch.manual_seed(seed)
-    if kind == "linear":
-        return nn.Linear(hidden, classes)
-    return nn.Sequential(nn.Linear(hidden, 64), nn.Tanh(), nn.Linear(64, classes)).eval()
 
 
 def describe(result, lengths):
@@ -64,34 +39,20 @@ def describe(result, lengths):
     }
 
 
-def skip_without(device):
-    if device == "cuda" and not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
-        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
-
-
-def synchronised(fn, device):
-    if device != "cuda":
-        return fn
-
-    def run(*args, **kwargs):
-        out = fn(*args, **kwargs)
-        torch.cuda.synchronize()
-        return out
-
-    return run
-
-
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_flip_fraction_vs_sequential(benchmark, case, kind, device):
     skip_without(device)
-    attention, values, lengths = (t.to(device) for t in make_inputs(*CASES[case]))
-    decoder = make_decoder(kind, values.shape[2]).to(device)
+    attention, values, lengths = (t.to(device) for t in ragged_batch(*CASES[case]))
+    decoder = bench_decoder(kind, values.shape[2]).to(device)
     benchmark.group = f"flip-{case}" + ("" if device == "cpu" else f" {device}")
     result = benchmark.pedantic(
-        synchronised(flip_fraction, device), args=(attention, values, decoder, lengths, "attention"),
-        rounds=5, iterations=1, warmup_rounds=1,
+        synchronised(flip_fraction, device),
+        args=(attention, values, decoder, lengths, "attention"),
+        rounds=5,
+        iterations=1,
+        warmup_rounds=1,
     )
     start = time.perf_counter()
     sequential = synchronised(flip_search_sequential, device)(attention, values, decoder, lengths, attention)
@@ -126,16 +87,19 @@ def _peak_extra_device_mib(fn):
 def test_flip_fraction_large_bounded_memory(benchmark, kind, device):
     skip_without(device)
     # 100k rows of ~30 items: every context at once would take sum(L) * H * 4 bytes
-    attention, values, lengths = (t.to(device) for t in make_inputs(100_000, 20, 40, 64, seed=1))
-    decoder = make_decoder(kind, values.shape[2]).to(device)
+    attention, values, lengths = (t.to(device) for t in ragged_batch(100_000, 20, 40, 64, seed=1))
+    decoder = bench_decoder(kind, values.shape[2]).to(device)
     budget = 64 * 2**20
     benchmark.group = "flip-large" + ("" if device == "cpu" else f" {device}")
     run = synchronised(flip_fraction, device)
     measure = _peak_extra_device_mib if device == "cuda" else peak_extra_mib
     peak = measure(lambda: run(attention, values, decoder, lengths, memory_budget=budget))
     result = benchmark.pedantic(
-        run, args=(attention, values, decoder, lengths),
-        kwargs={"memory_budget": budget}, rounds=3, iterations=1,
+        run,
+        args=(attention, values, decoder, lengths),
+        kwargs={"memory_budget": budget},
+        rounds=3,
+        iterations=1,
     )
     benchmark.extra_info.update(
         describe(result, lengths),

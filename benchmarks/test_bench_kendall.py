@@ -1,4 +1,4 @@
-"""kendall_tau against the per-row scipy.stats.kendalltau loop that J&W's code runs (DESIGN §6).
+"""kendall_tau against the per-row scipy.stats.kendalltau loop that J&W's code runs (README, "Speed").
 
 Each case is one benchmark group holding both, on the same inputs, so pytest-benchmark's
 table shows the ratio in its "(x)" factors; the kernel's entry also records
@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from attnmetrics import _ops, kendall_tau
+from attnmetrics import kendall_tau
 from attnmetrics.reference import kendall_tau_reference
+from benchmarks.measure import skip_without
 
 # Row counts and lengths of J&W's test sets: SST (1,821 sentences) and IMDB (reviews
 # capped at 400 tokens). Uniform lengths stand in for the real distributions.
@@ -67,8 +68,7 @@ def test_scipy_loop(benchmark, case):
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_kernel(benchmark, case, device):
-    if device == "cuda" and not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
-        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
+    skip_without(device)
     benchmark.group = f"kendall_tau {case}"
     _record(benchmark, case)
     benchmark.extra_info.update(device=device)
@@ -85,5 +85,6 @@ def test_kernel(benchmark, case, device):
     torch.testing.assert_close(result.tau.cpu(), want[0], rtol=1e-6, atol=1e-7, equal_nan=True)
     if benchmark.stats is not None and case in _scipy_median:
         kernel = benchmark.stats.stats.median
-        benchmark.extra_info.update(scipy_loop_s=_scipy_median[case], kernel_s=kernel,
-                                    ratio=_scipy_median[case] / kernel)
+        benchmark.extra_info.update(
+            scipy_loop_s=_scipy_median[case], kernel_s=kernel, ratio=_scipy_median[case] / kernel
+        )

@@ -1,7 +1,7 @@
 """Leave-one-out (J&W 2019, sec. 4.1): ``leave_one_out`` against J&W's loop, same inputs, one run.
 
 Run: python -m pytest benchmarks/test_bench_loo.py --benchmark-only -q
-Model: J&W's BiLSTM + additive attention (``attnmetrics_models.classifier``) with random
+Model: J&W's BiLSTM + additive attention (``attnmetrics.models.classifier``) with random
 weights, embedding 50 (GloVe-50 sized; J&W used 300), hidden 128 per direction, one
 sigmoid output. J&W's loop (:func:`attnmetrics.reference.leave_one_out_jw`) runs one
 forward over the whole batch per deleted position; their code ran it on length-sorted
@@ -9,7 +9,7 @@ batches of 32 rows, which is timed too for the SST-like case (``batch_size=32``)
 Each approach runs once per case (they take seconds to minutes on 2 cores), ours from a
 cold start (oneDNN builds a primitive for each new call shape, about 0.2 s in all on 2
 cores); the ratio is in ``extra_info["speedup"]``. The SST-like case has SST's 1,821 test
-sentences (DESIGN §6); the IMDB-like case B = 100 rather than 1,000, to keep the run to a
+sentences (README, "Speed"); the IMDB-like case B = 100 rather than 1,000, to keep the run to a
 few minutes (about 4 on one thread; J&W's loop takes nine tenths of it).
 
 Both sides are bound by the BiLSTM itself. J&W's loop re-encodes every shortened row from
@@ -33,10 +33,10 @@ import time
 import pytest
 import torch
 
-from attnmetrics import _ops, leave_one_out
+from attnmetrics import leave_one_out
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.reference import leave_one_out_jw
-from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
-from benchmarks.measure import median_seconds
+from benchmarks.measure import median_seconds, skip_without
 
 VOCAB = 5000
 # (batch, min real tokens, max real tokens); every row also holds <SOS> and <EOS>
@@ -48,7 +48,7 @@ CASES = {
 
 def make_model(seed=0):
     torch.manual_seed(seed)
-    return AttentionClassifier(ModelConfig(VOCAB, embed_dim=50, hidden_size=128, num_classes=1)).eval()
+    return EncoderAttentionClassifier(ModelConfig(VOCAB, embed_dim=50, hidden_size=128, num_classes=1)).eval()
 
 
 def make_batch(batch, lo, hi, seed=0):
@@ -95,8 +95,11 @@ def test_leave_one_out_vs_jw_loop(benchmark, case):
     )
     if case == "sst":
         jw32, jw32_s = timed(lambda: leave_one_out_jw(model, tokens, lengths, batch_size=32))
-        info.update(jw_loop_bsize32_s=jw32_s, speedup_vs_bsize32=jw32_s / ours_s,
-                    max_abs_diff_vs_bsize32=float((result - jw32).abs().max()))
+        info.update(
+            jw_loop_bsize32_s=jw32_s,
+            speedup_vs_bsize32=jw32_s / ours_s,
+            max_abs_diff_vs_bsize32=float((result - jw32).abs().max()),
+        )
     info["load_average_after"] = os.getloadavg()[0]
     benchmark.extra_info.update(info)
     # float32 BiLSTM: batch composition moves the last bits only
@@ -105,8 +108,7 @@ def test_leave_one_out_vs_jw_loop(benchmark, case):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_leave_one_out_cuda(benchmark, case):
-    if not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
-        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
+    skip_without("cuda")
     model = make_model()
     batch, lo, hi = CASES[case]
     tokens, lengths = make_batch(batch, lo, hi)
@@ -121,9 +123,14 @@ def test_leave_one_out_cuda(benchmark, case):
     result = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1)
     cpu, cpu_s = timed(lambda: leave_one_out(model, tokens, lengths))
     cuda_s = median_seconds(benchmark, run)
-    benchmark.extra_info.update(rows=int(lengths.shape[0]), sequences=int((lengths - 2).sum()), device="cuda",
-                                leave_one_out_cuda_s=cuda_s, leave_one_out_cpu_s=cpu_s,
-                                speedup_vs_cpu=cpu_s / cuda_s,
-                                max_abs_diff_vs_cpu=float((result.cpu() - cpu).abs().max()))
+    benchmark.extra_info.update(
+        rows=int(lengths.shape[0]),
+        sequences=int((lengths - 2).sum()),
+        device="cuda",
+        leave_one_out_cuda_s=cuda_s,
+        leave_one_out_cpu_s=cpu_s,
+        speedup_vs_cpu=cpu_s / cuda_s,
+        max_abs_diff_vs_cpu=float((result.cpu() - cpu).abs().max()),
+    )
     # cuDNN's LSTM rounds differently from the CPU's
     torch.testing.assert_close(result.cpu(), cpu, rtol=1e-3, atol=1e-4)

@@ -10,18 +10,16 @@ inputs, against its own CPU run (``extra_info["speedup_vs_cpu"]``).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 
 import pytest
 import torch
-from torch import nn
 
-from attnmetrics import _ops
 from attnmetrics.permutation import draw_seed, permutation_test
 from attnmetrics.reference import permutation_test_reference
-from benchmarks.measure import median_seconds, peak_extra_mib
+from benchmarks.measure import median_seconds, peak_extra_mib, skip_without
+from tests.inputs import bench_decoder, ragged_batch
 
 PERMUTATIONS = 100  # J&W
 
@@ -30,28 +28,6 @@ CASES = {
     "sst": (1821, 10, 55, 256),  # SST-like: test-set size, sentence lengths
     "imdb": (1000, 20, 400, 256),  # IMDB-like: long reviews
 }
-
-
-def make_inputs(batch, lo, hi, hidden, *, temperature=2.0, seed=0, dtype=torch.float32):
-    """Ragged batch: attention = softmax(temperature * N(0, 1)) over each prefix; values with a
-    per-row shared direction, so outputs range from confident to near the boundary."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
-    width = int(lengths.max())
-    mask = torch.arange(width) < lengths[:, None]
-    logits = torch.randn(batch, width, generator=g) * temperature
-    attention = torch.softmax(logits.masked_fill(~mask, -math.inf), 1)
-    direction = torch.randn(hidden, generator=g)
-    values = torch.randn(batch, width, hidden, generator=g)
-    values += 0.5 * torch.randn(batch, 1, 1, generator=g) * direction
-    return attention.to(dtype), values.to(dtype), lengths
-
-
-def make_decoder(kind, hidden, classes=2, seed=0):
-    torch.manual_seed(seed)
-    if kind == "linear":
-        return nn.Linear(hidden, classes)
-    return nn.Sequential(nn.Linear(hidden, 64), nn.Tanh(), nn.Linear(64, classes)).eval()
 
 
 def describe(result, lengths):
@@ -69,13 +45,14 @@ def describe(result, lengths):
 
 @pytest.mark.parametrize("kind,case", [("linear", "sst"), ("linear", "imdb"), ("mlp", "sst")])
 def test_permutation_test_vs_jw_loop(benchmark, kind, case):
-    attention, values, lengths = make_inputs(*CASES[case])
-    decoder = make_decoder(kind, values.shape[2])
+    attention, values, lengths = ragged_batch(*CASES[case])
+    decoder = bench_decoder(kind, values.shape[2])
     benchmark.group = f"permutation-{case}"
 
     def kernel():
-        return permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
-                                generator=torch.Generator().manual_seed(0))
+        return permutation_test(
+            attention, values, decoder, lengths, permutations=PERMUTATIONS, generator=torch.Generator().manual_seed(0)
+        )
 
     result = benchmark.pedantic(kernel, rounds=5 if kind == "linear" else 3, iterations=1, warmup_rounds=1)
     seed = draw_seed(torch.Generator().manual_seed(0))
@@ -97,14 +74,21 @@ def test_permutation_test_vs_jw_loop(benchmark, kind, case):
 
 def test_permutation_test_large_bounded_memory(benchmark):
     # 100k rows of ~30 items, linear decoder: the projection is built in budget-sized chunks
-    attention, values, lengths = make_inputs(100_000, 20, 40, 64, seed=1)
-    decoder = make_decoder("linear", values.shape[2])
+    attention, values, lengths = ragged_batch(100_000, 20, 40, 64, seed=1)
+    decoder = bench_decoder("linear", values.shape[2])
     budget = 64 * 2**20
     benchmark.group = "permutation-large"
 
     def kernel():
-        return permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
-                                memory_budget=budget, generator=torch.Generator().manual_seed(0))
+        return permutation_test(
+            attention,
+            values,
+            decoder,
+            lengths,
+            permutations=PERMUTATIONS,
+            memory_budget=budget,
+            generator=torch.Generator().manual_seed(0),
+        )
 
     peak = peak_extra_mib(kernel)
     result = benchmark.pedantic(kernel, rounds=2, iterations=1)
@@ -119,11 +103,10 @@ def test_permutation_test_large_bounded_memory(benchmark):
 
 @pytest.mark.parametrize("kind,case", [("linear", "sst"), ("linear", "imdb"), ("mlp", "sst")])
 def test_permutation_test_cuda(benchmark, kind, case):
-    if not (torch.cuda.is_available() and _ops.CUDA_KERNELS):
-        pytest.skip("needs a CUDA GPU and attnmetrics' CUDA build")
-    attention, values, lengths = make_inputs(*CASES[case])
-    decoder = make_decoder(kind, values.shape[2])
-    args = (attention.cuda(), values.cuda(), make_decoder(kind, values.shape[2]).cuda(), lengths.cuda())
+    skip_without("cuda")
+    attention, values, lengths = ragged_batch(*CASES[case])
+    decoder = bench_decoder(kind, values.shape[2])
+    args = (attention.cuda(), values.cuda(), bench_decoder(kind, values.shape[2]).cuda(), lengths.cuda())
     benchmark.group = f"permutation-{case}"
 
     def kernel():
@@ -133,11 +116,19 @@ def test_permutation_test_cuda(benchmark, kind, case):
 
     result = benchmark.pedantic(kernel, rounds=5, iterations=1, warmup_rounds=1)
     start = time.perf_counter()
-    cpu = permutation_test(attention, values, decoder, lengths, permutations=PERMUTATIONS,
-                           generator=torch.Generator().manual_seed(0))
+    cpu = permutation_test(
+        attention, values, decoder, lengths, permutations=PERMUTATIONS, generator=torch.Generator().manual_seed(0)
+    )
     cpu_s = time.perf_counter() - start
     kernel_s = median_seconds(benchmark, kernel)
     err = float((cpu.median_tvd.double() - result.median_tvd.cpu().double()).abs().max())
-    benchmark.extra_info.update(describe(cpu, lengths), decoder=kind, device="cuda", cuda_median_s=kernel_s,
-                                cpu_s=cpu_s, speedup_vs_cpu=cpu_s / kernel_s, max_abs_diff_vs_cpu=err)
+    benchmark.extra_info.update(
+        describe(cpu, lengths),
+        decoder=kind,
+        device="cuda",
+        cuda_median_s=kernel_s,
+        cpu_s=cpu_s,
+        speedup_vs_cpu=cpu_s / kernel_s,
+        max_abs_diff_vs_cpu=err,
+    )
     assert err < 1e-4  # the same permutations; float32 rounding only

@@ -1,4 +1,7 @@
-"""Concrete attention classifiers, datasets, training loops and the command line.
+"""The concrete models: J&W's attention classifiers, leave-one-out state reuse, training loops,
+datasets, and the paper experiments that train models (W&P, T&Š).
 
-Installed as ``attnmetrics_models``; it builds on ``attnmetrics``, never the reverse.
+Imported as ``attnmetrics.models`` (this folder is linked into the package as
+``attnmetrics/models``). It builds on the library core, never the reverse, and never imports
+the application (:mod:`attnmetrics.app`).
 """

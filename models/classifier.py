@@ -9,7 +9,7 @@ small modules looked up by name, as in J&W sec. 3 and W&P:
   ``uniform`` (W&P's baseline: 1/L over the real tokens, no parameters).
 - ``REGULARISERS`` (T&Š 2020, sec. 3): ``none``, ``concat``/``residual`` (the embedding is fed
   past the encoder, so hidden states "stay true" to their words), ``tying``/``mlm`` (auxiliary
-  losses, :meth:`AttentionClassifier.auxiliary_loss`).
+  losses, :meth:`EncoderAttentionClassifier.auxiliary_loss`).
 
 Every encoder maps ``[B, T, E]`` and ``lengths [B]`` to ``[B, T, H]`` (``H = output_size``),
 exactly zero on padding, and treats a row the same alone or in a padded batch.
@@ -17,29 +17,19 @@ exactly zero on padding, and treats a row the same alone or in a padded batch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from functools import partial
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnmetrics_models.deletions import BiRNNDeletions, delete_positions, tanh_by_sigmoid
-from attnmetrics_models.text import UNK
-
-
-def real_token_mask(lengths: Tensor, T: int, lead: int = 1, trail: int = 1) -> Tensor:
-    """lengths [B] -> bool [B, T], True at the real tokens ``lead <= t < length - trail``."""
-    t = torch.arange(T, device=lengths.device)
-    return (t >= lead) & (t < (lengths - trail).unsqueeze(1))
-
-
-def _pad_mask(lengths: Tensor, T: int) -> Tensor:
-    """lengths [B] -> float mask [B, T, 1]: 1 at the positions a row has (specials included),
-    0 at padding."""
-    return real_token_mask(lengths, T, 0, 0).unsqueeze(-1)
+from attnmetrics.models.deletions import BiRNNDeletions, delete_positions, tanh_by_sigmoid
+from attnmetrics.models.text import UNK
+from attnmetrics.protocol import token_mask
 
 
 class _BiRNNEncoder(nn.Module):
@@ -62,8 +52,9 @@ class _BiRNNEncoder(nn.Module):
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)
         return out
 
-    def deletions(self, embedded: Tensor, lengths: Tensor, feature_map: Tensor | None = None,
-                  bias: Tensor | None = None) -> BiRNNDeletions:
+    def deletions(
+        self, embedded: Tensor, lengths: Tensor, feature_map: Tensor | None = None, bias: Tensor | None = None
+    ) -> BiRNNDeletions:
         """The rows' deletions, reusing the states each leaves unchanged: their hidden states,
         or ``feature_map @ h + bias`` (models/deletions.py)."""
         return BiRNNDeletions(self.rnn, embedded, lengths, feature_map, bias)
@@ -102,7 +93,7 @@ class CNNEncoder(nn.Module):
         self.output_size = hidden_size
 
     def forward(self, embedded: Tensor, lengths: Tensor) -> Tensor:
-        mask = _pad_mask(lengths, embedded.shape[1]).to(embedded.dtype)
+        mask = token_mask(lengths, embedded.shape[1]).unsqueeze(-1).to(embedded.dtype)
         x = (embedded * mask).transpose(1, 2)  # [B, E, T] for Conv1d
         out = torch.cat([torch.relu(conv(x)) for conv in self.convs], dim=1).transpose(1, 2)
         return out * mask
@@ -119,7 +110,7 @@ class AverageEncoder(nn.Module):
         self.output_size = hidden_size
 
     def forward(self, embedded: Tensor, lengths: Tensor) -> Tensor:
-        mask = _pad_mask(lengths, embedded.shape[1]).to(embedded.dtype)
+        mask = token_mask(lengths, embedded.shape[1]).unsqueeze(-1).to(embedded.dtype)
         return torch.tanh(self.proj(embedded)) * mask
 
     def deletions(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
@@ -166,7 +157,7 @@ class DotAttention(nn.Module):
     def __init__(self, hidden_size: int, attention_dim: int | None = None):
         super().__init__()
         self.w = nn.Linear(hidden_size, 1, bias=False)  # a bias would shift every score alike
-        self.scale = hidden_size ** -0.5
+        self.scale = hidden_size**-0.5
 
     @property
     def projection(self) -> nn.Linear:
@@ -250,7 +241,7 @@ class States(NamedTuple):
     hidden: Tensor
 
 
-class AttentionClassifier(nn.Module):
+class EncoderAttentionClassifier(nn.Module):
     """embedding -> encoder -> attention -> ``decoder = nn.Linear(H, C)``.
 
     ``forward(tokens [B, T], lengths [B])`` -> ``(logits [B, C], attention [B, T])``.
@@ -311,7 +302,7 @@ class AttentionClassifier(nn.Module):
         hidden = self.encoder(embedded, lengths)
         regulariser = self.config.regulariser
         if regulariser in ("concat", "residual"):
-            mask = _pad_mask(lengths, embedded.shape[1]).to(hidden.dtype)
+            mask = token_mask(lengths, embedded.shape[1]).unsqueeze(-1).to(hidden.dtype)
             extra = embedded if regulariser == "concat" else self.residual(embedded)
             hidden = torch.cat([hidden, extra * mask], -1) if regulariser == "concat" else hidden + extra * mask
         return hidden
@@ -337,6 +328,7 @@ class AttentionClassifier(nn.Module):
         if plain and hasattr(self.encoder, "deletions"):
             encode = self.encoder.deletions(embedded, lengths)
         else:
+
             def encode(rows: Tensor, positions: Tensor) -> Tensor:
                 return self.encode(delete_positions(embedded, lengths, rows, positions), lengths[rows] - 1)
 
@@ -358,7 +350,7 @@ class AttentionClassifier(nn.Module):
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
             mapped = deletions.features(rows, positions)  # [N, W - 1, A + C], padding masked below
-            mask = real_token_mask(lengths[rows] - 1, mapped.shape[1], self.lead, self.trail)
+            mask = token_mask(lengths[rows] - 1, mapped.shape[1], self.lead, self.trail)
             attention = _masked_softmax(self.attention.score(mapped[..., :A], tanh_by_sigmoid), mask)
             out = (attention.unsqueeze(-1) * mapped[..., A:]).sum(1)
             return out if self.decoder.bias is None else out + self.decoder.bias
@@ -372,7 +364,7 @@ class AttentionClassifier(nn.Module):
     def attend(self, hidden: Tensor, lengths: Tensor) -> Tensor:
         """hidden [B, T, H], lengths [B] -> attention [B, T]: sums to 1 over the real tokens,
         exactly 0 at ``<SOS>``, ``<EOS>`` and padding."""
-        return self.attention(hidden, real_token_mask(lengths, hidden.shape[1], self.lead, self.trail))
+        return self.attention(hidden, token_mask(lengths, hidden.shape[1], self.lead, self.trail))
 
     def forward(self, tokens: Tensor, lengths: Tensor, attention: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """tokens [B, T], lengths [B] -> (logits [B, C], attention [B, T]).
@@ -390,7 +382,9 @@ class AttentionClassifier(nn.Module):
         if attention is None:
             attention = self.attend(hidden, lengths)
         elif attention.shape != hidden.shape[:2]:
-            raise ValueError(f"imposed attention must be [B, T] = {list(hidden.shape[:2])}, got {list(attention.shape)}")
+            raise ValueError(
+                f"imposed attention must be [B, T] = {list(hidden.shape[:2])}, got {list(attention.shape)}"
+            )
         context = torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1)
         return States(self.decoder(context), attention, embedded, hidden)
 
@@ -408,7 +402,7 @@ class AttentionClassifier(nn.Module):
         Args: tokens [B, T] int64, lengths [B] int64 (specials included), embedded [B, T, E]
         and hidden [B, T, H] of the unmasked forward pass. Returns a scalar tensor or None.
         """
-        real = real_token_mask(lengths, tokens.shape[1], self.lead, self.trail)
+        real = token_mask(lengths, tokens.shape[1], self.lead, self.trail)
         if self.config.regulariser == "tying":
             squared = (self.tying(hidden) - embedded.detach()).pow(2).sum(-1)
             return self.config.tying_weight * squared[real].mean()

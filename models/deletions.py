@@ -67,8 +67,11 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return F.linear(x, weight, bias)
 
 
-_ONEDNN_LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None) \
-    if torch.backends.mkldnn.is_available() else None
+_ONEDNN_LINEAR = (
+    getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    if torch.backends.mkldnn.is_available()
+    else None
+)
 
 
 def tanh_by_sigmoid(x: Tensor) -> Tensor:
@@ -116,8 +119,11 @@ def _row_states(rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor, reverse: boo
         # gates i, f, g (torch's order i, f, g, o; o is not needed) of every step at once
         rows = slice(0, 3 * rnn.hidden_size)
         h_prev = torch.cat([zeros[None], h[:-1]])
-        gates = linear(torch.cat([x, h_prev], -1).view(T * G, -1), torch.cat([weights[0][rows], weights[1][rows]], 1),
-                       weights[2][rows] + weights[3][rows] if rnn.bias else None)
+        gates = linear(
+            torch.cat([x, h_prev], -1).view(T * G, -1),
+            torch.cat([weights[0][rows], weights[1][rows]], 1),
+            weights[2][rows] + weights[3][rows] if rnn.bias else None,
+        )
         i, f, g = gates.view(T, G, -1).chunk(3, dim=-1)
         u = torch.sigmoid(i).mul_(tanh_by_sigmoid(g))
         f = torch.sigmoid(f)
@@ -170,8 +176,14 @@ class BiRNNDeletions:
     sum of two of its rows.
     """
 
-    def __init__(self, rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor, feature_map: Tensor | None = None,
-                 bias: Tensor | None = None):
+    def __init__(
+        self,
+        rnn: nn.RNNBase,
+        embedded: Tensor,
+        lengths: Tensor,
+        feature_map: Tensor | None = None,
+        bias: Tensor | None = None,
+    ):
         if not (rnn.bidirectional and rnn.num_layers == 1 and rnn.batch_first):
             raise ValueError("BiRNNDeletions needs a one-layer, bidirectional, batch_first RNN")
         self.rnn, self.embedded, self.lengths = rnn, embedded, lengths
@@ -209,8 +221,10 @@ class BiRNNDeletions:
         """The recomputed runs of deletions ``rows [N]``, ``positions [N]``, per direction
         (first position read, length, start states, the RNN calls), and the table rows needed."""
         n = self.lengths[rows]
-        runs = [(positions + 1, n - 1 - positions, self._start(self.hf, self.cf, rows, positions - 1)),
-                (positions - 1, positions, self._start(self.hb, self.cb, rows, positions + 1))]
+        runs = [
+            (positions + 1, n - 1 - positions, self._start(self.hf, self.cf, rows, positions - 1)),
+            (positions - 1, positions, self._start(self.hb, self.cb, rows, positions + 1)),
+        ]
         plans, size = [], 0
         for first, count, states in runs:
             order = torch.argsort(count, stable=True)

@@ -1,7 +1,7 @@
 """Text -> token ids -> padded batches, with J&W's preprocessing and special tokens.
 
 Every encoded row is ``<SOS> w_1 ... w_n <EOS>``; the classifier masks the two special
-positions out of attention (DESIGN §4), so ``lengths`` count them and ``lead = trail = 1``.
+positions out of attention (docs/definitions.md §1), so ``lengths`` count them and ``lead = trail = 1``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import json
 import os
 import re
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -147,13 +148,15 @@ class Vocabulary:
         return [self.itos[i] for i in ids]
 
     def save(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps({"specials": list(SPECIALS), "words": self.itos[len(SPECIALS):]}))
+        Path(path).write_text(json.dumps({"specials": list(SPECIALS), "words": self.itos[len(SPECIALS) :]}))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Vocabulary:
         data = json.loads(Path(path).read_text())
         if data.get("specials") != list(SPECIALS):
-            raise ValueError(f"{path}: vocabulary was saved with specials {data.get('specials')}, expected {list(SPECIALS)}")
+            raise ValueError(
+                f"{path}: vocabulary was saved with specials {data.get('specials')}, expected {list(SPECIALS)}"
+            )
         return cls(data["words"])
 
 
@@ -165,7 +168,7 @@ def glove_matrix(
     Words GloVe lacks (and ``<UNK> <SOS> <EOS>``) get N(0, oov_std²) rows from a seeded
     generator; ``<PAD>`` is zero. Returns the matrix and how many vocabulary words were found.
     """
-    from attnmetrics_models.data import load_glove  # data fetches artifacts; text stays pure
+    from attnmetrics.models.data import load_glove  # data fetches artifacts; text stays pure
 
     words, vectors = load_glove(cache_dir)
     row = {w: i for i, w in enumerate(words)}
@@ -173,7 +176,7 @@ def glove_matrix(
     matrix = rng.normal(0.0, oov_std, size=(len(vocab), vectors.shape[1])).astype(np.float32)
     matrix[PAD] = 0.0
     found = 0
-    for i, w in enumerate(vocab.itos[len(SPECIALS):], start=len(SPECIALS)):
+    for i, w in enumerate(vocab.itos[len(SPECIALS) :], start=len(SPECIALS)):
         j = row.get(w)
         if j is not None:
             matrix[i] = vectors[j]

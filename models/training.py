@@ -16,9 +16,10 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -27,9 +28,9 @@ from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.text import Batch, EncodedSplit, Vocabulary
 from attnmetrics.outputs import decision, output_distribution
-from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
-from attnmetrics_models.text import Batch, EncodedSplit, Vocabulary
 
 
 @dataclass
@@ -82,7 +83,7 @@ def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits, labels)
 
 
-def make_optimizer(model: AttentionClassifier, config: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: EncoderAttentionClassifier, config: TrainConfig) -> torch.optim.Optimizer:
     """Adam with weight decay on every parameter except the attention layer's (J&W).
     An attention without parameters (``uniform``) gets an empty group, which Adam accepts."""
     attn = {id(p) for p in model.attention_parameters()}
@@ -107,11 +108,12 @@ def _imposed(source: AttentionSource | None, tokens: Tensor, lengths: Tensor) ->
 class Objective(Protocol):
     """What :func:`train` minimises and how it picks the epoch to keep."""
 
-    def loss(self, model: AttentionClassifier, batch: Batch, attention: Tensor | None) -> Tensor:
+    def loss(self, model: EncoderAttentionClassifier, batch: Batch, attention: Tensor | None) -> Tensor:
         """Training loss of one batch (on the model's device); ``attention`` [B, T] is imposed or None."""
 
-    def select(self, model: AttentionClassifier, dev: EncodedSplit, source: AttentionSource | None,
-               batch_size: int) -> tuple[float | tuple[float, ...], dict]:
+    def select(
+        self, model: EncoderAttentionClassifier, dev: EncodedSplit, source: AttentionSource | None, batch_size: int
+    ) -> tuple[float | tuple[float, ...], dict]:
         """(score, higher is better: a float, or a tuple compared in order; dev metrics for the
         history) after an epoch."""
 
@@ -148,8 +150,12 @@ def _to(batch: Batch, device: torch.device) -> Batch:
 
 
 @torch.no_grad()
-def predict(model: AttentionClassifier, batches: EncodedSplit | Iterable[Batch], batch_size: int = 256,
-            attention_source: AttentionSource | None = None) -> Predictions:
+def predict(
+    model: EncoderAttentionClassifier,
+    batches: EncodedSplit | Iterable[Batch],
+    batch_size: int = 256,
+    attention_source: AttentionSource | None = None,
+) -> Predictions:
     """Run the model (on whatever device it is) over a split (an :class:`EncodedSplit` or its
     batches); rows come back on the CPU in split order (by ``Batch.index``). With
     ``attention_source`` its attention is imposed on every batch."""
@@ -203,8 +209,12 @@ def classification_metrics(logits: Tensor, labels: Tensor) -> dict:
     }
 
 
-def evaluate(model: AttentionClassifier, data: EncodedSplit | Iterable[Batch], batch_size: int = 256,
-             attention_source: AttentionSource | None = None) -> dict:
+def evaluate(
+    model: EncoderAttentionClassifier,
+    data: EncodedSplit | Iterable[Batch],
+    batch_size: int = 256,
+    attention_source: AttentionSource | None = None,
+) -> dict:
     """accuracy, macro_f1, roc_auc and mean loss over a split (``attention_source``: as in :func:`predict`)."""
     return prediction_metrics(predict(model, data, batch_size, attention_source))
 
@@ -214,9 +224,15 @@ def prediction_metrics(p: Predictions) -> dict:
     return {**classification_metrics(p.logits, p.labels), "loss": float(loss_fn(p.logits, p.labels))}
 
 
-def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: EncodedSplit,
-          config: TrainConfig | None = None, *, attention_source: AttentionSource | None = None,
-          objective: Objective | None = None) -> TrainResult:
+def train(
+    model: EncoderAttentionClassifier,
+    train_data: EncodedSplit,
+    dev_data: EncodedSplit,
+    config: TrainConfig | None = None,
+    *,
+    attention_source: AttentionSource | None = None,
+    objective: Objective | None = None,
+) -> TrainResult:
     """Train in place, on the device the model is on; at the end the model holds the weights
     of the epoch with the best dev score (the first such epoch on ties).
 
@@ -237,8 +253,13 @@ def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: Encode
         t0 = time.perf_counter()
         model.train()
         total, seen = 0.0, 0
-        bar = tqdm(train_data.batches(config.batch_size, shuffle=True, generator=generator), total=n_batches,
-                   desc=f"epoch {epoch}/{config.epochs}", disable=not config.progress, leave=False)
+        bar = tqdm(
+            train_data.batches(config.batch_size, shuffle=True, generator=generator),
+            total=n_batches,
+            desc=f"epoch {epoch}/{config.epochs}",
+            disable=not config.progress,
+            leave=False,
+        )
         for b in bar:
             b = _to(b, device)
             loss = objective.loss(model, b, _imposed(attention_source, b.tokens, b.lengths))
@@ -249,8 +270,12 @@ def train(model: AttentionClassifier, train_data: EncodedSplit, dev_data: Encode
             seen += len(b.labels)
             bar.set_postfix(loss=f"{total / seen:.4f}", refresh=False)
         key, dev = objective.select(model, dev_data, attention_source, config.eval_batch_size)
-        record = {"epoch": epoch, "train_loss": total / max(seen, 1), **{f"dev_{k}": v for k, v in dev.items()},
-                  "seconds": time.perf_counter() - t0}
+        record = {
+            "epoch": epoch,
+            "train_loss": total / max(seen, 1),
+            **{f"dev_{k}": v for k, v in dev.items()},
+            "seconds": time.perf_counter() - t0,
+        }
         history.append(record)
         if best_state is None or key > best_key:
             best_key, best_epoch, best_dev = key, epoch, dev
@@ -270,13 +295,17 @@ _FORMAT = 1
 
 
 class Checkpoint(NamedTuple):
-    model: AttentionClassifier
+    model: EncoderAttentionClassifier
     vocab: Vocabulary | None
     extra: dict
 
 
-def save_checkpoint(directory: str | os.PathLike, model: AttentionClassifier, vocab: Vocabulary | None = None,
-                    extra: dict | None = None) -> Path:
+def save_checkpoint(
+    directory: str | os.PathLike,
+    model: EncoderAttentionClassifier,
+    vocab: Vocabulary | None = None,
+    extra: dict | None = None,
+) -> Path:
     """Write ``model.pt`` (state_dict only), ``model.json`` (model config + ``extra``, which must
     be JSON-serialisable, e.g. the TrainConfig and dataset) and ``vocab.json``."""
     directory = Path(directory)
@@ -298,7 +327,7 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
     meta = json.loads((directory / _CONFIG).read_text())
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{directory}: unsupported checkpoint format {meta.get('format')}")
-    model = AttentionClassifier(ModelConfig.from_dict(meta["model"]))
+    model = EncoderAttentionClassifier(ModelConfig.from_dict(meta["model"]))
     model.load_state_dict(torch.load(directory / _WEIGHTS, map_location=map_location, weights_only=True))
     vocab = Vocabulary.load(directory / _VOCAB) if (directory / _VOCAB).is_file() else None
     return Checkpoint(model, vocab, meta.get("extra", {}))

@@ -6,7 +6,7 @@ own special tokens (``lead`` tokens + t + ``trail`` tokens, so any model of the 
 works), and its alone-probability of the full input's predicted class is compared with the
 attention (Kendall τ-b); and the top-attention token alone should give the full input's
 decision. (The regularisers themselves are ``ModelConfig.regulariser`` options of
-:mod:`attnmetrics_models.classifier`.)
+:mod:`attnmetrics.models.classifier`.)
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from torch import Tensor
 
 import attnmetrics
 from attnmetrics.outputs import output_distribution
-from attnmetrics.procedures import Forward, forward
-from attnmetrics.protocol import AttentionClassifier
+from attnmetrics.protocol import AttentionClassifier, Forward, forward
 
 #: single-token inputs per model call (all have length lead + 1 + trail, so this bounds memory)
 MAX_ROWS_PER_CALL = 8192
@@ -59,8 +58,13 @@ def single_token_inputs(tokens: Tensor, lengths: Tensor, lead: int, trail: int) 
 
 
 @torch.no_grad()
-def single_token_test(model: AttentionClassifier, tokens: Tensor, lengths: Tensor,
-                      max_rows: int = MAX_ROWS_PER_CALL, full: Forward | None = None) -> SingleTokenResult:
+def single_token_test(
+    model: AttentionClassifier,
+    tokens: Tensor,
+    lengths: Tensor,
+    max_rows: int = MAX_ROWS_PER_CALL,
+    full: Forward | None = None,
+) -> SingleTokenResult:
     """T&Š 2020 (sec. 4) single-token-input test on one batch.
 
     Args:
@@ -68,7 +72,7 @@ def single_token_test(model: AttentionClassifier, tokens: Tensor, lengths: Tenso
         tokens: [B, T] int64, lengths: [B] int64, special tokens included.
         max_rows: single-token inputs per model call (they all have one length, so every
             call is one dense batch; never one call per token).
-        full: :func:`attnmetrics.procedures.forward` on these rows, if the caller has it.
+        full: :func:`attnmetrics.loo.forward` on these rows, if the caller has it.
 
     Returns: :class:`SingleTokenResult`. Raises ValueError for lengths below lead + trail.
     """

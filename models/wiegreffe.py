@@ -14,26 +14,26 @@ The uniform baseline (sec. 3.2) is the ``uniform`` attention of the classifier z
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 import attnmetrics
-from attnmetrics.outputs import output_distribution
-from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
-from attnmetrics_models.text import EncodedSplit
-from attnmetrics_models.training import (
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.text import EncodedSplit
+from attnmetrics.models.training import (
     AttentionSource,
     TrainConfig,
     classification_metrics,
     predict,
     train,
 )
+from attnmetrics.outputs import output_distribution
 
 #: builds a freshly initialised model of a configuration (same seed and embeddings as the base)
-ModelFactory = Callable[[ModelConfig], AttentionClassifier]
+ModelFactory = Callable[[ModelConfig], EncoderAttentionClassifier]
 
 
 def attention_kl(p: Tensor, q: Tensor) -> Tensor:
@@ -50,7 +50,7 @@ def output_tvd(logits: Tensor, other: Tensor) -> Tensor:
     return 0.5 * (output_distribution(logits) - output_distribution(other)).abs().sum(-1)
 
 
-def attention_of(model: AttentionClassifier) -> AttentionSource:
+def attention_of(model: EncoderAttentionClassifier) -> AttentionSource:
     """The attention ``model`` (frozen, eval mode) gives a batch, as an :data:`AttentionSource`."""
     model.eval()
     return lambda tokens, lengths: model(tokens, lengths)[1]
@@ -63,12 +63,12 @@ class ConsistentAdversary:
     base's outputs and attention computed on the fly under no_grad. The epoch kept is the one
     with the lowest mean of that objective on the dev split."""
 
-    def __init__(self, base: AttentionClassifier, lam: float):
+    def __init__(self, base: EncoderAttentionClassifier, lam: float):
         if not (isinstance(lam, (int, float)) and math.isfinite(lam) and lam >= 0):
             raise ValueError(f"lambda must be a finite number >= 0, got {lam!r}")
         self.base, self.lam = base.eval(), float(lam)
 
-    def terms(self, model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+    def terms(self, model: EncoderAttentionClassifier, tokens: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
         """(output TVD [B], attention KL [B]) of ``model`` against the base."""
         with torch.no_grad():
             base_logits, base_attention = self.base(tokens, lengths)
@@ -95,9 +95,15 @@ class ConsistentAdversary:
         return -objective, {"objective": objective, "tvd": tvd, "kl": kl}
 
 
-def consistent_adversaries(base: AttentionClassifier, make: ModelFactory, train_data: EncodedSplit,
-                           dev_data: EncodedSplit, test_data: EncodedSplit, lambdas: Sequence[float],
-                           config: TrainConfig) -> tuple[dict, dict, list[AttentionClassifier]]:
+def consistent_adversaries(
+    base: EncoderAttentionClassifier,
+    make: ModelFactory,
+    train_data: EncodedSplit,
+    dev_data: EncodedSplit,
+    test_data: EncodedSplit,
+    lambdas: Sequence[float],
+    config: TrainConfig,
+) -> tuple[dict, dict, list[EncoderAttentionClassifier]]:
     """Train one model-consistent adversary per λ (W&P 2019, sec. 4.3-4.4) and score it on test.
 
     Args:
@@ -124,9 +130,18 @@ def consistent_adversaries(base: AttentionClassifier, make: ModelFactory, train_
         tvd = attnmetrics.tvd(output_distribution(p.logits), output_distribution(reference.logits))
         jsd = attnmetrics.jsd(p.attention, reference.attention)
         metrics = classification_metrics(p.logits, p.labels)
-        per_lambda.append({"lambda": float(lam), "tvd_mean": float(tvd.mean()), "jsd_mean": float(jsd.mean()),
-                           "accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
-                           "best_epoch": result.best_epoch, "history": result.history, "seconds": result.seconds})
+        per_lambda.append(
+            {
+                "lambda": float(lam),
+                "tvd_mean": float(tvd.mean()),
+                "jsd_mean": float(jsd.mean()),
+                "accuracy": metrics["accuracy"],
+                "macro_f1": metrics["macro_f1"],
+                "best_epoch": result.best_epoch,
+                "history": result.history,
+                "seconds": result.seconds,
+            }
+        )
         instances["lambda"].append(float(lam))
         instances["tvd"].append(tvd.tolist())
         instances["jsd"].append(jsd.tolist())
@@ -134,9 +149,15 @@ def consistent_adversaries(base: AttentionClassifier, make: ModelFactory, train_
     return {"per_lambda": per_lambda}, instances, models
 
 
-def diagnostic_mlps(base: AttentionClassifier, make: ModelFactory, train_data: EncodedSplit,
-                    dev_data: EncodedSplit, test_data: EncodedSplit, config: TrainConfig,
-                    adversary: AttentionClassifier | None = None) -> tuple[dict, dict]:
+def diagnostic_mlps(
+    base: EncoderAttentionClassifier,
+    make: ModelFactory,
+    train_data: EncodedSplit,
+    dev_data: EncodedSplit,
+    test_data: EncodedSplit,
+    config: TrainConfig,
+    adversary: EncoderAttentionClassifier | None = None,
+) -> tuple[dict, dict]:
     """W&P 2019's diagnostic MLPs (sec. 4.2): the ``average`` encoder (per-token Linear + tanh)
     with imposed attention, trained and tested with it.
 

@@ -1,11 +1,19 @@
-"""Shared test inputs: ragged attention batches and small decoders (float64 unless asked)."""
+"""Shared inputs of the tests and benchmarks: the checkout's paths (the real SST beside it),
+ragged attention batches and small decoders (float64 unless asked)."""
 
 import math
+import os
+from pathlib import Path
 
 import torch
 from torch import nn
 
 F64 = torch.float64
+
+#: the checkout's root
+ROOT = Path(__file__).resolve().parents[1]
+#: the real Stanford Sentiment Treebank (train/dev/test.txt), kept beside the checkout, never in it
+SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", ROOT.parent / "shared" / "data" / "sst"))
 
 
 def batch(b=40, t=12, h=6, dtype=F64, seed=0, temperature=2.0, min_len=0):
@@ -40,3 +48,29 @@ def wrapped(dec):
 
 def gen(seed):
     return torch.Generator().manual_seed(seed)
+
+
+def ragged_batch(batch, lo, hi, hidden, *, temperature=2.0, shared_direction=0.5, seed=0, dtype=torch.float32):
+    """The benchmarks' ragged batch: lengths uniform in [lo, hi], attention = softmax(temperature ·
+    N(0, 1)) over each prefix (peaked enough that removing the top items matters, rarely one-hot),
+    values N(0, 1) plus, with ``shared_direction``, a per-row multiple of one shared direction, so
+    outputs range from confident (never flip) to near the decision boundary."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(lo, hi + 1, (batch,), generator=g)
+    width = int(lengths.max())
+    mask = torch.arange(width) < lengths[:, None]
+    logits = torch.randn(batch, width, generator=g) * temperature
+    attention = torch.softmax(logits.masked_fill(~mask, -math.inf), 1)
+    direction = torch.randn(hidden, generator=g) if shared_direction else None
+    values = torch.randn(batch, width, hidden, generator=g)
+    if direction is not None:
+        values += shared_direction * torch.randn(batch, 1, 1, generator=g) * direction
+    return attention.to(dtype), values.to(dtype), lengths
+
+
+def bench_decoder(kind, hidden, classes=2, seed=0):
+    """The benchmarks' float32 decoders: ``linear`` (closed-form kernels) or a 64-unit tanh MLP."""
+    torch.manual_seed(seed)
+    if kind == "linear":
+        return nn.Linear(hidden, classes)
+    return nn.Sequential(nn.Linear(hidden, 64), nn.Tanh(), nn.Linear(64, classes)).eval()

@@ -119,8 +119,13 @@ def test_float32_matches_reference(kind):
 def test_amsgrad_one_candidate_and_zero_steps_match_reference():
     att, values, lengths = batch(b=8, seed=11, scale=2.0)
     dec = make_decoder("mlp", 5, 2)
-    for kw in (dict(amsgrad=True), dict(candidates=1), dict(steps=0),
-               dict(candidates=3, tvd_penalty=0.0, init_std=0.5), dict(tvd_threshold=1.0, tvd_margin=0.1)):
+    for kw in (
+        dict(amsgrad=True),
+        dict(candidates=1),
+        dict(steps=0),
+        dict(candidates=3, tvd_penalty=0.0, init_std=0.5),
+        dict(tvd_threshold=1.0, tvd_margin=0.1),
+    ):
         opts = FAST | kw
         got = adversarial_attention(att, values, dec, lengths, generator=seeded(), **opts)
         assert_same(got, adversarial_attention_reference(att, values, dec, lengths, generator=seeded(), **opts))
@@ -130,8 +135,15 @@ def test_amsgrad_one_candidate_and_zero_steps_match_reference():
 
 
 @settings(max_examples=12, deadline=None)
-@given(b=st.integers(1, 5), t=st.integers(0, 6), h=st.integers(1, 4), c=st.integers(1, 3),
-       k=st.integers(1, 4), seed=st.integers(0, 10**6), kind=st.sampled_from(["linear", "mlp"]))
+@given(
+    b=st.integers(1, 5),
+    t=st.integers(0, 6),
+    h=st.integers(1, 4),
+    c=st.integers(1, 3),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 10**6),
+    kind=st.sampled_from(["linear", "mlp"]),
+)
 def test_properties_against_reference(b, t, h, c, k, seed, kind):
     att, values, lengths = batch(b, t, h, seed=seed, scale=2.0)
     dec = make_decoder(kind, h, c)
@@ -186,8 +198,7 @@ def test_linear_closed_form_equals_general_path(classes):
     hooked = make_decoder("linear", 5, classes)
     hooked.register_forward_hook(lambda mod, inp, out: 3 * out)  # not a plain Linear any more
     tripled = adversarial_attention(att, values, hooked, lengths, generator=seeded(), **FAST)
-    assert_same(tripled, adversarial_attention(att, values, lambda x: 3 * lin(x), lengths,
-                                               generator=seeded(), **FAST))
+    assert_same(tripled, adversarial_attention(att, values, lambda x: 3 * lin(x), lengths, generator=seeded(), **FAST))
 
 
 def test_non_contiguous_and_padding_junk():
@@ -228,10 +239,9 @@ def test_constraints_hold(kind, classes):
     torch.testing.assert_close(sums[lengths > 0], torch.ones_like(sums[lengths > 0]))
     # the reported numbers are those of the reported attention
     torch.testing.assert_close(jsd(res.attention, att), res.max_jsd, rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(context_tvd(res.attention, values, dec, att), res.output_tvd,
-                               rtol=1e-10, atol=1e-14)
+    torch.testing.assert_close(context_tvd(res.attention, values, dec, att), res.output_tvd, rtol=1e-10, atol=1e-14)
     # rows with L <= 1, and rows where no candidate kept the output: the original
-    keep = (res.max_jsd == 0)
+    keep = res.max_jsd == 0
     assert keep[~real].all() and res.output_tvd[keep].eq(0).all()
     assert torch.equal(res.attention[keep], att[keep])
     assert (res.max_jsd[real] > 0.05).sum() >= 5  # the adversary does find something
@@ -253,11 +263,14 @@ def test_context_blind_decoder_reaches_ln2(decoder):
         with torch.no_grad():
             dec.weight.zero_()
     elif decoder == "detached":
+
         def dec(x):
             return torch.tensor([[0.3, -0.2]], dtype=F64).expand(x.shape[0], 2)
     else:
+
         def dec(x):
             return 0 * x[:, :1] + torch.tensor([[0.5]], dtype=F64)
+
     res = adversarial_attention(att, values, dec, lengths, generator=seeded())
     assert (res.output_tvd == 0).all()
     assert (res.max_jsd > 0.95 * LN2).all(), res.max_jsd

@@ -23,8 +23,8 @@ from torch import nn
 
 from attnmetrics import _ops, flip_fraction, jsd, kendall_tau, tvd
 from attnmetrics._ops import ops
+from attnmetrics.flip import random_scores, removal_order
 from attnmetrics.permutation import attention_permutations, permutation_test
-from attnmetrics.removal import random_scores, removal_order
 
 DEVICE = torch.device(os.environ.get("ATTNMETRICS_TEST_DEVICE") or "cuda")
 ON_GPU = DEVICE.type == "cuda"
@@ -72,6 +72,7 @@ def close(got, want, dtype, rtol64=1e-12):
 
 
 # ---- tvd / jsd ---------------------------------------------------------------------------------
+
 
 # widths cover the 4-lane groups (<= 16), a warp per row (< 2048), a block per row
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
@@ -164,8 +165,9 @@ def test_kendall_public_api_on_device():
     torch.testing.assert_close(host(got.tau), want.tau, rtol=0, atol=0, equal_nan=True)
     close(host(got.pvalue), want.pvalue, F64)
     # lengths as a list goes to the inputs' device; lengths on another device is an error
-    torch.testing.assert_close(host(kendall_tau(*dev(x, y), lengths.tolist()).tau), want.tau,
-                               rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(
+        host(kendall_tau(*dev(x, y), lengths.tolist()).tau), want.tau, rtol=0, atol=0, equal_nan=True
+    )
     if ON_GPU:
         with pytest.raises(ValueError, match="lengths is on cpu, expected cuda"):
             kendall_tau(*dev(x, y), lengths)
@@ -323,10 +325,17 @@ def test_permutation_test_on_device(kind):
     same TVDs up to rounding (the mlp's GEMMs round differently on the GPU)."""
     att, values, lengths = flip_batch(200, 14, 6, F64, seed=4)
     dec, dec_dev = _decoders(6, 3, F64)[kind], _decoders(6, 3, F64)[kind].to(DEVICE)
-    want = permutation_test(att, values, dec, lengths, permutations=20,
-                            generator=torch.Generator().manual_seed(3), return_all=True)
-    got = permutation_test(*dev(att, values), dec_dev, dev(lengths), permutations=20,
-                           generator=torch.Generator().manual_seed(3), return_all=True)
+    want = permutation_test(
+        att, values, dec, lengths, permutations=20, generator=torch.Generator().manual_seed(3), return_all=True
+    )
+    got = permutation_test(
+        *dev(att, values),
+        dec_dev,
+        dev(lengths),
+        permutations=20,
+        generator=torch.Generator().manual_seed(3),
+        return_all=True,
+    )
     assert got.median_tvd.device.type == DEVICE.type
     torch.testing.assert_close(host(got.tvd), want.tvd, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(host(got.median_tvd), want.median_tvd, rtol=1e-9, atol=1e-12)
@@ -367,62 +376,124 @@ def test_flip_ops_reject_bad_input_like_cpu():
         a = dict(attention=att, values=values, order=order, lengths=lengths, offsets=offsets) | kw
         return (ops.renormalised_contexts, (a["attention"], a["values"], a["order"], a["lengths"], a["offsets"]))
 
-    common = [dict(order=far), dict(order=neg), dict(order=dup), dict(order=late),
-              dict(lengths=torch.full((5,), 7)), dict(lengths=torch.tensor([2, 3, -1, 9, 2])),
-              dict(lengths=lengths[:4]), dict(lengths=lengths.int()), dict(order=order.int()),
-              dict(order=order[:, :5].contiguous()), dict(attention=att.double()), dict(attention=att.t()),
-              dict(attention=att[:, None])]
+    common = [
+        dict(order=far),
+        dict(order=neg),
+        dict(order=dup),
+        dict(order=late),
+        dict(lengths=torch.full((5,), 7)),
+        dict(lengths=torch.tensor([2, 3, -1, 9, 2])),
+        dict(lengths=lengths[:4]),
+        dict(lengths=lengths.int()),
+        dict(order=order.int()),
+        dict(order=order[:, :5].contiguous()),
+        dict(attention=att.double()),
+        dict(attention=att.t()),
+        dict(attention=att[:, None]),
+    ]
     for kw in common:
         for make in (linear, contexts):
             assert_same_error(*make(**kw))
-    for kw in (dict(bias=bias[:1]), dict(projected=proj[:4]), dict(projected=proj.transpose(0, 1)),
-               dict(bias=bias.double()), dict(projected=proj[..., :0])):
+    for kw in (
+        dict(bias=bias[:1]),
+        dict(projected=proj[:4]),
+        dict(projected=proj.transpose(0, 1)),
+        dict(bias=bias.double()),
+        dict(projected=proj[..., :0]),
+    ):
         assert_same_error(*linear(**kw))
-    for kw in (dict(offsets=offsets + 1), dict(offsets=offsets[:3]), dict(offsets=offsets.flip(0)),
-               dict(values=values[:, :5]), dict(values=values.double())):
+    for kw in (
+        dict(offsets=offsets + 1),
+        dict(offsets=offsets[:3]),
+        dict(offsets=offsets.flip(0)),
+        dict(values=values[:, :5]),
+        dict(values=values.double()),
+    ):
         assert_same_error(*contexts(**kw))
 
 
 def test_kendall_and_distances_reject_bad_input_like_cpu():
     x, full = torch.rand(3, 5), torch.full((3,), 5)
-    for args in [(x, x, torch.tensor([5, 6, 1])), (x, x, torch.tensor([5, -2, 1])), (x, torch.rand(3, 4), full),
-                 (x, x, torch.full((2,), 5)), (x, x, full.int()), (x, x.double(), full),
-                 (x.long(), x.long(), full), (x[0], x[0], full[:1]), (torch.rand(5, 3).t(), x, full)]:
+    for args in [
+        (x, x, torch.tensor([5, 6, 1])),
+        (x, x, torch.tensor([5, -2, 1])),
+        (x, torch.rand(3, 4), full),
+        (x, x, torch.full((2,), 5)),
+        (x, x, full.int()),
+        (x, x.double(), full),
+        (x.long(), x.long(), full),
+        (x[0], x[0], full[:1]),
+        (torch.rand(5, 3).t(), x, full),
+    ]:
         assert_same_error(ops.kendall_tau, args)
     good = torch.rand(3, 4)
     for op in (ops.tvd, ops.jsd):
-        for args in [(torch.rand(4), torch.rand(4)), (good, torch.rand(3, 5)), (good, good.double()),
-                     (good.long(), good.long()), (good.t(), good.t())]:
+        for args in [
+            (torch.rand(4), torch.rand(4)),
+            (good, torch.rand(3, 5)),
+            (good, good.double()),
+            (good.long(), good.long()),
+            (good.t(), good.t()),
+        ]:
             assert_same_error(op, args)
 
 
 def test_permutation_projection_loo_reject_bad_input_like_cpu():
     att, proj, bias, lengths = perm_inputs(5, 6, 2, torch.float32, seed=1)
-    for args in [(att, proj, bias, torch.tensor([1, 2, 7, 0, 1]), 3, 0, 0),
-                 (att, proj, bias, torch.tensor([1, -2, 3, 0, 1]), 3, 0, 0),
-                 (att, proj, bias, lengths, 0, 0, 0), (att, proj, bias, lengths, 3, 0, -1),
-                 (att, proj, bias, lengths.int(), 3, 0, 0), (att, proj, bias, lengths[:4], 3, 0, 0),
-                 (att, proj, bias[:1], lengths, 3, 0, 0), (att, proj.double(), bias, lengths, 3, 0, 0),
-                 (att.long(), proj, bias, lengths, 3, 0, 0), (att.t(), proj, bias, lengths, 3, 0, 0),
-                 (att, proj.transpose(0, 1), bias, lengths, 3, 0, 0)]:
+    for args in [
+        (att, proj, bias, torch.tensor([1, 2, 7, 0, 1]), 3, 0, 0),
+        (att, proj, bias, torch.tensor([1, -2, 3, 0, 1]), 3, 0, 0),
+        (att, proj, bias, lengths, 0, 0, 0),
+        (att, proj, bias, lengths, 3, 0, -1),
+        (att, proj, bias, lengths.int(), 3, 0, 0),
+        (att, proj, bias, lengths[:4], 3, 0, 0),
+        (att, proj, bias[:1], lengths, 3, 0, 0),
+        (att, proj.double(), bias, lengths, 3, 0, 0),
+        (att.long(), proj, bias, lengths, 3, 0, 0),
+        (att.t(), proj, bias, lengths, 3, 0, 0),
+        (att, proj.transpose(0, 1), bias, lengths, 3, 0, 0),
+    ]:
         assert_same_error(ops.permutation_tvd_linear, args)
-    for args in [(torch.tensor([1, 9]), 6, 2, 0, 0, 0), (torch.tensor([1, -1]), 6, 2, 0, 0, 0),
-                 (lengths, 6, 0, 0, 0, 0), (lengths, 6, 2, 0, -1, 0), (lengths, 6, 2, 0, 0, -2),
-                 (lengths, -1, 2, 0, 0, 0), (lengths, 2**32, 1, 0, 0, 0), (lengths.int(), 6, 2, 0, 0, 0),
-                 (lengths[None], 6, 2, 0, 0, 0)]:
+    for args in [
+        (torch.tensor([1, 9]), 6, 2, 0, 0, 0),
+        (torch.tensor([1, -1]), 6, 2, 0, 0, 0),
+        (lengths, 6, 0, 0, 0, 0),
+        (lengths, 6, 2, 0, -1, 0),
+        (lengths, 6, 2, 0, 0, -2),
+        (lengths, -1, 2, 0, 0, 0),
+        (lengths, 2**32, 1, 0, 0, 0),
+        (lengths.int(), 6, 2, 0, 0, 0),
+        (lengths[None], 6, 2, 0, 0, 0),
+    ]:
         assert_same_error(ops.attention_permutations, args)
     values, weight = proj[..., None].expand(5, 6, 2, 3).reshape(5, 6, 6).contiguous(), torch.rand(2, 6)
-    for args in [(values, weight, torch.tensor([1, 2, 7, 0, 1])), (values, weight, torch.tensor([-1, 2, 3, 0, 1])),
-                 (values, weight[:, :5].contiguous(), lengths), (values, weight.double(), lengths),
-                 (values.long(), weight, lengths), (values[0], weight, lengths), (values, weight, lengths[:3]),
-                 (values, weight, lengths.int()), (values.transpose(0, 1), weight, lengths), (values, weight.t(), lengths)]:
+    for args in [
+        (values, weight, torch.tensor([1, 2, 7, 0, 1])),
+        (values, weight, torch.tensor([-1, 2, 3, 0, 1])),
+        (values, weight[:, :5].contiguous(), lengths),
+        (values, weight.double(), lengths),
+        (values.long(), weight, lengths),
+        (values[0], weight, lengths),
+        (values, weight, lengths[:3]),
+        (values, weight, lengths.int()),
+        (values.transpose(0, 1), weight, lengths),
+        (values, weight.t(), lengths),
+    ]:
         assert_same_error(ops.project_prefix, args)
     tokens = torch.randint(5, 50, (4, 6))
     good = torch.tensor([3, 6, 2, 4])
-    for args in [(tokens, torch.tensor([3, 7, 2, 4]), 1, 1, None, 0), (tokens, torch.tensor([3, 6, 1, 4]), 1, 1, 5, 0),
-                 (tokens, good, 7, 0, None, 0), (tokens, good, 0, -1, None, 0), (tokens, good, 1, 1, -3, 0),
-                 (tokens.int(), good, 1, 1, None, 0), (tokens, good.int(), 1, 1, None, 0), (tokens[0], good, 1, 1, None, 0),
-                 (tokens, good[:3], 1, 1, None, 0), (tokens.t(), good, 0, 0, None, 0)]:
+    for args in [
+        (tokens, torch.tensor([3, 7, 2, 4]), 1, 1, None, 0),
+        (tokens, torch.tensor([3, 6, 1, 4]), 1, 1, 5, 0),
+        (tokens, good, 7, 0, None, 0),
+        (tokens, good, 0, -1, None, 0),
+        (tokens, good, 1, 1, -3, 0),
+        (tokens.int(), good, 1, 1, None, 0),
+        (tokens, good.int(), 1, 1, None, 0),
+        (tokens[0], good, 1, 1, None, 0),
+        (tokens, good[:3], 1, 1, None, 0),
+        (tokens.t(), good, 0, 0, None, 0),
+    ]:
         assert_same_error(ops.leave_one_out_batch, args)
 
 
@@ -539,9 +610,20 @@ SCRATCH_BUDGET = 256 * 2**20  # csrc/cuda/geometry.h kScratchBudget
 MiB = 2**20
 
 
-@pytest.mark.parametrize("op", ["tvd", "jsd", "kendall_tau", "flip_search_linear", "renormalised_contexts",
-                                "attention_permutations", "permutation_tvd_linear", "project_prefix",
-                                "leave_one_out_batch"])
+@pytest.mark.parametrize(
+    "op",
+    [
+        "tvd",
+        "jsd",
+        "kendall_tau",
+        "flip_search_linear",
+        "renormalised_contexts",
+        "attention_permutations",
+        "permutation_tvd_linear",
+        "project_prefix",
+        "leave_one_out_batch",
+    ],
+)
 def test_a_million_rows_within_memory_bound(op):
     """B = 1,000,000 rows (more than one thread-per-row pass: 2^18 slots), every row
     compared with the CPU, device memory above the inputs bounded."""
@@ -636,8 +718,12 @@ def test_side_stream_results_equal_default_stream():
     x, y = (torch.from_numpy(rng.standard_normal((500, 40))) for _ in range(2))
     lengths = torch.from_numpy(rng.integers(0, 41, 500))
     att, proj, bias, order, flen, _ = raw_flip_inputs(500, 20, 3, F64, seed=6)
-    calls = [(ops.tvd, dev(p, q)), (ops.jsd, dev(p, q)), (ops.kendall_tau, dev(x, y, lengths)),
-             (ops.flip_search_linear, dev(att, proj, bias, order, flen))]
+    calls = [
+        (ops.tvd, dev(p, q)),
+        (ops.jsd, dev(p, q)),
+        (ops.kendall_tau, dev(x, y, lengths)),
+        (ops.flip_search_linear, dev(att, proj, bias, order, flen)),
+    ]
     want = [host(op(*args)) for op, args in calls]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

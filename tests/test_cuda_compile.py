@@ -1,4 +1,4 @@
-"""The CUDA back end, checked on a machine without a GPU (DESIGN §1).
+"""The CUDA back end, checked on a machine without a GPU (docs/architecture.md).
 
 - every ``csrc/cuda/*.cu`` compiles with plain ``nvcc -c -I csrc`` (no torch headers) for
   sm_80 and sm_90, with the loader's nvcc flags and warnings as errors;
@@ -27,11 +27,10 @@ import subprocess
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils import cpp_extension
-
-import numpy as np
 
 import attnmetrics
 from attnmetrics import _ops
@@ -57,15 +56,14 @@ def find_nvcc() -> str | None:
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
         if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
             return os.path.join(home, "bin", "nvcc")
-    return shutil.which("nvcc") or (
-        "/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None
-    )
+    return shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
 
 
 def cuda_include_dirs(nvcc: str) -> list[str]:
     """The include dirs nvcc itself passes (its --dryrun INCLUDES line)."""
-    out = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull], capture_output=True, text=True, timeout=60
+    )
     found = re.search(r'INCLUDES="([^"]*)"', out.stdout + out.stderr)
     dirs = [d[2:] for d in found.group(1).split() if d.startswith("-I")] if found else []
     return [d for d in dirs if os.path.exists(os.path.join(d, "cuda_runtime_api.h"))]
@@ -78,9 +76,21 @@ def _jobs(tmp: Path) -> dict[str, list[str]]:
     jobs = {}
     if NVCC:
         for name in KERNELS:
-            jobs[name] = [NVCC, "-c", str(CSRC / "cuda" / name), "-o", str(tmp / f"{name}.o"), *ARCHS,
-                          *_ops.NVCC_FLAGS, "-I", str(CSRC), "--Werror", "all-warnings",
-                          "-Xcompiler", "-Wall,-Wextra"]
+            jobs[name] = [
+                NVCC,
+                "-c",
+                str(CSRC / "cuda" / name),
+                "-o",
+                str(tmp / f"{name}.o"),
+                *ARCHS,
+                *_ops.NVCC_FLAGS,
+                "-I",
+                str(CSRC),
+                "--Werror",
+                "all-warnings",
+                "-Xcompiler",
+                "-Wall,-Wextra",
+            ]
         includes = cuda_include_dirs(NVCC)
         if includes:
             # The CUDA wheel's generated c10/cuda/impl/cuda_cmake_macros.h is missing from a
@@ -89,13 +99,38 @@ def _jobs(tmp: Path) -> dict[str, list[str]]:
             # -c -O0 rather than -fsyntax-only: as cheap, and the object's undefined symbols
             # show which launchers it calls (checked against the kernels' objects below).
             for name in GLUE:
-                jobs[name] = [CXX, "-std=c++17", "-c", "-O0", "-Wall", "-Wextra", "-Werror",
-                              "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE", "-DTORCH_API_INCLUDE_EXTENSION_H",
-                              "-DTORCH_EXTENSION_NAME=attnmetrics_C_cuda", *system, "-I", str(CSRC),
-                              str(CSRC / "cuda" / name), "-o", str(tmp / f"{name}.o")]
+                jobs[name] = [
+                    CXX,
+                    "-std=c++17",
+                    "-c",
+                    "-O0",
+                    "-Wall",
+                    "-Wextra",
+                    "-Werror",
+                    "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE",
+                    "-DTORCH_API_INCLUDE_EXTENSION_H",
+                    "-DTORCH_EXTENSION_NAME=attnmetrics_C_cuda",
+                    *system,
+                    "-I",
+                    str(CSRC),
+                    str(CSRC / "cuda" / name),
+                    "-o",
+                    str(tmp / f"{name}.o"),
+                ]
     if shutil.which(CXX):
-        jobs["host_harness"] = [CXX, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", str(CSRC),
-                                str(ROOT / "tests" / "cuda" / "host_harness.cpp"), "-o", str(tmp / "harness")]
+        jobs["host_harness"] = [
+            CXX,
+            "-std=c++17",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-I",
+            str(CSRC),
+            str(ROOT / "tests" / "cuda" / "host_harness.cpp"),
+            "-o",
+            str(tmp / "harness"),
+        ]
     return jobs
 
 
@@ -147,8 +182,9 @@ def test_glue_registers_every_op_once_as_the_cpu_impls_do():
     cpu = {p.stem: _registered(p, "CPU") for p in (CSRC / "cpu").glob("*.cpp")}
     everything = [op for ops in cuda.values() for op in ops]
     assert sorted(everything) == sorted(_ops._OPS)
-    assert {name.removesuffix("_cuda.cpp"): sorted(ops) for name, ops in cuda.items()} == \
-        {family: sorted(ops) for family, ops in cpu.items()}
+    assert {name.removesuffix("_cuda.cpp"): sorted(ops) for name, ops in cuda.items()} == {
+        family: sorted(ops) for family, ops in cpu.items()
+    }
 
 
 def test_build_object_names_are_unique():
@@ -243,12 +279,14 @@ def test_host_harness_equals_cpu_ops(builds, tmp_path):
     for op, a in _harness_cases(tmp_path):
         seen[op] = seen.get(op, 0) + 1
         if op == "attention_permutations":
-            got = ops.attention_permutations(a["lengths"], a["width"], a["permutations"], a["seed"],
-                                             a["row_offset"], a["permutation_offset"])
+            got = ops.attention_permutations(
+                a["lengths"], a["width"], a["permutations"], a["seed"], a["row_offset"], a["permutation_offset"]
+            )
             assert torch.equal(got, a["out"])
         elif op == "permutation_tvd_linear":
-            median, tvds = ops.permutation_tvd_linear(a["attention"], a["projected"], a["bias"], a["lengths"],
-                                                      a["permutations"], a["seed"], a["row_offset"])
+            median, tvds = ops.permutation_tvd_linear(
+                a["attention"], a["projected"], a["bias"], a["lengths"], a["permutations"], a["seed"], a["row_offset"]
+            )
             assert torch.equal(tvds, a["tvd"]) and torch.equal(median, a["median"])
             assert (tvds > 0).any() or a["attention"].shape[1] <= 1
         elif op == "project_prefix":
@@ -259,8 +297,12 @@ def test_host_harness_equals_cpu_ops(builds, tmp_path):
             got = ops.leave_one_out_batch(a["tokens"], a["lengths"], a["lead"], a["trail"], mask, a["pad"])
             for g, name in zip(got, ("out", "out_lengths", "out_source")):
                 assert torch.equal(g, a[name]), name
-    assert seen == {"attention_permutations": 6, "permutation_tvd_linear": 14, "project_prefix": 12,
-                    "leave_one_out_batch": 7}
+    assert seen == {
+        "attention_permutations": 6,
+        "permutation_tvd_linear": 14,
+        "project_prefix": 12,
+        "leave_one_out_batch": 7,
+    }
 
 
 GLUE_HEADER = CSRC / "cuda" / "glue.h"  # the glue files' shared helpers: ATen, for them only
@@ -312,6 +354,9 @@ def test_cpu_build_sources_have_no_cuda():
 def test_this_process_loaded_the_expected_build():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        expected = torch.cuda.is_available() and _ops.find_nvcc() is not None \
+        expected = (
+            torch.cuda.is_available()
+            and _ops.find_nvcc() is not None
             and os.environ.get("ATTNMETRICS_CUDA", "auto") != "0"
+        )
     assert _ops.CUDA_KERNELS == expected

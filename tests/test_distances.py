@@ -21,7 +21,7 @@ def distributions(rng, shape, zeros=0.0):
     w = rng.exponential(size=shape)
     if zeros:
         w[rng.random(shape) < zeros] = 0.0
-        w[..., 0] += (w.sum(-1) == 0)  # keep every row a distribution
+        w[..., 0] += w.sum(-1) == 0  # keep every row a distribution
     return w / w.sum(-1, keepdims=True)
 
 
@@ -53,8 +53,9 @@ def test_float32_accumulates_in_double():
     got_j, got_t = jsd(p32, q32), tvd(p32, q32)
     assert got_j.dtype == got_t.dtype == torch.float32
     # One rounding to float32 at the end, nothing accumulated in float32.
-    np.testing.assert_allclose(got_j.numpy(), scipy_jsd(p64 / p64.sum(1, keepdims=True),
-                                                       q64 / q64.sum(1, keepdims=True)), rtol=1e-5)
+    np.testing.assert_allclose(
+        got_j.numpy(), scipy_jsd(p64 / p64.sum(1, keepdims=True), q64 / q64.sum(1, keepdims=True)), rtol=1e-5
+    )
     expected_t = numpy_tvd(p64, q64)
     np.testing.assert_allclose(got_t.numpy(), expected_t.astype(np.float32), rtol=2e-7)
 

@@ -12,15 +12,15 @@ from hypothesis import strategies as st
 from torch import nn
 
 import attnmetrics
-from attnmetrics.outputs import decision
-from attnmetrics.reference import flip_fraction_reference, flip_search_sequential
-from attnmetrics.removal import (
+from attnmetrics.flip import (
     FlipResult,
     attention_gradient,
     flip_fraction,
     random_scores,
     removal_order,
 )
+from attnmetrics.outputs import decision
+from attnmetrics.reference import flip_fraction_reference, flip_search_sequential
 from tests.inputs import batch, linear, make_decoder, mlp
 
 F64 = torch.float64
@@ -200,7 +200,9 @@ def step_margins(att, values, dec, lengths, scores):
                     w[ranked[k - 1]] = 0
                 ctx = (w / w.sum())[:, None].mul(values[b, :n]).sum(0) if w.sum() > 0 else values[b, 0] * 0
                 z = dec(ctx[None])[0]
-                margins.append(z.abs()[0].item() if z.numel() == 1 else (z.topk(2).values[0] - z.topk(2).values[1]).item())
+                margins.append(
+                    z.abs()[0].item() if z.numel() == 1 else (z.topk(2).values[0] - z.topk(2).values[1]).item()
+                )
             out.append(margins)
     return out
 
@@ -291,7 +293,7 @@ def test_row_alone_equals_row_in_batch():
         whole = flip_fraction(att, values, dec, lengths, "sign_grad_attn")
         for b in range(0, 25, 4):
             n = max(int(lengths[b]), 1)
-            alone = flip_fraction(att[b:b + 1, :n], values[b:b + 1, :n], dec, lengths[b:b + 1], "sign_grad_attn")
+            alone = flip_fraction(att[b : b + 1, :n], values[b : b + 1, :n], dec, lengths[b : b + 1], "sign_grad_attn")
             assert alone.removed.item() == whole.removed[b].item()
             torch.testing.assert_close(alone.mass[0], whole.mass[b], equal_nan=True)
 
@@ -303,11 +305,9 @@ def test_row_alone_equals_row_in_batch():
 def test_random_order(kind):
     att, values, lengths = batch(b=30, t=12, seed=37)
     dec = make_decoder(kind, 6, 2)
-    res = flip_fraction(att, values, dec, lengths, "random", samples=3,
-                        generator=torch.Generator().manual_seed(5))
+    res = flip_fraction(att, values, dec, lengths, "random", samples=3, generator=torch.Generator().manual_seed(5))
     assert all(f.shape == (3, 30) for f in res)
-    again = flip_fraction(att, values, dec, lengths, "random", samples=3,
-                          generator=torch.Generator().manual_seed(5))
+    again = flip_fraction(att, values, dec, lengths, "random", samples=3, generator=torch.Generator().manual_seed(5))
     for a, b in zip(res, again):
         assert torch.equal(a.nan_to_num(-7), b.nan_to_num(-7))
     # sample s is ordered by the s-th draw of random_scores from the same generator
@@ -367,8 +367,12 @@ def test_attention_gradient_never_reads_padding():
 
 @settings(max_examples=40, deadline=None)
 @given(
-    b=st.integers(1, 6), t=st.integers(0, 7), h=st.integers(1, 4), c=st.integers(1, 3),
-    seed=st.integers(0, 10**6), kind=st.sampled_from(["linear", "mlp"]),
+    b=st.integers(1, 6),
+    t=st.integers(0, 7),
+    h=st.integers(1, 4),
+    c=st.integers(1, 3),
+    seed=st.integers(0, 10**6),
+    kind=st.sampled_from(["linear", "mlp"]),
     order=st.sampled_from(NAMED),
 )
 def test_properties(b, t, h, c, seed, kind, order):
@@ -450,23 +454,37 @@ def test_raw_ops_reject_bad_input():
     dup = order.clone()
     dup[3, 1] = dup[3, 0]
     cases = [
-        (dict(order=far), "order"), (dict(order=neg), "order"), (dict(order=dup), "order"),
-        (dict(lengths=torch.full((5,), 7)), "lengths"), (dict(lengths=torch.full((5,), -1)), "lengths"),
-        (dict(lengths=lengths[:4]), "lengths"), (dict(lengths=lengths.int()), "lengths"),
-        (dict(order=order.int()), "order"), (dict(order=order[:, :5].contiguous()), "order"),
-        (dict(attention=att.double()), "dtype"), (dict(attention=att.t()), "attention"),
+        (dict(order=far), "order"),
+        (dict(order=neg), "order"),
+        (dict(order=dup), "order"),
+        (dict(lengths=torch.full((5,), 7)), "lengths"),
+        (dict(lengths=torch.full((5,), -1)), "lengths"),
+        (dict(lengths=lengths[:4]), "lengths"),
+        (dict(lengths=lengths.int()), "lengths"),
+        (dict(order=order.int()), "order"),
+        (dict(order=order[:, :5].contiguous()), "order"),
+        (dict(attention=att.double()), "dtype"),
+        (dict(attention=att.t()), "attention"),
         (dict(attention=att[:, None]), "attention"),
     ]
     for kw, word in cases:
         for op in (linear_op, contexts_op):
             with pytest.raises(RuntimeError, match=word):
                 op(**kw)
-    for kw, word in [(dict(bias=bias[:1]), "bias"), (dict(projected=proj[:4]), "projected"),
-                     (dict(projected=proj.transpose(0, 1)), "projected"), (dict(bias=bias.double()), "bias")]:
+    for kw, word in [
+        (dict(bias=bias[:1]), "bias"),
+        (dict(projected=proj[:4]), "projected"),
+        (dict(projected=proj.transpose(0, 1)), "projected"),
+        (dict(bias=bias.double()), "bias"),
+    ]:
         with pytest.raises(RuntimeError, match=word):
             linear_op(**kw)
-    for kw, word in [(dict(offsets=offsets + 1), "offsets"), (dict(offsets=offsets[:3]), "offsets"),
-                     (dict(values=values[:, :5]), "values"), (dict(values=values.double()), "values")]:
+    for kw, word in [
+        (dict(offsets=offsets + 1), "offsets"),
+        (dict(offsets=offsets[:3]), "offsets"),
+        (dict(values=values[:, :5]), "values"),
+        (dict(values=values.double()), "values"),
+    ]:
         with pytest.raises(RuntimeError, match=word):
             contexts_op(**kw)
 
@@ -481,8 +499,14 @@ def test_clear_errors():
     def call(**kw):
         a = dict(attention=att, values=values, decoder=dec, lengths=lengths) | kw
         order = a.pop("order", "attention")
-        return flip_fraction(a["attention"], a["values"], a["decoder"], a["lengths"], order,
-                             **{k: v for k, v in a.items() if k not in ("attention", "values", "decoder", "lengths")})
+        return flip_fraction(
+            a["attention"],
+            a["values"],
+            a["decoder"],
+            a["lengths"],
+            order,
+            **{k: v for k, v in a.items() if k not in ("attention", "values", "decoder", "lengths")},
+        )
 
     nan = att.clone()
     nan[0, 0] = math.nan

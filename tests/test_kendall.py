@@ -240,7 +240,12 @@ X = torch.rand(3, 5)
 @pytest.mark.parametrize(
     "x, y, lengths, match",
     [
-        (X.masked_fill(torch.eye(3, 5, dtype=torch.bool), float("nan")), X, None, "x contains NaN in the valid prefix of row 0"),
+        (
+            X.masked_fill(torch.eye(3, 5, dtype=torch.bool), float("nan")),
+            X,
+            None,
+            "x contains NaN in the valid prefix of row 0",
+        ),
         (X, torch.cat([X[:2], torch.full((1, 5), float("nan"))]), None, "y contains NaN in the valid prefix of row 2"),
         (X, torch.rand(3, 4), None, r"y must have x's shape \[3, 5\], got \[3, 4\]"),
         (X, X.double(), None, "x and y must have one dtype, got x torch.float32 and y torch.float64"),

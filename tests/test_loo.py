@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 import attnmetrics
 from attnmetrics import leave_one_out
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.deletions import delete_positions
 from attnmetrics.outputs import output_distribution
 from attnmetrics.reference import leave_one_out_jw, leave_one_out_reference, tvd_reference
-from attnmetrics_models.classifier import AttentionClassifier, ModelConfig
-from attnmetrics_models.deletions import delete_positions
 from tests.toy import ToyClassifier
 
 F64 = torch.float64
@@ -39,9 +39,11 @@ class Toy(ToyClassifier):
         return super().attend(hidden, lengths).nan_to_num(0.0)
 
 
-def real_model(classes: int, dtype=torch.float32, seed: int = 0) -> AttentionClassifier:
+def real_model(classes: int, dtype=torch.float32, seed: int = 0) -> EncoderAttentionClassifier:
     torch.manual_seed(seed)
-    return AttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6, num_classes=classes)).to(dtype)
+    return EncoderAttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6, num_classes=classes)).to(
+        dtype
+    )
 
 
 def ragged(rows=10, width=12, vocab=30, seed=0, min_len=3, lead=1, trail=1):
@@ -298,8 +300,14 @@ def test_restores_training_mode():
 
 
 @settings(max_examples=15, deadline=None)
-@given(rows=st.integers(1, 5), width=st.integers(2, 8), classes=st.integers(1, 3),
-       mode=st.sampled_from(MODES), seed=st.integers(0, 10**6), budget=st.sampled_from([1, 500, 10**8]))
+@given(
+    rows=st.integers(1, 5),
+    width=st.integers(2, 8),
+    classes=st.integers(1, 3),
+    mode=st.sampled_from(MODES),
+    seed=st.integers(0, 10**6),
+    budget=st.sampled_from([1, 500, 10**8]),
+)
 def test_properties(rows, width, classes, mode, seed, budget):
     model = Toy(classes=classes, seed=seed % 7)
     tokens, lengths = ragged(rows, width, seed=seed, min_len=2)
@@ -307,7 +315,9 @@ def test_properties(rows, width, classes, mode, seed, budget):
     got = leave_one_out(model, tokens, lengths, mode=mode, mask_token=mask_token, memory_budget=budget)
     assert got.shape == (rows, width - 1)
     assert ((got >= 0) & (got <= 1)).all()
-    torch.testing.assert_close(got, leave_one_out_reference(model, tokens, lengths, mode, mask_token), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        got, leave_one_out_reference(model, tokens, lengths, mode, mask_token), rtol=0, atol=1e-12
+    )
 
 
 # ---- the kernel op ----------------------------------------------------------------------------

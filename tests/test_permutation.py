@@ -37,8 +37,7 @@ def test_imports_this_checkout():
 
 
 def run(att, values, dec, lengths, p=20, seed=0, **kw):
-    return permutation_test(att, values, dec, lengths, permutations=p, generator=gen(seed),
-                            return_all=True, **kw)
+    return permutation_test(att, values, dec, lengths, permutations=p, generator=gen(seed), return_all=True, **kw)
 
 
 def reference(att, values, dec, lengths, p=20, seed=0):
@@ -236,8 +235,12 @@ def test_short_rows_and_all_padding():
         assert got.max_attention[lengths == 0].isnan().all()
         assert (got.max_attention[lengths == 1] == 1).all()
     for t in (4, 0):
-        empty = run(torch.zeros(3, t, dtype=F64), torch.randn(3, t, 2, dtype=F64), linear(2, 2),
-                     torch.zeros(3, dtype=torch.int64))
+        empty = run(
+            torch.zeros(3, t, dtype=F64),
+            torch.randn(3, t, 2, dtype=F64),
+            linear(2, 2),
+            torch.zeros(3, dtype=torch.int64),
+        )
         assert (empty.median_tvd == 0).all() and empty.max_attention.isnan().all()
 
 
@@ -365,8 +368,13 @@ def test_generator_reproducibility():
 
 @settings(max_examples=30, deadline=None)
 @given(
-    b=st.integers(1, 6), t=st.integers(0, 9), h=st.integers(1, 4), c=st.integers(1, 3),
-    p=st.integers(1, 9), seed=st.integers(0, 10**6), kind=st.sampled_from(["linear", "mlp"]),
+    b=st.integers(1, 6),
+    t=st.integers(0, 9),
+    h=st.integers(1, 4),
+    c=st.integers(1, 3),
+    p=st.integers(1, 9),
+    seed=st.integers(0, 10**6),
+    kind=st.sampled_from(["linear", "mlp"]),
 )
 def test_properties(b, t, h, c, p, seed, kind):
     att, values, lengths = batch(b, t, h, seed=seed)
@@ -413,11 +421,17 @@ def test_project_prefix(dtype):
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
     assert got.dtype == dtype and (got[pad] == 0).all()
     torch.library.opcheck(_ops().project_prefix.default, (values, weight, lengths))
-    for kw, word in [(dict(weight=weight[:, :5].contiguous()), "weight"), (dict(weight=weight.t()), "weight"),
-                     (dict(weight=weight.to(F64 if dtype == torch.float32 else torch.float32)), "weight dtype"),
-                     (dict(values=values.transpose(1, 2)), "values"), (dict(values=values[0]), "values"),
-                     (dict(values=values.long()), "values"), (dict(lengths=lengths[:3]), "lengths"),
-                     (dict(lengths=lengths + 9), "lengths"), (dict(lengths=lengths.int()), "lengths")]:
+    for kw, word in [
+        (dict(weight=weight[:, :5].contiguous()), "weight"),
+        (dict(weight=weight.t()), "weight"),
+        (dict(weight=weight.to(F64 if dtype == torch.float32 else torch.float32)), "weight dtype"),
+        (dict(values=values.transpose(1, 2)), "values"),
+        (dict(values=values[0]), "values"),
+        (dict(values=values.long()), "values"),
+        (dict(lengths=lengths[:3]), "lengths"),
+        (dict(lengths=lengths + 9), "lengths"),
+        (dict(lengths=lengths.int()), "lengths"),
+    ]:
         a = dict(values=values, weight=weight, lengths=lengths) | kw
         with pytest.raises(RuntimeError, match=word):
             _ops().project_prefix(a["values"], a["weight"], a["lengths"])
@@ -428,8 +442,7 @@ def test_raw_ops_reject_bad_input():
     ops = _ops()
 
     def linear_op(**kw):
-        a = dict(attention=att, projected=proj, bias=bias, lengths=lengths, permutations=3, seed=1,
-                 row_offset=0) | kw
+        a = dict(attention=att, projected=proj, bias=bias, lengths=lengths, permutations=3, seed=1, row_offset=0) | kw
         return ops.permutation_tvd_linear(*a.values())
 
     def perms_op(**kw):
@@ -437,24 +450,37 @@ def test_raw_ops_reject_bad_input():
         return ops.attention_permutations(*a.values())
 
     shared = [
-        (dict(lengths=torch.full((5,), 7)), "lengths"), (dict(lengths=torch.full((5,), -1)), "lengths"),
-        (dict(lengths=lengths.int()), "lengths"), (dict(permutations=0), "permutations"),
-        (dict(row_offset=-1), "row_offset"), (dict(lengths=lengths[:, None]), "lengths"),
+        (dict(lengths=torch.full((5,), 7)), "lengths"),
+        (dict(lengths=torch.full((5,), -1)), "lengths"),
+        (dict(lengths=lengths.int()), "lengths"),
+        (dict(permutations=0), "permutations"),
+        (dict(row_offset=-1), "row_offset"),
+        (dict(lengths=lengths[:, None]), "lengths"),
     ]
-    for kw, word in shared + [(dict(lengths=lengths[:4]), "lengths"), (dict(attention=att.double()), "dtype"),
-                              (dict(attention=att.t()), "attention"),
-                              (dict(attention=att[:, None]), "attention"),
-                              (dict(attention=att.long()), "attention")]:
+    for kw, word in shared + [
+        (dict(lengths=lengths[:4]), "lengths"),
+        (dict(attention=att.double()), "dtype"),
+        (dict(attention=att.t()), "attention"),
+        (dict(attention=att[:, None]), "attention"),
+        (dict(attention=att.long()), "attention"),
+    ]:
         with pytest.raises(RuntimeError, match=word):
             linear_op(**kw)
-    for kw, word in shared + [(dict(width=2**32), "width"), (dict(width=-1), "width"),
-                              (dict(permutation_offset=-2), "permutation_offset"),
-                              (dict(lengths=lengths.double()), "lengths")]:
+    for kw, word in shared + [
+        (dict(width=2**32), "width"),
+        (dict(width=-1), "width"),
+        (dict(permutation_offset=-2), "permutation_offset"),
+        (dict(lengths=lengths.double()), "lengths"),
+    ]:
         with pytest.raises(RuntimeError, match=word):
             perms_op(**kw)
-    for kw, word in [(dict(bias=bias[:1]), "bias"), (dict(projected=proj[:4]), "projected"),
-                     (dict(projected=proj.transpose(0, 1)), "projected"), (dict(bias=bias.double()), "bias"),
-                     (dict(projected=proj[..., :0].contiguous()), "C >= 1")]:
+    for kw, word in [
+        (dict(bias=bias[:1]), "bias"),
+        (dict(projected=proj[:4]), "projected"),
+        (dict(projected=proj.transpose(0, 1)), "projected"),
+        (dict(bias=bias.double()), "bias"),
+        (dict(projected=proj[..., :0].contiguous()), "C >= 1"),
+    ]:
         with pytest.raises(RuntimeError, match=word):
             linear_op(**kw)
 
@@ -505,9 +531,12 @@ def test_clear_errors():
             call(**kw)
     with pytest.raises(TypeError, match="decoder must be callable"):
         call(decoder=3)
-    for args, pattern in [((lengths, 5, 0, 1), "permutations"), ((lengths, 4, 2, 1), "lengths must lie in"),
-                          ((lengths, 5, 2, 2**63), "seed must be an int64"),
-                          ((lengths[:, None], 5, 2, 1), "lengths must be a")]:
+    for args, pattern in [
+        ((lengths, 5, 0, 1), "permutations"),
+        ((lengths, 4, 2, 1), "lengths must lie in"),
+        ((lengths, 5, 2, 2**63), "seed must be an int64"),
+        ((lengths[:, None], 5, 2, 1), "lengths must be a"),
+    ]:
         with pytest.raises(ValueError, match=pattern):
             attention_permutations(*args)
 

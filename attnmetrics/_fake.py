@@ -1,0 +1,57 @@
+"""Fake (meta) impls of the ops: output shapes and dtypes only, so ``torch.compile`` and
+``torch.library.opcheck`` can trace through them without running a kernel.
+
+Imported by :mod:`attnmetrics._ops` once the extension has registered the schemas.
+"""
+
+import torch
+
+
+@torch.library.register_fake("attnmetrics::tvd")
+def _tvd_fake(p, q):
+    return p.new_empty(p.shape[:-1])
+
+
+@torch.library.register_fake("attnmetrics::jsd")
+def _jsd_fake(p, q):
+    return p.new_empty(p.shape[:-1])
+
+
+@torch.library.register_fake("attnmetrics::kendall_tau")
+def _kendall_tau_fake(x, y, lengths):
+    return x.new_empty(x.shape[:1]), x.new_empty(x.shape[:1])
+
+
+@torch.library.register_fake("attnmetrics::flip_search_linear")
+def _flip_search_linear_fake(attention, projected, bias, order, lengths):
+    b = attention.shape[:1]
+    return attention.new_empty(b, dtype=torch.int64), attention.new_empty(b)
+
+
+@torch.library.register_fake("attnmetrics::renormalised_contexts")
+def _renormalised_contexts_fake(attention, values, order, lengths, offsets):
+    n = torch.library.get_ctx().new_dynamic_size()
+    return values.new_empty(n, values.shape[-1])
+
+
+@torch.library.register_fake("attnmetrics::attention_permutations")
+def _attention_permutations_fake(lengths, width, permutations, seed, row_offset=0, permutation_offset=0):
+    return lengths.new_empty((lengths.shape[0], permutations, width), dtype=torch.int64)
+
+
+@torch.library.register_fake("attnmetrics::permutation_tvd_linear")
+def _permutation_tvd_linear_fake(attention, projected, bias, lengths, permutations, seed, row_offset=0):
+    b = attention.shape[0]
+    return attention.new_empty(b), attention.new_empty(b, permutations)
+
+
+@torch.library.register_fake("attnmetrics::project_prefix")
+def _project_prefix_fake(values, weight, lengths):
+    return values.new_empty(values.shape[0], values.shape[1], weight.shape[0])
+
+
+@torch.library.register_fake("attnmetrics::leave_one_out_batch")
+def _leave_one_out_batch_fake(tokens, lengths, lead, trail, mask_token=None, pad=0):
+    ctx = torch.library.get_ctx()
+    n, width = ctx.new_dynamic_size(), ctx.new_dynamic_size()
+    return tokens.new_empty(n, width), lengths.new_empty(n), lengths.new_empty(n)

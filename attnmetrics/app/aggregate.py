@@ -1,0 +1,317 @@
+"""Aggregate a sweep's finished cells into ``aggregate.json`` (every number) and ``report.md``.
+
+Statistical choices (also written into aggregate.json "conventions"):
+
+- Groups: cells that differ only in the seed (same grid, dataset, encoder, attention, regulariser).
+- Spread over seeds: for each statistic, each seed's own summary number (as in its results.json);
+  their mean, sample std (ddof = 1; NaN for one seed), min and max.
+- 95% CI over instances: the seeds of a group decide the same test instances, so each instance's
+  value is first averaged over the seeds (NaN-aware: an instance undefined in every seed is left
+  out), then a percentile bootstrap (scipy.stats.bootstrap, 9999 resamples, fixed seed 0) of the
+  statistic (the mean, or the median for the permutation median TVD) over those instances. It
+  covers the test-set sampling of the seed-averaged model, not the seed-to-seed spread. Macro F1:
+  instances resampled in pairs (label, every seed's prediction), statistic = mean over seeds.
+- McNemar's exact test (attnmetrics.stats.mcnemar) on per-instance correctness, per seed, for
+  every pair of cells that differ only in attention (learned vs ``uniform``, W&P) or regulariser
+  (each vs ``none``, T&Š); b01 = instances only the baseline gets right, b10 = only the other.
+- Seed variance (W&P 2019, sec. 3.3) from predictions.npz: base = the group's smallest seed; per
+  instance the median over the other seeds of JSD(base attention, seed attention) and the mean TVD
+  between the output distributions (attnmetrics.stats.seed_variance).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnmetrics.app.io import write_json_atomic
+from attnmetrics.app.summaries import _by_max_attention, stats
+from attnmetrics.outputs import decision
+from attnmetrics.stats import bootstrap_ci, macro_f1, mcnemar, seed_variance
+
+CONVENTIONS = {
+    "groups": "cells differing only in the seed",
+    "spread": "per-seed summary numbers: mean, sample std (ddof=1), min, max",
+    "ci": "95% percentile bootstrap over instances (scipy.stats.bootstrap, 9999 resamples, seed 0) of the "
+    "statistic of the per-instance values averaged over seeds (NaN-aware)",
+    "mcnemar": "exact, per seed, on per-instance correctness; b01 = only the baseline right, b10 = only the other",
+    "seed_variance": "base = smallest seed; per instance median JSD(base, seed attention) over the other seeds "
+    "(nats) and mean TVD of output distributions",
+}
+#: paired comparisons: axis -> the baseline value the others are tested against
+BASELINES = {"attention": "uniform", "regulariser": "none"}
+
+
+def _nanmean(x, axis=-1):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are NaN, on purpose
+        return np.nanmean(x, axis=axis)
+
+
+def _nanmedian(x, axis=-1):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(x, axis=axis)
+
+
+def _arr(values) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def _get(d, *keys):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def cell_statistics(
+    results: dict, predictions: dict | None
+) -> dict[str, tuple[str, float, np.ndarray | None, Callable]]:
+    """Every battery statistic a cell has: name -> (paper section, the cell's summary number,
+    per-instance values [N] or None, the statistic over instances). Rows that an experiment
+    leaves undefined (fewer than 2 tokens) are NaN."""
+    inst = results.get("instances", {})
+    lengths = np.asarray(inst.get("lengths", []))
+    ok = lambda v: np.where(lengths > 1, _arr(v), np.nan)  # noqa: E731
+    out = {}
+    if "test" in results:
+        correct = None
+        if predictions is not None:
+            correct = (_decision(predictions["logits"]) == predictions["labels"]).astype(float)
+        out["test accuracy"] = ("model", results["test"]["accuracy"], correct, _nanmean)
+        out["test macro F1"] = ("model", results["test"]["macro_f1"], None, None)
+    for pair, s in results.get("kendall", {}).items():
+        tau = _get(inst, "kendall", pair, "tau")
+        out[f"τ {pair}"] = ("jw", s["overall"]["mean"], _arr(tau) if tau else None, _nanmean)
+    if "permutation" in results:
+        out["permutation median TVD"] = (
+            "jw",
+            results["permutation"]["overall"]["median"],
+            ok(inst["permutation"]["median_tvd"]),
+            _nanmedian,
+        )
+    if "adversarial" in results:
+        out["adversarial max JSD (mean)"] = (
+            "jw",
+            results["adversarial"]["overall"]["mean"],
+            ok(inst["adversarial"]["max_jsd"]),
+            _nanmean,
+        )
+    for order, s in results.get("flip", {}).items():
+        f = _get(inst, "flip", order)
+        same = f is not None and len(f["fraction"]) == len(lengths)
+        out[f"flip fraction ({order})"] = ("ss", s["fraction"]["mean"], ok(f["fraction"]) if same else None, _nanmean)
+        never = ok(np.asarray(f["removed"]) < 0) if same else None
+        out[f"never flips ({order})"] = ("ss", s["never_flipped_rate"], never, _nanmean)
+    for which, s in results.get("single_removal", {}).items():
+        if isinstance(s, dict) and "jsd" in s:
+            r = _get(inst, "single_removal", which) or {}
+            out[f"single removal JSD ({which})"] = ("ss", s["jsd"]["mean"], ok(r["jsd"]) if r else None, _nanmean)
+            out[f"single removal flips ({which})"] = ("ss", s["flip_rate"], ok(r["flipped"]) if r else None, _nanmean)
+    if "single_token" in results:
+        tau = _get(inst, "single_token", "tau")
+        out["single-token τ"] = (
+            "ts",
+            _get(results, "single_token", "tau", "mean"),
+            _arr(tau) if isinstance(tau, list) else None,
+            _nanmean,
+        )
+    return out
+
+
+def _decision(logits: np.ndarray) -> np.ndarray:
+    return decision(torch.from_numpy(logits)).numpy()
+
+
+def _spread(values: list[float | None]) -> dict:
+    v = _arr(values)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan, "seeds": 0}
+    return {
+        "mean": float(v.mean()),
+        "std": float(v.std(ddof=1)) if v.size > 1 else math.nan,
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "seeds": int(v.size),
+    }
+
+
+def _same_instances(preds: list[dict]) -> bool:
+    return all(
+        np.array_equal(p["labels"], preds[0]["labels"]) and np.array_equal(p["lengths"], preds[0]["lengths"])
+        for p in preds
+    )
+
+
+def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
+    """One group's numbers from its (seed, results, predictions or None), sorted by seed."""
+    members = sorted(members, key=lambda m: m[0])
+    per_cell = [cell_statistics(r, p) for _, r, p in members]
+    seeds = [s for s, _, _ in members]
+    preds = [p for _, _, p in members]
+    have_preds = all(p is not None for p in preds) and _same_instances(preds)
+    out: dict = {"seeds": seeds, "statistics": {}}
+    for name in per_cell[0]:
+        if not all(name in c for c in per_cell):
+            continue
+        section, _, _, reducer = per_cell[0][name]
+        entry = {
+            "section": section,
+            "per_seed": dict(zip(map(str, seeds), (c[name][1] for c in per_cell))),
+            **_spread([c[name][1] for c in per_cell]),
+        }
+        lo = hi = math.nan
+        values = [c[name][2] for c in per_cell]
+        if name == "test macro F1" and have_preds:
+            labels = preds[0]["labels"]
+            predicted = np.stack([_decision(p["logits"]) for p in preds])
+            k = max(2, preds[0]["logits"].shape[1])
+            lo, hi = bootstrap_ci((labels, predicted), lambda y, z, axis=-1: macro_f1(y, z, k, axis).mean(0))
+            entry["instances"] = len(labels)
+        elif reducer is not None and all(v is not None for v in values) and len({len(v) for v in values}) == 1:
+            x = _nanmean(np.stack(values), axis=0)
+            x = x[np.isfinite(x)]
+            lo, hi = bootstrap_ci(x, reducer)
+            entry["instances"] = int(x.size)
+        entry["ci95"] = [lo, hi]
+        out["statistics"][name] = entry
+    if len(members) > 1 and have_preds:
+        out["seed_variance"] = _seed_variance(preds)
+    for key, fn in (("consistent_adversary", _consistent_adversary), ("diagnostic", _diagnostic)):
+        if all(key in r for _, r, _ in members):
+            out[key] = fn([r[key] for _, r, _ in members])
+    return out
+
+
+def _seed_variance(preds: list[dict]) -> dict:
+    T = max(p["attention"].shape[1] for p in preds)
+    att = np.stack([np.pad(p["attention"], ((0, 0), (0, T - p["attention"].shape[1]))) for p in preds])
+    sv = seed_variance(att, np.stack([p["logits"] for p in preds]))
+    base_max = att[0].max(1)
+    return {
+        "base_seed_index": 0,
+        "median_jsd": stats(sv.median_jsd),
+        "mean_tvd": stats(sv.mean_tvd),
+        "median_jsd_by_max_attention": _by_max_attention(sv.median_jsd, base_max),
+        "instances": {
+            "median_jsd": sv.median_jsd.tolist(),
+            "mean_tvd": sv.mean_tvd.tolist(),
+            "base_max_attention": base_max.tolist(),
+        },
+    }
+
+
+def _consistent_adversary(per_seed: list[dict]) -> dict:
+    by_lambda: dict[float, list[dict]] = {}
+    for r in per_seed:
+        for row in r.get("per_lambda", []):
+            by_lambda.setdefault(row["lambda"], []).append(row)
+    out = {
+        "per_lambda": [
+            {
+                "lambda": lam,
+                **{k: _spread([row.get(k) for row in rows]) for k in ("tvd_mean", "jsd_mean", "accuracy", "macro_f1")},
+            }
+            for lam, rows in sorted(by_lambda.items())
+        ]
+    }
+    jw = [r["jain_wallace"] for r in per_seed if "jain_wallace" in r]
+    if jw:
+        out["jain_wallace"] = {k: _spread([j.get(k) for j in jw]) for k in ("tvd_mean", "jsd_mean")}
+    return out
+
+
+def _diagnostic(per_seed: list[dict]) -> dict:
+    variants = dict.fromkeys(v for r in per_seed for v in r)
+    return {v: {m: _spread([_get(r, v, m) for r in per_seed]) for m in ("accuracy", "macro_f1")} for v in variants}
+
+
+def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
+    """McNemar per seed for every pair of cells differing only in one ``BASELINES`` axis."""
+    index = {(c.grid, tuple(sorted((k, str(v)) for k, v in c.axes.items()))): (c, r, p) for c, r, p in cells}
+    tests = []
+    for c, _, p in cells:
+        for axis, baseline in BASELINES.items():
+            if axis not in c.axes or str(c.axes[axis]) == baseline or p is None:
+                continue
+            key = (c.grid, tuple(sorted((k, str(baseline if k == axis else v)) for k, v in c.axes.items())))
+            if key not in index or index[key][2] is None or not _same_instances([p, index[key][2]]):
+                continue
+            b, rb, pb = index[key]
+            ok_c = _decision(p["logits"]) == p["labels"]
+            ok_b = _decision(pb["logits"]) == pb["labels"]
+            m = mcnemar(ok_c, ok_b)  # b01: only the baseline right; b10: only this model
+            tests.append(
+                {
+                    "axis": axis,
+                    "grid": c.grid,
+                    "group": c.group,
+                    "baseline": b.group,
+                    "seed": c.axes["seed"],
+                    "accuracy": float(ok_c.mean()),
+                    "baseline_accuracy": float(ok_b.mean()),
+                    "b01": m.b01,
+                    "b10": m.b10,
+                    "pvalue": m.pvalue,
+                    "instances": int(ok_c.size),
+                }
+            )
+    return tests
+
+
+def load_cell(folder: Path) -> tuple[dict, dict | None]:
+    """results.json and predictions.npz (None if absent) of a finished cell."""
+    results = json.loads((folder / "results.json").read_text())
+    predictions = None
+    if (folder / "predictions.npz").is_file():
+        with np.load(folder / "predictions.npz") as f:
+            predictions = {k: f[k] for k in f.files}
+    return results, predictions
+
+
+def aggregate(cells: list[tuple[object, dict, dict | None]]) -> dict:
+    """The aggregate of finished cells ``(Cell, results, predictions)`` (JSON-ready)."""
+    groups: dict[str, list] = {}
+    for c, r, p in cells:
+        groups.setdefault(c.group, []).append((c, r, p))
+    out = {"conventions": CONVENTIONS, "groups": {}, "paired_tests": paired_tests(cells)}
+    for name, members in groups.items():
+        c0 = members[0][0]
+        out["groups"][name] = {
+            "grid": c0.grid,
+            "axes": {k: v for k, v in c0.axes.items() if k != "seed"},
+            **aggregate_group([(c.axes["seed"], r, p) for c, r, p in members]),
+        }
+    return out
+
+
+def aggregate_sweep(sweep) -> Path:
+    """Aggregate a sweep's finished cells; writes OUT/aggregate.json, OUT/report.md and the figures."""
+    from attnmetrics.app.sweep_report import render_sweep
+
+    out = sweep.out
+    cells = [(c, *load_cell(c.folder(out))) for c in sweep.cells if c.is_done(out)]
+    status = {}
+    if (out / "status.json").is_file():
+        status = json.loads((out / "status.json").read_text()).get("cells", {})
+    agg = aggregate(cells)
+    agg["cells"] = {
+        f"{c.grid}/{c.name}": {
+            "state": "done" if c.is_done(out) else status.get(f"{c.grid}/{c.name}", {}).get("state", "not run"),
+            "group": c.group,
+            "seed": c.axes["seed"],
+        }
+        for c in sweep.cells
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out / "aggregate.json", agg)
+    return render_sweep(agg, out)

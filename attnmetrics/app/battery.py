@@ -1,0 +1,161 @@
+"""The faithfulness battery on a trained model's test split (J&W 2019; S&S 2019; T&Š 2020's
+single-token-input test).
+
+Runs per evaluation batch and gathers per-instance results, so memory stays bounded by
+the batch size whatever the size of the test set.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from itertools import combinations
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+import attnmetrics
+from attnmetrics.app.summaries import (
+    adversarial_summary,
+    flip_summary,
+    permutation_summary,
+    single_removal_summary,
+    tau_summary,
+)
+from attnmetrics.importance import gradient_importance
+from attnmetrics.loo import leave_one_out
+from attnmetrics.models.tutek import single_token_test
+from attnmetrics.protocol import forward
+
+#: S&S 2019's orderings (sec. 4): attention, random, gradient w.r.t. attention, attention x gradient; plus reverse.
+DEFAULT_ORDERS = ("attention", "random", "gradient", "attn_grad", "reverse")
+#: experiments of the battery, in the order they run; each can be skipped
+EXPERIMENTS = ("flip", "kendall", "loo", "permutation", "adversarial", "single_removal", "single_token")
+#: S&S 2019 (sec. 3): which single weight is removed
+SINGLE_REMOVALS = ("top", "second", "lowest", "random")
+
+
+def run_battery(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    class_names: Sequence[str],
+    experiments: Sequence[str] = EXPERIMENTS,
+    orders: Sequence[str] = DEFAULT_ORDERS,
+    seed: int = 0,
+    random_samples: int = 1,
+    never_flipped: float = float("nan"),
+    permutations: int = 100,
+    adversarial_steps: int = 500,
+    progress: bool = True,
+) -> tuple[dict, dict]:
+    """Run the chosen experiments over ``batches`` of (tokens [B, T] int64, lengths [B] int64),
+    special tokens included, on the model's device (each batch is moved there; the random
+    orders draw from a generator on that device).
+
+    Returns (summary, instances): summary statistics for ``results.json`` and per-instance
+    lists (for figures and for re-analysis), both keyed by experiment.
+    """
+    unknown = set(experiments) - set(EXPERIMENTS)
+    if unknown:
+        raise ValueError(f"unknown experiments {sorted(unknown)}; choose from {EXPERIMENTS}")
+    model.eval()
+    device = next(model.parameters()).device  # batches run where the model is
+    generator = torch.Generator(device).manual_seed(seed)
+    acc: dict[str, list[Tensor]] = defaultdict(list)  # per-instance tensors, concatenated at the end
+    for tokens, lengths in tqdm(list(batches), desc="faithfulness", disable=not progress, leave=False):
+        tokens, lengths = tokens.to(device), lengths.to(device)
+        out = forward(model, tokens, lengths)
+        acc["predicted"].append(attnmetrics.decision(out.logits))
+        acc["lengths"].append(out.lengths)
+        acc["max_attention"].append(out.attention.max(1).values)
+        args = (out.attention, out.hidden, model.decoder, out.lengths)
+        if "flip" in experiments:
+            for name in orders:
+                samples = random_samples if name == "random" else 1
+                r = attnmetrics.flip_fraction(
+                    *args, order=name, samples=samples, generator=generator, never_flipped=never_flipped
+                )
+                acc[f"flip/{name}/removed"].append(r.removed.reshape(-1))
+                acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1))
+        if "kendall" in experiments:
+            scores = {
+                "attention": out.attention,
+                "gradient": gradient_importance(model, tokens, lengths).to(out.attention.dtype),
+            }
+            if "loo" in experiments:
+                scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
+            for a, b in combinations(scores, 2):
+                kt = attnmetrics.kendall_tau(scores[a], scores[b], out.lengths)
+                acc[f"kendall/{a} vs {b}/tau"].append(kt.tau)
+                acc[f"kendall/{a} vs {b}/pvalue"].append(kt.pvalue)
+        if "permutation" in experiments:
+            r = attnmetrics.permutation_test(*args, permutations=permutations, generator=generator)
+            acc["permutation/median_tvd"].append(r.median_tvd)
+        if "adversarial" in experiments:
+            r = attnmetrics.adversarial_attention(*args, steps=adversarial_steps, generator=generator)
+            acc["adversarial/max_jsd"].append(r.max_jsd)
+            acc["adversarial/output_tvd"].append(r.output_tvd)
+        if "single_removal" in experiments:
+            for which in SINGLE_REMOVALS:
+                r = attnmetrics.single_removal(*args, which=which, generator=generator)
+                acc[f"single_removal/{which}/jsd"].append(r.jsd)
+                acc[f"single_removal/{which}/flipped"].append(r.flipped)
+        if "single_token" in experiments:
+            r = single_token_test(model, tokens, lengths, full=out)
+            acc["single_token/tau"].append(r.tau)
+            acc["single_token/pvalue"].append(r.pvalue)
+            acc["single_token/top_agrees"].append(r.top_agrees)
+
+    x = {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}
+    lengths, predicted, max_attention = x["lengths"], x["predicted"], x["max_attention"]
+    summary: dict = {}
+    instances: dict = {
+        "predicted": predicted.tolist(),
+        "lengths": lengths.tolist(),
+        "max_attention": max_attention.tolist(),
+    }
+    if "flip" in experiments:
+        summary["flip"] = {}
+        instances["flip"] = {}
+        for name in orders:
+            removed, fraction = x[f"flip/{name}/removed"], x[f"flip/{name}/fraction"]
+            reps = removed.size // lengths.size  # random with several samples
+            summary["flip"][name] = flip_summary(removed, fraction, np.tile(lengths, reps))
+            instances["flip"][name] = {"removed": removed.tolist(), "fraction": fraction.astype(float).tolist()}
+    if "kendall" in experiments:
+        summary["kendall"], instances["kendall"] = {}, {}
+        for pair in dict.fromkeys(k.split("/")[1] for k in x if k.startswith("kendall/")):
+            tau, p = x[f"kendall/{pair}/tau"], x[f"kendall/{pair}/pvalue"]
+            summary["kendall"][pair] = tau_summary(tau, p, predicted, class_names)
+            instances["kendall"][pair] = {"tau": tau.tolist(), "pvalue": p.tolist()}
+    if "permutation" in experiments:
+        tvd = x["permutation/median_tvd"]
+        summary["permutation"] = permutation_summary(tvd, max_attention, lengths, predicted, class_names)
+        summary["permutation"]["permutations"] = permutations
+        instances["permutation"] = {"median_tvd": tvd.tolist()}
+    if "adversarial" in experiments:
+        jsd, tvd = x["adversarial/max_jsd"], x["adversarial/output_tvd"]
+        summary["adversarial"] = adversarial_summary(jsd, tvd, max_attention, lengths, predicted, class_names)
+        summary["adversarial"]["steps"] = adversarial_steps
+        instances["adversarial"] = {"max_jsd": jsd.tolist(), "output_tvd": tvd.tolist()}
+    if "single_removal" in experiments:
+        jsd = {w: x[f"single_removal/{w}/jsd"] for w in SINGLE_REMOVALS}
+        flipped = {w: x[f"single_removal/{w}/flipped"] for w in SINGLE_REMOVALS}
+        summary["single_removal"] = single_removal_summary(jsd, flipped, lengths)
+        instances["single_removal"] = {
+            w: {"jsd": jsd[w].tolist(), "flipped": flipped[w].tolist()} for w in SINGLE_REMOVALS
+        }
+    if "single_token" in experiments:
+        tau, p, agrees = x["single_token/tau"], x["single_token/pvalue"], x["single_token/top_agrees"]
+        taus = tau_summary(tau, p, predicted, class_names)
+        has_tokens = lengths > 0
+        summary["single_token"] = {
+            "tau": taus["overall"],
+            "tau_per_class": taus["per_class"],
+            "top_token_agreement": float(agrees[has_tokens].mean()) if has_tokens.any() else float("nan"),
+            "n": int(has_tokens.sum()),
+        }
+        instances["single_token"] = {"tau": tau.tolist(), "pvalue": p.tolist(), "top_token_agrees": agrees.tolist()}
+    return summary, instances

@@ -1,0 +1,333 @@
+"""``attnmetrics``: train an attention classifier on real data, run the faithfulness battery,
+write a report.
+
+    attnmetrics run --dataset mr --out runs/mr-lstm            # train + experiments + report
+    attnmetrics run --dataset sst --data-dir path/to/sst
+    attnmetrics train --dataset sst --data-dir DIR --out runs/sst-model
+    attnmetrics evaluate runs/sst-model --out runs/sst-eval      # experiments on a saved model
+    attnmetrics report runs/sst-lstm                             # re-render report.md and figures
+    attnmetrics report runs/sst-lstm runs/sst-average --out runs/compare   # compare runs
+    attnmetrics sweep configs/sweep.toml --jobs 2                # a grid of runs + one aggregated report
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy
+import torch
+
+import attnmetrics
+from attnmetrics.app import sweep
+from attnmetrics.app.battery import EXPERIMENTS, run_battery
+from attnmetrics.app.io import run_folder, write_json_atomic, write_npz_atomic
+from attnmetrics.app.parser import build_parser
+from attnmetrics.app.report import render, render_comparison
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.data import load_dataset
+from attnmetrics.models.text import Vocabulary, glove_matrix
+from attnmetrics.models.training import (
+    Predictions,
+    TrainConfig,
+    load_checkpoint,
+    predict,
+    prediction_metrics,
+    save_checkpoint,
+    train,
+    train_config_dict,
+)
+from attnmetrics.models.wiegreffe import consistent_adversaries, diagnostic_mlps, jain_wallace_point
+
+CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.json
+
+
+def _environment(seed: int, device: str = "cpu") -> dict:
+    return {
+        "seed": seed,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "versions": {
+            "attnmetrics": attnmetrics.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+        },
+        "machine": platform.platform(),
+    }
+
+
+def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int, max_tokens: int | None = None):
+    splits = load_dataset(dataset, data_dir=data_dir, seed=seed, max_tokens=max_tokens)
+    if limit:
+        splits = type(splits)(
+            splits.name, splits.classes, splits.train[:limit], splits.dev[:limit], splits.test[:limit], splits.info
+        )
+    print(splits.summary(), file=sys.stderr)
+    return splits
+
+
+def _train(args, results: dict):
+    splits = _load_data(args.dataset, args.data_dir, args.limit, args.split_seed, args.max_tokens)
+    vocab = Vocabulary.build(text for text, _ in splits.train)
+    embeddings, embed_dim = None, args.embed_dim
+    if args.embeddings == "glove":
+        embeddings, found = glove_matrix(vocab, seed=args.seed)
+        embed_dim = embeddings.shape[1]
+        results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
+    classes = len(splits.classes)
+    config = ModelConfig(
+        vocab_size=len(vocab),
+        embed_dim=embed_dim,
+        hidden_size=args.hidden_size,
+        num_classes=1 if classes == 2 else classes,
+        encoder=args.encoder,
+        attention=args.attention,
+        regulariser=args.regulariser,
+        tying_weight=args.tying_weight,
+        mlm_weight=args.mlm_weight,
+    )
+
+    def make(cfg: ModelConfig) -> EncoderAttentionClassifier:
+        """A fresh model of ``cfg``, initialised as the base (same seed, same embeddings)."""
+        torch.manual_seed(args.seed)
+        return EncoderAttentionClassifier(cfg, embeddings).to(args.device)
+
+    model = make(config)
+    tconf = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
+    result = train(model, train_data, dev_data, tconf)
+    results["data"].update(
+        name=splits.name, classes=list(splits.classes), sizes=splits.sizes(), vocabulary=len(vocab), info=splits.info
+    )
+    results["model"] = config.to_dict()
+    results["training"] = {
+        "config": train_config_dict(tconf),
+        "best_epoch": result.best_epoch,
+        "best_dev": result.best_dev,
+        "history": result.history,
+    }
+    results["wall_time_s"]["training"] = result.seconds
+    return model, vocab, splits, (make, tconf, train_data, dev_data)
+
+
+def _wiegreffe(args, model, test, recipe, results: dict) -> None:
+    """W&P 2019's trained experiments: model-consistent adversaries and diagnostic MLPs."""
+    make, tconf, train_data, dev_data = recipe
+    adversaries = []
+    if args.consistent_adversary:
+        t0 = time.perf_counter()
+        summary, instances, adversaries = consistent_adversaries(
+            model, make, train_data, dev_data, test, args.consistent_adversary, tconf
+        )
+        jw = jain_wallace_point(results)
+        if jw:
+            summary["jain_wallace"] = jw
+        results["consistent_adversary"] = summary
+        results["instances"]["consistent_adversary"] = instances
+        results["wall_time_s"]["consistent_adversary"] = time.perf_counter() - t0
+    if args.diagnostic:
+        t0 = time.perf_counter()
+        summary, instances = diagnostic_mlps(
+            model, make, train_data, dev_data, test, tconf, adversaries[0] if adversaries else None
+        )
+        results["diagnostic"] = summary
+        results["instances"]["diagnostic"] = instances
+        results["wall_time_s"]["diagnostic"] = time.perf_counter() - t0
+
+
+def _battery(args, model, test, splits, results: dict) -> None:
+    never = float("nan") if args.never_flipped == "nan" else 1.0
+    t0 = time.perf_counter()
+    batches = ((b.tokens, b.lengths) for b in test.batches(256))
+    experiments = [e for e in EXPERIMENTS if e not in args.skip]
+    summary, instances = run_battery(
+        model,
+        batches,
+        splits.classes,
+        experiments=experiments,
+        orders=args.orders,
+        seed=args.seed,
+        random_samples=args.random_samples,
+        never_flipped=never,
+        permutations=args.permutations,
+        adversarial_steps=args.adversarial_steps,
+        progress=not args.no_progress,
+    )
+    results["wall_time_s"]["experiments"] = time.perf_counter() - t0
+    results.update(summary)
+    results["instances"] = instances
+    results["conventions"] = {
+        "special_tokens": "<SOS>/<EOS> masked out of attention; statistics over real tokens only",
+        "epoch_selection": "J&W: the epoch with the best dev ROC-AUC; among tied epochs the lowest dev loss",
+        "renormalisation": "L1 over the remaining attention weights",
+        "flip_ties": "equal scores removed lower index first",
+        "flip_denominator": "number of real tokens (attention items)",
+        "flip_max_removed": "L - 1 (the last item is never removed)",
+        "never_flipped": "NaN, left out of fraction statistics"
+        if args.never_flipped == "nan"
+        else "fraction 1.0 (Mohankumar et al. 2020)",
+        "gradient_importance": "J&W: |grad x input| summed over classes, attention detached, L1-normalised",
+        "kendall": "tau-b, two-sided p as scipy.stats.kendalltau defaults",
+        "leave_one_out": "token deleted (sequence shortened, re-encoded); TVD of output distributions (1/2 L1)",
+        "permutation": f"{args.permutations} permutations among real tokens, median output TVD per instance",
+        "adversarial": f"J&W: 5 candidates, {args.adversarial_steps} Adam steps lr 0.01, "
+        "loss -JSD + 500 ReLU(TVD - 0.01) - pairwise JSD; max JSD among outputs with TVD <= 0.05",
+        "single_removal": "one weight zeroed, rest renormalised; output JSD in nats; McNemar exact test",
+        "divergences": "JSD in nats (natural log), symmetric; TVD = 1/2 sum |p - q|; sums over a test set are means",
+        "single_token": "T&S 2020: each real token alone between the row's own special tokens; tau-b between attention "
+        "and the alone-probability of the full input's predicted class; top-attention token (ties: "
+        "lower index) alone gives the full decision",
+        "regulariser": "T&S 2020: concat = hidden (+) embedding; residual = hidden + Linear(embedding); tying = weight * "
+        "mean over real tokens of ||P h_t - e_t||^2 (P = identity if H == E, else a learned Linear; "
+        "e_t detached); mlm = weight * CE of masked real tokens (p = 0.15, replaced by <UNK>) through "
+        "a head whose output matrix is the embedding matrix",
+        "consistent_adversary": "W&P 2019: loss sum over batch of TVD(y_adv, y_base) - lambda KL(a_adv || a_base), KL "
+        "over real tokens (0 log 0 = 0), base frozen; same init, data and recipe as the base; "
+        "epoch kept: lowest mean dev objective; test TVD of outputs, JSD of attention (means)",
+        "diagnostic": "W&P 2019: average encoder (Linear + tanh per token) with imposed attention in training and "
+        "testing; epoch kept: best dev ROC-AUC (ties: lowest dev loss)",
+    }
+
+
+def _write_predictions(model, p: Predictions, folder: Path) -> None:
+    """predictions.npz: the test split's predictions ``p`` in split order, real tokens only (for
+    re-analysis across runs, e.g. W&P seed variance): logits [N, C] float32, attention [N, T]
+    float32 (zero past each length), lengths [N] int64 (real tokens), labels [N] int64."""
+    lengths = p.lengths - model.lead - model.trail
+    attention = p.attention[:, model.lead : model.lead + int(lengths.max())]
+    write_npz_atomic(
+        folder / "predictions.npz",
+        logits=p.logits.float().numpy(),
+        attention=attention.float().numpy(),
+        lengths=lengths.numpy(),
+        labels=p.labels.numpy(),
+    )
+
+
+def _finish(results: dict, folder: Path, start: float) -> None:
+    results["wall_time_s"]["total"] = time.perf_counter() - start
+    write_json_atomic(folder / "results.json", results)
+    render(results, folder)
+
+
+def _report(args) -> int:
+    runs = []
+    for run in args.run_dirs:
+        path = run / "results.json"
+        if not path.is_file():
+            print(f"attnmetrics: {run} is not a run folder (no results.json)", file=sys.stderr)
+            return 2
+        runs.append((run.name, json.loads(path.read_text())))
+    if len(runs) == 1 and args.out is None:
+        print(render(runs[0][1], args.run_dirs[0]))
+        return 0
+    if args.out is None:
+        print("attnmetrics: comparing several runs needs --out FOLDER for comparison.md", file=sys.stderr)
+        return 2
+    print(render_comparison(runs, args.out))
+    return 0
+
+
+def _exit_on_sigterm(signum, frame):
+    # SIGTERM (a sweep stopping its cells, a scheduler's time limit) unwinds like Ctrl-C, so the
+    # run folder's claim is given back and partial outputs are named, instead of a silent kill.
+    sys.exit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    if getattr(args, "threads", None):
+        torch.set_num_threads(args.threads)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "sweep":
+        return sweep.main(args)
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            f"attnmetrics: --device cuda, but torch sees no CUDA GPU (torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}); use --device cpu",
+            file=sys.stderr,
+        )
+        return 2
+    if args.device == "cuda":  # deterministic cuBLAS (read when its first handle is made)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    start = time.perf_counter()
+    results = {
+        "command": args.command,
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **_environment(args.seed, args.device),
+        "data": {},
+        "wall_time_s": {},
+    }
+    if args.command in ("run", "train") and args.out is None:
+        args.out = Path("runs") / f"{args.dataset.replace(':', '_')}-{args.encoder}"
+    try:
+        protect = (args.model_run,) if args.command == "evaluate" else ()
+        with run_folder(args.out, args.overwrite, protect) as folder:
+            if args.command == "evaluate":
+                ckpt = load_checkpoint(args.model_run / CHECKPOINT)
+                saved = ckpt.extra
+                data_dir = args.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
+                # Checkpoints from before --split-seed split with the model seed.
+                split_seed = saved.get("split_seed", saved.get("seed", 0))
+                splits = _load_data(saved["dataset"], data_dir, args.limit, split_seed, saved.get("max_tokens"))
+                results["split_seed"] = split_seed
+                results["config"]["dataset"] = saved["dataset"]
+                results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
+                results["model"] = ckpt.model.config.to_dict()
+                model, vocab = ckpt.model.to(args.device), ckpt.vocab
+            else:
+                # CUDA has no deterministic kernel for a few ops (e.g. embedding backward): warn there
+                torch.use_deterministic_algorithms(True, warn_only=args.device == "cuda")
+                model, vocab, splits, recipe = _train(args, results)
+                results["split_seed"] = args.split_seed
+                data_dir = str(args.data_dir.resolve()) if args.data_dir else None
+                save_checkpoint(
+                    folder / CHECKPOINT,
+                    model,
+                    vocab,
+                    extra={
+                        "dataset": args.dataset,
+                        "data_dir": data_dir,
+                        "seed": args.seed,
+                        "split_seed": args.split_seed,
+                        "max_tokens": args.max_tokens,
+                    },
+                )
+            test = vocab.encode_split(splits.test)
+            predictions = predict(model, test)
+            results["test"] = prediction_metrics(predictions)
+            if args.command != "train":
+                _battery(args, model, test, splits, results)
+                if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
+                    _wiegreffe(args, model, test, recipe, results)
+            _write_predictions(model, predictions, folder)
+            _finish(results, folder, start)
+    except FileExistsError as e:
+        print(f"attnmetrics: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out / 'report.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The argument parser of the ``attnmetrics`` command line: every subcommand's options.
+
+Kept apart from the commands (:mod:`attnmetrics.app.cli`) so that the sweep runner can read
+``run``'s options without importing the command line that runs sweeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS
+from attnmetrics.flip import ORDERS
+from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
+from attnmetrics.models.data import DATASETS
+
+DESCRIPTION = """``attnmetrics``: train an attention classifier on real data, run the faithfulness battery,
+write a report."""
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default="mr",
+        metavar="NAME",
+        help=f"dataset: {', '.join(DATASETS)} or any bbc:A-B topic pair (default: mr, the SST stand-in)",
+    )
+    p.add_argument("--data-dir", type=Path, help="folder with the dataset's files (sst: train.txt, dev.txt, test.txt)")
+    p.add_argument("--limit", type=int, help="use only the first N examples of each split (quick runs)")
+    p.add_argument("--max-tokens", type=int, help="truncate texts to N tokens (default: 400 for bbc, none otherwise)")
+    p.add_argument(
+        "--split-seed", type=int, default=0, help="seed of the train/dev/test split, independent of --seed (default: 0)"
+    )
+
+
+def _add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--encoder", choices=sorted(ENCODERS), default="lstm", help="encoder (default: lstm, a BiLSTM)")
+    p.add_argument(
+        "--attention", choices=sorted(ATTENTIONS), default="tanh", help="attention (default: tanh, additive)"
+    )
+    p.add_argument(
+        "--embeddings",
+        choices=("glove", "random"),
+        default="glove",
+        help="initialise embeddings from GloVe 6B 50-d (default) or at random",
+    )
+    p.add_argument("--embed-dim", type=int, default=300, help="embedding size with --embeddings random")
+    p.add_argument(
+        "--hidden-size",
+        type=int,
+        default=128,
+        help="units per direction for lstm/gru; the whole H for cnn (a multiple of 4) and average",
+    )
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=1e-5)
+    p.add_argument(
+        "--regulariser",
+        choices=REGULARISERS,
+        default="none",
+        help="Tutek & Šnajder 2020: concat/residual (embedding past the encoder), tying/mlm (auxiliary loss)",
+    )
+    p.add_argument("--tying-weight", type=float, default=1.0, help="weight of the tying loss (--regulariser tying)")
+    p.add_argument("--mlm-weight", type=float, default=1.0, help="weight of the masked-LM loss (--regulariser mlm)")
+
+
+def _add_wiegreffe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--consistent-adversary",
+        nargs="+",
+        type=float,
+        metavar="LAMBDA",
+        help="Wiegreffe & Pinter 2019: train a model-consistent adversary for each λ",
+    )
+    p.add_argument(
+        "--diagnostic",
+        action="store_true",
+        help="Wiegreffe & Pinter 2019: diagnostic MLPs with uniform/trained/base/adversary attention",
+    )
+
+
+def _add_battery_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--skip", nargs="+", default=[], choices=EXPERIMENTS, help="experiments to leave out")
+    p.add_argument("--permutations", type=int, default=100, help="attention permutations per instance (J&W: 100)")
+    p.add_argument("--adversarial-steps", type=int, default=500, help="Adam steps of the adversarial search (J&W: 500)")
+    p.add_argument(
+        "--orders",
+        nargs="+",
+        default=list(DEFAULT_ORDERS),
+        choices=ORDERS,
+        help="removal orderings for the flip search",
+    )
+    p.add_argument("--random-samples", type=int, default=1, help="random permutations per instance")
+    p.add_argument(
+        "--never-flipped",
+        choices=("nan", "one"),
+        default="nan",
+        help="fraction for rows that never flip: NaN and left out (S&S), or 1.0 (Mohankumar et al.)",
+    )
+
+
+def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> None:
+    p.add_argument("--out", type=Path, required=out_required, help="run folder to write")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where the model trains and the battery runs (default: cpu)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnmetrics", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train a model, run every experiment, write a report")
+    tr = sub.add_parser("train", help="train a model and save it in a run folder")
+    ev = sub.add_parser("evaluate", help="run the experiments on a saved model")
+    ev.add_argument("model_run", type=Path, help="run folder written by 'train' or 'run'")
+    for p in (run, tr):
+        _add_data_args(p)
+        _add_train_args(p)
+    for p in (run, ev):
+        _add_battery_args(p)
+    _add_wiegreffe_args(run)
+    _add_common_args(run)
+    _add_common_args(tr)
+    _add_common_args(ev, out_required=True)
+    ev.add_argument("--data-dir", type=Path, help="dataset folder, if not the one the model was trained with")
+    ev.add_argument("--limit", type=int, help="use only the first N test examples")
+    rep = sub.add_parser("report", help="re-render a run's report.md and figures, or compare several runs")
+    rep.add_argument("run_dirs", type=Path, nargs="+", help="run folders holding results.json")
+    rep.add_argument("--out", type=Path, help="folder for comparison.md (needed with several runs)")
+    _add_sweep_args(sub.add_parser("sweep", help="run a grid of 'run' cells (resumable), then one aggregated report"))
+    return parser
+
+
+def _add_sweep_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path, help="sweep config (TOML; see configs/sweep.toml)")
+    p.add_argument("--out", type=Path, help="sweep folder (default: [sweep] out of the config)")
+    p.add_argument("--jobs", type=int, help="cells run at once (default: [sweep] jobs, else 1)")
+    p.add_argument("--dry-run", action="store_true", help="list the cells and their commands, run nothing")
+    p.add_argument("--report-only", action="store_true", help="aggregate the finished cells, run nothing")
+    p.add_argument("--overwrite", action="store_true", help="rerun finished cells whose flags changed")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,0 +1,256 @@
+"""A sweep's report.md and figures, rendered from its aggregate (attnmetrics/app/aggregate.py) alone:
+one section per paper's question; a section without data is left out."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from attnmetrics.app.figures import _bin_labels, _by_bins, _save, _violins, plt, tvd_vs_jsd
+from attnmetrics.app.io import write_text_atomic
+from attnmetrics.app.report import _fmt, _table
+
+STAT_HEADERS = ["group", "statistic", "mean over seeds", "std", "min", "max", "95% CI (instances)", "seeds"]
+
+
+def _stat_rows(agg: dict, section: str) -> list[list[str]]:
+    rows = []
+    for group, g in agg["groups"].items():
+        for name, s in g["statistics"].items():
+            if s["section"] == section:
+                lo, hi = s["ci95"]
+                ci = "–" if lo is None or hi is None or lo != lo else f"[{_fmt(lo)}, {_fmt(hi)}]"
+                rows.append(
+                    [group, name, _fmt(s["mean"]), _fmt(s["std"]), _fmt(s["min"]), _fmt(s["max"]), ci, s["seeds"]]
+                )
+    return rows
+
+
+def _mcnemar_rows(agg: dict, axis: str) -> list[list[str]]:
+    return [
+        [
+            t["group"],
+            t["baseline"],
+            t["seed"],
+            _fmt(t["accuracy"]),
+            _fmt(t["baseline_accuracy"]),
+            t["b10"],
+            t["b01"],
+            _fmt(t["pvalue"], 4),
+        ]
+        for t in agg["paired_tests"]
+        if t["axis"] == axis
+    ]
+
+
+MCNEMAR_HEADERS = [
+    "model",
+    "baseline",
+    "seed",
+    "accuracy",
+    "baseline accuracy",
+    "only model right",
+    "only baseline right",
+    "McNemar p",
+]
+
+
+def _slug(group: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", group)
+
+
+def seed_variance_figure(group: str, sv: dict, folder: Path) -> str | None:
+    """W&P 2019 fig. 3: violins of the median attention JSD by the base's max attention, and
+    median attention JSD vs mean output TVD."""
+    inst = sv["instances"]
+    jsd, tvd, base = (np.array(inst[k], dtype=float) for k in ("median_jsd", "mean_tvd", "base_max_attention"))
+    if not np.any(jsd > 0):  # uniform attention: nothing to see
+        return None
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    _violins(ax, _by_bins(jsd, base), range(len(_bin_labels())))
+    ax.set_xticks(range(len(_bin_labels())), _bin_labels())
+    ax.set_xlabel("max attention of the base model")
+    ax.set_ylabel("median JSD(base, other seeds), nats")
+    ax.set_title(f"Seed variance (W&P 2019): {group}", fontsize=9)
+    bx.scatter(jsd, tvd, s=6, alpha=0.5)
+    bx.set_xlabel("median attention JSD across seeds, nats")
+    bx.set_ylabel("mean output TVD across seeds")
+    return _save(fig, folder / f"seed_variance_{_slug(group)}.png")
+
+
+def consistent_adversary_figure(agg: dict, folder: Path) -> str | None:
+    """W&P 2019 fig. 4: output TVD vs attention JSD of the model-consistent adversary across λ,
+    with J&W's per-instance adversary as a marker."""
+    groups = {g: v["consistent_adversary"] for g, v in agg["groups"].items() if "consistent_adversary" in v}
+    if not groups:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for i, (g, ca) in enumerate(groups.items()):
+        jw = ca.get("jain_wallace")
+        tvd_vs_jsd(
+            ax,
+            [(r["lambda"], r["jsd_mean"]["mean"], r["tvd_mean"]["mean"]) for r in ca["per_lambda"]],
+            (jw["jsd_mean"]["mean"], jw["tvd_mean"]["mean"]) if jw else None,
+            g,
+            f"C{i}",
+            f"{g}: J&W adversary",
+        )
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+    return _save(fig, folder / "consistent_adversary.png")
+
+
+def render_sweep(agg: dict, folder: str | Path) -> Path:
+    """Write ``report.md`` and its figures for a sweep's aggregate into ``folder``."""
+    folder = Path(folder)
+    cells = agg.get("cells", {})
+    done = sum(c["state"] == "done" for c in cells.values())
+    lines = [
+        "# attnmetrics sweep report",
+        "",
+        f"{done} of {len(cells)} cells finished; {len(agg['groups'])} groups (cells that differ only in the seed).",
+        "",
+    ]
+    not_done = [[name, c["state"]] for name, c in cells.items() if c["state"] != "done"]
+    if not_done:
+        lines += [_table(not_done, ["cell not finished", "state"]), ""]
+    lines += [
+        "Mean, std (ddof = 1), min and max over the seeds' own numbers; 95% CI: percentile bootstrap over",
+        "test instances of the per-instance values averaged over seeds (fixed seed). See aggregate.json.",
+        "",
+    ]
+    if rows := _stat_rows(agg, "model"):
+        lines += ["## Models", "", _table(rows, STAT_HEADERS), ""]
+    if rows := _stat_rows(agg, "jw"):
+        lines += [
+            "## Jain & Wallace 2019: do attention and other importance measures agree; do other attentions "
+            "give the same output?",
+            "",
+            _table(rows, STAT_HEADERS),
+            "",
+        ]
+    if rows := _stat_rows(agg, "ss"):
+        lines += [
+            "## Serrano & Smith 2019: does removing the highest attention flip the decision first?",
+            "",
+            _table(rows, STAT_HEADERS),
+            "",
+        ]
+    wp = []
+    if rows := _mcnemar_rows(agg, "attention"):
+        wp += [
+            "**Learned vs uniform attention** (McNemar's exact test on per-instance correctness, per seed)",
+            "",
+            _table(rows, MCNEMAR_HEADERS),
+            "",
+        ]
+    sv_rows, figs = [], []
+    for g, v in agg["groups"].items():
+        if "seed_variance" in v:
+            sv = v["seed_variance"]
+            sv_rows.append(
+                [
+                    g,
+                    len(v["seeds"]),
+                    _fmt(sv["median_jsd"]["mean"]),
+                    _fmt(sv["median_jsd"]["median"]),
+                    _fmt(sv["median_jsd"]["q3"]),
+                    _fmt(sv["mean_tvd"]["mean"]),
+                    _fmt(sv["mean_tvd"]["q3"]),
+                ]
+            )
+            if name := seed_variance_figure(g, sv, folder):
+                figs.append(f"![seed variance {g}]({name})")
+    if sv_rows:
+        wp += [
+            "**Seed variance**: per instance, the median JSD between the base (smallest seed) and the other "
+            "seeds' attention, and the mean output TVD.",
+            "",
+            _table(sv_rows, ["group", "seeds", "mean median JSD", "median", "q3", "mean output TVD", "q3"]),
+            "",
+            *(f + "\n" for f in figs),
+        ]
+    ca_rows = [
+        [
+            g,
+            r["lambda"],
+            _fmt(r["tvd_mean"]["mean"]),
+            _fmt(r["jsd_mean"]["mean"]),
+            _fmt(r["accuracy"]["mean"]),
+            _fmt(r["macro_f1"]["mean"]),
+        ]
+        for g, v in agg["groups"].items()
+        if "consistent_adversary" in v
+        for r in v["consistent_adversary"]["per_lambda"]
+    ]
+    ca_rows += [
+        [g, "J&W adversary", _fmt(jw["tvd_mean"]["mean"]), _fmt(jw["jsd_mean"]["mean"]), "–", "–"]
+        for g, v in agg["groups"].items()
+        if (jw := v.get("consistent_adversary", {}).get("jain_wallace"))
+    ]
+    if ca_rows:
+        wp += [
+            "**Model-consistent adversary** (mean over seeds)",
+            "",
+            _table(ca_rows, ["group", "λ", "output TVD", "attention JSD", "accuracy", "macro F1"]),
+            "",
+        ]
+        if name := consistent_adversary_figure(agg, folder):
+            wp += [f"![consistent adversary]({name})", ""]
+    diag_rows = [
+        [g, variant, _fmt(m["macro_f1"]["mean"]), _fmt(m["accuracy"]["mean"])]
+        for g, v in agg["groups"].items()
+        for variant, m in v.get("diagnostic", {}).items()
+    ]
+    if diag_rows:
+        wp += [
+            "**Diagnostic MLP** with imposed attention (mean over seeds)",
+            "",
+            _table(diag_rows, ["group", "attention imposed", "macro F1", "accuracy"]),
+            "",
+        ]
+    if wp:
+        lines += [
+            "## Wiegreffe & Pinter 2019: is attention necessary, stable across seeds, and hard to replace "
+            "while keeping the model consistent?",
+            "",
+            *wp,
+        ]
+    ts = []
+    reg_rows = []
+    for g, v in agg["groups"].items():
+        if "regulariser" in v["axes"]:
+            s = v["statistics"]
+            mean = lambda k: _fmt(s[k]["mean"]) if k in s else "–"  # noqa: E731
+            reg_rows.append(
+                [
+                    g,
+                    v["axes"]["regulariser"],
+                    mean("test accuracy"),
+                    mean("permutation median TVD"),
+                    mean("adversarial max JSD (mean)"),
+                    mean("single-token τ"),
+                ]
+            )
+    if reg_rows:
+        ts += [
+            _table(
+                reg_rows,
+                ["group", "regulariser", "accuracy", "permutation median TVD", "adversarial max JSD", "single-token τ"],
+            ),
+            "",
+        ]
+    if rows := _mcnemar_rows(agg, "regulariser"):
+        ts += ["Each regulariser vs none (McNemar, per seed)", "", _table(rows, MCNEMAR_HEADERS), ""]
+    if rows := _stat_rows(agg, "ts"):
+        ts += [_table(rows, STAT_HEADERS), ""]
+    if ts:
+        lines += [
+            "## Tutek & Šnajder 2020: do regularisers that tie hidden states to their tokens make attention faithful?",
+            "",
+            *ts,
+        ]
+    path = folder / "report.md"
+    write_text_atomic(path, "\n".join(lines))
+    return path

@@ -1,0 +1,370 @@
+"""Removal with renormalisation and the decision-flip search (S&S 2019, sec. 4; docs/definitions.md §4).
+
+Items of each row's attention are removed one at a time in the order of a score,
+the remaining weights renormalised to sum to 1, and the layers after attention
+(the *decoder*) re-run, until the decision changes. The kernels do it without a
+per-step loop: a linear decoder gets a closed form on projected values
+(``flip_search_linear``), any other decoder gets every renormalised context of a
+row in one batched call (``renormalised_contexts``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Union
+
+import torch
+from torch import Tensor
+
+from attnmetrics._decoder import Decoder, is_plain_linear, project, rows_per_chunk
+from attnmetrics._ops import ops
+from attnmetrics._validation import (
+    DEFAULT_MEMORY_BUDGET,
+    check_budget,
+    check_decoder,
+    check_inputs,
+    check_lengths,
+    check_logits,
+)
+from attnmetrics.outputs import decision, output_distribution
+from attnmetrics.protocol import token_mask
+
+Order = Union[str, Tensor]
+
+#: order names accepted by :func:`flip_fraction` (or pass a [B, T] score tensor)
+ORDERS = ("attention", "reverse", "random", "gradient", "attn_grad", "sign_grad_attn")
+
+
+class FlipResult(NamedTuple):
+    """Per-row outcome of a flip search; each field is ``[B]`` (``[samples, B]`` for
+    ``order="random"`` with ``samples > 1``).
+
+    removed: int64, items removed when the decision first changes; -1 if it never does.
+    fraction: ``removed / L`` in the attention dtype; ``never_flipped`` (NaN) if it never does.
+    flipped: bool, whether the decision changed within L - 1 removals.
+    mass: attention mass removed at the flip (sum of the removed weights); NaN if never.
+    """
+
+    removed: Tensor
+    fraction: Tensor
+    flipped: Tensor
+    mass: Tensor
+
+
+# ---- orders -------------------------------------------------------------------------------
+
+
+def removal_order(scores: Tensor, lengths: Tensor | None = None) -> Tensor:
+    """Removal order of each row: positions by descending score, ties to the lower index.
+
+    Args:
+        scores: ``[B, T]`` real scores (higher is removed first); NaN is rejected on the
+            valid prefix.
+        lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all ``T``).
+
+    Returns:
+        ``[B, T]`` int64: the first ``lengths[b]`` entries of row b are a permutation of
+        ``0 .. lengths[b] - 1``; the padding positions follow in index order.
+
+    Example:
+        >>> removal_order(torch.tensor([[0.2, 0.5, 0.2, 9.0]]), torch.tensor([3]))
+        tensor([[1, 0, 2, 3]])
+    """
+    if not isinstance(scores, Tensor) or scores.dim() != 2:
+        got = list(scores.shape) if isinstance(scores, Tensor) else type(scores).__name__
+        raise ValueError(f"scores must be a [B, T] tensor, got {got}")
+    if scores.is_complex() or scores.dtype == torch.bool:
+        raise ValueError(f"scores must be real numbers, got {scores.dtype}")
+    batch, width = scores.shape
+    lengths = check_lengths(lengths, batch, width, scores.device)
+    mask = token_mask(lengths, width)
+    if scores.is_floating_point() and torch.isnan(scores).logical_and(mask).any():
+        raise ValueError("scores contain NaN on a row's valid prefix")
+    # A stable descending sort keeps equal scores in index order. Padding gets the lowest
+    # value: a valid score equal to it still sorts first, its index being below L.
+    lowest = -math.inf if scores.is_floating_point() else torch.iinfo(scores.dtype).min
+    return torch.sort(scores.masked_fill(~mask, lowest), dim=1, descending=True, stable=True).indices
+
+
+def random_scores(
+    batch: int, width: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
+) -> Tensor:
+    """``[B, T]`` float64 scores whose removal order is a uniform random permutation per row.
+
+    ``order="random"`` draws sample s as the s-th call of this function with the same
+    generator, so a result can be reproduced (or checked) from the generator's seed.
+    """
+    return torch.rand((batch, width), generator=generator, dtype=torch.float64, device=device)
+
+
+def attention_gradient(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    *,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """Gradient of the predicted class's probability w.r.t. each attention weight.
+
+    S&S 2019 (sec. 4, "gradient" ordering; docs/definitions.md §4): with the context
+    ``c = sum_t alpha_t h_t`` and ``y`` the predicted class,
+    ``d p_y / d alpha_t = (d p_y / d c) . h_t``. Autograd runs on ``c`` only, so
+    ``decoder`` can be any callable mapping contexts ``[N, H]`` to logits ``[N, C]``
+    that treats rows independently (e.g. a model head in eval mode). ``C == 1`` is a
+    sigmoid output whose distribution is ``(1 - p, p)``.
+
+    Args:
+        attention: ``[B, T]`` float32/float64, each row summing to 1 over its prefix.
+        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        decoder: ``[N, H] -> [N, C]`` logits.
+        lengths: ``[B]`` integer valid-prefix lengths (default: all ``T``).
+        memory_budget: rough bytes per chunk of rows (rows are processed in chunks).
+
+    Returns:
+        ``[B, T]`` in the attention dtype (probability per unit of attention weight),
+        zero on padding.
+
+    Raises:
+        ValueError: invalid attention/values/lengths (see :func:`flip_fraction`), a
+        decoder output that is not ``[N, C]``, or one that does not depend
+        differentiably on the context.
+
+    Example:
+        >>> dec = torch.nn.Linear(4, 2).double()
+        >>> att = torch.full((3, 5), 0.2, dtype=torch.float64)
+        >>> attention_gradient(att, torch.randn(3, 5, 4, dtype=torch.float64), dec).shape
+        torch.Size([3, 5])
+    """
+    lengths = check_inputs(attention, values, lengths)
+    check_decoder(decoder, values)
+    budget = check_budget(memory_budget)
+    batch, width, hidden = values.shape
+    mask = token_mask(lengths, width)
+    out = attention.new_zeros(batch, width)
+    rows = rows_per_chunk(width * hidden * values.element_size(), budget)
+    for s in range(0, batch, rows):
+        e = min(batch, s + rows)
+        alpha = attention[s:e].masked_fill(~mask[s:e], 0)
+        h = values[s:e].masked_fill(~mask[s:e, :, None], 0)  # padding is never read, NaN there too
+        with torch.no_grad():
+            context = torch.einsum("bt,bth->bh", alpha, h)
+        context.requires_grad_(True)
+        with torch.enable_grad():
+            logits = check_logits(decoder(context), e - s)
+            predicted = decision(logits.detach())
+            p = output_distribution(logits).gather(1, predicted[:, None]).sum()
+            if not p.requires_grad:
+                raise ValueError("decoder output does not depend differentiably on the context")
+            # Rows are independent, so the gradient of the sum is each row's own gradient.
+            (grad,) = torch.autograd.grad(p, context)
+        with torch.no_grad():
+            out[s:e] = torch.einsum("bh,bth->bt", grad.to(h.dtype), h).masked_fill(~mask[s:e], 0)
+    return out
+
+
+def _order_scores(
+    order: Order, attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, memory_budget: int
+) -> Tensor | None:
+    """Scores of a deterministic order ([B, T]); None for "random" (drawn per sample)."""
+    if isinstance(order, Tensor):
+        if order.shape != attention.shape:
+            raise ValueError(
+                f"order as a score tensor must have the shape of attention "
+                f"{list(attention.shape)}, got {list(order.shape)}"
+            )
+        if order.device != attention.device:
+            raise ValueError(f"order is on {order.device}, attention on {attention.device}")
+        if order.is_complex() or order.dtype == torch.bool:
+            raise ValueError(f"order as a score tensor must be real, got {order.dtype}")
+        if order.is_floating_point() and torch.isnan(order).logical_and(token_mask(lengths, order.shape[1])).any():
+            raise ValueError("order (score tensor) contains NaN on a row's valid prefix")
+        return order
+    if not isinstance(order, str) or order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS} or a [B, T] score tensor, got {order!r}")
+    if order == "attention":
+        return attention
+    if order == "reverse":
+        return -attention
+    if order == "random":
+        return None
+    grad = attention_gradient(attention, values, decoder, lengths, memory_budget=memory_budget)
+    if order == "gradient":
+        return grad
+    if order == "attn_grad":
+        return attention * grad
+    return torch.sign(grad) * attention  # sign_grad_attn
+
+
+# ---- search -------------------------------------------------------------------------------
+
+
+def _first_flip(decisions: Tensor, lengths: Tensor) -> Tensor:
+    """decisions [sum(L)] (row b's block k = decision after k removals) -> removed [n]."""
+    n, total = lengths.shape[0], decisions.shape[0]
+    offsets = torch.cumsum(lengths, 0) - lengths
+    # output_size and a `never` known on the host: no device -> host read here
+    row = torch.repeat_interleave(torch.arange(n, device=lengths.device), lengths, output_size=total)
+    start = offsets[row]
+    step = torch.arange(total, device=lengths.device) - start
+    never = total + 1  # above any step (each step < its row's length <= total)
+    candidate = torch.where((decisions != decisions[start]) & (step >= 1), step, never)
+    first = torch.full((n,), never, dtype=torch.int64, device=lengths.device)
+    first.scatter_reduce_(0, row, candidate, reduce="amin")
+    return torch.where(first == never, -1, first)
+
+
+def _removed_mass(attention: Tensor, order: Tensor, removed: Tensor) -> Tensor:
+    """Sum of the first ``removed`` weights in order (double accumulation); NaN if -1."""
+    if attention.shape[1] == 0:  # nothing to remove: no row flips
+        return attention.new_full(removed.shape, math.nan)
+    cum = torch.cumsum(attention.gather(1, order), 1, dtype=torch.float64)
+    at = cum.gather(1, (removed - 1).clamp(min=0)[:, None]).squeeze(1)
+    return torch.where(removed > 0, at, math.nan).to(attention.dtype)
+
+
+def _search_general(
+    attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, order: Tensor, budget: int, classes: list[int]
+) -> tuple[Tensor, Tensor]:
+    """Flip search with any decoder: all renormalised contexts of a chunk of rows, decided
+    in batched decoder calls. ``classes`` carries C across calls (checked for consistency)."""
+    batch, width, hidden = values.shape
+    item = values.element_size()
+    # Contexts of a chunk take about half the budget; the decoder is fed slices of an
+    # eighth, leaving room for its own activations (a few times its input).
+    ctx_budget, call_rows = budget // 2, max(1, budget // (8 * hidden * item))
+    row_bytes = lengths * (hidden * item)
+    if not values.is_contiguous():
+        row_bytes = row_bytes + width * hidden * item  # the chunk's contiguous copy
+    cum = torch.cumsum(row_bytes, 0)
+    removed = torch.empty(batch, dtype=torch.int64, device=values.device)
+    mass = attention.new_empty(batch)
+    s = 0
+    while s < batch:
+        base = int(cum[s - 1]) if s else 0
+        e = max(s + 1, int(torch.searchsorted(cum, base + ctx_budget, right=True)))
+        lens = lengths[s:e]
+        att = attention[s:e].contiguous()
+        ord_ = order[s:e].contiguous()
+        contexts = ops.renormalised_contexts(att, values[s:e].contiguous(), ord_, lens, torch.cumsum(lens, 0) - lens)
+        decisions = torch.empty(contexts.shape[0], dtype=torch.int64, device=values.device)
+        for c in range(0, contexts.shape[0], call_rows):
+            part = contexts[c : c + call_rows]
+            logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
+            classes[:] = [logits.shape[1]]
+            decisions[c : c + call_rows] = decision(logits)
+        removed[s:e] = _first_flip(decisions, lens)
+        mass[s:e] = _removed_mass(att, ord_, removed[s:e])
+        s = e
+    return removed, mass
+
+
+def flip_fraction(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    order: Order = "attention",
+    *,
+    samples: int = 1,
+    generator: torch.Generator | None = None,
+    never_flipped: float = math.nan,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> FlipResult:
+    """How many attention items must be removed before the decision flips (S&S 2019, sec. 4).
+
+    Definition (docs/definitions.md §4): order each row's valid prefix (length L) by a score,
+    descending, ties to the lower index. Remove items one at a time: zero the weight,
+    renormalise the rest to sum to 1 (a zero vector if nothing is left), and re-run
+    ``decoder`` on the context ``sum_t alpha'_t h_t``. ``removed`` is the smallest
+    k >= 1 whose decision differs from the decision at k = 0 (the renormalised full
+    context); at most L - 1 items are removed, so rows with L <= 1 never flip.
+    Decisions are the argmax of the logits, ties to the lower class; with C == 1 the
+    output is a sigmoid and the decision is ``logit > 0``.
+
+    An ``nn.Linear`` decoder takes a closed form on the projected values ``values @ W.T``
+    (no contexts are built, accumulation in double). Any other decoder gets every
+    renormalised context of a chunk of rows (at most about ``memory_budget`` bytes) in
+    batched calls. The decoder must treat rows independently (put models in eval mode).
+    Runs under ``torch.no_grad()`` except for the gradient orderings.
+
+    Args:
+        attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing
+            to 1 over its first ``lengths[b]`` items (rejected otherwise, not renormalised).
+            Any strides.
+        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``, C >= 1.
+        lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
+        order: score to remove by, highest first: ``"attention"``, ``"reverse"``
+            (lowest attention first), ``"random"`` (uniform permutations, see
+            :func:`random_scores`), ``"gradient"`` (d p_y / d alpha_t, see
+            :func:`attention_gradient`), ``"attn_grad"`` (alpha_t * gradient),
+            ``"sign_grad_attn"`` (sign(gradient) * alpha_t), or a ``[B, T]`` score tensor.
+        samples: number of random permutations for ``order="random"`` (>= 1); the other
+            orders are deterministic and ignore it.
+        generator: ``torch.Generator`` on the inputs' device for ``order="random"``.
+        never_flipped: ``fraction`` of rows that never flip: NaN (default, S&S) or e.g.
+            1.0 (as Mohankumar et al. 2020 count them).
+        memory_budget: approximate bytes of working memory per chunk of rows (a single
+            row whose L * H contexts exceed it is still processed whole).
+
+    Returns:
+        :class:`FlipResult` of ``[B]`` tensors (``[samples, B]`` for ``order="random"``
+        with ``samples > 1``): ``removed`` int64 (-1: never), ``fraction`` (removed / L,
+        unitless, attention dtype), ``flipped`` bool, ``mass`` (attention mass removed,
+        attention dtype; NaN: never).
+
+    Raises:
+        ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
+            values not ``[B, T, H]`` or of another dtype/device; bad lengths; an unknown
+            order name or a score tensor of the wrong shape or with NaN; ``samples < 1``;
+            an ``nn.Linear`` whose ``in_features != H``; decoder output not ``[N, C]``
+            or not finite.
+
+    Example:
+        The top item alone pulls the context to class 1; removing it flips the decision.
+
+        >>> att = torch.tensor([[0.6, 0.3, 0.1]], dtype=torch.float64)
+        >>> values = torch.tensor([[[0.0, 5.0], [1.0, 0.0], [1.0, 0.0]]], dtype=torch.float64)
+        >>> dec = torch.nn.Linear(2, 2, bias=False).double()
+        >>> _ = dec.weight.data.copy_(torch.eye(2))
+        >>> res = flip_fraction(att, values, dec)
+        >>> res.removed, res.fraction, res.mass
+        (tensor([1]), tensor([0.3333], dtype=torch.float64), tensor([0.6000], dtype=torch.float64))
+    """
+    lengths = check_inputs(attention, values, lengths)
+    check_decoder(decoder, values)
+    budget = check_budget(memory_budget)
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be an int >= 1, got {samples!r}")
+    if generator is not None and generator.device != attention.device:
+        raise ValueError(f"generator is on {generator.device}, attention on {attention.device}")
+    never_flipped = float(never_flipped)
+    scores = _order_scores(order, attention, values, decoder, lengths, budget)
+    n_samples = samples if scores is None else 1
+    batch, width, _ = values.shape
+
+    with torch.no_grad():
+        linear = is_plain_linear(decoder)
+        if linear:
+            projected = project(values, decoder.weight, lengths, budget)
+            bias = decoder.bias.detach() if decoder.bias is not None else projected.new_zeros(projected.shape[2])
+            att = attention.contiguous()
+        removed, mass = [], []
+        classes: list[int] = []
+        for _ in range(n_samples):
+            s = scores if scores is not None else random_scores(batch, width, generator, attention.device)
+            order_ = removal_order(s, lengths)
+            if linear:
+                r, m = ops.flip_search_linear(att, projected, bias.contiguous(), order_, lengths)
+            else:
+                r, m = _search_general(attention, values, decoder, lengths, order_, budget, classes)
+            removed.append(r)
+            mass.append(m)
+        removed_t = torch.stack(removed)
+        mass_t = torch.stack(mass)
+        flipped = removed_t >= 0
+        fraction = torch.where(flipped, removed_t.to(attention.dtype) / lengths.to(attention.dtype), never_flipped)
+    if n_samples == 1:
+        return FlipResult(removed_t[0], fraction[0], flipped[0], mass_t[0])
+    return FlipResult(removed_t, fraction, flipped, mass_t)

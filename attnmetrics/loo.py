@@ -1,0 +1,350 @@
+"""Leave-one-out token importance (J&W 2019, sec. 4.1): delete (or mask) each real token,
+re-encode, and score the output TVD from the original.
+
+Model-agnostic: it takes any :class:`attnmetrics.AttentionClassifier` and a batch of token
+ids, never a concrete model. Per-token results cover the real tokens only: the ``lead``
+special positions (``<SOS>``) are sliced off the front and the ``trail`` ones (``<EOS>``)
+fall beyond the shortened lengths (docs/definitions.md, "Special tokens").
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import Tensor
+
+from attnmetrics._ops import ops
+from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits
+from attnmetrics.outputs import output_distribution
+from attnmetrics.protocol import AttentionClassifier
+
+#: leave_one_out modes: delete the token (J&W) or replace it with a mask token
+LOO_MODES = ("delete", "mask")
+
+#: On CPU, leave_one_out's calls hold at most this much (estimated) even when the budget
+#: allows more: with J&W's BiLSTM on a 2-core machine, calls of ~4k positions (~32 MiB)
+#: ran about twice as fast per token as calls of ~30k, whose activations leave the cache.
+CPU_CALL_BYTES = 32 * 2**20
+
+#: The same cap for calls to a model's ``deletion_logits``, sized by the ``position_bytes``
+#: the model gives (else by the full-forward estimate): with J&W's BiLSTM, 16, 32 and 64 MiB
+#: ran within the machine's noise of each other, 128 MiB about 10 % slower.
+CPU_DELETION_CALL_BYTES = 32 * 2**20
+
+_ONLY_SPECIALS = (
+    "; after deleting the only real token of a row only the special tokens are left, which the "
+    "model must accept (e.g. a zero context when no position gets attention)"
+)
+
+
+def _cuda_kernels() -> bool:
+    from attnmetrics import _ops as loader
+
+    return loader.CUDA_KERNELS
+
+
+def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -> tuple[Tensor, int | None]:
+    """Validate leave_one_out's arguments; return lengths as int64 and mask_token as int or None."""
+    if not isinstance(model, AttentionClassifier):
+        raise TypeError(
+            "model must implement attnmetrics.AttentionClassifier (embed, encode, attend, decoder, "
+            f"lead, trail), got {type(model).__name__}"
+        )
+    lead, trail = model.lead, model.trail
+    for name, v in (("lead", lead), ("trail", trail)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"model.{name} must be an int >= 0, got {v!r}")
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+    if tokens.dtype != torch.int64:
+        raise ValueError(f"tokens must be int64 token ids, got {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must have shape [B, T], got {list(tokens.shape)}")
+    batch, width = tokens.shape
+    if batch == 0:
+        raise ValueError("tokens is an empty batch (B = 0)")
+    if not isinstance(lengths, Tensor):
+        raise TypeError(f"lengths must be a torch.Tensor, got {type(lengths).__name__}")
+    if lengths.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    if lengths.shape != (batch,):
+        raise ValueError(f"lengths must have shape [B] = [{batch}], got {list(lengths.shape)}")
+    if lengths.device != tokens.device:
+        raise ValueError(f"lengths is on {lengths.device}, tokens on {tokens.device}; they must match")
+    low, high = int(lengths.min()), int(lengths.max())
+    if low < lead + trail or high > width:
+        raise ValueError(
+            f"lengths must lie in [lead + trail, T] = [{lead + trail}, {width}] (special tokens "
+            f"included), got min {low}, max {high}"
+        )
+    # Padding is never read (sequences are re-padded with 0), so only the rows' ids count.
+    valid = torch.arange(width, device=tokens.device) < lengths[:, None]
+    low_id = int(tokens.masked_fill(~valid, 0).min()) if tokens.numel() else 0
+    if low_id < 0:
+        raise ValueError(f"tokens must be non-negative ids within each row's length, got min {low_id}")
+    if not isinstance(mode, str) or mode not in LOO_MODES:
+        raise ValueError(f"mode must be one of {LOO_MODES}, got {mode!r}")
+    if mode == "delete":
+        if mask_token is not None:
+            raise ValueError(
+                f"mask_token is only used with mode='mask', got mask_token={mask_token!r} with mode='delete'"
+            )
+    else:
+        if mask_token is None or isinstance(mask_token, bool):
+            raise ValueError(f"mode='mask' needs mask_token, a non-negative int token id, got {mask_token!r}")
+        try:
+            mask_token = operator.index(mask_token)
+        except TypeError:
+            raise ValueError(f"mask_token must be a non-negative int token id, got {mask_token!r}") from None
+        if mask_token < 0:
+            raise ValueError(f"mask_token must be a non-negative int token id, got {mask_token}")
+    check_budget(memory_budget)
+    return lengths.to(torch.int64), mask_token
+
+
+def _model_logits(
+    model, tokens: Tensor, lengths: Tensor, what: str, classes: int | None
+) -> tuple[Tensor, int, torch.dtype]:
+    """embed -> encode -> attend -> decoder on one batch; returns logits [N, C], the
+    estimated bytes per position, and the embeddings' dtype.
+
+    The byte estimate is what one position of this call held: its embedding and about eight
+    hidden-sized vectors (an LSTM's four gates per direction, its output before and after
+    padding, the attention layer's projection), a conservative bound on the activations.
+    """
+    embedded = model.embed(tokens)
+    hidden = model.encode(embedded, lengths)
+    logits = _head_logits(model, hidden, lengths, what, classes)
+    per_position = (embedded.shape[-1] + 8 * hidden.shape[-1]) * hidden.element_size()
+    return logits, per_position, embedded.dtype
+
+
+def _head_logits(model, hidden: Tensor, lengths: Tensor, what: str, classes: int | None) -> Tensor:
+    """attend -> decoder on hidden states [N, T, H]; checks the logits are finite [N, C]."""
+    attention = model.attend(hidden, lengths)
+    logits = model.decoder(torch.einsum("bt,bth->bh", attention, hidden))
+    return _checked_logits(logits, hidden.shape[0], what, classes)
+
+
+def _checked_logits(logits, n: int, what: str, classes: int | None) -> Tensor:
+    """``logits`` if they are finite [n, C] (C = ``classes`` when given), else ValueError."""
+    return check_logits(logits, n, classes, source="model", inputs=what, on=f" on {what}", hint=_ONLY_SPECIALS)
+
+
+def _length_groups(
+    counts: list[int], widths: list[int], per_position: int, budget: int, same_width: bool = True
+) -> list[tuple[int, int]]:
+    """Consecutive groups [s, e) of rows sorted by width, holding at most ``budget`` bytes
+    of ``count * width * per_position`` (``width`` the group's widest); with ``same_width``
+    also rows of one width only. A row that alone exceeds the budget forms its own group."""
+    groups, start, count = [], 0, 0
+    for i, (c, w) in enumerate(zip(counts, widths)):
+        if i > start and ((same_width and w != widths[start]) or (count + c) * w * per_position > budget):
+            groups.append((start, i))
+            start, count = i, 0
+        count += c
+    if start < len(counts):
+        groups.append((start, len(counts)))
+    return groups
+
+
+def leave_one_out(
+    model: AttentionClassifier,
+    tokens: Tensor,
+    lengths: Tensor,
+    *,
+    mode: str = "delete",
+    mask_token: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """Leave-one-out token importance of Jain & Wallace 2019 (sec. 4.1; docs/definitions.md §7).
+
+    For every real token t of a row, the total variation distance
+    ``TVD(y, y_{-t}) = 1/2 sum_c |y_c - y_{-t,c}|`` between the model's output
+    distribution ``y`` on the full row and ``y_{-t}`` on the row with token t deleted:
+    the sequence gets one position shorter and is re-encoded from scratch
+    (``mode="delete"``, J&W). With ``mode="mask"`` the token is replaced by
+    ``mask_token`` instead (the length is unchanged). Distributions follow
+    :func:`attnmetrics.output_distribution` (``C == 1``: a sigmoid, ``(1 - p, p)``).
+
+    A row with a single real token leaves only its special tokens when that token is
+    deleted; that is still run through the model as it is. A model following the
+    protocol (attention zero outside the real tokens) then has no position to attend to:
+    J&W's classifier gives the zero context, so the output is the decoder's bias. A
+    model returning NaN there (e.g. a softmax over no position) raises ValueError. If
+    ``lead == trail == 0`` that input is empty (length 0), which the model must accept.
+
+    The model runs under ``torch.no_grad()`` in eval mode (its training mode is
+    restored afterwards): once on the rows, then on every deletion of every row, built
+    by the ``attnmetrics::leave_one_out_batch`` kernel for a group of rows at once. A
+    model with the optional protocol method ``deletion_logits`` (see
+    :class:`attnmetrics.AttentionClassifier`) computes the deletions' logits itself with
+    ``mode="delete"``, so it can reuse what a deletion leaves unchanged (J&W's BiLSTM:
+    the forward states before the token and the backward states after it).
+    Rows are grouped by length, so each call holds sequences of a single length and
+    carries no padding (packed RNNs then also take their faster uniform-length path).
+    Each call holds at most about ``memory_budget`` bytes, estimated as
+    ``sequences * width * (E + 8 H) * element_size`` with E and H the embedding and
+    hidden sizes measured on the first call (a single row's deletions are split
+    across calls if they exceed it), or, for ``deletion_logits``, as ``sequences *
+    width * position_bytes`` when the callable it returns has that attribute; on CPU
+    calls are also capped at :data:`CPU_CALL_BYTES` (32 MiB; also 32 MiB,
+    :data:`CPU_DELETION_CALL_BYTES`, for ``deletion_logits``), which ran faster per
+    token than larger ones. The model must treat rows independently.
+
+    Args:
+        model: any :class:`attnmetrics.AttentionClassifier`.
+        tokens: ``[B, T]`` int64 token ids, special tokens included, any strides.
+        lengths: ``[B]`` integer positions per row, special tokens included, in
+            ``[lead + trail, T]``.
+        mode: ``"delete"`` (J&W) or ``"mask"``.
+        mask_token: the id that replaces each token with ``mode="mask"`` (required
+            there, rejected with ``"delete"``).
+        memory_budget: approximate bytes of activations per model call.
+
+    Returns:
+        ``[B, T - lead]`` TVD (unitless, in [0, 1]) in the model's float dtype (that of
+        its embeddings), laid out like :func:`gradient_importance`: entry ``[b, k]`` is
+        real token ``lead + k`` of row b; zero past each row's ``lengths - lead - trail``
+        real tokens.
+
+    Raises:
+        TypeError: ``model`` does not implement the protocol; tokens/lengths not tensors.
+        ValueError: tokens not ``[B, T]`` int64 or with negative ids, an empty batch,
+            lengths not ``[B]`` integers in ``[lead + trail, T]`` or on another device, an
+            unknown mode, a missing, negative or superfluous mask_token, a non-positive
+            memory_budget, or model outputs that are not finite ``[N, C]`` logits.
+
+    Example (``attnmetrics.models`` holds J&W's classifier; any protocol model works)::
+
+        from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+        model = EncoderAttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6))
+        tokens = torch.tensor([[2, 7, 8, 9, 3], [2, 11, 12, 3, 0]])  # <SOS>=2 ... <EOS>=3
+        leave_one_out(model, tokens, torch.tensor([5, 4]))  # [2, 4]; row 1: 2 values, then 0
+    """
+    lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
+    lead, trail = model.lead, model.trail
+    batch, width = tokens.shape
+    device = tokens.device
+    budget = min(memory_budget, CPU_CALL_BYTES) if device.type == "cpu" else memory_budget
+    real = lengths - lead - trail
+    # Rows without a real token have nothing to delete; sorted by length, rows of one
+    # length are consecutive and form the groups of the model calls.
+    rows = torch.nonzero(real > 0).squeeze(1)
+    rows = rows[torch.argsort(lengths[rows], stable=True)]
+    row_list, len_list = rows.tolist(), lengths[rows].tolist()
+
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with torch.no_grad():
+            if not row_list:
+                return torch.zeros(batch, width - lead, dtype=model.embed(tokens[:1, :1]).dtype, device=device)
+            # Output distributions of the rows, in `rows` order. The first call (one row)
+            # measures the bytes per position that size every later call.
+            logits, per_position, dtype = _model_logits(
+                model, tokens[rows[:1], : len_list[0]], lengths[rows[:1]], "the input rows", None
+            )
+            classes = logits.shape[1]
+            original = [output_distribution(logits)]
+            for s, e in _length_groups([1] * (len(row_list) - 1), len_list[1:], per_position, budget):
+                idx = rows[1 + s : 1 + e]
+                logits, _, _ = _model_logits(model, tokens[idx, : len_list[e]], lengths[idx], "the input rows", classes)
+                original.append(output_distribution(logits))
+            original_dist = torch.cat(original)
+            out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
+
+            # Deletion batches: groups of rows, each contributing its real-token count.
+            if mode == "delete" and callable(getattr(model, "deletion_logits", None)):
+                cap = CPU_DELETION_CALL_BYTES if device.type == "cpu" else memory_budget
+                parts = _deletions_by_model(
+                    model, tokens, lengths, rows, len_list, per_position, min(memory_budget, cap), classes
+                )
+            else:
+                parts = _deletions_by_kernel(
+                    model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, classes
+                )
+            for src, position, logits in parts:  # src indexes `rows`, position the row's real tokens
+                p = original_dist[src].contiguous()
+                q = output_distribution(logits).to(p.dtype).contiguous()
+                out[rows[src], position] = ops.tvd(p, q).to(dtype)
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+    return out
+
+
+def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, classes):
+    """Yield (src, position, logits) for every deletion (or masking) of ``rows``, the token
+    sequences built by the ``leave_one_out_batch`` kernel for a group of rows of one length
+    at a time and run through the whole model; ``src`` indexes ``rows``, ``position`` the
+    row's real tokens."""
+    lead, trail, device = model.lead, model.trail, tokens.device
+    real = lengths[rows] - lead - trail
+    seq_widths = [length if mode == "mask" else length - 1 for length in len_list]
+    for s, e in _length_groups(real.tolist(), seq_widths, per_position, budget):
+        idx = rows[s:e]
+        # The kernel runs where the tokens are when it has a CUDA build, else on the CPU
+        # (the token ids are small next to the model's work).
+        on = device if device.type == "cpu" or _cuda_kernels() else torch.device("cpu")
+        seqs, seq_lengths, source = ops.leave_one_out_batch(
+            tokens[idx, : len_list[e - 1]].to(on).contiguous(), lengths[idx].to(on), lead, trail, mask_token, 0
+        )
+        source = source.to(device)
+        counts = real[s:e]
+        position = torch.arange(source.shape[0], device=device) - (torch.cumsum(counts, 0) - counts)[source]
+        # One group is one call unless a single row's deletions exceed the budget.
+        # All its sequences have one length, so no call carries padding.
+        per_call = max(1, budget // max(1, seq_widths[e - 1] * per_position))
+        for c in range(0, source.shape[0], per_call):
+            part = slice(c, c + per_call)
+            logits, _, _ = _model_logits(
+                model, seqs[part].to(device), seq_lengths[part].to(device), "the deletion batch", classes
+            )
+            yield source[part] + s, position[part], logits
+
+
+def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, budget, classes):
+    """Yield what :func:`_deletions_by_kernel` does, with the logits from the model's
+    ``deletion_logits``: prepared once for a block of rows (within the budget), then fed
+    the deletions of rows of about one length (within :data:`DELETION_BAND`) position by
+    position, so the positions of one call are close together (what a deletion changes,
+    and a reusing model recomputes, depends on where it is) and its rows pad little."""
+    lead, trail, device = model.lead, model.trail, tokens.device
+    for bs, be in _length_groups([1] * len(len_list), len_list, per_position, budget, same_width=False):
+        idx = rows[bs:be]
+        block_lengths = lengths[idx]
+        deletions = model.deletion_logits(model.embed(tokens[idx, : len_list[be - 1]]), block_lengths)
+        position_bytes = getattr(deletions, "position_bytes", per_position)
+        if isinstance(position_bytes, bool) or not isinstance(position_bytes, int) or position_bytes <= 0:
+            raise ValueError(
+                "model.deletion_logits(...).position_bytes must be a positive int (bytes per "
+                f"position of a call's deletions), got {position_bytes!r}"
+            )
+        for s, e in _bands(len_list[bs:be]):
+            real = block_lengths[s:e] - lead - trail
+            local = torch.repeat_interleave(torch.arange(s, e, device=device), real)
+            position = torch.arange(local.shape[0], device=device) - (torch.cumsum(real, 0) - real)[local - s]
+            order = torch.argsort(position * (e - s) + local - s)  # position-major
+            local, position = local[order], position[order]
+            per_call = max(1, budget // max(1, (len_list[bs + e - 1] - 1) * position_bytes))
+            for c in range(0, local.shape[0], per_call):
+                r, k = local[c : c + per_call], position[c : c + per_call]
+                logits = _checked_logits(deletions(r, k + lead), r.shape[0], "the deletion batch", classes)
+                yield r + bs, k, logits
+
+
+#: rows whose lengths differ by at most this share deletion calls
+DELETION_BAND = 8
+
+
+def _bands(widths: list[int]) -> list[tuple[int, int]]:
+    """Consecutive groups [s, e) of ascending ``widths`` at most :data:`DELETION_BAND` above the first."""
+    bands, start = [], 0
+    for i, w in enumerate(widths):
+        if w > widths[start] + DELETION_BAND:
+            bands.append((start, i))
+            start = i
+    return bands + [(start, len(widths))] if widths else bands

@@ -1,0 +1,209 @@
+"""Single-weight removal (S&S 2019, sec. 3; docs/definitions.md §5).
+
+Zero one attention weight of each row (the highest, the second highest, the lowest,
+or a random one), renormalise the rest to sum to 1 (L1), re-run the layers after
+attention (the *decoder*) and compare the output with the original: the JSD between
+the two output distributions and whether the decision changed. S&S compare removing
+the top weight with removing a random one on the same instances
+(:func:`attnmetrics.stats.mcnemar` tests the paired flips).
+
+Lives beside :mod:`attnmetrics.flip` (the flip search), whose validation and
+projection it reuses; it needs no kernel: one closed form on projected values for a
+plain ``nn.Linear`` decoder, one batched decoder call per chunk of rows otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnmetrics._decoder import Decoder, is_plain_linear, project, rows_per_chunk
+from attnmetrics._validation import (
+    DEFAULT_MEMORY_BUDGET,
+    check_budget,
+    check_decoder,
+    check_inputs,
+    check_logits,
+)
+from attnmetrics.distances import jsd
+from attnmetrics.outputs import decision, output_distribution
+from attnmetrics.protocol import token_mask
+
+#: weights :func:`single_removal` can remove
+WHICH = ("top", "second", "lowest", "random")
+
+
+class SingleRemovalResult(NamedTuple):
+    """Per-row outcome of :func:`single_removal`; each field is ``[B]``.
+
+    jsd: JSD between the original and the new output distribution, nats, in
+        ``[0, ln 2]`` (attention dtype); NaN for rows with L <= 1.
+    flipped: bool, whether the decision changed; False for rows with L <= 1.
+    removed_index: int64 position of the removed weight; -1 for rows with L <= 1.
+    removed_weight: the removed weight (attention dtype); NaN for rows with L <= 1.
+    """
+
+    jsd: Tensor
+    flipped: Tensor
+    removed_index: Tensor
+    removed_weight: Tensor
+
+
+def removed_positions(
+    attention: Tensor, lengths: Tensor, which: str, generator: torch.Generator | None = None
+) -> Tensor:
+    """``[B]`` int64 position each row removes (-1 where L <= 1); inputs already validated.
+
+    ``top``: the highest weight; ``second``: the next one in the same order; ``lowest``:
+    the lowest weight (ties always to the lower index); ``random``:
+    ``torch.randint(0, 2**62, (B,), generator=generator) % L`` (one draw per row, rows
+    with L <= 1 included, so the draw does not depend on lengths).
+    """
+    batch, width = attention.shape
+    short = lengths <= 1
+    if which == "random":
+        draw = torch.randint(0, 2**62, (batch,), generator=generator, device=attention.device)
+        return torch.where(short, -1, draw % lengths.clamp(min=1))
+    if width == 0:
+        return torch.full((batch,), -1, dtype=torch.int64, device=attention.device)
+    mask = token_mask(lengths, width)
+    if which == "lowest":
+        index = attention.masked_fill(~mask, math.inf).argmin(1)  # first minimum
+    else:
+        real = attention.masked_fill(~mask, -math.inf)
+        index = real.argmax(1)  # first maximum: ties to the lower index
+        if which == "second":
+            index = real.scatter(1, index[:, None], -math.inf).argmax(1)
+    return torch.where(short, -1, index)
+
+
+def single_removal(
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor | None = None,
+    which: str = "top",
+    *,
+    generator: torch.Generator | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> SingleRemovalResult:
+    """Output JSD and decision flip when one attention weight is removed (S&S 2019, sec. 3).
+
+    Definition (docs/definitions.md §5): for each row with valid prefix length L >= 2, zero the weight
+    chosen by ``which``, renormalise the others to sum to 1 (L1; the zero vector if they
+    sum to exactly 0), decode the context ``sum_t alpha'_t h_t`` and compare with the
+    decoded original context ``sum_t alpha_t h_t / sum_t alpha_t`` (the renormalised full
+    row, as in :func:`attnmetrics.flip_fraction` at k = 0). ``jsd`` is the JSD between the
+    two output distributions (natural log; softmax for C >= 2 logits, ``(1 - p, p)`` with
+    ``p = sigmoid`` for C == 1, computed in float64); ``flipped`` whether the decisions
+    (argmax, ties to the lower class; ``logit > 0`` for C == 1) differ. Rows with L <= 1
+    have nothing to remove: NaN jsd, not flipped, index -1.
+
+    A plain ``nn.Linear`` decoder takes a closed form on the projected values
+    ``values @ W.T`` (float64 accumulation, no contexts); any other decoder gets the
+    original and the new context of a chunk of rows (about ``memory_budget`` bytes) in
+    one batched call, and must treat rows independently. Runs under ``torch.no_grad()``.
+
+    Args:
+        attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing
+            to 1 over its first ``lengths[b]`` items (rejected otherwise). Any strides.
+        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``, C >= 1.
+        lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
+        which: ``"top"`` (highest weight, ties to the lower index), ``"second"`` (second
+            in that order), ``"lowest"`` (lowest weight, ties to the lower index) or
+            ``"random"`` (uniform among the real tokens; see :func:`removed_positions`).
+        generator: ``torch.Generator`` on the inputs' device for ``which="random"``.
+        memory_budget: approximate bytes of working memory per chunk of rows.
+
+    Returns:
+        :class:`SingleRemovalResult` of ``[B]`` tensors: ``jsd`` (nats, attention dtype),
+        ``flipped`` (bool), ``removed_index`` (int64), ``removed_weight`` (attention dtype).
+
+    Raises:
+        ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
+            values not ``[B, T, H]``, of another dtype/device or not finite on a valid
+            prefix; bad lengths; an unknown ``which``; a generator on another device; a
+            bad ``memory_budget``; an ``nn.Linear`` whose ``in_features != H``; decoder
+            output not ``[N, C]`` or not finite.
+        TypeError: ``decoder`` not callable.
+
+    Example:
+        Removing the top weight leaves only the class-0 item: the decision flips.
+
+        >>> att = torch.tensor([[0.7, 0.3]], dtype=torch.float64)
+        >>> values = torch.tensor([[[0.0, 4.0], [1.0, 0.0]]], dtype=torch.float64)
+        >>> dec = torch.nn.Linear(2, 2, bias=False).double()
+        >>> _ = dec.weight.data.copy_(torch.eye(2))
+        >>> res = single_removal(att, values, dec)
+        >>> res.flipped.tolist(), res.removed_index.tolist(), res.removed_weight.tolist()
+        ([True], [0], [0.7])
+    """
+    lengths = check_inputs(attention, values, lengths)
+    check_decoder(decoder, values)
+    budget = check_budget(memory_budget)
+    if not isinstance(which, str) or which not in WHICH:
+        raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if generator is not None and generator.device != attention.device:
+        raise ValueError(f"generator is on {generator.device}, attention on {attention.device}")
+    batch, width, hidden = values.shape
+    dtype, device = attention.dtype, attention.device
+
+    with torch.no_grad():
+        index = removed_positions(attention, lengths, which, generator)
+        ok = index >= 0
+        removed_weight = torch.full((batch,), math.nan, dtype=dtype, device=device)
+        divergence = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
+        flipped = torch.zeros(batch, dtype=torch.bool, device=device)
+        if not ok.any():
+            return SingleRemovalResult(divergence.to(dtype), flipped, index, removed_weight)
+        removed_weight[ok] = attention[ok].gather(1, index[ok, None]).squeeze(1)
+
+        linear = is_plain_linear(decoder)
+        if linear:
+            projected = project(values, decoder.weight, lengths, budget)
+            n_classes = projected.shape[2]
+            bias = (
+                decoder.bias.detach().to(torch.float64)
+                if decoder.bias is not None
+                else torch.zeros(n_classes, dtype=torch.float64, device=device)
+            )
+            row_bytes = width * (n_classes + 2) * 8
+        else:  # a copy of the chunk's values, two float64 weight rows, two contexts
+            item = values.element_size()
+            row_bytes = width * (hidden * item + 16) + 2 * hidden * item
+        rows = rows_per_chunk(row_bytes, budget)
+        classes: list[int] = []  # C of the first decoder call, checked on later ones
+        for s in range(0, batch, rows):
+            keep = s + ok[s : s + rows].nonzero().squeeze(1)  # rows with something to remove
+            if keep.numel() == 0:
+                continue
+            mask = token_mask(lengths[keep], width)
+            alpha = attention[keep].to(torch.float64).masked_fill(~mask, 0)
+            rest = alpha.scatter(1, index[keep, None], 0.0)
+            total, left = alpha.sum(1, keepdim=True), rest.sum(1, keepdim=True)
+            before = alpha / total  # L >= 2 rows sum to 1 within 1e-4: total > 0
+            after = torch.where(left > 0, rest / torch.where(left > 0, left, 1), 0)
+            if linear:
+                proj = projected[keep].to(torch.float64).masked_fill(~mask[..., None], 0)
+                z = torch.bmm(torch.stack([before, after], 1), proj) + bias  # [n, 2, C]
+            else:
+                h = values[keep]  # advanced indexing: a contiguous copy
+                h.masked_fill_(~mask[..., None], 0)  # padding never enters a context
+                if not torch.isfinite(h).all():
+                    raise ValueError("values must be finite on each row's valid prefix")
+                contexts = torch.bmm(torch.stack([before, after], 1).to(h.dtype), h)
+                n = keep.numel()
+                z = check_logits(decoder(contexts.view(2 * n, hidden)), 2 * n, classes[0] if classes else None)
+                classes[:] = [z.shape[1]]
+                z = z.view(n, 2, -1)
+            dist = output_distribution(z.reshape(-1, z.shape[2]).to(torch.float64))
+            dist = dist.view(z.shape[0], 2, -1)
+            divergence[keep] = jsd(dist[:, 0], dist[:, 1], memory_budget=budget)
+            flipped[keep] = decision(z[:, 0]) != decision(z[:, 1])
+    return SingleRemovalResult(divergence.to(dtype), flipped, index, removed_weight)

@@ -1,0 +1,137 @@
+"""Sweep statistics against independent references: a plain numpy bootstrap loop, sklearn's F1,
+scipy's Jensen-Shannon distance, and McNemar counts taken by hand."""
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import jensenshannon
+from sklearn.metrics import f1_score
+
+from attnmetrics.app.aggregate import aggregate_group, paired_tests
+from attnmetrics.app.sweep import Cell
+from attnmetrics.stats import bootstrap_ci, macro_f1, seed_variance
+
+
+def _loop_ci(x, statistic, resamples=20000, seed=1):
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(x), size=(resamples, len(x)))
+    values = [statistic(x[i]) for i in idx]
+    return np.percentile(values, [2.5, 97.5])
+
+
+@pytest.mark.parametrize("statistic", [np.mean, np.median])
+def test_bootstrap_matches_a_plain_resampling_loop(statistic):
+    x = np.random.default_rng(0).gamma(2.0, 0.1, size=150)
+    lo, hi = bootstrap_ci(x, lambda v, axis=-1: statistic(v, axis=axis))
+    ref = _loop_ci(x, statistic)
+    assert lo < statistic(x) < hi
+    np.testing.assert_allclose([lo, hi], ref, atol=0.15 * (ref[1] - ref[0]))
+
+
+def test_bootstrap_exact_cases():
+    assert bootstrap_ci(np.full(40, 0.3), np.mean) == pytest.approx((0.3, 0.3))
+    assert all(np.isnan(bootstrap_ci(np.array([1.0]), np.mean)))
+    x = np.random.default_rng(3).normal(size=50)
+    assert bootstrap_ci(x, np.mean) == bootstrap_ci(x, np.mean)  # fixed seed: reproducible
+
+
+def test_macro_f1_matches_sklearn():
+    rng = np.random.default_rng(1)
+    for classes in (2, 3, 5):
+        y, z = rng.integers(0, classes, 80), rng.integers(0, classes, 80)
+        z[z == classes - 1] = 0  # a class never predicted
+        ref = f1_score(y, z, average="macro", labels=range(classes), zero_division=0)
+        assert macro_f1(y, z, classes) == pytest.approx(ref)
+    y, z = rng.integers(0, 3, (4, 30)), rng.integers(0, 3, (4, 30))  # vectorised over leading axes
+    np.testing.assert_allclose(
+        macro_f1(y, z, 3), [f1_score(a, b, average="macro", labels=range(3), zero_division=0) for a, b in zip(y, z)]
+    )
+
+
+def _distributions(rng, seeds, n, lengths):
+    att = np.zeros((seeds, n, lengths.max()))
+    for s in range(seeds):
+        for i, L in enumerate(lengths):
+            w = rng.random(L) ** 3
+            att[s, i, :L] = w / w.sum()
+    return att
+
+
+@pytest.mark.parametrize("classes", [1, 3])
+def test_seed_variance_matches_a_loop_over_instances(classes):
+    rng = np.random.default_rng(2)
+    seeds, n = 4, 25
+    lengths = rng.integers(1, 9, n)
+    att = _distributions(rng, seeds, n, lengths)
+    logits = rng.normal(size=(seeds, n, classes))
+    sv = seed_variance(att, logits)
+    for i, L in enumerate(lengths):
+        jsds = [jensenshannon(att[0, i, :L], att[s, i, :L]) ** 2 for s in range(1, seeds)]  # its square root
+        if classes == 1:
+            p = [np.array([1 - 1 / (1 + np.exp(-z)), 1 / (1 + np.exp(-z))]) for z in logits[:, i, 0]]
+        else:
+            p = [np.exp(z) / np.exp(z).sum() for z in logits[:, i]]
+        tvds = [0.5 * np.abs(p[0] - p[s]).sum() for s in range(1, seeds)]
+        assert sv.median_jsd[i] == pytest.approx(np.median(jsds), abs=1e-9)
+        assert sv.mean_tvd[i] == pytest.approx(np.mean(tvds), abs=1e-9)
+    with pytest.raises(ValueError, match="S >= 2"):
+        seed_variance(att[:1], logits[:1])
+
+
+def _cell(attention, seed, grid="g"):
+    return Cell(grid, {"dataset": "sst", "encoder": "lstm", "attention": attention, "seed": seed}, ())
+
+
+def _predictions(correct, labels):
+    # one sigmoid output: logit > 0 decides class 1
+    decision = np.where(correct, labels, 1 - labels)
+    return {
+        "logits": np.where(decision == 1, 1.0, -1.0)[:, None].astype(np.float32),
+        "labels": labels,
+        "lengths": np.full(len(labels), 5),
+        "attention": np.full((len(labels), 5), 0.2, np.float32),
+    }
+
+
+def test_mcnemar_pairs_learned_with_uniform_of_the_same_seed():
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, 60)
+    right = {(a, s): rng.random(60) < 0.7 for a in ("tanh", "uniform") for s in (0, 1)}
+    cells = [(_cell(a, s), {}, _predictions(right[a, s], labels)) for a, s in right]
+    other = _predictions(right["tanh", 0], labels[::-1].copy())  # other instances: never paired
+    cells.append((_cell("tanh", 0, grid="h"), {}, other))
+    cells.append((_cell("uniform", 0, grid="h"), {}, _predictions(right["uniform", 0], labels)))
+    tests = paired_tests(cells)
+    assert {(t["grid"], t["seed"]) for t in tests} == {("g", 0), ("g", 1)}
+    for t in tests:
+        learned, uniform = right["tanh", t["seed"]], right["uniform", t["seed"]]
+        assert t["b01"] == int(np.sum(uniform & ~learned)) and t["b10"] == int(np.sum(learned & ~uniform))
+        assert t["accuracy"] == pytest.approx(learned.mean()) and t["baseline"] == "g/sst-lstm-uniform"
+        assert 0 < t["pvalue"] <= 1
+
+
+def test_group_spread_over_seeds_and_ci_over_seed_averaged_instances():
+    rng = np.random.default_rng(5)
+    n, members = 40, []
+    per_instance = rng.random((3, n))
+    per_instance[:, 0] = np.nan  # undefined everywhere: left out
+    per_instance[1, 1] = np.nan  # undefined in one seed: mean of the others
+    for s in range(3):
+        tvd = per_instance[s]
+        results = {
+            "test": {"accuracy": 0.5 + s / 10, "macro_f1": 0.4},
+            "permutation": {"overall": {"median": float(np.nanmedian(tvd))}},
+            "instances": {"lengths": [5] * n, "permutation": {"median_tvd": [None if np.isnan(v) else v for v in tvd]}},
+        }
+        members.append((s, results, None))
+    g = aggregate_group(members)
+    acc = g["statistics"]["test accuracy"]
+    assert (
+        acc["mean"] == pytest.approx(0.6)
+        and acc["std"] == pytest.approx(0.1)
+        and (acc["min"], acc["max"]) == (0.5, 0.7)
+    )
+    perm = g["statistics"]["permutation median TVD"]
+    averaged = np.nanmean(per_instance[:, 1:], axis=0)
+    assert perm["instances"] == n - 1
+    np.testing.assert_allclose(perm["ci95"], _loop_ci(averaged, np.median), atol=0.03)
+    assert "seed_variance" not in g  # no predictions.npz

@@ -1,0 +1,184 @@
+"""The command line end to end on a slice of the real SST (skipped when the treebank is absent)."""
+
+import json
+import math
+
+import pytest
+
+from attnmetrics.app.cli import main
+from tests.inputs import SST_DIR
+
+pytestmark = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason="real SST not found beside the project")
+
+QUICK = [
+    "--dataset",
+    "sst",
+    "--data-dir",
+    str(SST_DIR),
+    "--limit",
+    "160",
+    "--epochs",
+    "1",
+    "--embeddings",
+    "random",
+    "--embed-dim",
+    "24",
+    "--hidden-size",
+    "16",
+    "--no-progress",
+    "--threads",
+    "1",
+]
+FAST = ["--permutations", "20", "--adversarial-steps", "20"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "sst"
+    assert main(["run", *QUICK, *FAST, "--out", str(out)]) == 0
+    return out
+
+
+def test_run_writes_a_complete_report(run_dir):
+    names = {p.name for p in run_dir.iterdir()}
+    assert {
+        "results.json",
+        "report.md",
+        "flip_fraction.png",
+        "kendall_tau.png",
+        "permutation.png",
+        "adversarial.png",
+        "model",
+    } <= names
+    assert not [n for n in names if n.startswith(".")]  # no temporaries left
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["data"]["sizes"] == {"train": 160, "dev": 160, "test": 160}
+    assert results["seed"] == 0 and results["versions"]["torch"]
+    for metric in ("accuracy", "macro_f1", "roc_auc"):
+        assert 0 <= results["test"][metric] <= 1
+    assert set(results["flip"]) == {"attention", "random", "gradient", "attn_grad", "reverse"}
+    for name, s in results["flip"].items():
+        assert s["rows"] == 160
+        assert math.isclose(s["flipped_rate"] + s["never_flipped_rate"], 1.0)
+        if s["fraction"]["n"]:
+            assert 0 < s["fraction"]["mean"] <= 1
+        fractions = [f for f in results["instances"]["flip"][name]["fraction"] if f is not None]
+        assert all(0 < f < 1 for f in fractions)
+    assert set(results["kendall"]) == {"attention vs gradient", "attention vs loo", "gradient vs loo"}
+    for pair in results["kendall"].values():
+        tau = pair["overall"]
+        assert -1 <= tau["mean"] <= 1 and 0 <= tau["significant"] <= 1
+        assert tau["n"] + tau["undefined"] == 160
+    assert 0 <= results["permutation"]["overall"]["median"] <= 1 and results["permutation"]["permutations"] == 20
+    adv = results["adversarial"]["overall"]
+    assert 0 <= adv["mean"] <= 0.6932 and results["adversarial"]["output_tvd"]["q3"] <= 0.05 + 1e-6
+    single = results["single_removal"]
+    assert {"top", "second", "lowest", "random", "top_vs_random"} <= set(single)
+    assert 0 <= single["top_vs_random"]["mcnemar"]["pvalue"] <= 1
+    report = (run_dir / "report.md").read_text()
+    for section in (
+        "Decision flip",
+        "Kendall",
+        "Permuted attention",
+        "Adversarial attention",
+        "single attention weight",
+    ):
+        assert section in report
+
+
+def test_run_refuses_to_overwrite(run_dir, capsys):
+    before = (run_dir / "results.json").read_text()
+    assert main(["run", *QUICK, "--out", str(run_dir)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert (run_dir / "results.json").read_text() == before
+
+
+def test_report_rerenders_from_results(run_dir):
+    (run_dir / "report.md").unlink()
+    assert main(["report", str(run_dir)]) == 0
+    assert "Kendall" in (run_dir / "report.md").read_text()
+
+
+def test_evaluate_a_saved_model(run_dir, tmp_path):
+    out = tmp_path / "eval"
+    assert (
+        main(
+            [
+                "evaluate",
+                str(run_dir),
+                "--out",
+                str(out),
+                "--limit",
+                "40",
+                "--orders",
+                "attention",
+                "--skip",
+                "permutation",
+                "adversarial",
+                "loo",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["flip"]) == {"attention"} and results["flip"]["attention"]["rows"] == 40
+    assert "permutation" not in results and "adversarial" not in results
+    assert set(results["kendall"]) == {"attention vs gradient"}
+
+
+def test_compare_runs(run_dir, tmp_path):
+    assert main(["report", str(run_dir), str(run_dir), "--out", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert table.count("\n| sst ") == 2 and "lstm encoder + tanh attention" in table
+    assert main(["report", str(run_dir), str(run_dir)]) == 2  # several runs need --out
+
+
+def test_run_writes_test_predictions(run_dir):
+    import numpy as np
+
+    results = json.loads((run_dir / "results.json").read_text())
+    with np.load(run_dir / "predictions.npz") as p:
+        logits, attention, lengths, labels = p["logits"], p["attention"], p["lengths"], p["labels"]
+    assert logits.dtype == attention.dtype == np.float32 and lengths.dtype == labels.dtype == np.int64
+    assert logits.shape == (160, 1) and attention.shape == (160, lengths.max()) and labels.shape == (160,)
+    # the same instances, in the same order, as the battery's per-instance results
+    assert lengths.tolist() == results["instances"]["lengths"]
+    assert ((logits[:, 0] > 0).astype(int)).tolist() == results["instances"]["predicted"]
+    np.testing.assert_allclose(attention.max(1), results["instances"]["max_attention"], rtol=1e-5)
+    np.testing.assert_allclose(attention.sum(1), 1.0, rtol=1e-5)
+    assert all((attention[i, n:] == 0).all() for i, n in enumerate(lengths))
+
+
+def test_device_cpu_is_recorded(tmp_path):
+    out = tmp_path / "cpu"
+    assert main(["train", *QUICK, "--device", "cpu", "--out", str(out)]) == 0
+    assert json.loads((out / "results.json").read_text())["device"] == "cpu"
+
+
+def test_device_cuda_without_a_gpu_fails_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    out = tmp_path / "cuda"
+    assert main(["run", *QUICK, *FAST, "--device", "cuda", "--out", str(out)]) == 2
+    assert "--device cuda, but torch sees no CUDA GPU" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_same_config_and_seed_give_the_same_numbers(run_dir, tmp_path):
+    """Issue 4 item 7: rerunning a run's flags reproduces every number it wrote."""
+    import numpy as np
+
+    out = tmp_path / "again"
+    assert main(["run", *QUICK, *FAST, "--out", str(out)]) == 0
+
+    def numbers(folder):  # all but the timings and the output folder
+        results = json.loads((folder / "results.json").read_text())
+        del results["wall_time_s"], results["config"]["out"]
+        for epoch in results["training"]["history"]:
+            del epoch["seconds"]
+        return results
+
+    assert numbers(run_dir) == numbers(out)
+    with np.load(run_dir / "predictions.npz") as a, np.load(out / "predictions.npz") as b:
+        for key in a.files:
+            np.testing.assert_array_equal(a[key], b[key])

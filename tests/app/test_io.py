@@ -1,0 +1,145 @@
+"""Outputs are written atomically and run folders are never silently overwritten."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from attnmetrics.app.io import MARKER, run_folder, write_json_atomic
+
+
+def test_json_is_strict_with_nan_as_null(tmp_path):
+    path = tmp_path / "r.json"
+    write_json_atomic(path, {"a": math.nan, "b": [1.5, math.inf], "c": {"d": 2}})
+    assert json.loads(path.read_text()) == {"a": None, "b": [1.5, None], "c": {"d": 2}}
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary left behind
+
+
+def test_run_folder_refuses_to_overwrite(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        with run_folder(out):
+            pass
+    assert (out / "keep.txt").read_text() == "precious"
+
+
+def test_failed_run_leaves_existing_folder_untouched(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "results.json").write_text("{}")  # a run folder of this tool, so --overwrite may replace it
+    with pytest.raises(RuntimeError):
+        with run_folder(out, overwrite=True) as staging:
+            (staging / "half.txt").write_text("x")
+            raise RuntimeError("training crashed")
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+
+
+def test_overwrite_replaces_only_on_success(tmp_path):
+    out = tmp_path / "run"
+    with run_folder(out) as staging:
+        (staging / "results.json").write_text("1")  # what makes it a run folder --overwrite may replace
+    with run_folder(out, overwrite=True) as staging:
+        (staging / "b.txt").write_text("2")
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_second_run_into_one_out_is_refused_at_its_start(tmp_path):
+    out = tmp_path / "run"
+    with run_folder(out) as first:
+        for overwrite in (False, True):  # refused before any work, with or without --overwrite
+            with pytest.raises(FileExistsError, match="another attnmetrics run|already exists"):
+                with run_folder(out, overwrite=overwrite):
+                    pytest.fail("the second run must not start")
+        (first / "results.json").write_text('{"run": 1}')
+    assert json.loads((out / "results.json").read_text()) == {"run": 1}
+    with run_folder(out, overwrite=True) as second:  # done: now --overwrite may replace it
+        (second / "results.json").write_text('{"run": 2}')
+    assert json.loads((out / "results.json").read_text()) == {"run": 2}
+
+
+def test_overwrite_never_replaces_what_is_not_a_run_folder(tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("years of work")
+    with pytest.raises(FileExistsError, match="not an attnmetrics run folder"):
+        with run_folder(precious, overwrite=True):
+            pytest.fail("must not start")
+    assert sorted(p.name for p in precious.iterdir()) == ["thesis.tex"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious"]  # no staging folder left
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_out_that_is_a_file_the_working_folder_or_a_protected_folder_is_refused(tmp_path, monkeypatch, overwrite):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("keep")
+    model = tmp_path / "model_run"
+    model.mkdir()
+    (model / "results.json").write_text("{}")
+    for out, protect, words in [
+        ("notes.txt", (), "is a file"),
+        (".", (), "working folder"),
+        ("..", (), "working folder"),
+        ("model_run", ("model_run",), "reads"),
+        (".", ("model_run",), "working folder"),
+        ("model_run/eval", ("model_run",), "reads"),
+    ]:
+        with pytest.raises(FileExistsError, match=words):
+            with run_folder(out, overwrite, protect):
+                pytest.fail(f"--out {out} must be refused")
+    assert (tmp_path / "notes.txt").read_text() == "keep" and (model / "results.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model_run", "notes.txt"]
+
+
+def test_failed_run_gives_its_claim_back_and_leaves_no_empty_staging(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        with run_folder(out):
+            raise RuntimeError("crashed before writing anything")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(RuntimeError) as info:
+        with run_folder(out) as staging:
+            (staging / "half.txt").write_text("x")
+            raise RuntimeError("crashed halfway")
+    assert any("partial outputs kept in" in n for n in info.value.__notes__)
+    assert [p.name for p in tmp_path.iterdir()] == [staging.name] and (staging / "half.txt").is_file()
+
+
+CLAIM_AND_WAIT = """
+import sys, time
+from attnmetrics.app.io import run_folder
+with run_folder(sys.argv[1]) as staging:
+    print("claimed", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_claim_of_a_killed_run_never_blocks_the_next(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLAIM_AND_WAIT, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert proc.stdout.readline().strip() == "claimed"
+        with pytest.raises(FileExistsError, match="another attnmetrics run"):  # alive: its claim holds
+            with run_folder(out, overwrite=True):
+                pytest.fail("must not start")
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no cleanup runs: its claimed folder stays behind
+        proc.wait(timeout=30)
+    assert [p.name for p in out.iterdir()] == [MARKER]
+    deadline = time.time() + 10
+    with run_folder(out) as staging:  # the dead run's lock went with it: taken over, no --overwrite
+        (staging / "results.json").write_text("{}")
+    assert time.time() < deadline and (out / "results.json").is_file()

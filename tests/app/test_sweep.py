@@ -1,0 +1,197 @@
+"""`attnmetrics sweep`: config parsing and grid expansion, and an interrupted sweep resumed on a
+slice of the real SST (skipped when the treebank is absent)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnmetrics.app.cli import build_parser, main
+from attnmetrics.app.sweep import load_config
+from tests.inputs import ROOT, SST_DIR
+
+
+def _config(tmp_path, text, name="sweep.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+GRID = """
+[sweep]
+out = "out"
+jobs = 2
+data_dirs = { sst = "data/sst" }
+[defaults]
+epochs = 3
+threads = 1
+[[grid]]
+name = "g"
+datasets = ["sst", "mr"]
+encoders = ["lstm", "average"]
+seeds = [0, 1, 2]
+epochs = 1
+skip = ["adversarial", "loo"]
+limit = 160
+"""
+
+
+def test_grid_expands_to_the_product_of_its_axes(tmp_path):
+    sweep = load_config(_config(tmp_path, GRID))
+    assert sweep.out == tmp_path / "out" and sweep.jobs == 2 and len(sweep.cells) == 12
+    c = sweep.cells[0]
+    assert c.name == "sst-lstm-tanh-s0" and c.group == "g/sst-lstm-tanh"  # attention: run's default
+    assert list(c.flags) == [
+        "--dataset",
+        "sst",
+        "--encoder",
+        "lstm",
+        "--attention",
+        "tanh",
+        "--seed",
+        "0",
+        "--data-dir",
+        str(tmp_path / "data" / "sst"),
+        "--epochs",
+        "1",
+        "--threads",
+        "1",
+        "--skip",
+        "adversarial",
+        "loo",
+        "--limit",
+        "160",
+    ]  # the grid's epochs win
+    assert "--data-dir" not in sweep.cells[-1].flags and sweep.cells[-1].name == "mr-average-tanh-s2"
+    # every cell's flags are a valid `attnmetrics run` command line
+    for cell in sweep.cells:
+        build_parser().parse_args(["run", *cell.flags])
+    assert load_config(_config(tmp_path, GRID), out=Path("elsewhere"), jobs=1).jobs == 1
+
+
+def test_booleans_and_bbc_pairs(tmp_path):
+    text = '[[grid]]\nname = "b"\ndatasets = ["bbc:sports-business"]\nno_progress_unused = 1\n'
+    with pytest.raises(ValueError, match="no_progress_unused"):
+        load_config(_config(tmp_path, text))
+    sweep = load_config(
+        _config(tmp_path, '[[grid]]\nname = "b"\ndatasets = ["bbc:sports-business"]\nembeddings = "random"\n')
+    )
+    assert sweep.cells[0].name == "bbc_sports-business-lstm-tanh-s0"
+
+
+@pytest.mark.parametrize(
+    "body, key",
+    [
+        ('datasets = ["sst"]\nepoch = 3', "epoch"),  # not a run option
+        ("datasets = []", "datasets"),  # empty axis
+        ('datasets = ["sst"]\nseeds = []', "seeds"),
+        ('datasets = ["sst"]\nencoders = ["transformer"]', "encoders"),
+        ('datasets = ["sst"]\nseeds = ["a"]', "seeds"),
+        ('datasets = ["sst"]\nseed = 3', "seed"),  # the axis is "seeds"
+        ('datasets = ["sst"]\nout = "x"', "out"),  # set by the sweep
+        ('datasets = ["sst"]\nskip = []', "skip"),
+        ('encoders = ["lstm"]', "datasets"),  # missing axis
+    ],
+)
+def test_config_errors_name_the_key(tmp_path, body, key):
+    with pytest.raises(ValueError, match=f"'{key}'"):
+        load_config(_config(tmp_path, f'[[grid]]\nname = "g"\n{body}\n'))
+
+
+def test_config_errors_in_sections(tmp_path):
+    with pytest.raises(ValueError, match="duplicate grid name"):
+        load_config(_config(tmp_path, '[[grid]]\nname = "g"\ndatasets = ["sst"]\n' * 2))
+    with pytest.raises(ValueError, match="unknown sections"):
+        load_config(_config(tmp_path, '[grids]\nname = "g"\n'))
+    with pytest.raises(ValueError, match="jobs"):
+        load_config(_config(tmp_path, '[sweep]\njobs = 0\n[[grid]]\nname = "g"\ndatasets = ["sst"]\n'))
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_config(_config(tmp_path, "[[grid]\n"))
+
+
+def test_shipped_configs_parse():
+    sweep = load_config(ROOT / "configs" / "sweep.toml")
+    assert len([c for c in sweep.cells if c.grid == "wp"]) == 2 * 2 * 2 * 3
+    assert {c.grid for c in sweep.cells} == {"wp", "adversary", "tutek"}
+    assert len(load_config(ROOT / "configs" / "seed-variance.toml").cells) == 8  # W&P's 8 seeds
+
+
+TINY = f"""
+[sweep]
+data_dirs = {{ sst = "{SST_DIR}" }}
+[defaults]
+limit = 60
+epochs = 1
+embeddings = "random"
+embed_dim = 16
+hidden_size = 8
+skip = ["adversarial", "loo"]
+permutations = 10
+threads = 1
+[[grid]]
+name = "g"
+datasets = ["sst"]
+seeds = [0, 1]
+"""
+
+
+def _recorded_done(out, cell: str) -> bool:
+    try:
+        return json.loads((out / "status.json").read_text())["cells"][cell]["state"] == "done"
+    except (FileNotFoundError, KeyError, json.JSONDecodeError):
+        return False
+
+
+@pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason="real SST not found beside the project")
+def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, capsys):
+    config, out = _config(tmp_path, TINY), tmp_path / "sweep"
+    first = out / "g" / "sst-lstm-tanh-s0" / "results.json"
+    cmd = [sys.executable, "-m", "attnmetrics", "sweep", str(config), "--out", str(out), "--jobs", "1", "--no-progress"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not _recorded_done(out, "g/sst-lstm-tanh-s0") and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)  # results.json, then the sweep records the cell once its process exits
+    assert first.is_file(), proc.stderr.read() if proc.poll() is not None else "first cell never finished"
+    time.sleep(2)  # the second cell is under way
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    assert "interrupted" in proc.stderr.read()
+    status = json.loads((out / "status.json").read_text())["cells"]
+    assert status["g/sst-lstm-tanh-s0"]["state"] == "done"
+    assert status["g/sst-lstm-tanh-s1"]["state"] in ("interrupted", "running")
+    assert not (out / "g" / "sst-lstm-tanh-s1").exists()
+    # a staging folder as an interrupted run leaves it (if the kill came too early to leave one)
+    (out / "g" / ".sst-lstm-tanh-s1.partial-test").mkdir(exist_ok=True)
+    before = os.stat(first)
+
+    assert main(["sweep", str(config), "--out", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "skip g/sst-lstm-tanh-s0: done" in err
+    after = os.stat(first)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not redone
+    assert (out / "g" / "sst-lstm-tanh-s1" / "results.json").is_file()
+    assert not list((out / "g").glob(".*partial*"))
+    assert (out / "g" / "sst-lstm-tanh-s1.log").read_text().count("=== ") >= 1
+    assert (out / "sweep.toml").read_text() == TINY
+    agg = json.loads((out / "aggregate.json").read_text())
+    group = agg["groups"]["g/sst-lstm-tanh"]
+    assert group["seeds"] == [0, 1] and "seed_variance" in group
+    assert group["statistics"]["test accuracy"]["seeds"] == 2
+    report = (out / "report.md").read_text()
+    assert "Jain & Wallace" in report and "Seed variance" in report
+    assert "Each regulariser vs none" not in report  # no regulariser axis: no T&Š comparison
+
+    # --report-only re-aggregates; a changed config refuses to reuse stale cells unless --overwrite
+    (out / "report.md").unlink()
+    assert main(["sweep", str(config), "--out", str(out), "--report-only"]) == 0 and (out / "report.md").is_file()
+    changed = _config(tmp_path, TINY.replace("epochs = 1", "epochs = 2"), "changed.toml")
+    assert main(["sweep", str(changed), "--out", str(out), "--no-progress"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert os.stat(first).st_mtime_ns == before.st_mtime_ns
+    assert main(["sweep", str(changed), "--out", str(out), "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("done\t") == 2
