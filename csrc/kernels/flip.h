@@ -1,4 +1,4 @@
-// Per-row flip search (S&S 2019, sec. 4; DESIGN §2, §4), shared by the CPU and
+// Per-row flip search (S&S 2019, sec. 4; docs/definitions.md §3, §4), shared by the CPU and
 // CUDA back ends. Plain functions on raw pointers, no torch headers, so that
 // `nvcc -c` can compile-check them without a CUDA build of torch.
 //

@@ -1,4 +1,4 @@
-// Leave-one-out input construction (J&W 2019, sec. 4.1; DESIGN §4), shared by the
+// Leave-one-out input construction (J&W 2019, sec. 4.1; docs/definitions.md §7), shared by the
 // CPU and CUDA back ends. Plain functions on raw pointers, no torch headers, so
 // that `nvcc -c` can compile-check them without a CUDA build of torch.
 //

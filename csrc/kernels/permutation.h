@@ -1,4 +1,4 @@
-// Per-row permutation test (J&W 2019, sec. 4.2; DESIGN §4 "Permutation"), shared
+// Per-row permutation test (J&W 2019, sec. 4.2; docs/definitions.md §9), shared
 // by the CPU and CUDA back ends. Plain functions on raw pointers, no torch
 // headers, so that `nvcc -c` can compile-check them without a CUDA build of torch.
 //

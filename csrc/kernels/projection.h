@@ -1,4 +1,4 @@
-// Projection of a row's valid prefix by a linear map (DESIGN §2: linear decoders
+// Projection of a row's valid prefix by a linear map (docs/definitions.md §3: linear decoders
 // work on projected values v_t = W h_t), shared by the CPU and CUDA back ends.
 // Plain functions on raw pointers, no torch headers.
 //
