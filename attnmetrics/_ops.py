@@ -23,9 +23,13 @@ CUDA is available (default ``auto``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+import sys
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -36,6 +40,8 @@ _loaded = False
 
 #: Whether the loaded build holds the CUDA kernels (set by :func:`load`).
 CUDA_KERNELS = False
+#: The loaded build's name: ``attnmetrics_C`` or ``attnmetrics_C_cuda`` (set by :func:`load`).
+EXTENSION_NAME = None
 
 CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++17"]  # -fopenmp: at::parallel_for runs in parallel
 # --fmad=false: no fused multiply-adds, so the GPU rounds every product and sum as the CPU
@@ -117,9 +123,51 @@ def _register_cuda_stubs(why: str) -> None:
         _stub_library.impl(name, stub, "CUDA")
 
 
+@contextlib.contextmanager
+def _build_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive flock on ``TORCH_EXTENSIONS_DIR/<name>.build-lock`` around the build.
+
+    torch serialises builds with a plain lock file (``<name>/lock``) that a killed build (kill -9,
+    the OOM killer) leaves behind, and every later import then waits on it forever, silently.
+    A flock dies with its holder: whoever holds ours is the only attnmetrics build alive, so a
+    torch lock file found then is stale and is removed, with a notice naming it. Prints a
+    one-line notice while it waits for another process's build, and before a (re)compile.
+    """
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    fd = os.open(build_dir.parent / f"{name}.build-lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(
+                f"attnmetrics: waiting for another process to finish building the kernels ({build_dir})",
+                file=sys.stderr,
+                flush=True,
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            print(
+                f"attnmetrics: removing the stale build lock {stale} (left by a build that was killed)",
+                file=sys.stderr,
+                flush=True,
+            )
+            stale.unlink(missing_ok=True)
+        built = [p.stat().st_mtime for p in build_dir.glob(f"{name}*.so")]
+        if not built or max(p.stat().st_mtime for p in _CSRC.rglob("*") if p.is_file()) > max(built):
+            print(
+                f"attnmetrics: compiling the C++ kernels (once; about a minute on 2 cores; cached in {build_dir})",
+                file=sys.stderr,
+                flush=True,
+            )
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
 def load() -> None:
     """Compile (first time) and load the extension; idempotent."""
-    global _loaded, CUDA_KERNELS
+    global _loaded, CUDA_KERNELS, EXTENSION_NAME
     if _loaded:
         return
     if shutil.which(os.environ.get("CXX", "c++")) is None:
@@ -130,19 +178,22 @@ def load() -> None:
     with_cuda, why_not = _want_cuda()
     if why_not:
         warnings.warn(f"attnmetrics: building the CPU kernels only: {why_not}", RuntimeWarning, stacklevel=2)
-    cpp_extension.load(
-        name="attnmetrics_C_cuda" if with_cuda else "attnmetrics_C",
-        sources=_sources(with_cuda),
-        extra_include_paths=[str(_CSRC)],
-        extra_cflags=CXX_FLAGS,
-        extra_cuda_cflags=NVCC_FLAGS if with_cuda else None,
-        extra_ldflags=["-fopenmp"],
-        is_python_module=False,
-        verbose=os.environ.get("ATTNMETRICS_VERBOSE_BUILD") == "1",
-    )
+    name = "attnmetrics_C_cuda" if with_cuda else "attnmetrics_C"
+    sources = _sources(with_cuda)
+    with _build_lock(name):
+        cpp_extension.load(
+            name=name,
+            sources=sources,
+            extra_include_paths=[str(_CSRC)],
+            extra_cflags=CXX_FLAGS,
+            extra_cuda_cflags=NVCC_FLAGS if with_cuda else None,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=os.environ.get("ATTNMETRICS_VERBOSE_BUILD") == "1",
+        )
     if why_not:
         _register_cuda_stubs(why_not)
-    CUDA_KERNELS = with_cuda
+    CUDA_KERNELS, EXTENSION_NAME = with_cuda, name
     _loaded = True
 
 

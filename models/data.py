@@ -140,6 +140,7 @@ def fetch_artifact(spec: Artifact, cache_dir: str | os.PathLike | None = None) -
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=cache))
     try:
+        print(f"attnmetrics: downloading {spec.filename} (once; cached in {cache})", file=sys.stderr, flush=True)
         _pip_download(spec, tmp)
         got = tmp / spec.filename
         if not got.is_file():

