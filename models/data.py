@@ -205,20 +205,39 @@ class Splits:
 _LEAF = re.compile(r"\(\d ([^()\s]+)\)")
 
 
+_ROOT = re.compile(r"\((\d+) ")
+
+
 def _read_sst_file(path: Path) -> tuple[list[Example], int]:
-    """PTB trees -> binary examples; also returns how many neutral roots were dropped."""
-    out, neutral = [], 0
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    """PTB trees -> binary examples; also returns how many neutral roots were dropped.
+
+    Raises ValueError naming the file (and line) for text that is not UTF-8, a line that is not
+    a tree, a root label outside 0-4, a tree without leaves, or a file without any tree."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e})") from None
+    out, neutral, trees = [], 0, 0
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
-        if not (line.startswith("(") and line[1:2].isdigit()):
+        root = _ROOT.match(line)
+        if root is None:
             raise ValueError(f"{path}:{n}: not a PTB-format tree line")
-        root = int(line[1])
-        if root == 2:
+        label = int(root.group(1))
+        if not 0 <= label <= 4:
+            raise ValueError(f"{path}:{n}: root sentiment label must be 0-4, got {label}")
+        leaves = _LEAF.findall(line)
+        if not leaves:
+            raise ValueError(f"{path}:{n}: a tree without leaves (no words)")
+        trees += 1
+        if label == 2:
             neutral += 1
             continue
-        out.append((" ".join(_LEAF.findall(line)), int(root >= 3)))
+        out.append((" ".join(leaves), int(label >= 3)))
+    if not trees:
+        raise ValueError(f"{path}: holds no trees (an empty SST split)")
     return out, neutral
 
 

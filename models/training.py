@@ -319,18 +319,56 @@ def save_checkpoint(
 
 
 def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Rebuild a model saved by :func:`save_checkpoint` (``torch.load(weights_only=True)``)."""
+    """Rebuild a model saved by :func:`save_checkpoint` (``torch.load(weights_only=True)``).
+
+    ``model.json`` is checked against ``model.pt`` before anything of its size is allocated: the
+    weights are memory-mapped, the configured model is built on the meta device (no memory),
+    and every tensor's name and shape must agree, so an edited config (a huge ``vocab_size``,
+    ``lead``/``trail`` other than the ``<SOS>``/``<EOS>`` the vocabulary adds) is refused.
+
+    Raises:
+        FileNotFoundError: ``model.pt`` or ``model.json`` is missing (``vocab.json`` is optional:
+            ``vocab`` is then None).
+        ValueError: a file that cannot be read (named), an unknown format, or a config that
+            does not match the weights (the first differing tensor named, with both shapes).
+    """
     directory = Path(directory)
     for name in (_WEIGHTS, _CONFIG):
         if not (directory / name).is_file():
             raise FileNotFoundError(f"{directory} is not a checkpoint: {name} is missing")
-    meta = json.loads((directory / _CONFIG).read_text())
+    try:
+        meta = json.loads((directory / _CONFIG).read_text())
+        config = ModelConfig.from_dict(meta["model"])
+    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{directory / _CONFIG}: not a model config saved by attnmetrics ({e!r})") from None
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{directory}: unsupported checkpoint format {meta.get('format')}")
-    model = EncoderAttentionClassifier(ModelConfig.from_dict(meta["model"]))
-    model.load_state_dict(torch.load(directory / _WEIGHTS, map_location=map_location, weights_only=True))
+    if (config.lead, config.trail) != (1, 1):
+        raise ValueError(
+            f"{directory / _CONFIG}: lead/trail must be 1/1 (the <SOS>/<EOS> the vocabulary adds), "
+            f"got {config.lead}/{config.trail}"
+        )
+    try:
+        state = torch.load(directory / _WEIGHTS, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # a truncated or foreign file: torch raises anything from OSError to pickle errors
+        raise ValueError(
+            f"{directory / _WEIGHTS}: cannot read the weights (truncated or not a state dict): {e}"
+        ) from None
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in EncoderAttentionClassifier(config).state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in state.items()} if isinstance(state, dict) else {}
+    for key in sorted(expected.keys() | found.keys()):
+        if expected.get(key) != found.get(key):
+            raise ValueError(
+                f"{directory}: model.json does not match model.pt at {key!r}: the config gives shape "
+                f"{expected.get(key)}, the weights {found.get(key)} (None: absent)"
+            )
     vocab = Vocabulary.load(directory / _VOCAB) if (directory / _VOCAB).is_file() else None
-    return Checkpoint(model, vocab, meta.get("extra", {}))
+    if vocab is not None and len(vocab) != config.vocab_size:
+        raise ValueError(f"{directory}: vocab.json holds {len(vocab)} words, model.json says {config.vocab_size}")
+    model = EncoderAttentionClassifier(config)
+    model.load_state_dict(state)
+    return Checkpoint(model.to(map_location), vocab, meta.get("extra", {}))
 
 
 def train_config_dict(config: TrainConfig) -> dict:

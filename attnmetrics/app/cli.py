@@ -72,6 +72,9 @@ def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int
             splits.name, splits.classes, splits.train[:limit], splits.dev[:limit], splits.test[:limit], splits.info
         )
     print(splits.summary(), file=sys.stderr)
+    empty = [name for name, n in splits.sizes().items() if n == 0]
+    if empty:  # before any training: an empty split would give an untrained model or an empty report
+        raise ValueError(f"dataset {splits.name!r} has an empty {' and '.join(empty)} split; nothing to train or test")
     return splits
 
 
@@ -286,6 +289,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "evaluate":
                 ckpt = load_checkpoint(args.model_run / CHECKPOINT)
                 saved = ckpt.extra
+                if ckpt.vocab is None or "dataset" not in saved:
+                    raise ValueError(
+                        f"{args.model_run / CHECKPOINT} was not saved by 'attnmetrics train' or 'run' "
+                        "(no vocab.json, or no dataset in model.json); it cannot be evaluated here"
+                    )
                 data_dir = args.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
                 # Checkpoints from before --split-seed split with the model seed.
                 split_seed = saved.get("split_seed", saved.get("seed", 0))
@@ -322,8 +330,10 @@ def main(argv: list[str] | None = None) -> int:
                     _wiegreffe(args, model, test, recipe, results)
             _write_predictions(model, predictions, folder)
             _finish(results, folder, start)
-    except FileExistsError as e:
-        print(f"attnmetrics: {e}", file=sys.stderr)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:  # the user's input: one line, no traceback
+        if args.debug:
+            raise
+        print(f"attnmetrics: {e} (--debug shows the traceback)", file=sys.stderr)
         return 2
     print(f"wrote {args.out / 'report.md'}", file=sys.stderr)
     return 0

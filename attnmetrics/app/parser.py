@@ -14,6 +14,23 @@ from attnmetrics.flip import ORDERS
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
 from attnmetrics.models.data import DATASETS
 
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1 (0 or a negative count would silently train or test nothing)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite float > 0."""
+    value = float(text)
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 DESCRIPTION = """``attnmetrics``: train an attention classifier on real data, run the faithfulness battery,
 write a report."""
 
@@ -27,8 +44,10 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
         help=f"dataset: {', '.join(DATASETS)} or any bbc:A-B topic pair (default: mr, the SST stand-in)",
     )
     p.add_argument("--data-dir", type=Path, help="folder with the dataset's files (sst: train.txt, dev.txt, test.txt)")
-    p.add_argument("--limit", type=int, help="use only the first N examples of each split (quick runs)")
-    p.add_argument("--max-tokens", type=int, help="truncate texts to N tokens (default: 400 for bbc, none otherwise)")
+    p.add_argument("--limit", type=positive_int, help="use only the first N examples of each split (quick runs)")
+    p.add_argument(
+        "--max-tokens", type=positive_int, help="truncate texts to N tokens (default: 400 for bbc, none otherwise)"
+    )
     p.add_argument(
         "--split-seed", type=int, default=0, help="seed of the train/dev/test split, independent of --seed (default: 0)"
     )
@@ -45,16 +64,16 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         default="glove",
         help="initialise embeddings from GloVe 6B 50-d (default) or at random",
     )
-    p.add_argument("--embed-dim", type=int, default=300, help="embedding size with --embeddings random")
+    p.add_argument("--embed-dim", type=positive_int, default=300, help="embedding size with --embeddings random")
     p.add_argument(
         "--hidden-size",
-        type=int,
+        type=positive_int,
         default=128,
         help="units per direction for lstm/gru; the whole H for cnn (a multiple of 4) and average",
     )
-    p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--epochs", type=positive_int, default=8)
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=1e-5)
     p.add_argument(
         "--regulariser",
@@ -83,8 +102,12 @@ def _add_wiegreffe_args(p: argparse.ArgumentParser) -> None:
 
 def _add_battery_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip", nargs="+", default=[], choices=EXPERIMENTS, help="experiments to leave out")
-    p.add_argument("--permutations", type=int, default=100, help="attention permutations per instance (J&W: 100)")
-    p.add_argument("--adversarial-steps", type=int, default=500, help="Adam steps of the adversarial search (J&W: 500)")
+    p.add_argument(
+        "--permutations", type=positive_int, default=100, help="attention permutations per instance (J&W: 100)"
+    )
+    p.add_argument(
+        "--adversarial-steps", type=positive_int, default=500, help="Adam steps of the adversarial search (J&W: 500)"
+    )
     p.add_argument(
         "--orders",
         nargs="+",
@@ -92,7 +115,7 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
         choices=ORDERS,
         help="removal orderings for the flip search",
     )
-    p.add_argument("--random-samples", type=int, default=1, help="random permutations per instance")
+    p.add_argument("--random-samples", type=positive_int, default=1, help="random permutations per instance")
     p.add_argument(
         "--never-flipped",
         choices=("nan", "one"),
@@ -105,7 +128,8 @@ def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> 
     p.add_argument("--out", type=Path, required=out_required, help="run folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--debug", action="store_true", help="on an input error, show the traceback, not one line")
+    p.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument(
         "--device",
         choices=("cpu", "cuda"),
@@ -134,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common_args(tr)
     _add_common_args(ev, out_required=True)
     ev.add_argument("--data-dir", type=Path, help="dataset folder, if not the one the model was trained with")
-    ev.add_argument("--limit", type=int, help="use only the first N test examples")
+    ev.add_argument("--limit", type=positive_int, help="use only the first N test examples")
     rep = sub.add_parser("report", help="re-render a run's report.md and figures, or compare several runs")
     rep.add_argument("run_dirs", type=Path, nargs="+", help="run folders holding results.json")
     rep.add_argument("--out", type=Path, help="folder for comparison.md (needed with several runs)")

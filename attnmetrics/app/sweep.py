@@ -74,9 +74,9 @@ AXES = {
     "seeds": "seed",
 }
 #: run options the sweep sets itself
-RESERVED = {"out", "overwrite", "no_progress", "data_dir", *AXES.values()}
+RESERVED = {"out", "overwrite", "no_progress", "debug", "data_dir", *AXES.values()}
 #: results.json "config" keys that may differ without making a finished cell stale
-IGNORED_CONFIG = {"out", "overwrite", "no_progress", "command"}
+IGNORED_CONFIG = {"out", "overwrite", "no_progress", "command", "debug"}
 
 
 @dataclass(frozen=True)

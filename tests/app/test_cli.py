@@ -182,3 +182,57 @@ def test_same_config_and_seed_give_the_same_numbers(run_dir, tmp_path):
     with np.load(run_dir / "predictions.npz") as a, np.load(out / "predictions.npz") as b:
         for key in a.files:
             np.testing.assert_array_equal(a[key], b[key])
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [("--epochs", "0"), ("--epochs", "-1"), ("--batch-size", "0"), ("--limit", "-5"), ("--limit", "0"), ("--lr", "0")],
+)
+def test_counts_that_would_train_or_test_nothing_are_refused(tmp_path, capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", *QUICK, flag, value, "--out", str(tmp_path / "r")])
+    assert exit_.value.code == 2 and f"{flag}: must be a positive" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_empty_split_fails_before_training_in_one_line(tmp_path, capsys):
+    data = tmp_path / "sst"
+    data.mkdir()
+    for name in ("train", "dev"):
+        (data / f"{name}.txt").write_text((SST_DIR / f"{name}.txt").read_text()[:5000].rsplit("\n", 1)[0] + "\n")
+    (data / "test.txt").write_text("(2 (2 neutral))\n")  # only a neutral root: binary SST drops it
+    args = ["run", "--dataset", "sst", "--data-dir", str(data), "--embeddings", "random", "--out", str(tmp_path / "r")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "empty test split" in err and "Traceback" not in err and "epoch" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sst"]  # no run folder, no staging folder
+
+
+def test_evaluate_refuses_an_edited_checkpoint(tmp_path, capsys):
+    model = tmp_path / "m"
+    assert main(["train", *QUICK, "--out", str(model)]) == 0
+    config = model / "model" / "model.json"
+    saved = json.loads(config.read_text())
+    for key, value, words in [
+        ("vocab_size", saved["model"]["vocab_size"] + 7, "does not match model.pt at 'embedding.weight'"),
+        ("lead", 0, "lead/trail must be 1/1"),
+    ]:
+        edited = {**saved, "model": {**saved["model"], key: value}}
+        config.write_text(json.dumps(edited))
+        assert main(["evaluate", str(model), "--out", str(tmp_path / "e")]) == 2
+        assert words in capsys.readouterr().err
+    config.write_text(json.dumps(saved))
+    weights = model / "model" / "model.pt"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    assert main(["evaluate", str(model), "--out", str(tmp_path / "e")]) == 2
+    assert "cannot read the weights" in capsys.readouterr().err
+    assert not (tmp_path / "e").exists()
+
+
+def test_evaluate_never_writes_over_the_model_it_reads(tmp_path, capsys):
+    model = tmp_path / "m"
+    assert main(["train", *QUICK, "--out", str(model)]) == 0
+    before = sorted(p.name for p in model.rglob("*"))
+    assert main(["evaluate", str(model), "--out", str(model), "--overwrite"]) == 2
+    assert "which this command reads" in capsys.readouterr().err
+    assert sorted(p.name for p in model.rglob("*")) == before

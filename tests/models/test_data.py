@@ -10,6 +10,7 @@ import bz2
 import csv
 import io
 import os
+import re
 import subprocess
 import tarfile
 import zipfile
@@ -434,3 +435,31 @@ def test_fetch_artifact_says_when_it_downloads(tmp_path, monkeypatch, capsys):
     assert f"downloading {spec.filename}" in capsys.readouterr().err  # a newcomer is told why it waits
     D.fetch_artifact(spec, tmp_path)
     assert capsys.readouterr().err == ""  # cached: silent
+
+
+@pytest.mark.parametrize(
+    "line, words",
+    [
+        ("(7 (3 good) (2 film))", "root sentiment label must be 0-4, got 7"),
+        ("(12 (3 good))", "must be 0-4, got 12"),  # once read by its first digit, as root 1
+        ("(3 )", "without leaves"),
+        ("good film", "not a PTB-format tree"),
+    ],
+)
+def test_sst_bad_trees_are_named(tmp_path, line, words):
+    for name in ("dev", "test"):
+        (tmp_path / f"{name}.txt").write_text("(3 (3 good))\n")
+    (tmp_path / "train.txt").write_text("(1 (1 bad))\n" + line + "\n")
+    with pytest.raises(ValueError, match=rf"train\.txt:2: .*{re.escape(words)}"):
+        D.load_sst(tmp_path)
+
+
+def test_sst_empty_split_or_bad_encoding_is_named(tmp_path):
+    for name in ("dev", "test"):
+        (tmp_path / f"{name}.txt").write_text("(3 (3 good))\n")
+    (tmp_path / "train.txt").write_text("\n")
+    with pytest.raises(ValueError, match=r"train\.txt: holds no trees"):
+        D.load_sst(tmp_path)
+    (tmp_path / "train.txt").write_bytes(b"(3 (3 caf\xe9))\n")
+    with pytest.raises(ValueError, match=r"train\.txt: not UTF-8"):
+        D.load_sst(tmp_path)
