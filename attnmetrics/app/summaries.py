@@ -118,14 +118,17 @@ def adversarial_summary(
     class_names: Sequence[str],
 ) -> dict[str, Any]:
     """J&W 2019 (sec. 4.3, figs. 6-7): max attention JSD within the output-TVD bound, overall,
-    per predicted class and by max attention; the share that reaches JSD > 0.5 nats (of ln 2)."""
+    per predicted class and by max attention; the share that reaches JSD > 0.5 nats (of ln 2).
+    Like every other statistic here, the share covers the rows with at least 2 tokens and a
+    finite JSD (``overall["n"]`` of them); NaN if there are none."""
     ok = np.asarray(lengths) > 1
     jsd = np.where(ok, max_jsd, np.nan)
+    defined = jsd[np.isfinite(jsd)]
     return {
         "overall": stats(jsd),
         "per_class": _by_class(jsd, predicted, class_names),
         "by_max_attention": _by_max_attention(jsd, max_attention),
-        "share_above_0.5": float(np.nanmean(jsd > 0.5)) if ok.any() else math.nan,
+        "share_above_0.5": float((defined > 0.5).mean()) if defined.size else math.nan,
         "output_tvd": stats(np.where(ok, output_tvd, np.nan)),
         "too_short": int((~ok).sum()),
     }
