@@ -28,7 +28,7 @@ import torch
 import attnmetrics
 from attnmetrics.app import sweep
 from attnmetrics.app.battery import EXPERIMENTS, run_battery
-from attnmetrics.app.io import run_folder, write_json_atomic, write_npz_atomic
+from attnmetrics.app.io import is_run_folder, run_folder, write_json_atomic, write_npz_atomic
 from attnmetrics.app.parser import build_parser
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
@@ -236,12 +236,22 @@ def _report(args) -> int:
         if not path.is_file():
             print(f"attnmetrics: {run} is not a run folder (no results.json)", file=sys.stderr)
             return 2
-        runs.append((run.name, json.loads(path.read_text())))
+        try:
+            runs.append((run.name, json.loads(path.read_text())))
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+            print(f"attnmetrics: {path} is not readable JSON ({e}); rerun the run to rewrite it", file=sys.stderr)
+            return 2
     if len(runs) == 1 and args.out is None:
         print(render(runs[0][1], args.run_dirs[0]))
         return 0
     if args.out is None:
         print("attnmetrics: comparing several runs needs --out FOLDER for comparison.md", file=sys.stderr)
+        return 2
+    if is_run_folder(args.out):
+        print(
+            f"attnmetrics: --out {args.out} is a run folder; write the comparison to a folder of its own",
+            file=sys.stderr,
+        )
         return 2
     print(render_comparison(runs, args.out))
     return 0

@@ -29,12 +29,23 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it; set straight back
+    os.umask(mask)
+    return mask
+
+
+#: read once, at import: os.umask sets as it reads, which threads writing files must not race
+_UMASK = _read_umask()
+
+
 def _write_atomic(path: str | os.PathLike, write: Callable[[IO], None], mode: str) -> None:
     """Call ``write`` on a temporary file in ``path``'s folder, flush it to disk, then rename it
     to ``path``: readers see the old file or the whole new one, never a part."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp's 0600 would hide results from the user's group
         with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as f:
             write(f)
             f.flush()
@@ -162,6 +173,7 @@ def run_folder(
     fd = _lock(out)
     try:
         staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+        staging.chmod(0o777 & ~_UMASK)  # mkdtemp's 0700 would become the run folder's mode
         try:
             yield staging
         except BaseException as e:

@@ -136,16 +136,25 @@ def _flag(key: str, value, options: dict[str, argparse.Action], where: str) -> l
         raise ValueError(
             f"{where}: unknown key {key!r}: neither a grid axis ({', '.join(AXES)}) nor an option of 'attnmetrics run'"
         )
-    opt = options[dest].option_strings[-1]
+    action = options[dest]
+    opt = action.option_strings[-1]
     if isinstance(value, bool):
+        if action.nargs != 0:  # only on/off flags take true/false
+            raise ValueError(f"{where}: key {key!r} takes a value, got {str(value).lower()}")
         return [opt] if value else []
     if isinstance(value, dict):
         raise ValueError(f"{where}: key {key!r} must be a value or a list, got a table")
-    if isinstance(value, list):
-        if not value:
-            raise ValueError(f"{where}: key {key!r} is an empty list")
-        return [opt, *map(str, value)]
-    return [opt, str(value)]
+    if isinstance(value, list) and not value:
+        raise ValueError(f"{where}: key {key!r} is an empty list")
+    texts = list(map(str, value)) if isinstance(value, list) else [str(value)]
+    for text in texts:  # checked now, as 'run' would, not when each cell starts
+        try:
+            typed = action.type(text) if action.type else text
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
+            raise ValueError(f"{where}: key {key!r}: invalid value {text!r} ({e})") from None
+        if action.choices is not None and typed not in action.choices:
+            raise ValueError(f"{where}: key {key!r}: {text!r} is not one of {sorted(action.choices)}")
+    return [opt, *texts]
 
 
 def _resolve(base: Path, path: str) -> Path:
@@ -162,6 +171,8 @@ def load_config(path: str | Path, out: Path | None = None, jobs: int | None = No
             grid names or cells; each message names the grid and key.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give the sweep's TOML config file")
     text = path.read_text(encoding="utf-8")
     try:
         conf = tomllib.loads(text)
@@ -170,6 +181,10 @@ def load_config(path: str | Path, out: Path | None = None, jobs: int | None = No
     unknown = set(conf) - {"sweep", "defaults", "grid"}
     if unknown:
         raise ValueError(f"{path}: unknown sections {sorted(unknown)}; expected [sweep], [defaults], [[grid]]")
+    for section, kind in (("sweep", dict), ("defaults", dict), ("grid", list)):
+        if not isinstance(conf.get(section, kind()), kind):
+            shape = "a table [" + section + "]" if kind is dict else "tables [[grid]]"
+            raise ValueError(f"{path}: {section} must be {shape}, got {conf[section]!r}")
     base = path.resolve().parent
     head = dict(conf.get("sweep", {}))
     extra = set(head) - {"out", "jobs", "data_dirs"}
@@ -179,7 +194,10 @@ def load_config(path: str | Path, out: Path | None = None, jobs: int | None = No
     jobs = jobs if jobs is not None else head.get("jobs", 1)
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1, got {jobs!r}")
-    data_dirs = {k: _resolve(base, v) for k, v in head.get("data_dirs", {}).items()}
+    data_dirs = head.get("data_dirs", {})
+    if not isinstance(data_dirs, dict) or not all(isinstance(v, str) for v in data_dirs.values()):
+        raise ValueError(f'[sweep]: data_dirs must be a table of dataset = "folder", got {data_dirs!r}')
+    data_dirs = {k: _resolve(base, v) for k, v in data_dirs.items()}
 
     options = _run_options()
     defaults = conf.get("defaults", {})
@@ -188,8 +206,10 @@ def load_config(path: str | Path, out: Path | None = None, jobs: int | None = No
         raise ValueError(f"{path}: no [[grid]] tables")
     cells, names = [], set()
     for i, grid in enumerate(grids):
+        if not isinstance(grid, dict):
+            raise ValueError(f"[[grid]] #{i + 1}: must be a table of axes and flags, got {grid!r}")
         name = grid.get("name")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name) or set(name) == {"."}:
             raise ValueError(f"[[grid]] #{i + 1}: 'name' must be a folder name (letters, digits, . _ -), got {name!r}")
         if name in names:
             raise ValueError(f"[[grid]] {name!r}: duplicate grid name")

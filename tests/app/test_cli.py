@@ -236,3 +236,16 @@ def test_evaluate_never_writes_over_the_model_it_reads(tmp_path, capsys):
     assert main(["evaluate", str(model), "--out", str(model), "--overwrite"]) == 2
     assert "which this command reads" in capsys.readouterr().err
     assert sorted(p.name for p in model.rglob("*")) == before
+
+
+def test_report_names_a_corrupt_results_json_and_never_writes_into_a_run(tmp_path, capsys):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text("{}")
+    (tmp_path / "a" / "results.json").write_text('{"truncated": ')
+    assert main(["report", str(tmp_path / "a")]) == 2
+    assert f"{tmp_path / 'a' / 'results.json'} is not readable JSON" in capsys.readouterr().err
+    (tmp_path / "a" / "results.json").write_text("{}")
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "b")]) == 2
+    assert "is a run folder" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["results.json"]

@@ -143,3 +143,13 @@ def test_claim_of_a_killed_run_never_blocks_the_next(tmp_path):
     with run_folder(out) as staging:  # the dead run's lock went with it: taken over, no --overwrite
         (staging / "results.json").write_text("{}")
     assert time.time() < deadline and (out / "results.json").is_file()
+
+
+def test_outputs_follow_the_umask(tmp_path):
+    out = tmp_path / "run"
+    with run_folder(out) as staging:
+        write_json_atomic(staging / "results.json", {"a": 1})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out.stat().st_mode & 0o777) == 0o777 & ~umask  # not mkdtemp's 0700
+    assert ((out / "results.json").stat().st_mode & 0o777) == 0o666 & ~umask  # not mkstemp's 0600

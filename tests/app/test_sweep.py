@@ -3,6 +3,7 @@ slice of the real SST (skipped when the treebank is absent)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,6 +113,39 @@ def test_config_errors_in_sections(tmp_path):
         load_config(_config(tmp_path, '[sweep]\njobs = 0\n[[grid]]\nname = "g"\ndatasets = ["sst"]\n'))
     with pytest.raises(ValueError, match="not valid TOML"):
         load_config(_config(tmp_path, "[[grid]\n"))
+
+
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ('datasets = ["sst"]\nepochs = 0', "'epochs': invalid value '0'"),  # once found only when the cell ran
+        ('datasets = ["sst"]\nepochs = "many"', "'epochs': invalid value 'many'"),
+        ('datasets = ["sst"]\nlr = true', "'lr' takes a value"),
+        ('datasets = ["sst"]\norders = ["attention", "alphabetical"]', "'alphabetical' is not one of"),
+    ],
+)
+def test_flag_values_are_checked_when_the_config_loads(tmp_path, body, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        load_config(_config(tmp_path, f'[[grid]]\nname = "g"\n{body}\n'))
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ('[sweep]\ndata_dirs = "x"\n[[grid]]\nname = "g"\ndatasets = ["sst"]\n', "data_dirs must be a table"),
+        ('defaults = 5\n[[grid]]\nname = "g"\ndatasets = ["sst"]\n', "defaults must be a table"),
+        ("grid = [1, 2]\n", "[[grid]] #1: must be a table"),
+        ('[[grid]]\nname = ".."\ndatasets = ["sst"]\n', "'name' must be a folder name"),  # would write outside
+    ],
+)
+def test_malformed_sections_are_named_not_tracebacks(tmp_path, text, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        load_config(_config(tmp_path, text))
+
+
+def test_a_folder_as_config_is_named(tmp_path):
+    with pytest.raises(ValueError, match="is a folder"):
+        load_config(tmp_path)
 
 
 def test_shipped_configs_parse():
