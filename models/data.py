@@ -135,13 +135,22 @@ def fetch_artifact(spec: Artifact, cache_dir: str | os.PathLike | None = None) -
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache / spec.filename
-    if target.is_file() and sha256_file(target) == spec.sha256:
+    corrupt = target.is_file() and sha256_file(target) != spec.sha256
+    if target.is_file() and not corrupt:
         return target
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=cache))
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=cache))
+    except OSError as e:  # a file, or a folder this user cannot write
+        raise ArtifactError(f"the data cache {cache} (ATTNMETRICS_CACHE) is not a writable folder: {e}") from None
     try:
         print(f"attnmetrics: downloading {spec.filename} (once; cached in {cache})", file=sys.stderr, flush=True)
-        _pip_download(spec, tmp)
+        try:
+            _pip_download(spec, tmp)
+        except ArtifactError as e:
+            if corrupt:
+                e.add_note(f"the cached copy {target} fails its sha256 check (corrupt), so it was not used")
+            raise
         got = tmp / spec.filename
         if not got.is_file():
             names = sorted(p.name for p in tmp.iterdir())

