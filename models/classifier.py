@@ -291,7 +291,14 @@ class EncoderAttentionClassifier(nn.Module):
         self.decoder = nn.Linear(H, config.num_classes)
 
     def embed(self, tokens: Tensor) -> Tensor:
-        """tokens [B, T] int64 -> embeddings [B, T, E]."""
+        """tokens [B, T] int64 -> embeddings [B, T, E]; ValueError for ids outside the vocabulary."""
+        if tokens.numel():
+            low, high = torch.aminmax(tokens)
+            if low < 0 or high >= self.config.vocab_size:  # else an IndexError deep inside embedding
+                raise ValueError(
+                    f"tokens must be ids in [0, vocab_size) = [0, {self.config.vocab_size}), got min {int(low)}, "
+                    f"max {int(high)}"
+                )
         return self.embedding(tokens)
 
     def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:

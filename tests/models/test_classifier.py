@@ -348,3 +348,10 @@ def test_multiclass_training_step():
     assert loss.shape == () and torch.isfinite(loss)
     loss.backward()
     assert model.attention.proj.weight.grad is not None
+
+
+def test_token_ids_outside_the_vocabulary_are_named():
+    model = EncoderAttentionClassifier(ModelConfig(vocab_size=10, embed_dim=4, hidden_size=3))
+    for bad in (10, -1):
+        with pytest.raises(ValueError, match=r"ids in \[0, vocab_size\) = \[0, 10\)"):
+            model.embed(torch.tensor([[2, bad, 3]]))
