@@ -107,7 +107,9 @@ def check_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> T
 
 
 def check_decoder(decoder, values: Tensor) -> None:
-    """A callable [N, H] -> [N, C]; a plain ``nn.Linear`` must match values' H, dtype and device."""
+    """A callable [N, H] -> [N, C]; a plain ``nn.Linear`` must match values' H, dtype and device,
+    and its weight and bias must be finite (the closed forms never call the decoder, so no
+    logits check would catch them)."""
     if not callable(decoder):
         raise TypeError(f"decoder must be callable [N, H] -> [N, C], got {type(decoder).__name__}")
     if is_plain_linear(decoder):
@@ -120,6 +122,14 @@ def check_decoder(decoder, values: Tensor) -> None:
                 f"decoder weight is {w.dtype} on {w.device}, values are {values.dtype} on "
                 f"{values.device}; they must match"
             )
+        params = {"decoder.weight": w} if decoder.bias is None else {"decoder.weight": w, "decoder.bias": decoder.bias}
+        finite = torch.stack([torch.isfinite(p.detach()).all() for p in params.values()]).tolist()  # one read back
+        for (name, p), ok in zip(params.items(), finite):
+            if not ok:
+                bad = p.detach().flatten()[~torch.isfinite(p.detach().flatten())][:3].tolist()
+                raise ValueError(
+                    f"{name} must be finite (the nn.Linear decoder's parameters), got non-finite entries such as {bad}"
+                )
 
 
 def check_logits(

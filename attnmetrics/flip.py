@@ -318,7 +318,8 @@ def flip_fraction(
         ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
             values not ``[B, T, H]`` or of another dtype/device; bad lengths; an unknown
             order name or a score tensor of the wrong shape or with NaN; ``samples < 1``;
-            an ``nn.Linear`` whose ``in_features != H``; decoder output not ``[N, C]``
+            an ``nn.Linear`` whose ``in_features != H`` or whose weight or bias is not
+            finite (``decoder.weight``/``decoder.bias``); decoder output not ``[N, C]``
             or not finite.
 
     Example:

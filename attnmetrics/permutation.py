@@ -202,8 +202,8 @@ def permutation_test(
         ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
             values not ``[B, T, H]`` or of another dtype/device, or not finite on a valid
             prefix; bad lengths; ``permutations`` not an int >= 1; a bad
-            ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose bias
-            is not finite; decoder output not ``[N, C]`` or not finite.
+            ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose weight
+            (``decoder.weight``) or bias (``decoder.bias``) is not finite; decoder output not ``[N, C]`` or not finite.
         TypeError: ``decoder`` not callable.
 
     Example:
@@ -233,9 +233,7 @@ def permutation_test(
             if decoder.bias is None:
                 bias = projected.new_zeros(projected.shape[2])
             else:
-                bias = decoder.bias.detach().contiguous()
-                if not torch.isfinite(bias).all():
-                    raise ValueError("decoder bias must be finite")
+                bias = decoder.bias.detach().contiguous()  # finite: check_decoder
             median, tvds = ops.permutation_tvd_linear(
                 attention.contiguous(), projected, bias, lengths, permutations, seed
             )

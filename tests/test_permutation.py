@@ -519,7 +519,7 @@ def test_clear_errors():
         (dict(memory_budget=0), "memory_budget"),
         (dict(decoder=linear(4, 2)), "in_features 4.*H = 3"),
         (dict(decoder=linear(3, 2, torch.float32)), "decoder weight"),
-        (dict(decoder=nan_bias), "decoder bias must be finite"),
+        (dict(decoder=nan_bias), r"decoder\.bias must be finite"),
         (dict(values=bad_values), "values must be finite"),
         (dict(values=bad_values, decoder=wrapped(dec)), "values must be finite"),
         (dict(decoder=lambda x: x.sum(1)), r"logits \[N, C\]"),
@@ -548,3 +548,15 @@ def test_docstring_examples():
 
     result = doctest.testmod(module, extraglobs={"torch": torch}, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
+
+
+@pytest.mark.parametrize("param", ["weight", "bias"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_linear_decoder_is_named(param, bad):
+    # the closed form never calls the decoder: a NaN bias used to give a message on values (weight)
+    att, values, lengths = batch(b=6, min_len=2)
+    dec = linear(values.shape[2], 2)
+    with torch.no_grad():
+        getattr(dec, param)[0] = bad
+    with pytest.raises(ValueError, match=rf"decoder\.{param} must be finite"):
+        permutation_test(att, values, dec, lengths)
