@@ -129,7 +129,13 @@ def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> 
     p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--debug", action="store_true", help="on an input error, show the traceback, not one line")
-    p.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        help="torch intra-op threads (default: 1; with more, another busy process on the machine slows every "
+        "step many times over: benchmarks/test_bench_contention.py)",
+    )
     p.add_argument(
         "--device",
         choices=("cpu", "cuda"),

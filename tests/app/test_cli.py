@@ -249,3 +249,11 @@ def test_report_names_a_corrupt_results_json_and_never_writes_into_a_run(tmp_pat
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "b")]) == 2
     assert "is a run folder" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["results.json"]
+
+
+def test_one_thread_by_default(tmp_path):
+    # two threads run many times slower when one other busy process shares 2 cores
+    # (benchmarks/test_bench_contention.py); one is as fast on a quiet machine
+    from attnmetrics.app.parser import build_parser
+
+    assert build_parser().parse_args(["run"]).threads == 1
