@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from attnmetrics.protocol import token_mask
+
 #: maps contexts [N, H] to logits [N, C]
 Decoder = Callable[[Tensor], Tensor]
 
@@ -22,6 +24,24 @@ def is_plain_linear(decoder) -> bool:
     )
 
 
+def non_finite_parameter(decoder) -> str | None:
+    """The name (``decoder.<name>``) of the first parameter of an ``nn.Module`` decoder that
+    holds NaN or inf; None if all are finite or the decoder is not a module."""
+    if isinstance(decoder, nn.Module):
+        for name, param in decoder.named_parameters():
+            if not torch.isfinite(param.detach()).all():
+                return f"decoder.{name}"
+    return None
+
+
+def check_values_finite(values: Tensor, lengths: Tensor) -> None:
+    """ValueError naming the first row whose valid prefix of ``values`` [B, T, H] holds NaN or inf."""
+    bad = ~torch.isfinite(values).all(-1) & token_mask(lengths, values.shape[1])
+    if bad.any():
+        row = int(bad.any(1).nonzero()[0])
+        raise ValueError(f"values must be finite on each row's valid prefix, got NaN or infinite values in row {row}")
+
+
 def rows_per_chunk(row_bytes: int, budget: int) -> int:
     """Rows of ``row_bytes`` each that fit in ``budget`` bytes (at least one)."""
     return max(1, budget // max(1, row_bytes))
@@ -30,7 +50,8 @@ def rows_per_chunk(row_bytes: int, budget: int) -> int:
 def project(values: Tensor, weight: Tensor, lengths: Tensor, budget: int) -> Tensor:
     """values @ W.T as [B, T, C] on each valid prefix, zero on padding (the ``project_prefix``
     kernel; padding is never read). Non-contiguous values are copied in row chunks of about
-    ``budget`` bytes. ValueError if a projected value on a valid prefix is not finite."""
+    ``budget`` bytes. ValueError if a projected value on a valid prefix is not finite, naming
+    the cause: values not finite, the weight not finite, or a product that overflowed the dtype."""
     from attnmetrics._ops import ops  # the extension is built on first use
 
     batch, width, hidden = values.shape
@@ -43,6 +64,14 @@ def project(values: Tensor, weight: Tensor, lengths: Tensor, budget: int) -> Ten
         for s in range(0, batch, rows):
             chunk = values[s : s + rows].contiguous()
             out[s : s + rows] = ops.project_prefix(chunk, weight, lengths[s : s + rows])
-    if not torch.isfinite(out).all():
-        raise ValueError("values must be finite on each row's valid prefix")
+    if not torch.isfinite(out).all():  # find the cause (error path only)
+        check_values_finite(values, lengths)
+        if not torch.isfinite(weight).all():
+            raise ValueError("decoder.weight must be finite, got NaN or infinite entries")
+        row = int((~torch.isfinite(out)).flatten(1).any(1).nonzero()[0])
+        raise ValueError(
+            f"the projection W·h (values @ decoder.weight.T) overflowed {values.dtype} in row {row}: "
+            f"values and decoder.weight are finite but their product is not representable; rescale "
+            f"them or use float64"
+        )
     return out

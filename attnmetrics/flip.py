@@ -16,7 +16,14 @@ from typing import NamedTuple, Union
 import torch
 from torch import Tensor
 
-from attnmetrics._decoder import Decoder, is_plain_linear, project, rows_per_chunk
+from attnmetrics._decoder import (
+    Decoder,
+    check_values_finite,
+    is_plain_linear,
+    non_finite_parameter,
+    project,
+    rows_per_chunk,
+)
 from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
@@ -126,9 +133,13 @@ def attention_gradient(
         zero on padding.
 
     Raises:
-        ValueError: invalid attention/values/lengths (see :func:`flip_fraction`), a
-        decoder output that is not ``[N, C]``, or one that does not depend
-        differentiably on the context.
+        ValueError: invalid attention/values/lengths (see :func:`flip_fraction`); values
+            not finite on a valid prefix (named ``values``, with the row); a decoder
+            parameter that is not finite (named, e.g. ``decoder.weight``); a context
+            ``sum_t alpha_t h_t``, a gradient or a product ``grad . h_t`` that overflowed
+            the dtype (said so, with the row); decoder output that is not ``[N, C]``, not
+            finite on finite contexts, or not differentiable in the context.
+        TypeError: ``decoder`` not callable.
 
     Example:
         >>> dec = torch.nn.Linear(4, 2).double()
@@ -147,20 +158,40 @@ def attention_gradient(
         e = min(batch, s + rows)
         alpha = attention[s:e].masked_fill(~mask[s:e], 0)
         h = values[s:e].masked_fill(~mask[s:e, :, None], 0)  # padding is never read, NaN there too
+        check_values_finite(h, lengths[s:e])  # a NaN context would be blamed on the decoder
         with torch.no_grad():
             context = torch.einsum("bt,bth->bh", alpha, h)
+        _check_finite_rows(context, s, f"the context sum_t alpha_t h_t overflowed {h.dtype}")
         context.requires_grad_(True)
         with torch.enable_grad():
-            logits = check_logits(decoder(context), e - s)
+            logits = decoder(context)
+            if isinstance(logits, Tensor) and not torch.isfinite(logits).all():  # name the cause
+                name = non_finite_parameter(decoder)
+                if name is not None:
+                    raise ValueError(f"{name} must be finite, got NaN or infinite entries (the logits are not finite)")
+                hint = f" on finite contexts (the decoder's output overflowed {context.dtype}, or it produces NaN)"
+                check_logits(logits, e - s, hint=hint)
+            logits = check_logits(logits, e - s)
             predicted = decision(logits.detach())
             p = output_distribution(logits).gather(1, predicted[:, None]).sum()
             if not p.requires_grad:
                 raise ValueError("decoder output does not depend differentiably on the context")
             # Rows are independent, so the gradient of the sum is each row's own gradient.
             (grad,) = torch.autograd.grad(p, context)
+        _check_finite_rows(
+            grad, s, "the decoder's gradient d p_y / d context is not finite (finite contexts and logits)"
+        )
         with torch.no_grad():
             out[s:e] = torch.einsum("bh,bth->bt", grad.to(h.dtype), h).masked_fill(~mask[s:e], 0)
+        _check_finite_rows(out[s:e], s, f"the gradient times values (d p_y / d c) . h_t overflowed {h.dtype}")
     return out
+
+
+def _check_finite_rows(x: Tensor, offset: int, what: str) -> None:
+    """ValueError ``what`` and the first row (``offset`` + index) of ``x`` [n, ...] holding NaN or inf."""
+    bad = ~torch.isfinite(x.detach()).flatten(1).all(1)
+    if bad.any():
+        raise ValueError(f"{what} in row {offset + int(bad.nonzero()[0])}")
 
 
 def _order_scores(

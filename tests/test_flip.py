@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -561,3 +562,44 @@ def test_non_finite_linear_decoder_is_named(param, bad):
         getattr(dec, param)[0] = bad
     with pytest.raises(ValueError, match=rf"decoder\.{param} must be finite"):
         flip_fraction(att, values, dec, lengths)
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_attention_gradient_non_finite_values_are_named(kind, bad):
+    # inf used to give NaN gradients silently (mlp) and NaN was blamed on the decoder
+    att, values, lengths = batch(b=6, min_len=2)
+    values[3, 1, 0] = bad
+    with pytest.raises(ValueError, match=r"values must be finite on each row's valid prefix.*row 3"):
+        attention_gradient(att, values, make_decoder(kind, values.shape[2], 2), lengths)
+    values[3, 1, 0] = 0.0
+    values[3, lengths[3] :] = bad  # padding is never read
+    attention_gradient(att, values, make_decoder(kind, values.shape[2], 2), lengths)
+
+
+@pytest.mark.parametrize("param", ["0.weight", "2.bias"])
+def test_attention_gradient_non_finite_decoder_parameter_is_named(param):
+    att, values, lengths = batch(b=6, min_len=2)
+    dec = mlp(values.shape[2], 2)
+    with torch.no_grad():
+        dec.get_parameter(param).view(-1)[0] = math.nan
+    with pytest.raises(ValueError, match=rf"decoder\.{re.escape(param)} must be finite"):
+        attention_gradient(att, values, dec, lengths)
+
+
+def test_overflow_is_not_called_non_finite_values():
+    att, values, lengths = batch(b=6, min_len=2, dtype=torch.float32)
+    dec = linear(values.shape[2], 2, torch.float32)
+    with torch.no_grad():
+        dec.weight.mul_(100.0)
+    huge = values * 1e37  # finite in float32; W·h is not
+    assert torch.isfinite(huge).all()
+    with pytest.raises(ValueError, match=r"projection W·h .* overflowed torch\.float32"):
+        flip_fraction(att, huge, dec, lengths)
+    with pytest.raises(ValueError, match=r"decoder returned NaN or infinite logits on finite contexts.*overflowed"):
+        attention_gradient(att, huge, dec, lengths)
+    # a convex combination overflows only through the 1e-4 tolerance on the attention sum
+    big = torch.full((2, 2, values.shape[2]), torch.finfo(torch.float32).max)
+    att = torch.tensor([[0.5, 0.5], [0.50005, 0.5]])
+    with pytest.raises(ValueError, match=r"the context sum_t alpha_t h_t overflowed torch\.float32 in row 1"):
+        attention_gradient(att, big, dec)
