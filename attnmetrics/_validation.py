@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from attnmetrics._decoder import is_plain_linear
-from attnmetrics.protocol import token_mask
+from attnmetrics.protocol import AttentionClassifier, token_mask
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
 
@@ -166,3 +166,49 @@ def check_budget(memory_budget) -> int:
     if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget <= 0:
         raise ValueError(f"memory_budget must be a positive int (bytes), got {memory_budget!r}")
     return memory_budget
+
+
+def check_model_inputs(model, tokens: Tensor, lengths: Tensor) -> Tensor:
+    """The checks every procedure over a protocol model shares (leave_one_out,
+    gradient_importance): ``model`` implements :class:`AttentionClassifier` with int
+    ``lead``/``trail`` >= 0, ``tokens`` are [B, T] int64 ids (B >= 1, non-negative within
+    each row's length) and ``lengths`` [B] integers in ``[lead + trail, T]`` on the tokens'
+    device. Returns lengths as int64."""
+    if not isinstance(model, AttentionClassifier):
+        raise TypeError(
+            "model must implement attnmetrics.AttentionClassifier (embed, encode, attend, decoder, "
+            f"lead, trail), got {type(model).__name__}"
+        )
+    lead, trail = model.lead, model.trail
+    for name, v in (("lead", lead), ("trail", trail)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"model.{name} must be an int >= 0, got {v!r}")
+    if not isinstance(tokens, Tensor):
+        raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
+    if tokens.dtype != torch.int64:
+        raise ValueError(f"tokens must be int64 token ids, got {tokens.dtype}")
+    if tokens.dim() != 2:
+        raise ValueError(f"tokens must have shape [B, T], got {list(tokens.shape)}")
+    batch, width = tokens.shape
+    if batch == 0:
+        raise ValueError("tokens is an empty batch (B = 0)")
+    if not isinstance(lengths, Tensor):
+        raise TypeError(f"lengths must be a torch.Tensor, got {type(lengths).__name__}")
+    if lengths.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
+    if lengths.shape != (batch,):
+        raise ValueError(f"lengths must have shape [B] = [{batch}], got {list(lengths.shape)}")
+    if lengths.device != tokens.device:
+        raise ValueError(f"lengths is on {lengths.device}, tokens on {tokens.device}; they must match")
+    low, high = int(lengths.min()), int(lengths.max())
+    if low < lead + trail or high > width:
+        raise ValueError(
+            f"lengths must lie in [lead + trail, T] = [{lead + trail}, {width}] (special tokens "
+            f"included), got min {low}, max {high}"
+        )
+    # Padding is never read (leave_one_out re-pads with 0), so only the rows' ids count.
+    valid = torch.arange(width, device=tokens.device) < lengths[:, None]
+    low_id = int(tokens.masked_fill(~valid, 0).min()) if tokens.numel() else 0
+    if low_id < 0:
+        raise ValueError(f"tokens must be non-negative ids within each row's length, got min {low_id}")
+    return lengths.to(torch.int64)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from attnmetrics._ops import ops
-from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits
+from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
 from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import AttentionClassifier
 
@@ -46,43 +46,7 @@ def _cuda_kernels() -> bool:
 
 def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -> tuple[Tensor, int | None]:
     """Validate leave_one_out's arguments; return lengths as int64 and mask_token as int or None."""
-    if not isinstance(model, AttentionClassifier):
-        raise TypeError(
-            "model must implement attnmetrics.AttentionClassifier (embed, encode, attend, decoder, "
-            f"lead, trail), got {type(model).__name__}"
-        )
-    lead, trail = model.lead, model.trail
-    for name, v in (("lead", lead), ("trail", trail)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"model.{name} must be an int >= 0, got {v!r}")
-    if not isinstance(tokens, Tensor):
-        raise TypeError(f"tokens must be a torch.Tensor, got {type(tokens).__name__}")
-    if tokens.dtype != torch.int64:
-        raise ValueError(f"tokens must be int64 token ids, got {tokens.dtype}")
-    if tokens.dim() != 2:
-        raise ValueError(f"tokens must have shape [B, T], got {list(tokens.shape)}")
-    batch, width = tokens.shape
-    if batch == 0:
-        raise ValueError("tokens is an empty batch (B = 0)")
-    if not isinstance(lengths, Tensor):
-        raise TypeError(f"lengths must be a torch.Tensor, got {type(lengths).__name__}")
-    if lengths.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"lengths must be an integer tensor, got {lengths.dtype}")
-    if lengths.shape != (batch,):
-        raise ValueError(f"lengths must have shape [B] = [{batch}], got {list(lengths.shape)}")
-    if lengths.device != tokens.device:
-        raise ValueError(f"lengths is on {lengths.device}, tokens on {tokens.device}; they must match")
-    low, high = int(lengths.min()), int(lengths.max())
-    if low < lead + trail or high > width:
-        raise ValueError(
-            f"lengths must lie in [lead + trail, T] = [{lead + trail}, {width}] (special tokens "
-            f"included), got min {low}, max {high}"
-        )
-    # Padding is never read (sequences are re-padded with 0), so only the rows' ids count.
-    valid = torch.arange(width, device=tokens.device) < lengths[:, None]
-    low_id = int(tokens.masked_fill(~valid, 0).min()) if tokens.numel() else 0
-    if low_id < 0:
-        raise ValueError(f"tokens must be non-negative ids within each row's length, got min {low_id}")
+    lengths = check_model_inputs(model, tokens, lengths)
     if not isinstance(mode, str) or mode not in LOO_MODES:
         raise ValueError(f"mode must be one of {LOO_MODES}, got {mode!r}")
     if mode == "delete":
@@ -100,7 +64,7 @@ def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -
         if mask_token < 0:
             raise ValueError(f"mask_token must be a non-negative int token id, got {mask_token}")
     check_budget(memory_budget)
-    return lengths.to(torch.int64), mask_token
+    return lengths, mask_token
 
 
 def _model_logits(

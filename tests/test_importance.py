@@ -62,3 +62,56 @@ def test_forward_slices_real_tokens():
     torch.testing.assert_close(model.decoder(ctx), out.logits)
     x, real = real_tokens(torch.arange(9).expand(2, 9), torch.tensor([9, 4]), model)
     assert x[0, 0] == 1 and real.tolist() == [7, 2]
+
+
+def test_gradient_importance_clear_errors():
+    # each of these used to return a silently wrong answer (or a crash deep in the model)
+    model = ToyClassifier()
+    tokens, lengths = toy_batch()
+    width = tokens.shape[1]
+    cases = [
+        (dict(lengths=lengths.clone().fill_(width + 2)), r"lengths must lie in \[lead \+ trail, T\] = \[2, 9\]"),
+        (dict(lengths=lengths - 20), r"lengths must lie in \[lead \+ trail, T\].*min"),
+        (dict(lengths=lengths.float()), "lengths must be an integer tensor"),
+        (dict(lengths=lengths[:2]), r"lengths must have shape \[B\] = \[4\]"),
+        (dict(tokens=tokens.int()), "tokens must be int64"),
+        (dict(tokens=tokens[0]), r"tokens must have shape \[B, T\]"),
+        (dict(tokens=tokens[:0], lengths=lengths[:0]), "empty batch"),
+        (dict(tokens=tokens - 40), "non-negative ids"),
+    ]
+    for kw, pattern in cases:
+        a = dict(tokens=tokens, lengths=lengths) | kw
+        with pytest.raises(ValueError, match=pattern):
+            gradient_importance(model, a["tokens"], a["lengths"])
+    with pytest.raises(TypeError, match="lengths must be a torch.Tensor"):
+        gradient_importance(model, tokens, lengths.tolist())
+    with pytest.raises(TypeError, match="model must implement"):
+        gradient_importance(torch.nn.Linear(2, 2), tokens, lengths)
+    bad = ToyClassifier()
+    bad.lead = -1
+    with pytest.raises(ValueError, match="model.lead must be an int >= 0"):
+        gradient_importance(bad, tokens, lengths)
+
+
+def test_gradient_importance_non_finite_model():
+    tokens, lengths = toy_batch()
+    nan_head = ToyClassifier()
+    with torch.no_grad():
+        nan_head.decoder.bias[0] = float("nan")
+    with pytest.raises(ValueError, match="model returned NaN or infinite logits on the input rows"):
+        gradient_importance(nan_head, tokens, lengths)
+    unused = min(set(range(1, 30)) - set(tokens.flatten().tolist()))
+    nan_embedding = ToyClassifier()
+    with torch.no_grad():
+        nan_embedding.embedding.weight[unused] = float("nan")
+    rare = tokens.clone()
+    rare[2, 1] = unused
+    with pytest.raises(ValueError, match="model.embed returned NaN or infinite embeddings in row 2"):
+        gradient_importance(nan_embedding, rare, lengths)
+
+    class InfGradient(ToyClassifier):
+        def encode(self, embedded, lengths):  # finite forward, infinite gradient at 0
+            return super().encode(embedded, lengths) + (embedded[..., :1] - embedded[..., :1].detach()).abs().sqrt()
+
+    with pytest.raises(ValueError, match="gradient importance is not finite in row 0"):
+        gradient_importance(InfGradient(), tokens, lengths)
