@@ -86,13 +86,21 @@ class EncodedSplit:
         return len(self.ids)
 
     def batches(
-        self, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None
+        self, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None, by_length: bool = False
     ) -> Iterator[Batch]:
         """Yield padded batches; with ``shuffle`` the order is a permutation drawn from
-        ``generator`` (so a seeded generator gives the same batches every run)."""
+        ``generator`` (so a seeded generator gives the same batches every run). With
+        ``by_length`` (J&W's code) the rows are sorted by length (stable) and cut into
+        consecutive batches, and ``shuffle`` permutes the batches, not the rows."""
         n = len(self.ids)
-        order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
-        for start in range(0, n, batch_size):
+        if by_length:
+            order = torch.argsort(torch.tensor([len(r) for r in self.ids]), stable=True)
+            starts = torch.arange(0, n, batch_size)
+            starts = starts[torch.randperm(len(starts), generator=generator)] if shuffle else starts
+        else:
+            order = torch.randperm(n, generator=generator) if shuffle else torch.arange(n)
+            starts = torch.arange(0, n, batch_size)
+        for start in starts.tolist():
             index = order[start : start + batch_size]
             tokens, lengths = collate([self.ids[i] for i in index.tolist()])
             labels = torch.tensor([self.labels[i] for i in index.tolist()], dtype=torch.int64)

@@ -41,6 +41,10 @@ class TrainConfig:
     weight_decay: float = 1e-5
     amsgrad: bool = True
     seed: int = 0
+    #: weight of the positive class in a binary (sigmoid) loss; "balanced" is J&W's N_neg / N_pos
+    pos_weight: float | str | None = None
+    #: batches of rows of similar length, in a shuffled order (J&W's code), instead of shuffled rows
+    sort_by_length: bool = False
     eval_batch_size: int = 256
     progress: bool = True
 
@@ -76,11 +80,23 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
-    """BCE-with-logits for one sigmoid output (C = 1), cross-entropy for C >= 2; batch mean."""
+def loss_fn(logits: Tensor, labels: Tensor, pos_weight: float | None = None) -> Tensor:
+    """BCE-with-logits for one sigmoid output (C = 1), cross-entropy for C >= 2; batch mean.
+    ``pos_weight`` multiplies the positive examples' BCE terms (C = 1 only)."""
     if logits.shape[1] == 1:
-        return F.binary_cross_entropy_with_logits(logits[:, 0], labels.to(logits.dtype))
+        weight = None if pos_weight is None else logits.new_tensor(pos_weight)
+        return F.binary_cross_entropy_with_logits(logits[:, 0], labels.to(logits.dtype), pos_weight=weight)
+    if pos_weight is not None:
+        raise ValueError(f"pos_weight applies to a binary (C = 1) model only, got C = {logits.shape[1]}")
     return F.cross_entropy(logits, labels)
+
+
+def balanced_pos_weight(labels: list[int]) -> float:
+    """J&W's positive-class weight for a binary training set: N / N_pos - 1 = N_neg / N_pos."""
+    positives = sum(1 for y in labels if y == 1)
+    if positives == 0:
+        raise ValueError("pos_weight='balanced' needs at least one positive training example")
+    return len(labels) / positives - 1
 
 
 def make_optimizer(model: EncoderAttentionClassifier, config: TrainConfig) -> torch.optim.Optimizer:
@@ -124,13 +140,16 @@ class Classification:
     ROC-AUC is kept, and among epochs tied on it (a saturated dev set, e.g. two BBC topics
     at ROC-AUC 1.0 from the first epoch on) the one with the lowest dev loss."""
 
+    def __init__(self, pos_weight: float | None = None):
+        self.pos_weight = pos_weight
+
     def loss(self, model, batch, attention):
         if hasattr(model, "states"):
             out = model.states(batch.tokens, batch.lengths, attention)
             logits, embedded, hidden = out.logits, out.embedded, out.hidden
         else:
             (logits, _), embedded, hidden = model(batch.tokens, batch.lengths, attention), None, None
-        loss = loss_fn(logits, batch.labels)
+        loss = loss_fn(logits, batch.labels, self.pos_weight)
         aux = getattr(model, "auxiliary_loss", None)
         extra = aux(batch.tokens, batch.lengths, embedded, hidden) if aux is not None and hidden is not None else None
         return loss if extra is None else loss + extra
@@ -240,7 +259,8 @@ def train(
     ``objective`` (default :class:`Classification`: task loss + auxiliary loss, dev ROC-AUC)
     sets the loss and the dev score."""
     config = config or TrainConfig()
-    objective = objective or Classification()
+    pos_weight = balanced_pos_weight(train_data.labels) if config.pos_weight == "balanced" else config.pos_weight
+    objective = objective or Classification(pos_weight)
     device = next(model.parameters()).device
     seed_everything(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
@@ -254,7 +274,7 @@ def train(
         model.train()
         total, seen = 0.0, 0
         bar = tqdm(
-            train_data.batches(config.batch_size, shuffle=True, generator=generator),
+            train_data.batches(config.batch_size, shuffle=True, generator=generator, by_length=config.sort_by_length),
             total=n_batches,
             desc=f"epoch {epoch}/{config.epochs}",
             disable=not config.progress,

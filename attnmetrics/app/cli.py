@@ -30,6 +30,7 @@ from attnmetrics.app import sweep
 from attnmetrics.app.battery import EXPERIMENTS, run_battery
 from attnmetrics.app.io import is_run_folder, run_folder, write_json_atomic, write_npz_atomic
 from attnmetrics.app.parser import build_parser
+from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_filter
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.data import ArtifactError, load_dataset
@@ -65,8 +66,17 @@ def _environment(seed: int, device: str = "cpu") -> dict:
     }
 
 
-def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int, max_tokens: int | None = None):
+def _load_data(
+    dataset: str,
+    data_dir: Path | None,
+    limit: int | None,
+    seed: int,
+    max_tokens: int | None = None,
+    protocol: Protocol = PROTOCOLS["attnmetrics"],
+):
     splits = load_dataset(dataset, data_dir=data_dir, seed=seed, max_tokens=max_tokens)
+    if protocol.sst_length_filter and dataset == "sst":
+        splits = jain_wallace_length_filter(splits)
     if limit:
         splits = type(splits)(
             splits.name, splits.classes, splits.train[:limit], splits.dev[:limit], splits.test[:limit], splits.info
@@ -79,7 +89,8 @@ def _load_data(dataset: str, data_dir: Path | None, limit: int | None, seed: int
 
 
 def _train(args, results: dict):
-    splits = _load_data(args.dataset, args.data_dir, args.limit, args.split_seed, args.max_tokens)
+    protocol = PROTOCOLS[args.protocol]
+    splits = _load_data(args.dataset, args.data_dir, args.limit, args.split_seed, args.max_tokens, protocol)
     vocab = Vocabulary.build(text for text, _ in splits.train)
     embeddings, embed_dim = None, args.embed_dim
     if args.embeddings == "glove":
@@ -112,6 +123,9 @@ def _train(args, results: dict):
         weight_decay=args.weight_decay,
         seed=args.seed,
         progress=not args.no_progress,
+        amsgrad=protocol.amsgrad,
+        pos_weight=protocol.pos_weight if config.num_classes == 1 else None,
+        sort_by_length=protocol.sort_by_length,
     )
     train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
     result = train(model, train_data, dev_data, tconf)
@@ -307,7 +321,15 @@ def main(argv: list[str] | None = None) -> int:
                 data_dir = args.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
                 # Checkpoints from before --split-seed split with the model seed.
                 split_seed = saved.get("split_seed", saved.get("seed", 0))
-                splits = _load_data(saved["dataset"], data_dir, args.limit, split_seed, saved.get("max_tokens"))
+                args.protocol = saved.get("protocol", "attnmetrics")  # the test split and battery it was trained for
+                splits = _load_data(
+                    saved["dataset"],
+                    data_dir,
+                    args.limit,
+                    split_seed,
+                    saved.get("max_tokens"),
+                    PROTOCOLS[args.protocol],
+                )
                 results["split_seed"] = split_seed
                 results["config"]["dataset"] = saved["dataset"]
                 results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
@@ -329,8 +351,10 @@ def main(argv: list[str] | None = None) -> int:
                         "seed": args.seed,
                         "split_seed": args.split_seed,
                         "max_tokens": args.max_tokens,
+                        "protocol": args.protocol,
                     },
                 )
+            results["protocol"] = PROTOCOLS[args.protocol].to_dict()
             test = vocab.encode_split(splits.test)
             predictions = predict(model, test)
             results["test"] = prediction_metrics(predictions)

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS
+from attnmetrics.app.protocols import PROTOCOLS
 from attnmetrics.flip import ORDERS
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
 from attnmetrics.models.data import DATASETS
@@ -36,6 +37,13 @@ write a report."""
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--protocol",
+        choices=sorted(PROTOCOLS),
+        default="attnmetrics",
+        help="jain-wallace: follow J&W's code where our defaults differ (SST length filter, positive-class "
+        "weight, length-sorted batches, their adversarial weighting; docs/definitions.md §13)",
+    )
     p.add_argument(
         "--dataset",
         choices=DATASETS,
