@@ -42,7 +42,8 @@ def kendall_tau(x: Tensor, y: Tensor, lengths: Tensor | None = None) -> KendallT
     Raises:
         TypeError: ``x`` or ``y`` is not a tensor.
         ValueError: wrong dtype or shape, mismatched inputs, an empty batch, bad
-            ``lengths``, or NaN on a valid prefix.
+            ``lengths``, NaN on a valid prefix, or an input that requires grad (τ is
+            piecewise constant, so there is no autograd: detach the inputs).
 
     Example:
         >>> import torch
@@ -61,6 +62,12 @@ def kendall_tau(x: Tensor, y: Tensor, lengths: Tensor | None = None) -> KendallT
     if y.dtype != x.dtype:
         raise ValueError(f"x and y must have one dtype, got x {x.dtype} and y {y.dtype}")
     check_same_device(x=x, y=y)
+    for name, t in (("x", x), ("y", y)):
+        if t.requires_grad and torch.is_grad_enabled():  # under no_grad nobody asks for one
+            raise ValueError(
+                f"{name} requires grad, but kendall_tau is piecewise constant in its inputs and has no "
+                f"gradient (no autograd: detach the inputs, e.g. {name}.detach())"
+            )
     batch, width = x.shape
     if batch == 0:
         raise ValueError(f"x is an empty batch (B = 0, shape {list(x.shape)}); expected B >= 1")

@@ -293,3 +293,16 @@ def test_op_propagates_nan_like_scipy():
     x[0, 2] = float("nan")
     tau, p = ops.kendall_tau(x, torch.rand(2, 6, dtype=torch.float64), torch.full((2,), 6))
     assert tau[0].isnan() and p[0].isnan() and not tau[1].isnan()
+
+
+@pytest.mark.parametrize("which", ["x", "y"])
+def test_inputs_that_require_grad_are_refused(which):
+    # tau used to come back with a grad_fn whose backward gave no gradient (only a warning)
+    x, y = torch.rand(2, 5, dtype=torch.float64), torch.rand(2, 5, dtype=torch.float64)
+    args = {"x": x, "y": y}
+    args[which] = args[which].clone().requires_grad_(True)
+    with pytest.raises(ValueError, match=rf"{which} requires grad.*no autograd: detach the inputs"):
+        kendall_tau(args["x"], args["y"])
+    with torch.no_grad():  # nobody asks for a gradient here
+        got = kendall_tau(args["x"], args["y"])
+    assert torch.equal(got.tau, kendall_tau(x, y).tau)
