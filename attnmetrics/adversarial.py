@@ -106,9 +106,11 @@ def _mixture_xlogx(p: Tensor, q: Tensor) -> Tensor:
     return (m * m.clamp_min(torch.finfo(m.dtype).tiny).log()).sum(-1)
 
 
-def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes, pair_i, pair_j, penalty, margin) -> Tensor:
+def _loss(
+    z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes, pair_i, pair_j, penalty, margin, diversity
+) -> Tensor:
     """Sum over rows of -mean_k JSD(a_k, alpha) + penalty * mean_k ReLU(TVD_k - margin)
-    - mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, W].
+    - diversity * mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, W].
 
     JSD(p, q) = (sum p log p + sum q log q) / 2 - sum m log m, m = (p + q) / 2, with
     0 log 0 = 0: log a is -inf on padding, so it is zeroed before multiplying."""
@@ -118,9 +120,9 @@ def _loss(z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes, pair_
     far = 0.5 * (a_xlogx + alpha_xlogx) - _mixture_xlogx(a, alpha)
     change = 0.5 * (_outputs(a, feats, decoder, bias, classes) - y0).abs().sum(-1)
     loss = penalty * torch.relu(change - margin).mean(1) - far.mean(1)
-    if pair_i.numel():
+    if pair_i.numel() and diversity:
         cross = 0.5 * (a_xlogx[:, pair_i] + a_xlogx[:, pair_j]) - _mixture_xlogx(a[:, pair_i], a[:, pair_j])
-        loss = loss - cross.mean(1)
+        loss = loss - diversity * cross.mean(1)
     return loss.sum()
 
 
@@ -134,6 +136,7 @@ def adversarial_attention(
     steps: int = 500,
     lr: float = 0.01,
     tvd_penalty: float = 500.0,
+    diversity_weight: float = 1.0,
     tvd_margin: float = 0.01,
     tvd_threshold: float = 0.05,
     init_std: float = 3.0,
@@ -151,7 +154,7 @@ def adversarial_attention(
     Adam steps (``lr``, ``amsgrad``) minimise the SUM over rows of::
 
         -mean_k JSD(a_k, alpha) + tvd_penalty * mean_k ReLU(TVD(y_k, y) - tvd_margin)
-        - mean_{i<j} JSD(a_i, a_j)
+        - diversity_weight * mean_{i<j} JSD(a_i, a_j)
 
     with y / y_k the output distributions under alpha / a_k. A sum over rows and Adam's
     element-wise update make each row's trajectory the one it follows alone (up to
@@ -177,6 +180,8 @@ def adversarial_attention(
         lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
         candidates: K >= 1 (5 in J&W). steps: Adam steps >= 0 (500). lr: > 0 (0.01).
         tvd_penalty: weight of the output hinge (500). tvd_margin: its margin (0.01).
+        diversity_weight: weight of the candidates' mean pairwise JSD (1; J&W's code weighs
+            it 6.25 times less, ``--protocol jain-wallace``: 0.16).
         tvd_threshold: largest output TVD a reported candidate may have (0.05).
         init_std: standard deviation of the initial logit noise (3).
         amsgrad: Adam's AMSGrad variant (J&W's code sets it; the paper says Adam).
@@ -215,6 +220,7 @@ def adversarial_attention(
     steps = _check_int("steps", steps, 0)
     lr = _check_real("lr", lr, positive=True)
     penalty = _check_real("tvd_penalty", tvd_penalty)
+    diversity = _check_real("diversity_weight", diversity_weight)
     margin = _check_real("tvd_margin", tvd_margin)
     threshold = _check_real("tvd_threshold", tvd_threshold)
     init_std = _check_real("init_std", init_std)
@@ -270,7 +276,20 @@ def adversarial_attention(
         with torch.enable_grad():
             for _ in range(steps):
                 loss = _loss(
-                    z, valid, alpha, alpha_xlogx, y0, feats, head, bias, classes, pair_i, pair_j, penalty, margin
+                    z,
+                    valid,
+                    alpha,
+                    alpha_xlogx,
+                    y0,
+                    feats,
+                    head,
+                    bias,
+                    classes,
+                    pair_i,
+                    pair_j,
+                    penalty,
+                    margin,
+                    diversity,
                 )
                 (z.grad,) = torch.autograd.grad(loss, [z])
                 opt.step()

@@ -203,6 +203,7 @@ def adversarial_attention_reference(
     init_std=3.0,
     amsgrad=False,
     generator=None,
+    diversity_weight=1.0,
 ):
     """J&W 2019 sec. 4.3 adversarial search, one instance at a time (docs/definitions.md §10).
 
@@ -211,7 +212,7 @@ def adversarial_attention_reference(
     with L >= 2: K logit vectors ``log(1/L) + init_std * noise`` optimised by their own Adam
     for ``steps`` steps; each step softmaxes them, runs the decoder on the K contexts
     ``a_k @ h`` and minimises ``-mean_k JSD(a_k, alpha) + tvd_penalty * mean_k ReLU(TVD(y_k, y)
-    - tvd_margin) - mean_{i != j} JSD(a_i, a_j)``. Then the candidate of largest JSD among
+    - tvd_margin) - diversity_weight * mean_{i != j} JSD(a_i, a_j)``. Then the candidate of largest JSD among
     those with output TVD <= ``tvd_threshold`` wins (the original, JSD 0, on ties or if none).
     Returns an AdversarialResult.
     """
@@ -241,7 +242,7 @@ def adversarial_attention_reference(
                 change = tvd_reference(y_new, y)
                 loss = -far.mean() + tvd_penalty * torch.relu(change - tvd_margin).mean()
                 if k > 1:  # every ordered pair i != j (the diagonal JSD(a_i, a_i) is 0)
-                    loss = loss - jsd_reference(a[:, None], a[None]).sum() / (k * (k - 1))
+                    loss = loss - diversity_weight * jsd_reference(a[:, None], a[None]).sum() / (k * (k - 1))
                 (z.grad,) = torch.autograd.grad(loss, [z])  # the model's parameters stay untouched
             optimizer.step()
         with torch.no_grad():

@@ -125,6 +125,8 @@ def test_amsgrad_one_candidate_and_zero_steps_match_reference():
         dict(steps=0),
         dict(candidates=3, tvd_penalty=0.0, init_std=0.5),
         dict(tvd_threshold=1.0, tvd_margin=0.1),
+        dict(diversity_weight=1 / 6.25),  # J&W's code's weighting (--protocol jain-wallace)
+        dict(diversity_weight=0.0, candidates=3),
     ):
         opts = FAST | kw
         got = adversarial_attention(att, values, dec, lengths, generator=seeded(), **opts)
@@ -378,3 +380,15 @@ def test_non_finite_linear_decoder_is_named(param, bad):
         getattr(dec, param)[0] = bad
     with pytest.raises(ValueError, match=rf"decoder\.{param} must be finite"):
         adversarial_attention(att, values, dec, lengths)
+
+
+def test_diversity_weight_changes_the_search_and_is_validated():
+    att, values, lengths = batch(b=8, seed=11, scale=2.0)
+    dec = make_decoder("mlp", 5, 2)
+    runs = [
+        adversarial_attention(att, values, dec, lengths, generator=seeded(), diversity_weight=w, **FAST).attention
+        for w in (1.0, 0.16)
+    ]
+    assert (runs[0] - runs[1]).abs().max() > 1e-6
+    with pytest.raises(ValueError, match="diversity_weight must be a finite number >= 0"):
+        adversarial_attention(att, values, dec, lengths, diversity_weight=-1.0)

@@ -49,6 +49,7 @@ def run_battery(
     permutations: int = 100,
     adversarial_steps: int = 500,
     progress: bool = True,
+    adversarial_diversity: float = 1.0,
 ) -> tuple[dict, dict]:
     """Run the chosen experiments over ``batches`` of (tokens [B, T] int64, lengths [B] int64),
     special tokens included, on the model's device (each batch is moved there; the random
@@ -94,7 +95,9 @@ def run_battery(
             r = attnmetrics.permutation_test(*args, permutations=permutations, generator=generator)
             acc["permutation/median_tvd"].append(r.median_tvd)
         if "adversarial" in experiments:
-            r = attnmetrics.adversarial_attention(*args, steps=adversarial_steps, generator=generator)
+            r = attnmetrics.adversarial_attention(
+                *args, steps=adversarial_steps, diversity_weight=adversarial_diversity, generator=generator
+            )
             acc["adversarial/max_jsd"].append(r.max_jsd)
             acc["adversarial/output_tvd"].append(r.output_tvd)
         if "single_removal" in experiments:
@@ -139,6 +142,7 @@ def run_battery(
         jsd, tvd = x["adversarial/max_jsd"], x["adversarial/output_tvd"]
         summary["adversarial"] = adversarial_summary(jsd, tvd, max_attention, lengths, predicted, class_names)
         summary["adversarial"]["steps"] = adversarial_steps
+        summary["adversarial"]["diversity_weight"] = adversarial_diversity
         instances["adversarial"] = {"max_jsd": jsd.tolist(), "output_tvd": tvd.tolist()}
     if "single_removal" in experiments:
         jsd = {w: x[f"single_removal/{w}/jsd"] for w in SINGLE_REMOVALS}

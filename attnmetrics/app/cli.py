@@ -185,6 +185,7 @@ def _battery(args, model, test, splits, results: dict) -> None:
         permutations=args.permutations,
         adversarial_steps=args.adversarial_steps,
         progress=not args.no_progress,
+        adversarial_diversity=PROTOCOLS[args.protocol].diversity_weight,
     )
     results["wall_time_s"]["experiments"] = time.perf_counter() - t0
     results.update(summary)

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnmetrics.app.battery import EXPERIMENTS
 from attnmetrics.app.cli import main
 from attnmetrics.app.protocols import PROTOCOLS, jain_wallace_length_filter
 from attnmetrics.models.data import load_sst
@@ -82,5 +83,11 @@ def test_cli_records_and_applies_the_preset(tmp_path):
     results = json.loads((tmp_path / "jw" / "results.json").read_text())
     assert results["protocol"] == PROTOCOLS["jain-wallace"].to_dict()
     assert results["data"]["sizes"]["test"] == 1725
+    others = [e for e in EXPERIMENTS if e != "adversarial"]
+    args = ["evaluate", str(tmp_path / "jw"), "--skip", *others, "--adversarial-steps", "3", "--limit", "20"]
+    assert main([*args, "--no-progress", "--out", str(tmp_path / "e")]) == 0  # the preset comes with the model
+    evaluated = json.loads((tmp_path / "e" / "results.json").read_text())
+    assert evaluated["protocol"]["name"] == "jain-wallace"
+    assert evaluated["adversarial"]["diversity_weight"] == pytest.approx(1 / 6.25)
     assert main(["train", *common, "--limit", "50", "--out", str(tmp_path / "default")]) == 0
     assert json.loads((tmp_path / "default" / "results.json").read_text())["protocol"]["name"] == "attnmetrics"
