@@ -151,7 +151,8 @@ def leave_one_out(
     Each call holds at most about ``memory_budget`` bytes, estimated as
     ``sequences * width * (E + 8 H) * element_size`` with E and H the embedding and
     hidden sizes measured on the first call (a single row's deletions are split
-    across calls if they exceed it), or, for ``deletion_logits``, as ``sequences *
+    across calls if they exceed it, and then built one call at a time, so its
+    ``L·(L−1)`` token ids never exist at once), or, for ``deletion_logits``, as ``sequences *
     width * position_bytes`` when the callable it returns has that attribute; on CPU
     calls are also capped at :data:`CPU_CALL_BYTES` (32 MiB; also 32 MiB,
     :data:`CPU_DELETION_CALL_BYTES`, for ``deletion_logits``), which ran faster per
@@ -244,24 +245,40 @@ def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_toke
     """Yield (src, position, logits) for every deletion (or masking) of ``rows``, the token
     sequences built by the ``leave_one_out_batch`` kernel for a group of rows of one length
     at a time and run through the whole model; ``src`` indexes ``rows``, ``position`` the
-    row's real tokens."""
+    row's real tokens. A row whose deletions exceed the budget alone has its sequences
+    built one call's chunk of positions at a time, so its L·(L−1) ids never exist at once."""
     lead, trail, device = model.lead, model.trail, tokens.device
     real = lengths[rows] - lead - trail
+    real_list = real.tolist()
     seq_widths = [length if mode == "mask" else length - 1 for length in len_list]
-    for s, e in _length_groups(real.tolist(), seq_widths, per_position, budget):
+    # The kernel runs where the tokens are when it has a CUDA build, else on the CPU
+    # (the token ids are small next to the model's work).
+    on = device if device.type == "cpu" or _cuda_kernels() else torch.device("cpu")
+    for s, e in _length_groups(real_list, seq_widths, per_position, budget):
         idx = rows[s:e]
-        # The kernel runs where the tokens are when it has a CUDA build, else on the CPU
-        # (the token ids are small next to the model's work).
-        on = device if device.type == "cpu" or _cuda_kernels() else torch.device("cpu")
-        seqs, seq_lengths, source = ops.leave_one_out_batch(
-            tokens[idx, : len_list[e - 1]].to(on).contiguous(), lengths[idx].to(on), lead, trail, mask_token, 0
-        )
+        group_tokens = tokens[idx, : len_list[e - 1]].to(on).contiguous()
+        group_lengths = lengths[idx].to(on)
+        # Calls of at most per_call sequences. A group of several rows fits in one call (see
+        # _length_groups); all its sequences have one length, so no call carries padding.
+        per_call = max(1, budget // max(1, seq_widths[e - 1] * per_position))
+        if e - s == 1 and real_list[s] > per_call:
+            # One row over the budget: positions [k0, k1) are the real tokens of the same row
+            # with lead + k0 leading and L - lead - k1 trailing special positions.
+            for k0 in range(0, real_list[s], per_call):
+                k1 = min(real_list[s], k0 + per_call)
+                seqs, seq_lengths, _ = ops.leave_one_out_batch(
+                    group_tokens, group_lengths, lead + k0, len_list[s] - lead - k1, mask_token, 0
+                )
+                logits, _, _ = _model_logits(
+                    model, seqs.to(device), seq_lengths.to(device), "the deletion batch", classes
+                )
+                src = torch.full((k1 - k0,), s, dtype=torch.int64, device=device)
+                yield src, torch.arange(k0, k1, device=device), logits
+            continue
+        seqs, seq_lengths, source = ops.leave_one_out_batch(group_tokens, group_lengths, lead, trail, mask_token, 0)
         source = source.to(device)
         counts = real[s:e]
         position = torch.arange(source.shape[0], device=device) - (torch.cumsum(counts, 0) - counts)[source]
-        # One group is one call unless a single row's deletions exceed the budget.
-        # All its sequences have one length, so no call carries padding.
-        per_call = max(1, budget // max(1, seq_widths[e - 1] * per_position))
         for c in range(0, source.shape[0], per_call):
             part = slice(c, c + per_call)
             logits, _, _ = _model_logits(

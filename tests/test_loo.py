@@ -456,3 +456,57 @@ def test_clear_errors():
         call(model=bad)
     # a 0-d integer tensor is fine as a mask token
     torch.testing.assert_close(call(mode="mask", mask_token=torch.tensor(4)), call(mode="mask", mask_token=4))
+
+
+# ---- a long row's deletions are built within the budget ---------------------------------------
+
+
+class OpsSpy:
+    """attnmetrics.loo's ``ops`` with the bytes of every leave_one_out_batch output recorded."""
+
+    def __init__(self):
+        self.built = []
+
+    def __getattr__(self, name):
+        return getattr(torch.ops.attnmetrics, name)
+
+    def leave_one_out_batch(self, *args):
+        seqs, seq_lengths, source = torch.ops.attnmetrics.leave_one_out_batch(*args)
+        self.built.append(seqs.numel() * seqs.element_size())
+        return seqs, seq_lengths, source
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_long_row_deletions_built_within_budget(mode, monkeypatch):
+    # a row of L tokens has L·(L−1) deletion ids (a 6,000-token row: 276 MB); they used to be
+    # built all at once whatever memory_budget said
+    import sys
+
+    spy = OpsSpy()
+    monkeypatch.setattr(sys.modules["attnmetrics.loo"], "ops", spy)
+    model = Toy(classes=2, seed=3)
+    tokens, lengths = ragged(rows=3, width=402, seed=3)
+    kw = dict(mode=mode, mask_token=4) if mode == "mask" else {}
+    budget = 2**20
+    got = leave_one_out(model, tokens, lengths, memory_budget=budget, **kw)
+    assert max(spy.built) <= budget // 8, spy.built  # ids: 8 bytes of the (E + 8 H) * 8 per position
+    assert len(spy.built) > 3
+    spy.built.clear()
+    monkeypatch.setattr(sys.modules["attnmetrics.loo"], "CPU_CALL_BYTES", 2**40)
+    whole = leave_one_out(model, tokens, lengths, memory_budget=2**40, **kw)
+    assert max(spy.built) >= 400 * 401 * 8  # one call: the long row's ids at once
+    torch.testing.assert_close(got, whole, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_chunked_deletions_match_unchunked(mode, seed):
+    model = Toy(classes=3, seed=seed)
+    tokens, lengths = ragged(rows=8, width=11, seed=seed)
+    kw = dict(mode=mode, mask_token=4) if mode == "mask" else {}
+    want = leave_one_out(model, tokens, lengths, memory_budget=10**9, **kw)
+    torch.testing.assert_close(want, leave_one_out_reference(model, tokens, lengths, **kw), rtol=0, atol=1e-12)
+    per_position = (6 + 8 * 5) * 8
+    for per_call in (1, 2, 3, 7):  # deletions per call of the longest row (width 10 or 11)
+        got = leave_one_out(model, tokens, lengths, memory_budget=per_call * 11 * per_position, **kw)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
