@@ -1,0 +1,475 @@
+"""Language-model pre-training of :class:`~attnmetrics.models.gpt.GPT` (Radford et al. 2018,
+sec. 3.1 and 4.1): maximise sum_t log P(u_t | u_{t-k}, ..., u_{t-1}) over random contiguous
+windows of the token stream, with Adam, linear warm-up and cosine decay.
+
+- Data: the training texts are encoded chunk by chunk into a token file on disk and read back
+  memory-mapped, so memory stays bounded whatever the corpus size; each step draws ``batch_size``
+  windows of ``context + 1`` tokens at uniformly random offsets (GPT-1: "randomly sampled,
+  contiguous sequences") from a seeded generator.
+- Validation: perplexity per BPE token on the held-out book (``GUTENBERG_HELD_OUT``), over its
+  consecutive non-overlapping windows of ``context`` predictions.
+- Checkpoints: ``out_dir/step-NNNNNNN/`` holds ``model.pt`` (state dict), ``model.json`` (model
+  config, pre-training config, history), ``tokenizer.json`` and ``training.pt`` (optimizer,
+  scheduler, step, generator and RNG states). A checkpoint is written into a temporary folder,
+  renamed into place, and only then named by ``out_dir/latest`` (temp file + ``os.replace``), so
+  a crash at any moment leaves the previous checkpoint in force. Resuming restores everything a
+  step depends on, so N steps in one run and N/2 + resume + N/2 give identical weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from attnmetrics.models.bpe import DEFAULT_VOCAB_SIZE, BPETokenizer
+from attnmetrics.models.gpt import GPT, GPTConfig
+
+
+@dataclass
+class PretrainConfig:
+    """A pre-training run. GPT-1 (sec. 4.1) used max lr 2.5e-4, 2,000 warm-up steps, batches of
+    64 × 512 tokens, 100 epochs, and decoupled L2 of 0.01 on non-bias, non-gain weights.
+
+    ``lr``: 1e-3 for the ``small`` model, four times GPT-1's (measured: :data:`LR_MEASUREMENT`).
+    ``grad_clip``: the global gradient norm is clipped at 1 (not in the paper; OpenAI's released
+    GPT-1 code does so). ``eval_windows`` caps the validation windows (None: the whole held-out
+    book). The defaults take about 14 minutes on one CPU thread (``small``: models/gpt.py).
+    """
+
+    steps: int = 600
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup: int = 60
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    vocab_size: int = DEFAULT_VOCAB_SIZE
+    seed: int = 0
+    eval_every: int = 200
+    eval_windows: int | None = None
+    eval_batch_size: int = 32
+    checkpoint_every: int = 200
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "eval_every", "eval_batch_size", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0 or self.lr <= 0:
+            raise ValueError(f"warmup must be >= 0 and lr > 0, got {self.warmup}, {self.lr}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PretrainConfig:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown pre-training config keys: {sorted(unknown)}")
+        return cls(**d)
+
+
+#: Max lr -> validation loss (nats per token, first 100 windows of the held-out book) of the
+#: ``small`` model after 150 steps of 16 × 128 tokens (warm-up 15, cosine to 0, seed 0).
+LR_MEASUREMENT: dict[float, float] = {1e-3: 6.937}
+
+
+# --------------------------------------------------------------------------- token stream
+
+
+def encode_to_file(
+    tokenizer: BPETokenizer, texts: Iterable[str], path: str | os.PathLike, chunk_chars: int = 1 << 20
+) -> int:
+    """Encode ``texts`` into ``path`` as one stream of uint16 ids (uint32 past 65,536 ids), a
+    chunk of about ``chunk_chars`` characters at a time, so memory is bounded by the chunk.
+    Chunks end at a line break where there is one. Returns the number of tokens.
+
+    The texts are concatenated as they come; GPT-1 trained on one stream of books too.
+    """
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    path = Path(path)
+    n = 0
+    with open(path, "wb") as f:
+        for text in texts:
+            start = 0
+            while start < len(text):
+                end = min(start + chunk_chars, len(text))
+                if end < len(text):
+                    cut = text.rfind("\n", start, end)
+                    end = cut + 1 if cut > start else end
+                ids = np.asarray(tokenizer.encode(text[start:end]), dtype=dtype)
+                f.write(ids.tobytes())
+                n += len(ids)
+                start = end
+    return n
+
+
+def read_tokens(path: str | os.PathLike, vocab_size: int) -> np.ndarray:
+    """The token file written by :func:`encode_to_file`, memory-mapped (read-only)."""
+    dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+def sample_windows(tokens: np.ndarray, batch_size: int, context: int, generator: torch.Generator) -> Tensor:
+    """``batch_size`` windows of ``context + 1`` consecutive tokens at uniform random offsets
+    -> int64 ``[batch_size, context + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``).
+
+    Raises ValueError when the stream is shorter than one window."""
+    if len(tokens) < context + 1:
+        raise ValueError(f"the token stream ({len(tokens)} tokens) is shorter than one window ({context + 1})")
+    offsets = torch.randint(0, len(tokens) - context, (batch_size,), generator=generator).tolist()
+    return torch.from_numpy(np.stack([tokens[o : o + context + 1] for o in offsets]).astype(np.int64))
+
+
+def consecutive_windows(tokens: np.ndarray, context: int, batch_size: int) -> Iterator[Tensor]:
+    """Non-overlapping windows covering the stream in order, ``[b, context + 1]`` int64 each
+    (consecutive windows share their boundary token, so every token but the first is a target
+    exactly once); a shorter tail is dropped."""
+    n = (len(tokens) - 1) // context
+    for start in range(0, n, batch_size):
+        rows = [tokens[i * context : i * context + context + 1] for i in range(start, min(start + batch_size, n))]
+        yield torch.from_numpy(np.stack(rows).astype(np.int64))
+
+
+def lm_loss(model: GPT, windows: Tensor) -> Tensor:
+    """Mean next-token cross-entropy of windows ``[B, context + 1]`` (float, nats per token)."""
+    logits = model(windows[:, :-1]).logits
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), windows[:, 1:].reshape(-1))
+
+
+@torch.no_grad()
+def validation_loss(
+    model: GPT, tokens: np.ndarray, batch_size: int = 32, max_windows: int | None = None
+) -> tuple[float, int]:
+    """(mean nats per token, tokens scored) over :func:`consecutive_windows` of the model's
+    context (the first ``max_windows`` of them); perplexity is ``exp`` of the first.
+    Raises ValueError when the stream holds no window."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    try:
+        for w in consecutive_windows(tokens, model.config.context, batch_size):
+            if max_windows is not None:
+                w = w[: max(max_windows - count // model.config.context, 0)]
+                if not len(w):
+                    break
+            w = w.to(device)
+            total += float(lm_loss(model, w).double()) * w[:, 1:].numel()
+            count += w[:, 1:].numel()
+    finally:
+        model.train(was_training)
+    if not count:
+        raise ValueError(f"validation stream of {len(tokens)} tokens holds no window of {model.config.context + 1}")
+    return total / count, count
+
+
+# --------------------------------------------------------------------------- optimisation
+
+
+def make_optimizer(model: GPT, config: PretrainConfig) -> torch.optim.Optimizer:
+    """Adam with GPT-1's decoupled L2 (AdamW, Loshchilov & Hutter) on matrices only: biases,
+    layer-norm gains and the embeddings (GPT-1's "non bias or gain weights" are the matrices)
+    are not decayed. The tied output weight is the embedding, so it appears once."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.ndim == 2 and "tokens" not in name and "positions" not in name else no_decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=config.lr,
+    )
+
+
+def lr_factor(step: int, warmup: int, total: int) -> float:
+    """Multiplier of the max lr at optimiser step ``step`` (0-based): linear from 1/warmup up to 1
+    over ``warmup`` steps, then cosine to 0 at ``total`` (GPT-1 sec. 4.1)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(total - warmup, 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, config: PretrainConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, config.warmup, config.steps))
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+_LATEST = "latest"
+_FORMAT = 1
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write via a temporary file in the same folder and ``os.replace``: readers see the old
+    file or the whole new one, never a part."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class TrainingState(NamedTuple):
+    """Everything a step depends on besides the weights."""
+
+    step: int
+    optimizer: dict
+    scheduler: dict
+    generator: Tensor
+    rng: Tensor
+    history: list[dict]
+    running: tuple[float, int] = (0.0, 0)  # the train loss summed since the last evaluation, and its steps
+
+
+def save_pretraining_checkpoint(
+    out_dir: str | os.PathLike,
+    model: GPT,
+    tokenizer: BPETokenizer,
+    config: PretrainConfig,
+    state: TrainingState,
+    keep: int = 1,
+) -> Path:
+    """Write ``out_dir/step-NNNNNNN/`` (see the module docstring), point ``latest`` at it, and
+    delete all but the newest ``keep`` step folders. Returns the checkpoint folder."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = f"step-{state.step:07d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
+    try:
+        torch.save(model.state_dict(), tmp / "model.pt")
+        meta = {
+            "format": _FORMAT,
+            "model": model.config.to_dict(),
+            "pretraining": asdict(config),
+            "step": state.step,
+            "history": state.history,
+        }
+        (tmp / "model.json").write_text(json.dumps(meta, indent=2))
+        tokenizer.save(tmp / "tokenizer.json")
+        torch.save(state._asdict(), tmp / "training.pt")
+        target = out_dir / name
+        if target.exists():  # the same step saved again (a resumed run's first save)
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _atomic_write(out_dir / _LATEST, name.encode())
+    for old in sorted(out_dir.glob("step-*"))[:-keep] if keep else []:
+        if old.name != name:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def _resolve(path: str | os.PathLike) -> Path:
+    """A run folder (its ``latest``) or a checkpoint folder itself."""
+    path = Path(path)
+    if (path / _LATEST).is_file():
+        return path / (path / _LATEST).read_text().strip()
+    return path
+
+
+class Pretrained(NamedTuple):
+    model: GPT
+    tokenizer: BPETokenizer
+    meta: dict
+
+
+def load_gpt(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Pretrained:
+    """The model and tokenizer of a checkpoint folder, or of a run folder's latest checkpoint
+    (weights read with ``torch.load(weights_only=True)``).
+
+    Raises:
+        FileNotFoundError: not a checkpoint (a file named).
+        ValueError: an unreadable config or weights that do not match it.
+    """
+    path = _resolve(path)
+    for name in ("model.pt", "model.json", "tokenizer.json"):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path} is not a GPT checkpoint: {name} is missing")
+    try:
+        meta = json.loads((path / "model.json").read_text())
+        config = GPTConfig.from_dict(meta["model"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path / 'model.json'}: not a GPT config ({e!r})") from None
+    if meta.get("format") != _FORMAT:
+        raise ValueError(f"{path}: unsupported checkpoint format {meta.get('format')}")
+    tokenizer = BPETokenizer.load(path / "tokenizer.json")
+    if tokenizer.vocab_size != config.vocab_size:
+        raise ValueError(f"{path}: tokenizer has {tokenizer.vocab_size} ids, model.json says {config.vocab_size}")
+    model = GPT(config)
+    try:
+        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
+    except RuntimeError as e:
+        raise ValueError(f"{path / 'model.pt'} does not match model.json: {e}") from None
+    return Pretrained(model.to(map_location), tokenizer, meta)
+
+
+def load_training_state(path: str | os.PathLike) -> TrainingState:
+    """``training.pt`` of a checkpoint (or a run's latest), read with ``weights_only=True``."""
+    return TrainingState(**torch.load(_resolve(path) / "training.pt", map_location="cpu", weights_only=True))
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class PretrainResult:
+    """``history``: one dict per evaluation (step, train_loss, val_loss, val_ppl, tokens, seconds)."""
+
+    checkpoint: Path
+    step: int
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _corpus(cache_dir) -> tuple[list[str], str]:
+    from attnmetrics.models.data import GUTENBERG_HELD_OUT, load_gutenberg  # the loop itself needs no data module
+
+    books = load_gutenberg(cache_dir)
+    return [t for n, t in books.items() if n != GUTENBERG_HELD_OUT], books[GUTENBERG_HELD_OUT]
+
+
+def pretrain(
+    out_dir: str | os.PathLike,
+    model_config: str | GPTConfig = "small",
+    config: PretrainConfig | None = None,
+    *,
+    train_texts: list[str] | None = None,
+    valid_text: str | None = None,
+    tokenizer: BPETokenizer | None = None,
+    resume: bool = False,
+    stop_at: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+) -> PretrainResult:
+    """Pre-train a GPT for ``config.steps`` steps into ``out_dir`` (checkpoints as in the module
+    docstring, the last one at the final step).
+
+    ``model_config``: a :data:`~attnmetrics.models.gpt.CONFIGS` name (its ``vocab_size`` is the
+    tokenizer's) or a full :class:`GPTConfig`. Texts default to the Gutenberg books less the
+    held-out one (``valid_text``); the tokenizer is trained on ``train_texts`` unless given.
+    ``resume`` continues from ``out_dir``'s latest checkpoint (its model config, pre-training
+    config and tokenizer are used; the arguments' are ignored). ``stop_at`` ends the run (with a
+    checkpoint) after that step, without changing the schedule, so a run can be split in parts.
+
+    Raises ValueError when ``resume`` finds no checkpoint or a text is too short for a window.
+    """
+    out_dir = Path(out_dir)
+    start_time = time.perf_counter()
+    if train_texts is None or valid_text is None:
+        corpus_train, corpus_valid = _corpus(cache_dir)
+        train_texts = corpus_train if train_texts is None else train_texts
+        valid_text = corpus_valid if valid_text is None else valid_text
+    if resume:
+        if not (out_dir / _LATEST).is_file():
+            raise ValueError(f"{out_dir}: nothing to resume (no {_LATEST} checkpoint)")
+        model, tokenizer, meta = load_gpt(out_dir)
+        config = PretrainConfig.from_dict(meta["pretraining"])
+        state = load_training_state(out_dir)
+    else:
+        config = config or PretrainConfig()
+        torch.manual_seed(config.seed)  # the initial weights
+        tokenizer = tokenizer or BPETokenizer.train(train_texts, config.vocab_size)
+        if isinstance(model_config, str):
+            model_config = GPTConfig.named(model_config, tokenizer.vocab_size)
+        if model_config.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {tokenizer.vocab_size}")
+        model, state = GPT(model_config), None
+    model.to(device).train()
+    optimizer = make_optimizer(model, config)
+    scheduler = make_scheduler(optimizer, config)
+    generator = torch.Generator().manual_seed(config.seed)
+    step, history, running, seen = 0, [], 0.0, 0
+    if state is not None:
+        optimizer.load_state_dict(state.optimizer)
+        scheduler.load_state_dict(state.scheduler)
+        generator.set_state(state.generator)
+        torch.set_rng_state(state.rng)  # dropout masks on the CPU (a GPU run resumes up to them)
+        step, history = state.step, list(state.history)
+        running, seen = state.running
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Rebuilt each run (deterministic from the tokenizer and texts), so a resumed run reads the same stream.
+    encode_to_file(tokenizer, train_texts, out_dir / "train.tokens")
+    encode_to_file(tokenizer, [valid_text], out_dir / "valid.tokens")
+    train_tokens = read_tokens(out_dir / "train.tokens", tokenizer.vocab_size)
+    valid_tokens = read_tokens(out_dir / "valid.tokens", tokenizer.vocab_size)
+
+    def snapshot() -> TrainingState:
+        return TrainingState(
+            step,
+            optimizer.state_dict(),
+            scheduler.state_dict(),
+            generator.get_state(),
+            torch.get_rng_state(),
+            history,
+            (running, seen),
+        )
+
+    context = model.config.context
+    per_step = config.batch_size * context
+    end = min(config.steps, stop_at) if stop_at is not None else config.steps
+    bar = tqdm(
+        total=config.steps * per_step,
+        initial=step * per_step,
+        unit="tok",
+        unit_scale=True,
+        desc="pre-training",
+        disable=not config.progress,
+    )
+    checkpoint = out_dir / f"step-{step:07d}"
+    while step < end:
+        windows = sample_windows(train_tokens, config.batch_size, context, generator).to(device)
+        loss = lm_loss(model, windows)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        running += loss.item()
+        seen += 1
+        bar.update(per_step)
+        bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", refresh=False)
+        if step % config.eval_every == 0 or step == config.steps:
+            val, scored = validation_loss(model, valid_tokens, config.eval_batch_size, config.eval_windows)
+            history.append(
+                {
+                    "step": step,
+                    "train_loss": running / seen,
+                    "val_loss": val,
+                    "val_ppl": math.exp(val),
+                    "val_tokens": scored,
+                    "tokens": step * per_step,
+                    "seconds": time.perf_counter() - start_time,
+                }
+            )
+            running, seen = 0.0, 0
+            if config.progress:
+                r = history[-1]
+                tqdm.write(
+                    f"step {step}: train loss {r['train_loss']:.4f}, val loss {val:.4f} (ppl {r['val_ppl']:.1f})"
+                )
+        if step % config.checkpoint_every == 0 or step == end:
+            checkpoint = save_pretraining_checkpoint(out_dir, model, tokenizer, config, snapshot())
+    bar.close()
+    if step == 0 or not (out_dir / _LATEST).is_file():
+        checkpoint = save_pretraining_checkpoint(out_dir, model, tokenizer, config, snapshot())
+    return PretrainResult(checkpoint, step, history, time.perf_counter() - start_time)
