@@ -36,6 +36,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from attnmetrics.models.bpe import DEFAULT_VOCAB_SIZE, BPETokenizer
+from attnmetrics.models.data import GUTENBERG_HELD_OUT, load_gutenberg, sha256_file
 from attnmetrics.models.gpt import GPT, GPTConfig
 
 
@@ -243,9 +244,11 @@ def save_pretraining_checkpoint(
     config: PretrainConfig,
     state: TrainingState,
     keep: int = 1,
+    extra: dict | None = None,
 ) -> Path:
     """Write ``out_dir/step-NNNNNNN/`` (see the module docstring), point ``latest`` at it, and
-    delete all but the newest ``keep`` step folders. Returns the checkpoint folder."""
+    delete all but the newest ``keep`` step folders; ``extra`` (JSON-ready) goes into
+    ``model.json``. Returns the checkpoint folder."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     name = f"step-{state.step:07d}"
@@ -258,6 +261,7 @@ def save_pretraining_checkpoint(
             "pretraining": asdict(config),
             "step": state.step,
             "history": state.history,
+            **(extra or {}),
         }
         (tmp / "model.json").write_text(json.dumps(meta, indent=2))
         tokenizer.save(tmp / "tokenizer.json")
@@ -339,8 +343,6 @@ class PretrainResult:
 
 
 def _corpus(cache_dir) -> tuple[list[str], str]:
-    from attnmetrics.models.data import GUTENBERG_HELD_OUT, load_gutenberg  # the loop itself needs no data module
-
     books = load_gutenberg(cache_dir)
     return [t for n, t in books.items() if n != GUTENBERG_HELD_OUT], books[GUTENBERG_HELD_OUT]
 
@@ -408,6 +410,11 @@ def pretrain(
     # Rebuilt each run (deterministic from the tokenizer and texts), so a resumed run reads the same stream.
     encode_to_file(tokenizer, train_texts, out_dir / "train.tokens")
     encode_to_file(tokenizer, [valid_text], out_dir / "valid.tokens")
+    streams = {f"{s}_tokens_sha256": sha256_file(out_dir / f"{s}.tokens") for s in ("train", "valid")}
+    if resume:
+        for key, digest in streams.items():
+            if meta.get(key) != digest:
+                raise ValueError(f"{out_dir}: the texts given to resume are not the ones the run started on ({key})")
     train_tokens = read_tokens(out_dir / "train.tokens", tokenizer.vocab_size)
     valid_tokens = read_tokens(out_dir / "valid.tokens", tokenizer.vocab_size)
 
@@ -468,8 +475,8 @@ def pretrain(
                     f"step {step}: train loss {r['train_loss']:.4f}, val loss {val:.4f} (ppl {r['val_ppl']:.1f})"
                 )
         if step % config.checkpoint_every == 0 or step == end:
-            checkpoint = save_pretraining_checkpoint(out_dir, model, tokenizer, config, snapshot())
+            checkpoint = save_pretraining_checkpoint(out_dir, model, tokenizer, config, snapshot(), extra=streams)
     bar.close()
     if step == 0 or not (out_dir / _LATEST).is_file():
-        checkpoint = save_pretraining_checkpoint(out_dir, model, tokenizer, config, snapshot())
+        checkpoint = save_pretraining_checkpoint(out_dir, model, tokenizer, config, snapshot(), extra=streams)
     return PretrainResult(checkpoint, step, history, time.perf_counter() - start_time)

@@ -145,6 +145,8 @@ def test_resume_gives_exactly_the_uninterrupted_run(tokenizer, tmp_path):
     torch.manual_seed(12345)  # a resumed run must not depend on the process's RNG
     resumed = P.pretrain(tmp_path / "split", resume=True, train_texts=[TEXT], valid_text=VALID)
     assert resumed.step == straight.step == 8
+    with pytest.raises(ValueError, match="not the ones the run started on"):
+        P.pretrain(tmp_path / "split", resume=True, train_texts=[TEXT[:-100]], valid_text=VALID)
     a, b = P.load_gpt(tmp_path / "straight"), P.load_gpt(tmp_path / "split")
     for (k, x), (_, y) in zip(a.model.state_dict().items(), b.model.state_dict().items()):
         assert torch.equal(x, y), k  # dropout on: the RNG state is restored too
