@@ -38,6 +38,20 @@ def check_same_device(**tensors: Tensor) -> None:
         raise ValueError(f"inputs must be on one device, got {devices}")
 
 
+def check_generator(generator, device: torch.device | None = None) -> torch.Generator | None:
+    """``generator`` if it is None or a ``torch.Generator`` (on ``device`` when given), else
+    TypeError (not a generator) or ValueError (on another device)."""
+    if generator is None:
+        return None
+    if not isinstance(generator, torch.Generator):
+        shown = repr(generator)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {shown}")
+    if device is not None and generator.device != device:
+        raise ValueError(f"generator is on {generator.device}, attention on {device}; they must match")
+    return generator
+
+
 def check_lengths(lengths: Tensor | None, batch: int, width: int, device: torch.device) -> Tensor:
     """Valid-prefix lengths [B] int64 in [0, T]; ``None`` means every row is full."""
     if lengths is None:

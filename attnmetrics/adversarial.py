@@ -22,6 +22,7 @@ from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
     check_budget,
     check_decoder,
+    check_generator,
     check_inputs,
     check_logits,
 )
@@ -200,7 +201,8 @@ def adversarial_attention(
             :func:`attnmetrics.flip_fraction`), an ``nn.Linear`` decoder whose weight
             or bias is not finite (named ``decoder.weight``/``decoder.bias``), a
             hyper-parameter out of range, or a generator on another device.
-        TypeError: a decoder that is not callable.
+        TypeError: a decoder that is not callable; ``generator`` not a ``torch.Generator``
+            (or None).
 
     Example:
         A decoder that ignores the context lets the adversary move all the attention.
@@ -226,11 +228,7 @@ def adversarial_attention(
     init_std = _check_real("init_std", init_std)
     if not isinstance(amsgrad, bool):
         raise ValueError(f"amsgrad must be a bool, got {amsgrad!r}")
-    if generator is not None:
-        if not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-        if generator.device != attention.device:
-            raise ValueError(f"generator is on {generator.device}, attention on {attention.device}")
+    check_generator(generator, attention.device)
 
     attention, values = attention.detach(), values.detach()
     batch, width, hidden = values.shape

@@ -29,6 +29,7 @@ from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
     check_budget,
     check_decoder,
+    check_generator,
     check_inputs,
     check_lengths,
     check_logits,
@@ -351,7 +352,8 @@ def flip_fraction(
             order name or a score tensor of the wrong shape or with NaN; ``samples < 1``;
             an ``nn.Linear`` whose ``in_features != H`` or whose weight or bias is not
             finite (``decoder.weight``/``decoder.bias``); decoder output not ``[N, C]``
-            or not finite.
+            or not finite; a ``generator`` on another device than the inputs.
+        TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None).
 
     Example:
         The top item alone pulls the context to class 1; removing it flips the decision.
@@ -369,8 +371,7 @@ def flip_fraction(
     budget = check_budget(memory_budget)
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an int >= 1, got {samples!r}")
-    if generator is not None and generator.device != attention.device:
-        raise ValueError(f"generator is on {generator.device}, attention on {attention.device}")
+    check_generator(generator, attention.device)
     never_flipped = float(never_flipped)
     scores = _order_scores(order, attention, values, decoder, lengths, budget)
     n_samples = samples if scores is None else 1

@@ -25,6 +25,7 @@ from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
     check_budget,
     check_decoder,
+    check_generator,
     check_inputs,
     check_lengths,
     check_logits,
@@ -204,7 +205,7 @@ def permutation_test(
             prefix; bad lengths; ``permutations`` not an int >= 1; a bad
             ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose weight
             (``decoder.weight``) or bias (``decoder.bias``) is not finite; decoder output not ``[N, C]`` or not finite.
-        TypeError: ``decoder`` not callable.
+        TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None).
 
     Example:
         >>> att = torch.tensor([[0.9, 0.1], [1.0, 0.0]], dtype=torch.float64)
@@ -222,8 +223,7 @@ def permutation_test(
     permutations = _check_int("permutations", permutations, 1)
     if not isinstance(return_all, bool):
         raise ValueError(f"return_all must be a bool, got {return_all!r}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    check_generator(generator)  # any device: the seed is drawn on the generator's
     seed = draw_seed(generator)
     batch, width, _ = values.shape
 

@@ -25,6 +25,7 @@ from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
     check_budget,
     check_decoder,
+    check_generator,
     check_inputs,
     check_logits,
 )
@@ -130,7 +131,7 @@ def single_removal(
             bad ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose
             weight or bias is not finite (``decoder.weight``/``decoder.bias``); decoder
             output not ``[N, C]`` or not finite.
-        TypeError: ``decoder`` not callable.
+        TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None).
 
     Example:
         Removing the top weight leaves only the class-0 item: the decision flips.
@@ -148,10 +149,7 @@ def single_removal(
     budget = check_budget(memory_budget)
     if not isinstance(which, str) or which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
-    if generator is not None and generator.device != attention.device:
-        raise ValueError(f"generator is on {generator.device}, attention on {attention.device}")
+    check_generator(generator, attention.device)
     batch, width, hidden = values.shape
     dtype, device = attention.dtype, attention.device
 

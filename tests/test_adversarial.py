@@ -360,7 +360,6 @@ def test_clear_errors():
         (dict(tvd_threshold=math.inf), "tvd_threshold must be a finite number >= 0, got inf"),
         (dict(init_std=-3.0), "init_std must be a finite number >= 0, got -3.0"),
         (dict(amsgrad=1), "amsgrad must be a bool, got 1"),
-        (dict(generator=3), "generator must be a torch.Generator or None, got int"),
         (dict(memory_budget=0), "memory_budget must be a positive int"),
     ]
     for kw, pattern in cases:

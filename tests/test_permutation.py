@@ -515,7 +515,6 @@ def test_clear_errors():
         (dict(permutations=2.0), "permutations must be an int >= 1"),
         (dict(permutations=True), "permutations must be an int >= 1"),
         (dict(return_all=1), "return_all must be a bool"),
-        (dict(generator=3), "generator must be a torch.Generator"),
         (dict(memory_budget=0), "memory_budget"),
         (dict(decoder=linear(4, 2)), "in_features 4.*H = 3"),
         (dict(decoder=linear(3, 2, torch.float32)), "decoder weight"),

@@ -265,7 +265,6 @@ def test_clear_errors():
         (dict(which="max"), "which must be one of"),
         (dict(which=0), "which must be one of"),
         (dict(memory_budget=0), "memory_budget"),
-        (dict(which="random", generator=3), "generator must be a torch.Generator"),
         (dict(decoder=linear(4, 2)), "in_features 4.*H = 3"),
         (dict(values=bad_values), "values must be finite"),
         (dict(values=bad_values, decoder=wrapped(dec)), "values must be finite"),

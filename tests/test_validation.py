@@ -1,0 +1,35 @@
+"""Bad inputs shared by the public API: each gives a ValueError or TypeError naming the argument,
+what was expected and what was given, before any kernel runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnmetrics import adversarial_attention, flip_fraction, permutation_test, single_removal
+from tests.inputs import batch, linear
+
+F64 = torch.float64
+
+
+def _procedures():
+    """(name, call(attention, values, decoder, lengths, **kw)) of the four attention procedures."""
+    return [
+        ("flip_fraction", lambda a, v, d, n, **kw: flip_fraction(a, v, d, n, **kw)),
+        ("single_removal", lambda a, v, d, n, **kw: single_removal(a, v, d, n, **kw)),
+        ("permutation_test", lambda a, v, d, n, **kw: permutation_test(a, v, d, n, permutations=3, **kw)),
+        ("adversarial_attention", lambda a, v, d, n, **kw: adversarial_attention(a, v, d, n, steps=1, **kw)),
+    ]
+
+
+PROCEDURES = dict(_procedures())
+#: the keyword that makes each procedure draw from its generator
+RANDOM = {"flip_fraction": dict(order="random"), "single_removal": dict(which="random")}
+
+
+@pytest.mark.parametrize("name", PROCEDURES)
+@pytest.mark.parametrize("bad", [5, "seed", 1.5])
+def test_generator_of_the_wrong_type_is_named(name, bad):
+    att, values, lengths = batch(b=4, t=5, h=3, min_len=2)
+    with pytest.raises(TypeError, match=rf"generator must be a torch\.Generator or None, got {type(bad).__name__}"):
+        PROCEDURES[name](att, values, linear(3, 2), lengths, generator=bad, **RANDOM.get(name, {}))
