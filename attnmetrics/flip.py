@@ -11,6 +11,7 @@ row in one batched call (``renormalised_contexts``).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple, Union
 
 import torch
@@ -353,7 +354,8 @@ def flip_fraction(
             an ``nn.Linear`` whose ``in_features != H`` or whose weight or bias is not
             finite (``decoder.weight``/``decoder.bias``); decoder output not ``[N, C]``
             or not finite; a ``generator`` on another device than the inputs.
-        TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None).
+        TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None);
+            ``never_flipped`` not a real number (a str, a bool, None, ...).
 
     Example:
         The top item alone pulls the context to class 1; removing it flips the decision.
@@ -372,6 +374,10 @@ def flip_fraction(
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise ValueError(f"samples must be an int >= 1, got {samples!r}")
     check_generator(generator, attention.device)
+    if isinstance(never_flipped, bool) or not isinstance(never_flipped, numbers.Real):
+        raise TypeError(
+            f"never_flipped must be a float (NaN, or e.g. 1.0), got {type(never_flipped).__name__} {never_flipped!r}"
+        )
     never_flipped = float(never_flipped)
     scores = _order_scores(order, attention, values, decoder, lengths, budget)
     n_samples = samples if scores is None else 1

@@ -33,3 +33,14 @@ def test_generator_of_the_wrong_type_is_named(name, bad):
     att, values, lengths = batch(b=4, t=5, h=3, min_len=2)
     with pytest.raises(TypeError, match=rf"generator must be a torch\.Generator or None, got {type(bad).__name__}"):
         PROCEDURES[name](att, values, linear(3, 2), lengths, generator=bad, **RANDOM.get(name, {}))
+
+
+@pytest.mark.parametrize("bad", ["x", "1.0", None, True])
+def test_never_flipped_must_be_a_float(bad):
+    att, values, lengths = batch(b=4, t=5, h=3, min_len=2)
+    with pytest.raises(
+        TypeError, match=rf"never_flipped must be a float \(NaN, or e\.g\. 1\.0\), got {type(bad).__name__}"
+    ):
+        flip_fraction(att, values, linear(3, 2), lengths, never_flipped=bad)
+    got = flip_fraction(att, values, linear(3, 2), lengths, never_flipped=1)  # an int is a real number
+    assert torch.all(got.fraction[~got.flipped] == 1.0)
