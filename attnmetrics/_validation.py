@@ -112,6 +112,8 @@ def check_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> T
             f"values must have shape [B, T, H] = [{attention.shape[0]}, {attention.shape[1]}, H] "
             f"like attention, got {list(values.shape)}"
         )
+    if values.shape[2] == 0:
+        raise ValueError(f"values must have H >= 1 features (shape [B, T, H]), got H = 0: shape {list(values.shape)}")
     if values.dtype != attention.dtype:
         raise ValueError(f"values dtype {values.dtype} differs from attention dtype {attention.dtype}")
     check_same_device(attention=attention, values=values)

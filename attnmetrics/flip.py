@@ -349,7 +349,7 @@ def flip_fraction(
 
     Raises:
         ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
-            values not ``[B, T, H]`` or of another dtype/device; bad lengths; an unknown
+            values not ``[B, T, H]`` with H >= 1 or of another dtype/device; bad lengths; an unknown
             order name or a score tensor of the wrong shape or with NaN; ``samples < 1``;
             an ``nn.Linear`` whose ``in_features != H`` or whose weight or bias is not
             finite (``decoder.weight``/``decoder.bias``); decoder output not ``[N, C]``

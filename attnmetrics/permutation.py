@@ -201,7 +201,7 @@ def permutation_test(
 
     Raises:
         ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
-            values not ``[B, T, H]`` or of another dtype/device, or not finite on a valid
+            values not ``[B, T, H]`` with H >= 1 or of another dtype/device, or not finite on a valid
             prefix; bad lengths; ``permutations`` not an int >= 1; a bad
             ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose weight
             (``decoder.weight``) or bias (``decoder.bias``) is not finite; decoder output not ``[N, C]`` or not finite.

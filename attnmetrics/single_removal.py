@@ -126,7 +126,7 @@ def single_removal(
 
     Raises:
         ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
-            values not ``[B, T, H]``, of another dtype/device or not finite on a valid
+            values not ``[B, T, H]`` with H >= 1, of another dtype/device or not finite on a valid
             prefix; bad lengths; an unknown ``which``; a generator on another device; a
             bad ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose
             weight or bias is not finite (``decoder.weight``/``decoder.bias``); decoder

@@ -44,3 +44,14 @@ def test_never_flipped_must_be_a_float(bad):
         flip_fraction(att, values, linear(3, 2), lengths, never_flipped=bad)
     got = flip_fraction(att, values, linear(3, 2), lengths, never_flipped=1)  # an int is a real number
     assert torch.all(got.fraction[~got.flipped] == 1.0)
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+@pytest.mark.parametrize("name", PROCEDURES)
+def test_values_with_no_features_are_named(name):
+    # H = 0 gave a ZeroDivisionError (chunk sizes) or a meaningless result
+    att, values, lengths = batch(b=4, t=5, h=3, min_len=2)
+    empty = values[:, :, :0]
+    for dec in (torch.nn.Linear(0, 2).double(), lambda x: torch.zeros(x.shape[0], 2, dtype=x.dtype)):
+        with pytest.raises(ValueError, match=r"values must have H >= 1 features .* got H = 0: shape \[4, 5, 0\]"):
+            PROCEDURES[name](att, empty, dec, lengths)
