@@ -124,14 +124,19 @@ def check_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> T
 
 def check_decoder(decoder, values: Tensor) -> None:
     """A callable [N, H] -> [N, C]; a plain ``nn.Linear`` must match values' H, dtype and device,
-    and its weight and bias must be finite (the closed forms never call the decoder, so no
-    logits check would catch them)."""
+    have out_features = C >= 1, and its weight and bias must be finite (the closed forms never
+    call the decoder, so no logits check would catch them)."""
     if not callable(decoder):
         raise TypeError(f"decoder must be callable [N, H] -> [N, C], got {type(decoder).__name__}")
     if is_plain_linear(decoder):
         h = values.shape[2]
         if decoder.in_features != h:
             raise ValueError(f"decoder is an nn.Linear with in_features {decoder.in_features}, but values have H = {h}")
+        if decoder.out_features < 1:
+            raise ValueError(
+                f"decoder is an nn.Linear with out_features {decoder.out_features}; it must give C >= 1 classes "
+                f"(out_features >= 1)"
+            )
         w = decoder.weight
         if w.dtype != values.dtype or w.device != values.device:
             raise ValueError(

@@ -198,9 +198,10 @@ def adversarial_attention(
 
     Raises:
         ValueError: invalid attention/values/lengths/decoder output (as in
-            :func:`attnmetrics.flip_fraction`), an ``nn.Linear`` decoder whose weight
-            or bias is not finite (named ``decoder.weight``/``decoder.bias``), a
-            hyper-parameter out of range, or a generator on another device.
+            :func:`attnmetrics.flip_fraction`), an ``nn.Linear`` decoder whose
+            ``out_features`` is 0 or whose weight or bias is not finite (named
+            ``decoder.weight``/``decoder.bias``), a hyper-parameter out of range, or a
+            generator on another device.
         TypeError: a decoder that is not callable; ``generator`` not a ``torch.Generator``
             (or None).
 

@@ -351,9 +351,10 @@ def flip_fraction(
         ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
             values not ``[B, T, H]`` with H >= 1 or of another dtype/device; bad lengths; an unknown
             order name or a score tensor of the wrong shape or with NaN; ``samples < 1``;
-            an ``nn.Linear`` whose ``in_features != H`` or whose weight or bias is not
-            finite (``decoder.weight``/``decoder.bias``); decoder output not ``[N, C]``
-            or not finite; a ``generator`` on another device than the inputs.
+            an ``nn.Linear`` whose ``in_features != H``, whose ``out_features < 1`` or
+            whose weight or bias is not finite (``decoder.weight``/``decoder.bias``);
+            decoder output not ``[N, C]`` or not finite; a ``generator`` on another
+            device than the inputs.
         TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None);
             ``never_flipped`` not a real number (a str, a bool, None, ...).
 

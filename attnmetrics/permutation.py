@@ -203,8 +203,9 @@ def permutation_test(
         ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
             values not ``[B, T, H]`` with H >= 1 or of another dtype/device, or not finite on a valid
             prefix; bad lengths; ``permutations`` not an int >= 1; a bad
-            ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose weight
-            (``decoder.weight``) or bias (``decoder.bias``) is not finite; decoder output not ``[N, C]`` or not finite.
+            ``memory_budget``; an ``nn.Linear`` whose ``in_features != H``, whose
+            ``out_features < 1`` or whose weight (``decoder.weight``) or bias
+            (``decoder.bias``) is not finite; decoder output not ``[N, C]`` or not finite.
         TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None).
 
     Example:

@@ -128,9 +128,10 @@ def single_removal(
         ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
             values not ``[B, T, H]`` with H >= 1, of another dtype/device or not finite on a valid
             prefix; bad lengths; an unknown ``which``; a generator on another device; a
-            bad ``memory_budget``; an ``nn.Linear`` whose ``in_features != H`` or whose
-            weight or bias is not finite (``decoder.weight``/``decoder.bias``); decoder
-            output not ``[N, C]`` or not finite.
+            bad ``memory_budget``; an ``nn.Linear`` whose ``in_features != H``, whose
+            ``out_features < 1`` or whose weight or bias is not finite
+            (``decoder.weight``/``decoder.bias``); decoder output not ``[N, C]`` or not
+            finite.
         TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None).
 
     Example:

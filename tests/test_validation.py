@@ -55,3 +55,12 @@ def test_values_with_no_features_are_named(name):
     for dec in (torch.nn.Linear(0, 2).double(), lambda x: torch.zeros(x.shape[0], 2, dtype=x.dtype)):
         with pytest.raises(ValueError, match=r"values must have H >= 1 features .* got H = 0: shape \[4, 5, 0\]"):
             PROCEDURES[name](att, empty, dec, lengths)
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+@pytest.mark.parametrize("name", PROCEDURES)
+def test_linear_decoder_without_classes_is_named(name):
+    # nn.Linear(H, 0) reached the kernels ("projected must have C >= 1") or a reshape error
+    att, values, lengths = batch(b=4, t=5, h=3, min_len=2)
+    with pytest.raises(ValueError, match=r"decoder is an nn\.Linear with out_features 0; .* C >= 1"):
+        PROCEDURES[name](att, values, torch.nn.Linear(3, 0).double(), lengths)
