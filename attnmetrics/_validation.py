@@ -162,11 +162,13 @@ def check_logits(
     inputs: str = "contexts [N, H]",
     on: str = "",
     hint: str = "",
+    dtype: torch.dtype | None = None,
 ) -> Tensor:
     """The one logits check: ``logits`` if they are [N, C] (N = ``n`` and C = ``classes`` when
     given) and finite, else ValueError. ``source`` (decoder, model) and ``inputs`` name what
     was called on what; ``on`` and ``hint`` extend the messages. With ``n=None`` only the shape
-    is checked (logits given by a user, not returned by a call)."""
+    is checked (logits given by a user, not returned by a call); otherwise the logits must also
+    be float32 or float64 (``dtype``, the attention's, is named in the message when given)."""
     if n is None:
         if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[1] < 1:
             got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
@@ -175,6 +177,9 @@ def check_logits(
     if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or logits.shape[1] < 1:
         got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(f"{source} must map {inputs} to logits [N, C] with N = {n}, got {got}")
+    if logits.dtype not in FLOAT_DTYPES:
+        like = "" if dtype is None else f" (the attention's dtype is {dtype})"
+        raise ValueError(f"{source} must return float32 or float64 logits{like}, got {logits.dtype}{on}")
     if classes is not None and logits.shape[1] != classes:
         raise ValueError(f"{source} returned C = {logits.shape[1]} classes{on}, earlier C = {classes}")
     if not torch.isfinite(logits).all():

@@ -95,7 +95,7 @@ def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | N
     if decoder is None:
         logits = (mixed + bias).reshape(n * k, f)
     else:
-        logits = check_logits(decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None)
+        logits = check_logits(decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None, dtype=a.dtype)
         classes[:] = [logits.shape[1]]
     return output_distribution(logits).view(n, k, -1)
 
@@ -198,7 +198,7 @@ def adversarial_attention(
 
     Raises:
         ValueError: invalid attention/values/lengths/decoder output (as in
-            :func:`attnmetrics.flip_fraction`), an ``nn.Linear`` decoder whose
+            :func:`attnmetrics.flip_fraction`; logits that are not float32/float64 too), an ``nn.Linear`` decoder whose
             ``out_features`` is 0 or whose weight or bias is not finite (named
             ``decoder.weight``/``decoder.bias``), a hyper-parameter out of range, or a
             generator on another device.

@@ -140,7 +140,8 @@ def attention_gradient(
             parameter that is not finite (named, e.g. ``decoder.weight``); a context
             ``sum_t alpha_t h_t``, a gradient or a product ``grad . h_t`` that overflowed
             the dtype (said so, with the row); decoder output that is not ``[N, C]``, not
-            finite on finite contexts, or not differentiable in the context.
+            float32/float64, not finite on finite contexts, or not differentiable in the
+            context.
         TypeError: ``decoder`` not callable.
 
     Example:
@@ -172,8 +173,8 @@ def attention_gradient(
                 if name is not None:
                     raise ValueError(f"{name} must be finite, got NaN or infinite entries (the logits are not finite)")
                 hint = f" on finite contexts (the decoder's output overflowed {context.dtype}, or it produces NaN)"
-                check_logits(logits, e - s, hint=hint)
-            logits = check_logits(logits, e - s)
+                check_logits(logits, e - s, hint=hint, dtype=attention.dtype)
+            logits = check_logits(logits, e - s, dtype=attention.dtype)
             predicted = decision(logits.detach())
             p = output_distribution(logits).gather(1, predicted[:, None]).sum()
             if not p.requires_grad:
@@ -283,7 +284,7 @@ def _search_general(
         decisions = torch.empty(contexts.shape[0], dtype=torch.int64, device=values.device)
         for c in range(0, contexts.shape[0], call_rows):
             part = contexts[c : c + call_rows]
-            logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
+            logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None, dtype=attention.dtype)
             classes[:] = [logits.shape[1]]
             decisions[c : c + call_rows] = decision(logits)
         removed[s:e] = _first_flip(decisions, lens)
@@ -353,8 +354,8 @@ def flip_fraction(
             order name or a score tensor of the wrong shape or with NaN; ``samples < 1``;
             an ``nn.Linear`` whose ``in_features != H``, whose ``out_features < 1`` or
             whose weight or bias is not finite (``decoder.weight``/``decoder.bias``);
-            decoder output not ``[N, C]`` or not finite; a ``generator`` on another
-            device than the inputs.
+            decoder output not ``[N, C]``, not float32/float64 or not finite; a
+            ``generator`` on another device than the inputs.
         TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None);
             ``never_flipped`` not a real number (a str, a bool, None, ...).
 

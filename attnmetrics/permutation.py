@@ -138,7 +138,7 @@ def _general(
         dists = []
         for c in range(0, n * p1, call_rows):
             part = contexts[c : c + call_rows]
-            logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None)
+            logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None, dtype=attention.dtype)
             classes[:] = [logits.shape[1]]
             dists.append(output_distribution(logits.to(torch.float64)))
         dist = torch.cat(dists).view(n, p1, -1)
@@ -205,7 +205,8 @@ def permutation_test(
             prefix; bad lengths; ``permutations`` not an int >= 1; a bad
             ``memory_budget``; an ``nn.Linear`` whose ``in_features != H``, whose
             ``out_features < 1`` or whose weight (``decoder.weight``) or bias
-            (``decoder.bias``) is not finite; decoder output not ``[N, C]`` or not finite.
+            (``decoder.bias``) is not finite; decoder output not ``[N, C]``,
+            not float32/float64 or not finite.
         TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None).
 
     Example:

@@ -130,8 +130,8 @@ def single_removal(
             prefix; bad lengths; an unknown ``which``; a generator on another device; a
             bad ``memory_budget``; an ``nn.Linear`` whose ``in_features != H``, whose
             ``out_features < 1`` or whose weight or bias is not finite
-            (``decoder.weight``/``decoder.bias``); decoder output not ``[N, C]`` or not
-            finite.
+            (``decoder.weight``/``decoder.bias``); decoder output not ``[N, C]``, not
+            float32/float64 or not finite.
         TypeError: ``decoder`` not callable; ``generator`` not a ``torch.Generator`` (or None).
 
     Example:
@@ -199,7 +199,9 @@ def single_removal(
                     raise ValueError("values must be finite on each row's valid prefix")
                 contexts = torch.bmm(torch.stack([before, after], 1).to(h.dtype), h)
                 n = keep.numel()
-                z = check_logits(decoder(contexts.view(2 * n, hidden)), 2 * n, classes[0] if classes else None)
+                z = check_logits(
+                    decoder(contexts.view(2 * n, hidden)), 2 * n, classes[0] if classes else None, dtype=dtype
+                )
                 classes[:] = [z.shape[1]]
                 z = z.view(n, 2, -1)
             dist = output_distribution(z.reshape(-1, z.shape[2]).to(torch.float64))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnmetrics import adversarial_attention, flip_fraction, permutation_test, single_removal
+from attnmetrics import adversarial_attention, attention_gradient, flip_fraction, permutation_test, single_removal
 from tests.inputs import batch, linear
 
 F64 = torch.float64
@@ -64,3 +64,17 @@ def test_linear_decoder_without_classes_is_named(name):
     att, values, lengths = batch(b=4, t=5, h=3, min_len=2)
     with pytest.raises(ValueError, match=r"decoder is an nn\.Linear with out_features 0; .* C >= 1"):
         PROCEDURES[name](att, values, torch.nn.Linear(3, 0).double(), lengths)
+
+
+@pytest.mark.parametrize("name", [*PROCEDURES, "attention_gradient"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float16])
+def test_decoder_logits_of_another_dtype_are_named(name, dtype):
+    # int64 and float16 logits were decided silently (or failed later in tvd/jsd, blaming p)
+    att, values, lengths = batch(b=4, t=5, h=3, min_len=2)
+
+    def dec(x):
+        return (x[:, :2] * 100).to(dtype)
+
+    call = PROCEDURES.get(name, lambda a, v, d, n: attention_gradient(a, v, d, n))
+    with pytest.raises(ValueError, match=rf"decoder must return float32 or float64 logits .*float64.*, got {dtype}"):
+        call(att, values, dec, lengths)
