@@ -23,6 +23,8 @@ DEFAULT_MEMORY_BUDGET = 256 * 2**20
 def check_float(name: str, x: Tensor) -> None:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.device.type == "meta":  # no data: every check and kernel would fail inside torch
+        raise ValueError(f"{name} is on device 'meta' (a tensor without data); expected a CPU or CUDA tensor")
     if x.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be float32 or float64, got {x.dtype}")
 

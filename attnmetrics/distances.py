@@ -41,7 +41,8 @@ def tvd(p: Tensor, q: Tensor, dim: int = -1, *, memory_budget: int = DEFAULT_MEM
 
     Raises:
         TypeError: an input is not a tensor.
-        ValueError: wrong dtype, mismatched dtypes or devices, shapes that do not
+        ValueError: an input on the ``meta`` device, wrong dtype, mismatched dtypes or
+            devices, shapes that do not
             broadcast, ``dim`` out of range, an empty input, or NaN, infinite or
             negative entries.
 
@@ -79,7 +80,8 @@ def jsd(p: Tensor, q: Tensor, dim: int = -1, *, memory_budget: int = DEFAULT_MEM
 
     Raises:
         TypeError: an input is not a tensor.
-        ValueError: wrong dtype, mismatched dtypes or devices, shapes that do not
+        ValueError: an input on the ``meta`` device, wrong dtype, mismatched dtypes or
+            devices, shapes that do not
             broadcast, ``dim`` out of range, an empty input, or NaN, infinite or
             negative entries.
 

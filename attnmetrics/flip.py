@@ -349,7 +349,8 @@ def flip_fraction(
         attention dtype; NaN: never).
 
     Raises:
-        ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
+        ValueError: attention or values on the ``meta`` device; NaN/infinite, negative or
+            non-normalised attention; an empty batch;
             values not ``[B, T, H]`` with H >= 1 or of another dtype/device; bad lengths; an unknown
             order name or a score tensor of the wrong shape or with NaN; ``samples < 1``;
             an ``nn.Linear`` whose ``in_features != H``, whose ``out_features < 1`` or

@@ -200,7 +200,8 @@ def permutation_test(
         or ``None``.
 
     Raises:
-        ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
+        ValueError: attention or values on the ``meta`` device; NaN/infinite, negative or
+            non-normalised attention; an empty batch;
             values not ``[B, T, H]`` with H >= 1 or of another dtype/device, or not finite on a valid
             prefix; bad lengths; ``permutations`` not an int >= 1; a bad
             ``memory_budget``; an ``nn.Linear`` whose ``in_features != H``, whose

@@ -125,7 +125,8 @@ def single_removal(
         ``flipped`` (bool), ``removed_index`` (int64), ``removed_weight`` (attention dtype).
 
     Raises:
-        ValueError: NaN/infinite, negative or non-normalised attention; an empty batch;
+        ValueError: attention or values on the ``meta`` device; NaN/infinite, negative or
+            non-normalised attention; an empty batch;
             values not ``[B, T, H]`` with H >= 1, of another dtype/device or not finite on a valid
             prefix; bad lengths; an unknown ``which``; a generator on another device; a
             bad ``memory_budget``; an ``nn.Linear`` whose ``in_features != H``, whose

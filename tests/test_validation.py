@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnmetrics import adversarial_attention, attention_gradient, flip_fraction, permutation_test, single_removal
+from attnmetrics import (
+    adversarial_attention,
+    attention_gradient,
+    flip_fraction,
+    jsd,
+    kendall_tau,
+    permutation_test,
+    single_removal,
+    tvd,
+)
 from tests.inputs import batch, linear
 
 F64 = torch.float64
@@ -78,3 +87,28 @@ def test_decoder_logits_of_another_dtype_are_named(name, dtype):
     call = PROCEDURES.get(name, lambda a, v, d, n: attention_gradient(a, v, d, n))
     with pytest.raises(ValueError, match=rf"decoder must return float32 or float64 logits .*float64.*, got {dtype}"):
         call(att, values, dec, lengths)
+
+
+def _meta_calls():
+    att, values, lengths = batch(b=4, t=5, h=3, min_len=2)
+    meta = {"attention": att.to("meta"), "values": values.to("meta")}
+    calls = [
+        ("p", lambda: tvd(att.to("meta"), att)),
+        ("q", lambda: jsd(att, att.to("meta"))),
+        ("x", lambda: kendall_tau(att.to("meta"), att)),
+        ("y", lambda: kendall_tau(att, att.to("meta"))),
+    ]
+    for call in PROCEDURES.values():
+        for arg in ("attention", "values"):
+            a, v = (meta["attention"], values) if arg == "attention" else (att, meta["values"])
+            calls.append((arg, lambda call=call, a=a, v=v: call(a, v, linear(3, 2), None)))
+    return calls
+
+
+@pytest.mark.parametrize("arg, call", _meta_calls())
+def test_meta_tensors_are_named(arg, call):
+    # meta tensors failed inside torch ("Cannot copy out of meta tensor")
+    with pytest.raises(
+        ValueError, match=rf"{arg} is on device 'meta' \(a tensor without data\); expected a CPU or CUDA"
+    ):
+        call()
