@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from attnmetrics._ops import ops
-from attnmetrics._validation import check_float, check_same_device
+from attnmetrics._validation import check_budget, check_float, check_same_device
 
 #: Default bound, in bytes, on the contiguous copies made per chunk.
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
@@ -43,8 +43,9 @@ def tvd(p: Tensor, q: Tensor, dim: int = -1, *, memory_budget: int = DEFAULT_MEM
         TypeError: an input is not a tensor.
         ValueError: an input on the ``meta`` device, wrong dtype, mismatched dtypes or
             devices, shapes that do not
-            broadcast, ``dim`` out of range, an empty input, or NaN, infinite or
-            negative entries.
+            broadcast, ``dim`` out of range, an empty input, NaN, infinite or
+            negative entries, or a ``memory_budget`` that is not a positive int (a bool
+            is refused).
 
     Example:
         >>> import torch
@@ -82,8 +83,9 @@ def jsd(p: Tensor, q: Tensor, dim: int = -1, *, memory_budget: int = DEFAULT_MEM
         TypeError: an input is not a tensor.
         ValueError: an input on the ``meta`` device, wrong dtype, mismatched dtypes or
             devices, shapes that do not
-            broadcast, ``dim`` out of range, an empty input, or NaN, infinite or
-            negative entries.
+            broadcast, ``dim`` out of range, an empty input, NaN, infinite or
+            negative entries, or a ``memory_budget`` that is not a positive int (a bool
+            is refused).
 
     Example:
         >>> import torch
@@ -175,8 +177,7 @@ def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
         p, q = p.expand(shape), q.expand(shape)
     if not -len(shape) <= dim < len(shape):
         raise ValueError(f"dim must lie in [{-len(shape)}, {len(shape) - 1}] for shape {list(shape)}, got {dim}")
-    if not isinstance(memory_budget, int) or memory_budget <= 0:
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    check_budget(memory_budget)  # a positive int: True is refused too
 
     # Views only: the kernel input is copied below, chunk by chunk.
     if dim % len(shape) != len(shape) - 1:

@@ -42,8 +42,7 @@ def kendall_tau(x: Tensor, y: Tensor, lengths: Tensor | None = None) -> KendallT
     Raises:
         TypeError: ``x`` or ``y`` is not a tensor.
         ValueError: an input on the ``meta`` device, wrong dtype or shape, mismatched
-            inputs, an empty batch, bad
-            ``lengths``, NaN on a valid prefix, or an input that requires grad (τ is
+            inputs, an empty batch, bad ``lengths``, NaN on a valid prefix, or an input that requires grad (τ is
             piecewise constant, so there is no autograd: detach the inputs).
 
     Example:

@@ -197,7 +197,7 @@ def test_errors_name_the_argument(fn, p, q, match):
 def test_bad_dim_budget_and_type(fn):
     with pytest.raises(ValueError, match=r"dim must lie in \[-2, 1\] for shape \[2, 2\], got 2"):
         fn(GOOD, GOOD, dim=2)
-    with pytest.raises(ValueError, match="memory_budget must be a positive number of bytes"):
+    with pytest.raises(ValueError, match="memory_budget must be a positive int"):
         fn(GOOD, GOOD, memory_budget=0)
     with pytest.raises(TypeError, match="p must be a torch.Tensor, got list"):
         fn([0.5, 0.5], GOOD)

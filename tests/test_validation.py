@@ -112,3 +112,12 @@ def test_meta_tensors_are_named(arg, call):
         ValueError, match=rf"{arg} is on device 'meta' \(a tensor without data\); expected a CPU or CUDA"
     ):
         call()
+
+
+@pytest.mark.parametrize("fn", [tvd, jsd])
+@pytest.mark.parametrize("bad", [True, False, 2.0**20])
+def test_distance_memory_budget_is_checked_like_the_other_ops(fn, bad):
+    # True was accepted as a budget of 1 byte
+    p = torch.tensor([[0.5, 0.5]])
+    with pytest.raises(ValueError, match=rf"memory_budget must be a positive int \(bytes\), got {bad!r}"):
+        fn(p, p, memory_budget=bad)
