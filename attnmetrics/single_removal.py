@@ -188,7 +188,7 @@ def single_removal(
             alpha = attention[keep].to(torch.float64).masked_fill(~mask, 0)
             rest = alpha.scatter(1, index[keep, None], 0.0)
             total, left = alpha.sum(1, keepdim=True), rest.sum(1, keepdim=True)
-            before = alpha / total  # L >= 2 rows sum to 1 within 1e-4: total > 0
+            before = alpha / total  # rows sum to 1 within sum_tolerance (<= 0.5): total > 0
             after = torch.where(left > 0, rest / torch.where(left > 0, left, 1), 0)
             if linear:
                 proj = projected[keep].to(torch.float64).masked_fill(~mask[..., None], 0)

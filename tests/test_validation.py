@@ -121,3 +121,24 @@ def test_distance_memory_budget_is_checked_like_the_other_ops(fn, bad):
     p = torch.tensor([[0.5, 0.5]])
     with pytest.raises(ValueError, match=rf"memory_budget must be a positive int \(bytes\), got {bad!r}"):
         fn(p, p, memory_budget=bad)
+
+
+def test_sum_tolerance_scales_with_the_row_length_and_dtype():
+    # a genuine float32 softmax over 10**6 items misses 1 by more than the old fixed 1e-4
+    n = 10**6
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(n, generator=g) * 0.01
+    z[: n // 2] += 5
+    att = torch.softmax(z, 0)[None]
+    assert abs(float(att.sum(dtype=F64)) - 1) > 1e-4  # the case the fixed tolerance rejected
+    values = torch.randn(1, n, 1, generator=g)
+    dec = linear(1, 2, torch.float32)
+    flip_fraction(att, values, dec)  # accepted
+    off = att.clone()
+    off[0, 0] += 1.01 - float(att.sum(dtype=F64))  # the row sums to 1.01
+    with pytest.raises(ValueError, match=r"row 0 sums to 1\.01, beyond the tolerance 0\.00745 for 1000000"):
+        flip_fraction(off, values, dec)
+    short = torch.tensor([[0.5, 0.5002]])  # 2e-4 off: still rejected for a short row, in both dtypes
+    for dtype in (torch.float32, F64):
+        with pytest.raises(ValueError, match=r"attention rows must sum to 1.*tolerance 0\.0001 for 2"):
+            flip_fraction(short.to(dtype), torch.ones(1, 2, 1, dtype=dtype), linear(1, 2, dtype))
