@@ -34,11 +34,15 @@ def non_finite_parameter(decoder) -> str | None:
     return None
 
 
-def check_values_finite(values: Tensor, lengths: Tensor) -> None:
-    """ValueError naming the first row whose valid prefix of ``values`` [B, T, H] holds NaN or inf."""
+def check_values_finite(values: Tensor, lengths: Tensor, rows: int | Tensor = 0) -> None:
+    """ValueError naming the first row whose valid prefix of ``values`` [n, T, H] holds NaN or inf.
+
+    ``values`` may be a chunk of the batch: ``rows`` is the batch index of its row 0 (an int)
+    or of each of its rows (an [n] tensor), so the message names the row of the whole batch."""
     bad = ~torch.isfinite(values).all(-1) & token_mask(lengths, values.shape[1])
     if bad.any():
         row = int(bad.any(1).nonzero()[0])
+        row = rows + row if isinstance(rows, int) else int(rows[row])
         raise ValueError(f"values must be finite on each row's valid prefix, got NaN or infinite values in row {row}")
 
 

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnmetrics._decoder import Decoder, is_plain_linear, project
+from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
     check_budget,
@@ -198,10 +198,11 @@ def adversarial_attention(
 
     Raises:
         ValueError: invalid attention/values/lengths/decoder output (as in
-            :func:`attnmetrics.flip_fraction`; logits that are not float32/float64 too), an ``nn.Linear`` decoder whose
-            ``out_features`` is 0 or whose weight or bias is not finite (named
-            ``decoder.weight``/``decoder.bias``), a hyper-parameter out of range, or a
-            generator on another device.
+            :func:`attnmetrics.flip_fraction`; logits that are not float32/float64 too);
+            values not finite on a valid prefix (named ``values``, with the row, whatever
+            the decoder); an ``nn.Linear`` decoder whose ``out_features`` is 0 or whose
+            weight or bias is not finite (named ``decoder.weight``/``decoder.bias``); a
+            hyper-parameter out of range; a generator on another device.
         TypeError: a decoder that is not callable; ``generator`` not a ``torch.Generator``
             (or None).
 
@@ -266,6 +267,8 @@ def adversarial_attention(
         alpha = out_att[idx, None, :w]  # [n, 1, w], zero on padding
         # padding of the features is zeroed: 0 * NaN would poison the products
         feats = feats_all[idx, :w].masked_fill(~valid.transpose(1, 2), 0.0)
+        if not linear:  # (projected values were checked) NaN contexts would be blamed on the decoder
+            check_values_finite(feats, lengths[idx], idx)
         alpha_xlogx = torch.special.xlogy(alpha, alpha).sum(-1)  # [n, 1]
         with torch.no_grad():
             y0 = _outputs(alpha, feats, head, bias, classes)  # [n, 1, C']

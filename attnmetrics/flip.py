@@ -161,7 +161,7 @@ def attention_gradient(
         e = min(batch, s + rows)
         alpha = attention[s:e].masked_fill(~mask[s:e], 0)
         h = values[s:e].masked_fill(~mask[s:e, :, None], 0)  # padding is never read, NaN there too
-        check_values_finite(h, lengths[s:e])  # a NaN context would be blamed on the decoder
+        check_values_finite(h, lengths[s:e], s)  # a NaN context would be blamed on the decoder
         with torch.no_grad():
             context = torch.einsum("bt,bth->bh", alpha, h)
         _check_finite_rows(context, s, f"the context sum_t alpha_t h_t overflowed {h.dtype}")
@@ -280,6 +280,7 @@ def _search_general(
         lens = lengths[s:e]
         att = attention[s:e].contiguous()
         ord_ = order[s:e].contiguous()
+        check_values_finite(values[s:e], lens, s)  # else NaN contexts, decided silently
         contexts = ops.renormalised_contexts(att, values[s:e].contiguous(), ord_, lens, torch.cumsum(lens, 0) - lens)
         decisions = torch.empty(contexts.shape[0], dtype=torch.int64, device=values.device)
         for c in range(0, contexts.shape[0], call_rows):
@@ -350,9 +351,10 @@ def flip_fraction(
 
     Raises:
         ValueError: attention or values on the ``meta`` device; NaN/infinite, negative or
-            non-normalised attention; an empty batch;
-            values not ``[B, T, H]`` with H >= 1 or of another dtype/device; bad lengths; an unknown
-            order name or a score tensor of the wrong shape or with NaN; ``samples < 1``;
+            non-normalised attention; an empty batch; values not ``[B, T, H]`` with H >= 1,
+            of another dtype/device, or not finite on a valid prefix (named ``values``, with
+            the row, whatever the decoder); bad lengths; an unknown order name or a score
+            tensor of the wrong shape or with NaN; ``samples < 1``;
             an ``nn.Linear`` whose ``in_features != H``, whose ``out_features < 1`` or
             whose weight or bias is not finite (``decoder.weight``/``decoder.bias``);
             decoder output not ``[N, C]``, not float32/float64 or not finite; a

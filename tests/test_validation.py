@@ -3,6 +3,8 @@ what was expected and what was given, before any kernel runs."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from attnmetrics import (
     single_removal,
     tvd,
 )
-from tests.inputs import batch, linear
+from tests.inputs import batch, linear, mlp
 
 F64 = torch.float64
 
@@ -142,3 +144,24 @@ def test_sum_tolerance_scales_with_the_row_length_and_dtype():
     for dtype in (torch.float32, F64):
         with pytest.raises(ValueError, match=r"attention rows must sum to 1.*tolerance 0\.0001 for 2"):
             flip_fraction(short.to(dtype), torch.ones(1, 2, 1, dtype=dtype), linear(1, 2, dtype))
+
+
+@pytest.mark.parametrize("name", ["flip_fraction", "adversarial_attention", "attention_gradient"])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_non_finite_values_are_named_with_any_decoder(name, bad):
+    # with an MLP, inf in values gave flip_fraction a silent result and NaN was blamed on the
+    # decoder by adversarial_attention; a small budget checks that the row is the batch's
+    att, values, lengths = batch(b=6, min_len=2)
+    values[3, 1, 0] = bad
+    call = {
+        "flip_fraction": lambda v: flip_fraction(att, v, mlp(6, 2), lengths, memory_budget=2000),
+        "adversarial_attention": lambda v: adversarial_attention(
+            att, v, mlp(6, 2), lengths, steps=1, memory_budget=2000
+        ),
+        "attention_gradient": lambda v: attention_gradient(att, v, mlp(6, 2), lengths, memory_budget=200),
+    }[name]
+    with pytest.raises(ValueError, match=r"values must be finite on each row's valid prefix.*in row 3$"):
+        call(values)
+    values[3, 1, 0] = 0.0
+    values[3, lengths[3] :] = bad  # padding is never read
+    call(values)
