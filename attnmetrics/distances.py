@@ -15,10 +15,9 @@ import torch
 from torch import Tensor
 
 from attnmetrics._ops import ops
-from attnmetrics._validation import check_budget, check_float, check_same_device
+from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_float, check_same_device
 
 #: Default bound, in bytes, on the contiguous copies made per chunk.
-DEFAULT_MEMORY_BUDGET = 256 * 2**20
 
 
 def tvd(p: Tensor, q: Tensor, dim: int = -1, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
