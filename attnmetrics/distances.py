@@ -17,8 +17,6 @@ from torch import Tensor
 from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_float, check_same_device
 
-#: Default bound, in bytes, on the contiguous copies made per chunk.
-
 
 def tvd(p: Tensor, q: Tensor, dim: int = -1, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
     """Total variation distance ``½ Σ |p - q|`` along ``dim`` (J&W 2019, sec. 4).
