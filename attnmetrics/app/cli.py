@@ -28,12 +28,15 @@ import torch
 import attnmetrics
 from attnmetrics.app import sweep
 from attnmetrics.app.battery import EXPERIMENTS, run_battery
-from attnmetrics.app.io import is_run_folder, run_folder, write_json_atomic, write_npz_atomic
+from attnmetrics.app.io import check_out, claimed_folder, is_run_folder, run_folder, write_json_atomic, write_npz_atomic
 from attnmetrics.app.parser import build_parser
 from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_filter
 from attnmetrics.app.report import render, render_comparison
+from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import ArtifactError, load_dataset
+from attnmetrics.models.data import GUTENBERG_HELD_OUT, ArtifactError, load_dataset, load_gutenberg
+from attnmetrics.models.gpt import GPTConfig
+from attnmetrics.models.pretraining import PretrainConfig, pretrain
 from attnmetrics.models.text import Vocabulary, glove_matrix
 from attnmetrics.models.training import (
     Predictions,
@@ -272,6 +275,55 @@ def _report(args) -> int:
     return 0
 
 
+def _pretrain(args) -> int:
+    """GPT-1's stage 1 (Radford et al. 2018, sec. 3.1): a language model on the Gutenberg books, the
+    held-out book for validation perplexity; checkpoints written in place, resumable."""
+    check_out(args.out)
+    if args.out.exists() and any(args.out.iterdir()) and not args.resume:
+        raise FileExistsError(f"{args.out} exists; --resume continues its pre-training, or choose another --out")
+    books = load_gutenberg()
+    cut = (lambda text: text[: args.max_chars]) if args.max_chars else (lambda text: text)
+    train_texts = [cut(text) for name, text in books.items() if name != GUTENBERG_HELD_OUT]
+    valid_text = cut(books[GUTENBERG_HELD_OUT])
+    config = PretrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup=min(args.warmup, args.steps),
+        vocab_size=args.vocab_size,
+        seed=args.seed,
+        eval_every=min(PretrainConfig.eval_every, args.steps),
+        checkpoint_every=min(PretrainConfig.checkpoint_every, args.steps),
+        progress=not args.no_progress,
+    )
+    with claimed_folder(args.out):
+        if args.resume:  # the checkpoint's model, tokenizer and schedule
+            result = pretrain(args.out, train_texts=train_texts, valid_text=valid_text, resume=True, device=args.device)
+        else:
+            torch.manual_seed(args.seed)
+            tokenizer = BPETokenizer.train(train_texts, config.vocab_size)
+            overrides = {"n_layer": args.layers, "d_model": args.d_model, "n_head": args.heads, "context": args.context}
+            model_config = GPTConfig.named(
+                args.config, tokenizer.vocab_size, **{k: v for k, v in overrides.items() if v is not None}
+            )
+            result = pretrain(
+                args.out,
+                model_config,
+                config,
+                train_texts=train_texts,
+                valid_text=valid_text,
+                tokenizer=tokenizer,
+                device=args.device,
+            )
+    last = result.history[-1] if result.history else {}
+    print(
+        f"pre-trained to step {result.step} in {result.seconds:.0f} s; validation perplexity "
+        f"{last.get('val_ppl', float('nan')):.1f}; checkpoint {result.checkpoint}",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _exit_on_sigterm(signum, frame):
     # SIGTERM (a sweep stopping its cells, a scheduler's time limit) unwinds like Ctrl-C, so the
     # run folder's claim is given back and partial outputs are named, instead of a silent kill.
@@ -288,6 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command == "sweep":
         return sweep.main(args)
+    if args.command == "pretrain":
+        try:
+            return _pretrain(args)
+        except (FileExistsError, FileNotFoundError, ValueError, ArtifactError) as e:
+            if args.debug:
+                raise
+            print(f"attnmetrics: {e} (--debug shows the traceback)", file=sys.stderr)
+            return 2
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(

@@ -120,6 +120,24 @@ def remove_abandoned_claim(folder: str | os.PathLike) -> bool:
     return not folder.exists()
 
 
+@contextlib.contextmanager
+def claimed_folder(folder: str | os.PathLike) -> Iterator[Path]:
+    """Create ``folder`` if needed and hold its claim (a locked marker) while the block runs, for
+    outputs that a command writes in place and resumes (pre-training checkpoints), not staged.
+
+    Raises:
+        FileExistsError: another attnmetrics process holds the folder.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = _lock(folder)
+    try:
+        yield folder
+    finally:
+        (folder / MARKER).unlink(missing_ok=True)
+        os.close(fd)
+
+
 def check_out(out: str | os.PathLike, protect: tuple[str | os.PathLike, ...] = ()) -> Path:
     """Refuse an ``--out`` that a run could not write without harm, before any work: a file, the
     working folder or one of its parents, or a folder holding (or inside) one of ``protect``."""

@@ -14,6 +14,8 @@ from attnmetrics.app.protocols import PROTOCOLS
 from attnmetrics.flip import ORDERS
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
 from attnmetrics.models.data import DATASETS
+from attnmetrics.models.gpt import CONFIGS as GPT_CONFIGS
+from attnmetrics.models.pretraining import PretrainConfig
 
 
 def positive_int(text: str) -> int:
@@ -177,7 +179,33 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("run_dirs", type=Path, nargs="+", help="run folders holding results.json")
     rep.add_argument("--out", type=Path, help="folder for comparison.md (needed with several runs)")
     _add_sweep_args(sub.add_parser("sweep", help="run a grid of 'run' cells (resumable), then one aggregated report"))
+    _add_pretrain_args(sub.add_parser("pretrain", help="pre-train a GPT language model on the Gutenberg books"))
     return parser
+
+
+def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
+    defaults = PretrainConfig()
+    p.add_argument("--out", type=Path, default=Path("runs/gpt-pre"), help="checkpoint folder (default: runs/gpt-pre)")
+    p.add_argument("--config", choices=sorted(GPT_CONFIGS), default="small", help="model size (default: small)")
+    for flag, help_ in (
+        ("--layers", "layers"),
+        ("--d-model", "model width"),
+        ("--heads", "heads"),
+        ("--context", "context length"),
+    ):
+        p.add_argument(flag, type=positive_int, help=f"override the config's {help_}")
+    p.add_argument("--steps", type=positive_int, default=defaults.steps)
+    p.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
+    p.add_argument("--lr", type=positive_float, default=defaults.lr, help="max learning rate (GPT-1: 2.5e-4)")
+    p.add_argument("--warmup", type=int, default=defaults.warmup, help="linear warm-up steps, then cosine decay")
+    p.add_argument("--vocab-size", type=positive_int, default=defaults.vocab_size, help="BPE vocabulary size")
+    p.add_argument("--max-chars", type=positive_int, help="use only the first N characters of each book (quick runs)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default: 1)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--debug", action="store_true", help="on an input error, show the traceback, not one line")
 
 
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:
