@@ -324,6 +324,18 @@ def _pretrain(args) -> int:
     return 0
 
 
+#: errors that a user's input causes (files, folders, flags, data): one line, no traceback
+INPUT_ERRORS = (FileExistsError, FileNotFoundError, ValueError, ArtifactError)
+
+
+def _input_error(e: Exception, args) -> int:
+    if args.debug:
+        raise e
+    notes = "".join(f"; {n}" for n in getattr(e, "__notes__", []))
+    print(f"attnmetrics: {e}{notes} (--debug shows the traceback)", file=sys.stderr)
+    return 2
+
+
 def _exit_on_sigterm(signum, frame):
     # SIGTERM (a sweep stopping its cells, a scheduler's time limit) unwinds like Ctrl-C, so the
     # run folder's claim is given back and partial outputs are named, instead of a silent kill.
@@ -343,11 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "pretrain":
         try:
             return _pretrain(args)
-        except (FileExistsError, FileNotFoundError, ValueError, ArtifactError) as e:
-            if args.debug:
-                raise
-            print(f"attnmetrics: {e} (--debug shows the traceback)", file=sys.stderr)
-            return 2
+        except INPUT_ERRORS as e:
+            return _input_error(e, args)
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -425,12 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                     _wiegreffe(args, model, test, recipe, results)
             _write_predictions(model, predictions, folder)
             _finish(results, folder, start)
-    except (FileExistsError, FileNotFoundError, ValueError, ArtifactError) as e:  # input errors: one line
-        if args.debug:
-            raise
-        notes = "".join(f"; {n}" for n in getattr(e, "__notes__", []))
-        print(f"attnmetrics: {e}{notes} (--debug shows the traceback)", file=sys.stderr)
-        return 2
+    except INPUT_ERRORS as e:
+        return _input_error(e, args)
     print(f"wrote {args.out / 'report.md'}", file=sys.stderr)
     return 0
 
