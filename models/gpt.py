@@ -32,7 +32,7 @@ from attnmetrics.protocol import token_mask
 #: 8,192-token embedding (5.3M in all). Measured on one CPU thread (torch 2.13, float32, a training
 #: step of 16 × 128 tokens with backward and AdamW) it runs at 1,435 tokens/s (800 when the other
 #: core is busy too), so the default 600-step pre-training run (1.2M tokens, about 0.4 passes over
-#: the Gutenberg training books; models/pretraining.py) takes some 14 minutes on one core.
+#: the Gutenberg training books; models/pretraining.py) takes some 15 minutes on one free core.
 CONFIGS: dict[str, dict] = {
     "gpt1": {"n_layer": 12, "d_model": 768, "n_head": 12, "context": 512},
     "small": {"n_layer": 4, "d_model": 256, "n_head": 4, "context": 128},
