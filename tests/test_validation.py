@@ -165,3 +165,17 @@ def test_non_finite_values_are_named_with_any_decoder(name, bad):
     values[3, 1, 0] = 0.0
     values[3, lengths[3] :] = bad  # padding is never read
     call(values)
+
+
+@pytest.mark.parametrize("name", PROCEDURES)
+@pytest.mark.parametrize("param", ["weight", "bias"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_linear_decoder_is_named(name, param, bad):
+    # the closed forms never call the decoder: a NaN bias gave flip_fraction 'never flips' for every
+    # row, and the others an internal message about p or the values
+    att, values, lengths = batch(b=6, min_len=2)
+    dec = linear(values.shape[2], 2)
+    with torch.no_grad():
+        getattr(dec, param)[0] = bad
+    with pytest.raises(ValueError, match=rf"decoder\.{param} must be finite"):
+        PROCEDURES[name](att, values, dec, lengths)
