@@ -1,0 +1,225 @@
+"""GPT-1 fine-tuned as an attention classifier (attnmetrics.models.gpt_classifier), on tiny configs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnmetrics
+from attnmetrics.models.gpt import GPT, GPTConfig
+from attnmetrics.models.gpt_classifier import EXTRACT, PAD, START, GPTClassifier
+from attnmetrics.protocol import forward, token_mask
+from attnmetrics.reference import leave_one_out_reference
+
+VOCAB = 50
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def config(n_layer: int = 2, dropout: float = 0.1) -> GPTConfig:
+    return GPTConfig(vocab_size=VOCAB, n_layer=n_layer, d_model=16, n_head=2, context=16, dropout=dropout)
+
+
+def model_(attention: str = "tanh", num_classes: int = 1, seed: int = 0, **kw) -> GPTClassifier:
+    torch.manual_seed(seed)
+    return GPTClassifier(config(), num_classes, attention, **kw).double().eval()
+
+
+def batch(seed: int = 0):
+    """``<start> text <extract>`` rows of 1..6 real tokens, right-padded with ``<pad>``."""
+    g = torch.Generator().manual_seed(seed)
+    real = [4, 1, 6, 2, 5]
+    T = max(real) + 2
+    tokens = torch.full((len(real), T), PAD, dtype=torch.int64)
+    for b, n in enumerate(real):
+        tokens[b, 0] = START
+        tokens[b, 1 : n + 1] = torch.randint(4, VOCAB, (n,), generator=g)
+        tokens[b, n + 1] = EXTRACT
+    return tokens, torch.tensor(real) + 2
+
+
+@pytest.mark.parametrize("attention", ["tanh", "dot", "uniform"])
+def test_implements_the_protocol(attention):
+    model = model_(attention)
+    assert isinstance(model, attnmetrics.AttentionClassifier)
+    assert model.lead == model.trail == 1
+    assert isinstance(model.decoder, torch.nn.Linear) and model.decoder.out_features == 1
+
+
+@pytest.mark.parametrize("attention", ["tanh", "dot", "uniform"])
+def test_attention_sums_to_one_over_real_tokens(attention):
+    model = model_(attention)
+    tokens, lengths = batch()
+    with torch.no_grad():
+        hidden = model.encode(model.embed(tokens), lengths)
+        attn = model.attend(hidden, lengths)
+    real = token_mask(lengths, tokens.shape[1], 1, 1)
+    torch.testing.assert_close(attn.sum(1), torch.ones(len(lengths), dtype=attn.dtype))
+    assert (attn[~real] == 0).all() and (attn[real] > 0).all()
+    assert (attn[:, 0] == 0).all()  # <start>
+    assert (attn[torch.arange(len(lengths)), lengths - 1] == 0).all()  # <extract>
+    assert (hidden[~token_mask(lengths, tokens.shape[1])] == 0).all()  # zero on padding
+
+
+@pytest.mark.parametrize("attention", ["tanh", "dot", "uniform"])
+def test_batched_equals_each_row_alone(attention):
+    model = model_(attention)
+    tokens, lengths = batch(1)
+    with torch.no_grad():
+        logits, attn = model(tokens, lengths)
+        for b in range(len(lengths)):
+            n = int(lengths[b])
+            one_logits, one_attn = model(tokens[b : b + 1, :n], lengths[b : b + 1])
+            torch.testing.assert_close(logits[b : b + 1], one_logits, rtol=0, atol=1e-12)
+            torch.testing.assert_close(attn[b : b + 1, :n], one_attn, rtol=0, atol=1e-12)
+
+
+def test_padding_content_never_leaks():
+    model = model_()
+    tokens, lengths = batch(2)
+    other = tokens.clone()
+    pad = ~token_mask(lengths, tokens.shape[1])
+    other[pad] = 7  # any id in the padding
+    with torch.no_grad():
+        a, b = model(tokens, lengths), model(other, lengths)
+    torch.testing.assert_close(a[0], b[0], rtol=0, atol=0)
+    torch.testing.assert_close(a[1], b[1], rtol=0, atol=0)
+
+
+def test_flip_fraction_runs():
+    model = model_()
+    tokens, lengths = batch(3)
+    out = forward(model, tokens, lengths)
+    result = attnmetrics.flip_fraction(out.attention, out.hidden, model.decoder, out.lengths)
+    assert result is not None
+
+
+@pytest.mark.parametrize("attention", ["tanh", "dot", "uniform"])
+def test_leave_one_out_matches_reference(attention):
+    model = model_(attention, seed=4)
+    model.train()  # leave_one_out must switch dropout off itself, and restore the mode
+    tokens, lengths = batch(4)
+    got = attnmetrics.leave_one_out(model, tokens, lengths)
+    assert model.training
+    want = leave_one_out_reference(model, tokens, lengths)
+    assert got.dtype == torch.float64 and got.shape == (len(lengths), tokens.shape[1] - 1)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    assert (got > 0).any()
+
+
+def test_no_auxiliary_loss_without_lm_weight():
+    model = model_(lm_weight=0.0)
+    tokens, lengths = batch()
+    out = model.states(tokens, lengths)
+    assert model.auxiliary_loss(tokens, lengths, out.embedded, out.hidden) is None
+
+
+def test_auxiliary_loss_is_weighted_next_token_cross_entropy():
+    model = model_(lm_weight=0.5)
+    tokens, lengths = batch(5)
+    out = model.states(tokens, lengths)
+    aux = model.auxiliary_loss(tokens, lengths, out.embedded, out.hidden)
+    # by hand: each row alone through the whole GPT (its tied lm_head), t predicting t + 1
+    losses = []
+    for b in range(len(lengths)):
+        n = int(lengths[b])
+        logits = model.gpt(tokens[b : b + 1, :n]).logits[0]
+        for t in range(n - 1):
+            losses.append(-F.log_softmax(logits[t], -1)[tokens[b, t + 1]])
+    want = 0.5 * torch.stack(losses).mean()
+    torch.testing.assert_close(aux, want, rtol=0, atol=1e-12)
+    aux.backward()  # gradients reach the shared embedding
+    assert model.gpt.tokens.weight.grad.abs().sum() > 0
+
+
+def randomised_gpt(n_layer: int = 2, seed: int = 1) -> GPT:
+    torch.manual_seed(seed)
+    gpt = GPT(config(n_layer))
+    with torch.no_grad():
+        for p in gpt.parameters():
+            p.normal_()  # LayerNorms too, so no parameter matches a fresh initialisation
+    return gpt
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, None])
+def test_from_pretrained_copies_exactly_the_first_k_blocks(k):
+    gpt = randomised_gpt(2)
+    before = {n: p.clone() for n, p in gpt.state_dict().items()}
+    model = GPTClassifier.from_pretrained(gpt, num_classes=1, attention="dot", lm_weight=0.25, transfer_layers=k)
+    assert model.lm_weight == 0.25 and model.attention_name == "dot"
+    assert torch.equal(model.gpt.tokens.weight, gpt.tokens.weight)
+    assert torch.equal(model.gpt.positions.weight, gpt.positions.weight)
+    assert model.gpt.lm_head.weight is model.gpt.tokens.weight  # still tied
+    assert model.gpt.tokens.weight.data_ptr() != gpt.tokens.weight.data_ptr()
+    copied = 2 if k is None else k
+    for i in range(2):
+        mine, theirs = model.gpt.blocks[i].state_dict(), gpt.blocks[i].state_dict()
+        for name in theirs:
+            same = torch.equal(mine[name], theirs[name])
+            assert same == (i < copied), (i, name)
+    # the source is untouched by building or training the copy
+    model.train()
+    tokens, lengths = batch()
+    logits, _ = model(tokens, lengths)
+    logits.sum().backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    for n, p in gpt.state_dict().items():
+        assert torch.equal(p, before[n]), n
+
+
+def test_from_pretrained_accepts_a_loaded_checkpoint_tuple():
+    from attnmetrics.models.pretraining import Pretrained
+
+    gpt = randomised_gpt(2)
+    model = GPTClassifier.from_pretrained(Pretrained(gpt, None, {}), num_classes=3, transfer_layers=1)
+    assert model.decoder.out_features == 3
+    assert torch.equal(model.gpt.blocks[0].attn.qkv.weight, gpt.blocks[0].attn.qkv.weight)
+    with pytest.raises(ValueError):
+        GPTClassifier.from_pretrained(gpt, transfer_layers=3)
+
+
+def test_fresh_init_and_pretrained_end_to_end_equal_when_all_copied():
+    gpt = randomised_gpt(2, seed=3).double().eval()
+    model = GPTClassifier.from_pretrained(gpt).double().eval()
+    tokens, lengths = batch(6)
+    with torch.no_grad():
+        hidden = model.encode(model.embed(tokens), lengths)
+        want = gpt(tokens, lengths).hidden
+    real = token_mask(lengths, tokens.shape[1])
+    torch.testing.assert_close(hidden[real], want[real], rtol=0, atol=1e-12)
+    fresh = model_()
+    assert not torch.equal(fresh.gpt.tokens.weight, model.gpt.tokens.weight)
+
+
+def test_training_objective_adds_the_lm_loss():
+    from attnmetrics.models.text import Batch
+    from attnmetrics.models.training import Classification
+
+    model = model_(lm_weight=0.5)
+    tokens, lengths = batch(7)
+    labels = torch.tensor([0, 1, 1, 0, 1])
+    b = Batch(tokens=tokens, lengths=lengths, labels=labels, index=torch.arange(5))
+    with_lm = Classification().loss(model, b, None)
+    model.lm_weight = 0.0
+    without = Classification().loss(model, b, None)
+    out = model.states(tokens, lengths)
+    torch.testing.assert_close(with_lm - without, 0.5 * model.lm_loss(tokens, lengths, out.hidden))
+
+
+def test_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        GPTClassifier(config(), attention="nope")
+    with pytest.raises(ValueError):
+        GPTClassifier(config(), num_classes=0)
+    model = model_()
+    with pytest.raises(ValueError):
+        model.embed(torch.tensor([[START, VOCAB, EXTRACT]]))
