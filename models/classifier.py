@@ -241,7 +241,34 @@ class States(NamedTuple):
     hidden: Tensor
 
 
-class EncoderAttentionClassifier(nn.Module):
+class AttentionForward:
+    """``forward`` and ``states`` of a protocol model (embed -> encode -> attend -> decoder), shared
+    by the classifiers (J&W's and GPT-1's); attention may be imposed instead of the model's own."""
+
+    def forward(self, tokens: Tensor, lengths: Tensor, attention: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """tokens [B, T], lengths [B] -> (logits [B, C], attention [B, T]).
+
+        ``attention`` [B, T], if given, is imposed instead of the model's own (uniform
+        baselines, permutations, adversaries); it is returned as the attention used.
+        """
+        out = self.states(tokens, lengths, attention)
+        return out.logits, out.attention
+
+    def states(self, tokens: Tensor, lengths: Tensor, attention: Tensor | None = None) -> States:
+        """:meth:`forward` keeping the intermediate tensors (for auxiliary losses)."""
+        embedded = self.embed(tokens)
+        hidden = self.encode(embedded, lengths)
+        if attention is None:
+            attention = self.attend(hidden, lengths)
+        elif attention.shape != hidden.shape[:2]:
+            raise ValueError(
+                f"imposed attention must be [B, T] = {list(hidden.shape[:2])}, got {list(attention.shape)}"
+            )
+        context = torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1)
+        return States(self.decoder(context), attention, embedded, hidden)
+
+
+class EncoderAttentionClassifier(AttentionForward, nn.Module):
     """embedding -> encoder -> attention -> ``decoder = nn.Linear(H, C)``.
 
     ``forward(tokens [B, T], lengths [B])`` -> ``(logits [B, C], attention [B, T])``.
@@ -372,28 +399,6 @@ class EncoderAttentionClassifier(nn.Module):
         """hidden [B, T, H], lengths [B] -> attention [B, T]: sums to 1 over the real tokens,
         exactly 0 at ``<SOS>``, ``<EOS>`` and padding."""
         return self.attention(hidden, token_mask(lengths, hidden.shape[1], self.lead, self.trail))
-
-    def forward(self, tokens: Tensor, lengths: Tensor, attention: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """tokens [B, T], lengths [B] -> (logits [B, C], attention [B, T]).
-
-        ``attention`` [B, T], if given, is imposed instead of the model's own (uniform
-        baselines, permutations, adversaries); it is returned as the attention used.
-        """
-        out = self.states(tokens, lengths, attention)
-        return out.logits, out.attention
-
-    def states(self, tokens: Tensor, lengths: Tensor, attention: Tensor | None = None) -> States:
-        """:meth:`forward` keeping the intermediate tensors (for auxiliary losses)."""
-        embedded = self.embed(tokens)
-        hidden = self.encode(embedded, lengths)
-        if attention is None:
-            attention = self.attend(hidden, lengths)
-        elif attention.shape != hidden.shape[:2]:
-            raise ValueError(
-                f"imposed attention must be [B, T] = {list(hidden.shape[:2])}, got {list(attention.shape)}"
-            )
-        context = torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1)
-        return States(self.decoder(context), attention, embedded, hidden)
 
     def auxiliary_loss(self, tokens: Tensor, lengths: Tensor, embedded: Tensor, hidden: Tensor) -> Tensor | None:
         """The regulariser's auxiliary training loss (T&Š 2020, sec. 3), already weighted, or

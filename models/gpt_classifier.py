@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnmetrics.models.classifier import ATTENTIONS, States
+from attnmetrics.models.classifier import ATTENTIONS, AttentionForward
 from attnmetrics.models.gpt import GPT, GPTConfig, causal_mask
 from attnmetrics.protocol import token_mask
 
@@ -36,7 +36,7 @@ from attnmetrics.protocol import token_mask
 PAD, START, EXTRACT = 0, 1, 3
 
 
-class GPTClassifier(nn.Module):
+class GPTClassifier(AttentionForward, nn.Module):
     """A GPT's transformer -> attention head -> ``decoder = nn.Linear(d, C)``.
 
     ``forward(tokens [B, T], lengths [B], attention=None)`` -> ``(logits [B, C], attention [B, T])``;
@@ -126,25 +126,6 @@ class GPTClassifier(nn.Module):
         """hidden [B, T, d], lengths [B] -> attention [B, T]: sums to 1 over the real tokens,
         exactly 0 at ``<start>``, ``<extract>`` and padding."""
         return self.attention(hidden, token_mask(lengths, hidden.shape[1], self.lead, self.trail))
-
-    def states(self, tokens: Tensor, lengths: Tensor, attention: Tensor | None = None) -> States:
-        """One forward pass keeping the intermediate tensors (``training.Classification`` uses them)."""
-        embedded = self.embed(tokens)
-        hidden = self.encode(embedded, lengths)
-        if attention is None:
-            attention = self.attend(hidden, lengths)
-        elif attention.shape != hidden.shape[:2]:
-            raise ValueError(
-                f"imposed attention must be [B, T] = {list(hidden.shape[:2])}, got {list(attention.shape)}"
-            )
-        context = torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1)
-        return States(self.decoder(context), attention, embedded, hidden)
-
-    def forward(self, tokens: Tensor, lengths: Tensor, attention: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """tokens [B, T], lengths [B] -> (logits [B, C], attention [B, T]); ``attention``, if
-        given, is imposed instead of the model's own."""
-        out = self.states(tokens, lengths, attention)
-        return out.logits, out.attention
 
     def lm_loss(self, tokens: Tensor, lengths: Tensor, hidden: Tensor) -> Tensor:
         """GPT-1's L1 (unweighted): mean next-token cross-entropy, position t predicting token

@@ -18,16 +18,9 @@ from attnmetrics.models import gpt as G
 from attnmetrics.models.bpe import DELIM, EXTRACT, PAD, SPECIALS, START, BPETokenizer
 from attnmetrics.models.gpt import GPT, GPTConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 offline = pytest.mark.skipif(os.environ.get("ATTNMETRICS_OFFLINE") == "1", reason="ATTNMETRICS_OFFLINE=1")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run many times faster on one thread than on two contended ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 TINY = GPTConfig(vocab_size=37, n_layer=2, d_model=12, n_head=3, context=10, dropout=0.1)

@@ -12,15 +12,9 @@ from attnmetrics.models.gpt_classifier import EXTRACT, PAD, START, GPTClassifier
 from attnmetrics.protocol import forward, token_mask
 from attnmetrics.reference import leave_one_out_reference
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 VOCAB = 50
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def config(n_layer: int = 2, dropout: float = 0.1) -> GPTConfig:

@@ -19,16 +19,9 @@ from attnmetrics.models import pretraining as P
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.gpt import GPT, GPTConfig
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 offline = pytest.mark.skipif(os.environ.get("ATTNMETRICS_OFFLINE") == "1", reason="ATTNMETRICS_OFFLINE=1")
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run many times faster on one thread than on two contended ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 TEXT = "".join(
