@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnmetrics._decoder import Decoder, is_plain_linear, project, rows_per_chunk
+from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project, rows_per_chunk
 from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
@@ -132,9 +132,10 @@ def _general(
         perms = ops.attention_permutations(lens, width, permutations, seed, s, 0)
         permuted = alpha.gather(1, perms.view(n, -1)).view(n, permutations, width)
         weights = torch.cat([alpha[:, None], permuted], 1)  # [n, P + 1, T]
+        check_values_finite(values[s:e], lens, s)  # names the batch's row
         contexts = torch.bmm(weights, h).view(n * p1, hidden)  # row b: original, then permuted
-        if not torch.isfinite(contexts[::p1]).all():
-            raise ValueError("values must be finite on each row's valid prefix")
+        if not torch.isfinite(contexts[::p1]).all():  # finite values whose context overflowed
+            raise ValueError(f"a context sum_t alpha_t h_t of rows {s}..{e - 1} overflowed {values.dtype}")
         dists = []
         for c in range(0, n * p1, call_rows):
             part = contexts[c : c + call_rows]

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from attnmetrics._decoder import Decoder, is_plain_linear, project, rows_per_chunk
+from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project, rows_per_chunk
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
     check_budget,
@@ -194,10 +194,9 @@ def single_removal(
                 proj = projected[keep].to(torch.float64).masked_fill(~mask[..., None], 0)
                 z = torch.bmm(torch.stack([before, after], 1), proj) + bias  # [n, 2, C]
             else:
+                check_values_finite(values[keep], lengths[keep], keep)  # names the batch's row
                 h = values[keep]  # advanced indexing: a contiguous copy
                 h.masked_fill_(~mask[..., None], 0)  # padding never enters a context
-                if not torch.isfinite(h).all():
-                    raise ValueError("values must be finite on each row's valid prefix")
                 contexts = torch.bmm(torch.stack([before, after], 1).to(h.dtype), h)
                 n = keep.numel()
                 z = check_logits(

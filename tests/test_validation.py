@@ -146,7 +146,9 @@ def test_sum_tolerance_scales_with_the_row_length_and_dtype():
             flip_fraction(short.to(dtype), torch.ones(1, 2, 1, dtype=dtype), linear(1, 2, dtype))
 
 
-@pytest.mark.parametrize("name", ["flip_fraction", "adversarial_attention", "attention_gradient"])
+@pytest.mark.parametrize(
+    "name", ["flip_fraction", "adversarial_attention", "attention_gradient", "single_removal", "permutation_test"]
+)
 @pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
 def test_non_finite_values_are_named_with_any_decoder(name, bad):
     # with an MLP, inf in values gave flip_fraction a silent result and NaN was blamed on the
@@ -159,6 +161,8 @@ def test_non_finite_values_are_named_with_any_decoder(name, bad):
             att, v, mlp(6, 2), lengths, steps=1, memory_budget=2000
         ),
         "attention_gradient": lambda v: attention_gradient(att, v, mlp(6, 2), lengths, memory_budget=200),
+        "single_removal": lambda v: single_removal(att, v, mlp(6, 2), lengths, memory_budget=2000),
+        "permutation_test": lambda v: permutation_test(att, v, mlp(6, 2), lengths, permutations=3, memory_budget=2000),
     }[name]
     with pytest.raises(ValueError, match=r"values must be finite on each row's valid prefix.*in row 3$"):
         call(values)
