@@ -15,6 +15,29 @@ ROOT = Path(__file__).resolve().parents[1]
 #: the real Stanford Sentiment Treebank (train/dev/test.txt), kept beside the checkout, never in it
 SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", ROOT.parent / "shared" / "data" / "sst"))
 
+#: command-line flags of a quick run on a slice of the real SST (a tiny model, one epoch)
+QUICK_SST = [
+    "--dataset",
+    "sst",
+    "--data-dir",
+    str(SST_DIR),
+    "--limit",
+    "160",
+    "--epochs",
+    "1",
+    "--embeddings",
+    "random",
+    "--embed-dim",
+    "24",
+    "--hidden-size",
+    "16",
+    "--no-progress",
+    "--threads",
+    "1",
+]
+#: a short battery: fewer permutations and adversarial steps than J&W's
+FAST_BATTERY = ["--permutations", "20", "--adversarial-steps", "20"]
+
 
 def batch(b=40, t=12, h=6, dtype=F64, seed=0, temperature=2.0, min_len=0):
     """Ragged batch: softmax attention over each prefix (zero on padding), random values."""

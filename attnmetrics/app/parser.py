@@ -137,6 +137,11 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
 def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> None:
     p.add_argument("--out", type=Path, required=out_required, help="run folder to write")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    _add_runtime_args(p)
+
+
+def _add_runtime_args(p: argparse.ArgumentParser) -> None:
+    """Seed, threads, device, progress and error display: every command that trains."""
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--debug", action="store_true", help="on an input error, show the traceback, not one line")
     p.add_argument(
@@ -201,11 +206,7 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=positive_int, default=defaults.vocab_size, help="BPE vocabulary size")
     p.add_argument("--max-chars", type=positive_int, help="use only the first N characters of each book (quick runs)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads (default: 1)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--debug", action="store_true", help="on an input error, show the traceback, not one line")
+    _add_runtime_args(p)
 
 
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:

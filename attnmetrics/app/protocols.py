@@ -46,11 +46,12 @@ def jain_wallace_length_filter(splits: Splits, min_tokens: int = 6) -> Splits:
     then drop the longest remaining sentence of each split (the last of the longest, in file order)."""
 
     def keep(examples):
-        kept = [(text, y) for text, y in examples if len(tokenize(text)) >= min_tokens]
-        if not kept:
-            return kept
-        longest = max(range(len(kept)), key=lambda i: (len(tokenize(kept[i][0])), i))
-        return kept[:longest] + kept[longest + 1 :]
+        counted = [(len(tokenize(text)), (text, y)) for text, y in examples]  # each text tokenised once
+        kept = [(n, example) for n, example in counted if n >= min_tokens]
+        if kept:
+            longest = max(range(len(kept)), key=lambda i: (kept[i][0], i))
+            del kept[longest]
+        return [example for _, example in kept]
 
     return Splits(
         splits.name,

@@ -6,30 +6,11 @@ import math
 import pytest
 
 from attnmetrics.app.cli import main
+from tests.inputs import FAST_BATTERY as FAST
+from tests.inputs import QUICK_SST as QUICK
 from tests.inputs import SST_DIR
 
 pytestmark = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason="real SST not found beside the project")
-
-QUICK = [
-    "--dataset",
-    "sst",
-    "--data-dir",
-    str(SST_DIR),
-    "--limit",
-    "160",
-    "--epochs",
-    "1",
-    "--embeddings",
-    "random",
-    "--embed-dim",
-    "24",
-    "--hidden-size",
-    "16",
-    "--no-progress",
-    "--threads",
-    "1",
-]
-FAST = ["--permutations", "20", "--adversarial-steps", "20"]
 
 
 @pytest.fixture(scope="module")

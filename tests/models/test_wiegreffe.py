@@ -24,7 +24,7 @@ from attnmetrics.models.wiegreffe import (
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import token_mask
 from attnmetrics.reference import jsd_reference
-from tests.inputs import SST_DIR
+from tests.inputs import FAST_BATTERY, QUICK_SST, SST_DIR
 
 torch.set_num_threads(1)
 
@@ -153,29 +153,7 @@ def test_diagnostic_mlps(sst, base):
 def test_cli_with_uniform_tying_adversary_and_diagnostic(tmp_path):
     if not (SST_DIR / "train.txt").is_file():
         pytest.skip(f"SST not found at {SST_DIR}")
-    quick = [
-        "--dataset",
-        "sst",
-        "--data-dir",
-        str(SST_DIR),
-        "--limit",
-        "160",
-        "--epochs",
-        "1",
-        "--embeddings",
-        "random",
-        "--embed-dim",
-        "24",
-        "--hidden-size",
-        "16",
-        "--no-progress",
-        "--threads",
-        "1",
-        "--permutations",
-        "20",
-        "--adversarial-steps",
-        "20",
-    ]
+    quick = [*QUICK_SST, *FAST_BATTERY]
     out = tmp_path / "run"
     assert (
         main(
