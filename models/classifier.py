@@ -265,6 +265,9 @@ class AttentionForward:
                 f"imposed attention must be [B, T] = {list(hidden.shape[:2])}, got {list(attention.shape)}"
             )
         context = torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1)
+        dropout = getattr(self, "context_dropout", None)  # GPT-1's classifier dropout (training only)
+        if dropout is not None:
+            context = dropout(context)
         return States(self.decoder(context), attention, embedded, hidden)
 
 

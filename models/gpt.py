@@ -115,10 +115,19 @@ class CausalSelfAttention(nn.Module):
         _, probs = attention(q, k, v, mask)
         return self.attn_dropout(probs) @ v, probs
 
-    def forward(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """[B, T, d] -> queries, keys, values, each [B, heads, T, d / heads]."""
         B, T, d = x.shape
-        # [B, T, 3d] -> three [B, H, T, d/H]
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)
+        return q, k, v
+
+    def forward(self, x: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """``past``: the keys and values ``[B, heads, P, d / heads]`` of ``P`` positions before
+        ``x``'s (a cached prefix); ``mask`` is then ``[B, 1, T, P + T]``."""
+        B, T, d = x.shape
+        q, k, v = self.heads(x)
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
         out, probs = self.attention(q, k, v, mask)
         out = out.transpose(1, 2).reshape(B, T, d)
         return self.resid_dropout(self.proj(out)), probs
@@ -148,8 +157,9 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.ln_2 = nn.LayerNorm(config.d_model)
 
-    def forward(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        a, probs = self.attn(x, mask)
+    def forward(self, x: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """``past``: a cached prefix's keys and values (:meth:`CausalSelfAttention.forward`)."""
+        a, probs = self.attn(x, mask, past)
         x = self.ln_1(x + a)
         return self.ln_2(x + self.mlp(x)), probs
 

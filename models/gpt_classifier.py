@@ -23,17 +23,75 @@ is the no-pre-training ablation.
 from __future__ import annotations
 
 import copy
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnmetrics.models.bpe import EXTRACT, PAD, START, BPETokenizer
 from attnmetrics.models.classifier import ATTENTIONS, AttentionForward
 from attnmetrics.models.gpt import GPT, GPTConfig, causal_mask
+from attnmetrics.models.text import EncodedSplit
 from attnmetrics.protocol import token_mask
 
-#: GPT-1's input transformation for classification: ``<start> text <extract>`` (models/bpe.py)
-PAD, START, EXTRACT = 0, 1, 3
+__all__ = ["PAD", "START", "EXTRACT", "GPTClassifier", "GPTClassifierConfig", "GPTInputs"]
+
+
+@dataclass
+class GPTClassifierConfig:
+    """Everything that rebuilds a :class:`GPTClassifier` (a checkpoint's ``model.json``);
+    ``encoder = "gpt"`` tells it apart from the BiLSTM family's ``ModelConfig``."""
+
+    gpt: GPTConfig
+    num_classes: int = 1
+    attention: str = "tanh"
+    lm_weight: float = 0.5
+    encoder: str = "gpt"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "gpt": self.gpt.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> GPTClassifierConfig:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown or d.get("encoder") != "gpt":
+            raise ValueError(
+                f"not a GPT classifier config (encoder {d.get('encoder')!r}, unknown keys {sorted(unknown)})"
+            )
+        return cls(**{**d, "gpt": GPTConfig.from_dict(d["gpt"])})
+
+
+class GPTInputs:
+    """GPT-1's input transformation for classification (sec. 3.3): a text becomes
+    ``[<start>] + BPE ids + [<extract>]``, its BPE ids cut to the first ``context - 2`` so the
+    row fits the model. Plays the part the word :class:`~attnmetrics.models.text.Vocabulary`
+    plays for the BiLSTM family (``encode_split``, ``save``, ``len``)."""
+
+    filename = "tokenizer.json"
+
+    def __init__(self, tokenizer: BPETokenizer, context: int):
+        if context < 3:
+            raise ValueError(f"context must be >= 3 (<start>, one token, <extract>), got {context}")
+        self.tokenizer, self.context = tokenizer, context
+
+    def __len__(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def encode(self, texts: Iterable[str]) -> list[list[int]]:
+        """Texts -> id lists ``[START, ids[: context - 2]..., EXTRACT]``."""
+        keep = self.context - 2
+        return [[START, *ids[:keep], EXTRACT] for ids in self.tokenizer.encode_batch(list(texts))]
+
+    def encode_split(self, pairs: Iterable[tuple[str, int]]) -> EncodedSplit:
+        """``(text, label)`` pairs -> :class:`EncodedSplit`."""
+        pairs = list(pairs)
+        return EncodedSplit(self.encode(t for t, _ in pairs), [int(y) for _, y in pairs])
+
+    def save(self, path: str | os.PathLike) -> None:
+        self.tokenizer.save(path)
 
 
 class GPTClassifier(AttentionForward, nn.Module):
@@ -61,11 +119,16 @@ class GPTClassifier(AttentionForward, nn.Module):
         self.gpt = GPT(config)
         d = config.d_model
         self.attention = ATTENTIONS[attention](d, d // 2)
+        self.context_dropout = nn.Dropout(config.dropout)  # GPT-1: 0.1 on the classifier's input
         self.decoder = nn.Linear(d, num_classes)
 
     @property
-    def config(self) -> GPTConfig:
-        return self.gpt.config
+    def config(self) -> GPTClassifierConfig:
+        return GPTClassifierConfig(self.gpt.config, self.num_classes, self.attention_name, self.lm_weight)
+
+    @classmethod
+    def from_config(cls, config: GPTClassifierConfig) -> GPTClassifier:
+        return cls(config.gpt, config.num_classes, config.attention, config.lm_weight)
 
     @classmethod
     def from_pretrained(
@@ -100,14 +163,14 @@ class GPTClassifier(AttentionForward, nn.Module):
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] int64 -> token + position embeddings [B, T, d] (embedding dropout applied).
         ValueError for ids outside the vocabulary or T beyond the context."""
-        T = tokens.shape[1]
-        if T > self.config.context:
-            raise ValueError(f"sequence length {T} exceeds the model's context {self.config.context}")
+        T, config = tokens.shape[1], self.gpt.config
+        if T > config.context:
+            raise ValueError(f"sequence length {T} exceeds the model's context {config.context}")
         if tokens.numel():
             low, high = torch.aminmax(tokens)
-            if low < 0 or high >= self.config.vocab_size:
+            if low < 0 or high >= config.vocab_size:
                 raise ValueError(
-                    f"tokens must be ids in [0, vocab_size) = [0, {self.config.vocab_size}), got min {int(low)}, "
+                    f"tokens must be ids in [0, vocab_size) = [0, {config.vocab_size}), got min {int(low)}, "
                     f"max {int(high)}"
                 )
         pos = torch.arange(T, device=tokens.device)
@@ -126,6 +189,49 @@ class GPTClassifier(AttentionForward, nn.Module):
         """hidden [B, T, d], lengths [B] -> attention [B, T]: sums to 1 over the real tokens,
         exactly 0 at ``<start>``, ``<extract>`` and padding."""
         return self.attention(hidden, token_mask(lengths, hidden.shape[1], self.lead, self.trail))
+
+    def deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+        """Prepare the one-token deletions of rows ``embedded [G, T, d]`` (:meth:`embed`'s),
+        ``lengths [G]``; returns ``logits(rows [N], positions [N])`` (int64) -> ``[N, C]``, the
+        logits on row ``rows[i]`` with position ``positions[i]`` deleted, as ``forward`` gives
+        them on the shortened rows. Used by ``attnmetrics.leave_one_out`` (J&W sec. 4.1).
+
+        The model is causal, so deleting position p leaves every state before p unchanged, in
+        every layer: the rows' keys and values are computed once here, and a call recomputes
+        only its deletions' suffixes (from its smallest position on; the tokens after p move one
+        position left, so they get the position embeddings of their new places), each layer's
+        queries attending to the cached prefix keys and values. In eval mode (no dropout).
+        """
+        G, T, _ = embedded.shape
+        blocks, positions_weight = self.gpt.blocks, self.gpt.positions.weight
+        word = embedded - positions_weight[:T]  # embed added the position embeddings: take them off
+        mask = causal_mask(lengths, T)
+        cache, x = [], embedded
+        for block in blocks:
+            cache.append(block.attn.heads(x)[1:])  # this layer's keys and values [G, H, T, d/H]
+            x, _ = block(x, mask)
+        hidden = x * token_mask(lengths, T).unsqueeze(-1).to(x.dtype)
+
+        def logits(rows: Tensor, positions: Tensor) -> Tensor:
+            start = int(positions.min())  # the states of every deletion before it are cached
+            short = lengths[rows] - 1
+            W = int(short.max())
+            new = torch.arange(start, W, device=rows.device)  # recomputed positions of the shortened rows
+            # the shortened row's position j holds the original token j, or j + 1 from the deleted one on
+            old = (new.unsqueeze(0) + (new.unsqueeze(0) >= positions.unsqueeze(1))).clamp(max=T - 1)
+            x = word[rows.unsqueeze(1), old] + positions_weight[start:W]
+            suffix_mask = causal_mask(short, W)[:, :, start:]  # [N, 1, W - start, W]
+            for block, (k, v) in zip(blocks, cache):
+                x, _ = block(x, suffix_mask, (k[rows, :, :start], v[rows, :, :start]))
+            h = torch.cat([hidden[rows, :start], x], 1) * token_mask(short, W).unsqueeze(-1).to(x.dtype)
+            attention = self.attend(h, short)
+            return self.decoder(torch.bmm(attention.unsqueeze(1).to(h.dtype), h).squeeze(1))
+
+        # what a call holds per position of its deletions: about 16·d activations (queries, keys,
+        # values, the feed-forward's 4·d twice, residuals) and the heads' scores and probabilities
+        config = self.gpt.config
+        logits.position_bytes = (16 * config.d_model + 2 * config.n_head * T) * embedded.element_size()
+        return logits
 
     def lm_loss(self, tokens: Tensor, lengths: Tensor, hidden: Tensor) -> Tensor:
         """GPT-1's L1 (unweighted): mean next-token cross-entropy, position t predicting token

@@ -28,7 +28,9 @@ from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.gpt_classifier import GPTClassifier, GPTClassifierConfig, GPTInputs
 from attnmetrics.models.text import Batch, EncodedSplit, Vocabulary
 from attnmetrics.outputs import decision, output_distribution
 
@@ -45,8 +47,34 @@ class TrainConfig:
     pos_weight: float | str | None = None
     #: batches of rows of similar length, in a shuffled order (J&W's code), instead of shuffled rows
     sort_by_length: bool = False
+    #: the learning rate's schedule over all training steps: "constant", or "linear" (GPT-1's
+    #: fine-tuning: linear warm-up over the first ``warmup`` fraction of the steps, then a
+    #: linear decay to 0)
+    schedule: str = "constant"
+    warmup: float = 0.0
+    #: weight decay as AdamW's (decoupled from the gradient; GPT-1's code) instead of Adam's L2
+    decoupled_weight_decay: bool = False
     eval_batch_size: int = 256
     progress: bool = True
+
+    def __post_init__(self):
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup is a fraction of the training steps in [0, 1), got {self.warmup}")
+        if self.warmup and self.schedule == "constant":
+            raise ValueError("warmup needs schedule='linear'")
+
+
+SCHEDULES = ("constant", "linear")
+
+
+def lr_factor(step: int, warmup_steps: int, total: int) -> float:
+    """GPT-1's fine-tuning schedule (sec. 4.1): the learning rate's multiplier at ``step``
+    (0-based): linear from 1/warmup_steps to 1 over the warm-up, then linear to 0 at ``total``."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return max(0.0, (total - step) / max(1, total - warmup_steps))
 
 
 @dataclass
@@ -111,6 +139,7 @@ def make_optimizer(model: EncoderAttentionClassifier, config: TrainConfig) -> to
         ],
         lr=config.lr,
         amsgrad=config.amsgrad,
+        decoupled_weight_decay=config.decoupled_weight_decay,
     )
 
 
@@ -265,10 +294,15 @@ def train(
     seed_everything(config.seed)
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = make_optimizer(model, config)
+    n_batches = math.ceil(len(train_data) / config.batch_size)
+    scheduler = None
+    if config.schedule == "linear":
+        steps = config.epochs * n_batches
+        warmup_steps = math.ceil(config.warmup * steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup_steps, steps))
     start = time.perf_counter()
     history: list[dict] = []
     best_key, best_state, best_epoch, best_dev = None, None, 0, {}
-    n_batches = math.ceil(len(train_data) / config.batch_size)
     for epoch in range(1, config.epochs + 1):
         t0 = time.perf_counter()
         model.train()
@@ -286,6 +320,8 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             total += loss.item() * len(b.labels)
             seen += len(b.labels)
             bar.set_postfix(loss=f"{total / seen:.4f}", refresh=False)
@@ -315,27 +351,58 @@ _FORMAT = 1
 
 
 class Checkpoint(NamedTuple):
-    model: EncoderAttentionClassifier
-    vocab: Vocabulary | None
+    """``model``: an :class:`EncoderAttentionClassifier` or a :class:`GPTClassifier`; ``vocab``:
+    its :class:`Vocabulary` or :class:`GPTInputs` (None if none was saved)."""
+
+    model: EncoderAttentionClassifier | GPTClassifier
+    vocab: Vocabulary | GPTInputs | None
     extra: dict
 
 
 def save_checkpoint(
     directory: str | os.PathLike,
-    model: EncoderAttentionClassifier,
-    vocab: Vocabulary | None = None,
+    model: EncoderAttentionClassifier | GPTClassifier,
+    vocab: Vocabulary | GPTInputs | None = None,
     extra: dict | None = None,
 ) -> Path:
     """Write ``model.pt`` (state_dict only), ``model.json`` (model config + ``extra``, which must
-    be JSON-serialisable, e.g. the TrainConfig and dataset) and ``vocab.json``."""
+    be JSON-serialisable, e.g. the TrainConfig and dataset) and the vocabulary: ``vocab.json``
+    (words) or ``tokenizer.json`` (a GPT's BPE)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), directory / _WEIGHTS)
     meta = {"format": _FORMAT, "model": model.config.to_dict(), "extra": extra or {}}
     (directory / _CONFIG).write_text(json.dumps(meta, indent=2))
     if vocab is not None:
-        vocab.save(directory / _VOCAB)
+        vocab.save(directory / getattr(vocab, "filename", _VOCAB))
     return directory
+
+
+def _model_config(saved: dict) -> ModelConfig | GPTClassifierConfig:
+    return (GPTClassifierConfig if saved.get("encoder") == "gpt" else ModelConfig).from_dict(saved)
+
+
+def _build(config: ModelConfig | GPTClassifierConfig) -> EncoderAttentionClassifier | GPTClassifier:
+    if isinstance(config, GPTClassifierConfig):
+        return GPTClassifier.from_config(config)
+    return EncoderAttentionClassifier(config)
+
+
+def _load_vocab(directory: Path, config: ModelConfig | GPTClassifierConfig) -> Vocabulary | GPTInputs | None:
+    if isinstance(config, GPTClassifierConfig):
+        path = directory / GPTInputs.filename
+        if not path.is_file():
+            return None
+        vocab = GPTInputs(BPETokenizer.load(path), config.gpt.context)
+        size = config.gpt.vocab_size
+    else:
+        path = directory / _VOCAB
+        if not path.is_file():
+            return None
+        vocab, size = Vocabulary.load(path), config.vocab_size
+    if len(vocab) != size:
+        raise ValueError(f"{directory}: {path.name} holds {len(vocab)} tokens, model.json says {size}")
+    return vocab
 
 
 def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
@@ -347,8 +414,8 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
     ``lead``/``trail`` other than the ``<SOS>``/``<EOS>`` the vocabulary adds) is refused.
 
     Raises:
-        FileNotFoundError: ``model.pt`` or ``model.json`` is missing (``vocab.json`` is optional:
-            ``vocab`` is then None).
+        FileNotFoundError: ``model.pt`` or ``model.json`` is missing (the vocabulary file is
+            optional: ``vocab`` is then None).
         ValueError: a file that cannot be read (named), an unknown format, or a config that
             does not match the weights (the first differing tensor named, with both shapes).
     """
@@ -358,12 +425,12 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
             raise FileNotFoundError(f"{directory} is not a checkpoint: {name} is missing")
     try:
         meta = json.loads((directory / _CONFIG).read_text())
-        config = ModelConfig.from_dict(meta["model"])
+        config = _model_config(meta["model"])
     except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
         raise ValueError(f"{directory / _CONFIG}: not a model config saved by attnmetrics ({e!r})") from None
     if meta.get("format") != _FORMAT:
         raise ValueError(f"{directory}: unsupported checkpoint format {meta.get('format')}")
-    if (config.lead, config.trail) != (1, 1):
+    if isinstance(config, ModelConfig) and (config.lead, config.trail) != (1, 1):
         raise ValueError(
             f"{directory / _CONFIG}: lead/trail must be 1/1 (the <SOS>/<EOS> the vocabulary adds), "
             f"got {config.lead}/{config.trail}"
@@ -375,7 +442,7 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
             f"{directory / _WEIGHTS}: cannot read the weights (truncated or not a state dict): {e}"
         ) from None
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in EncoderAttentionClassifier(config).state_dict().items()}
+        expected = {k: tuple(v.shape) for k, v in _build(config).state_dict().items()}
     found = {k: tuple(v.shape) for k, v in state.items()} if isinstance(state, dict) else {}
     for key in sorted(expected.keys() | found.keys()):
         if expected.get(key) != found.get(key):
@@ -383,10 +450,8 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
                 f"{directory}: model.json does not match model.pt at {key!r}: the config gives shape "
                 f"{expected.get(key)}, the weights {found.get(key)} (None: absent)"
             )
-    vocab = Vocabulary.load(directory / _VOCAB) if (directory / _VOCAB).is_file() else None
-    if vocab is not None and len(vocab) != config.vocab_size:
-        raise ValueError(f"{directory}: vocab.json holds {len(vocab)} words, model.json says {config.vocab_size}")
-    model = EncoderAttentionClassifier(config)
+    vocab = _load_vocab(directory, config)
+    model = _build(config)
     model.load_state_dict(state)
     return Checkpoint(model.to(map_location), vocab, meta.get("extra", {}))
 

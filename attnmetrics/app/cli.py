@@ -29,14 +29,15 @@ import attnmetrics
 from attnmetrics.app import sweep
 from attnmetrics.app.battery import EXPERIMENTS, run_battery
 from attnmetrics.app.io import check_out, claimed_folder, is_run_folder, run_folder, write_json_atomic, write_npz_atomic
-from attnmetrics.app.parser import build_parser
+from attnmetrics.app.parser import build_parser, recipe_defaults
 from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_filter
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.data import GUTENBERG_HELD_OUT, ArtifactError, load_dataset, load_gutenberg
 from attnmetrics.models.gpt import GPTConfig
-from attnmetrics.models.pretraining import PretrainConfig, pretrain
+from attnmetrics.models.gpt_classifier import GPTClassifier, GPTInputs
+from attnmetrics.models.pretraining import PretrainConfig, load_gpt, pretrain
 from attnmetrics.models.text import Vocabulary, glove_matrix
 from attnmetrics.models.training import (
     Predictions,
@@ -91,9 +92,82 @@ def _load_data(
     return splits
 
 
+def _gpt_model(args, splits, results: dict) -> tuple[GPTClassifier, GPTInputs]:
+    """GPT-1's classifier: fine-tuned from ``--pretrained`` (its embeddings and first
+    ``--transfer-layers`` blocks), or from scratch with a BPE learnt on the training split."""
+    classes = len(splits.classes)
+    head = {
+        "num_classes": 1 if classes == 2 else classes,
+        "attention": args.attention,
+        "lm_weight": args.lm_weight,
+    }
+    torch.manual_seed(args.seed)  # the head and any block not transferred
+    if args.pretrained:
+        pre = load_gpt(args.pretrained)
+        model = GPTClassifier.from_pretrained(pre, transfer_layers=args.transfer_layers, **head)
+        tokenizer = pre.tokenizer
+        last = (pre.meta.get("history") or [{}])[-1]
+        results["pretrained"] = {
+            "path": str(args.pretrained.resolve()),
+            "step": pre.meta.get("step"),
+            "val_ppl": last.get("val_ppl"),
+            "transfer_layers": model.config.gpt.n_layer if args.transfer_layers is None else args.transfer_layers,
+        }
+    else:
+        if args.transfer_layers is not None:
+            raise ValueError("--transfer-layers needs --pretrained (the layers come from a pre-trained GPT)")
+        tokenizer = BPETokenizer.train([text for text, _ in splits.train])
+        model = GPTClassifier(GPTConfig.named(args.gpt_config, tokenizer.vocab_size), **head)
+        results["pretrained"] = None
+    return model.to(args.device), GPTInputs(tokenizer, model.config.gpt.context)
+
+
 def _train(args, results: dict):
+    """Build the model ``--encoder`` names, train it with its family's recipe, record both."""
     protocol = PROTOCOLS[args.protocol]
     splits = _load_data(args.dataset, args.data_dir, args.limit, args.split_seed, args.max_tokens, protocol)
+    common = {
+        "epochs": args.epochs,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "weight_decay": args.weight_decay,
+        "seed": args.seed,
+        "progress": not args.no_progress,
+    }
+    make = None
+    if args.encoder == "gpt":
+        if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
+            raise ValueError("--consistent-adversary and --diagnostic train BiLSTM-family models, not gpt")
+        model, vocab = _gpt_model(args, splits, results)
+        # GPT-1 sec. 4.1: linear warm-up then decay; decoupled weight decay as in their code
+        tconf = TrainConfig(**common, amsgrad=False, schedule="linear", warmup=args.warmup, decoupled_weight_decay=True)
+    else:
+        model, vocab, make = _jain_wallace_model(args, splits, results)
+        tconf = TrainConfig(
+            **common,
+            amsgrad=protocol.amsgrad,
+            pos_weight=protocol.pos_weight if model.config.num_classes == 1 else None,
+            sort_by_length=protocol.sort_by_length,
+        )
+    train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
+    result = train(model, train_data, dev_data, tconf)
+    results["data"].update(
+        name=splits.name, classes=list(splits.classes), sizes=splits.sizes(), vocabulary=len(vocab), info=splits.info
+    )
+    results["model"] = model.config.to_dict()
+    results["training"] = {
+        "config": train_config_dict(tconf),
+        "best_epoch": result.best_epoch,
+        "best_dev": result.best_dev,
+        "history": result.history,
+    }
+    results["wall_time_s"]["training"] = result.seconds
+    return model, vocab, splits, (make, tconf, train_data, dev_data)
+
+
+def _jain_wallace_model(args, splits, results: dict):
+    """J&W's classifier over a word vocabulary of the training split (GloVe-initialised by
+    default); also returns ``make(config)``, a fresh model initialised as this one (W&P)."""
     vocab = Vocabulary.build(text for text, _ in splits.train)
     embeddings, embed_dim = None, args.embed_dim
     if args.embeddings == "glove":
@@ -118,32 +192,7 @@ def _train(args, results: dict):
         torch.manual_seed(args.seed)
         return EncoderAttentionClassifier(cfg, embeddings).to(args.device)
 
-    model = make(config)
-    tconf = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        seed=args.seed,
-        progress=not args.no_progress,
-        amsgrad=protocol.amsgrad,
-        pos_weight=protocol.pos_weight if config.num_classes == 1 else None,
-        sort_by_length=protocol.sort_by_length,
-    )
-    train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
-    result = train(model, train_data, dev_data, tconf)
-    results["data"].update(
-        name=splits.name, classes=list(splits.classes), sizes=splits.sizes(), vocabulary=len(vocab), info=splits.info
-    )
-    results["model"] = config.to_dict()
-    results["training"] = {
-        "config": train_config_dict(tconf),
-        "best_epoch": result.best_epoch,
-        "best_dev": result.best_dev,
-        "history": result.history,
-    }
-    results["wall_time_s"]["training"] = result.seconds
-    return model, vocab, splits, (make, tconf, train_data, dev_data)
+    return make(config), vocab, make
 
 
 def _wiegreffe(args, model, test, recipe, results: dict) -> None:
@@ -344,6 +393,8 @@ def _exit_on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("run", "train"):
+        recipe_defaults(args)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
     if getattr(args, "threads", None):

@@ -63,8 +63,60 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+#: the training recipe's defaults per encoder family: J&W's for theirs, GPT-1's fine-tuning
+#: (Radford et al. 2018 sec. 4.1: lr 6.25e-5, 3 epochs, linear warm-up over 0.2 % of the steps,
+#: then linear decay; AdamW-style weight decay 0.01 as in their code)
+RECIPES = {
+    "jain-wallace": {"epochs": 8, "lr": 1e-3, "weight_decay": 1e-5},
+    "gpt": {"epochs": 3, "lr": 6.25e-5, "weight_decay": 0.01},
+}
+
+
+def recipe_defaults(args: argparse.Namespace) -> None:
+    """Fill the training flags left unset (None) with the encoder family's :data:`RECIPES`."""
+    recipe = RECIPES["gpt" if args.encoder == "gpt" else "jain-wallace"]
+    for key, value in recipe.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
+def _add_gpt_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("GPT-1 (--encoder gpt; Radford et al. 2018)")
+    g.add_argument(
+        "--pretrained",
+        type=Path,
+        help="fine-tune the GPT pre-trained in this folder ('attnmetrics pretrain'); without it the model "
+        "trains from scratch (the paper's no-pre-training ablation) with a BPE learnt on the training split",
+    )
+    g.add_argument(
+        "--lm-weight", type=float, default=0.5, help="λ of the auxiliary language-model loss (default: 0.5; 0: off)"
+    )
+    g.add_argument(
+        "--transfer-layers",
+        type=non_negative_int,
+        help="transfer the embeddings and the first N pre-trained blocks only (default: all)",
+    )
+    g.add_argument("--gpt-config", choices=sorted(GPT_CONFIGS), default="small", help="model size without --pretrained")
+    g.add_argument(
+        "--warmup", type=float, default=0.002, help="linear warm-up, as a fraction of the steps (default: 0.002)"
+    )
+
+
 def _add_train_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--encoder", choices=sorted(ENCODERS), default="lstm", help="encoder (default: lstm, a BiLSTM)")
+    p.add_argument(
+        "--encoder",
+        choices=sorted(ENCODERS) + ["gpt"],
+        default="lstm",
+        help="encoder (default: lstm, a BiLSTM; gpt: a GPT-1 transformer, fine-tuned)",
+    )
     p.add_argument(
         "--attention", choices=sorted(ATTENTIONS), default="tanh", help="attention (default: tanh, additive)"
     )
@@ -81,10 +133,10 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         default=128,
         help="units per direction for lstm/gru; the whole H for cnn (a multiple of 4) and average",
     )
-    p.add_argument("--epochs", type=positive_int, default=8)
+    p.add_argument("--epochs", type=positive_int, help="default: 8 (J&W), 3 for gpt (GPT-1)")
     p.add_argument("--batch-size", type=positive_int, default=32)
-    p.add_argument("--lr", type=positive_float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=1e-5)
+    p.add_argument("--lr", type=positive_float, help="default: 1e-3 (J&W), 6.25e-5 for gpt (GPT-1)")
+    p.add_argument("--weight-decay", type=float, help="default: 1e-5 (J&W), 0.01 for gpt (GPT-1)")
     p.add_argument(
         "--regulariser",
         choices=REGULARISERS,
@@ -172,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (run, tr):
         _add_data_args(p)
         _add_train_args(p)
+        _add_gpt_args(p)
     for p in (run, ev):
         _add_battery_args(p)
     _add_wiegreffe_args(run)

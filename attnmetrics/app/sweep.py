@@ -63,7 +63,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from attnmetrics.app.io import remove_abandoned_claim, write_json_atomic, write_text_atomic
-from attnmetrics.app.parser import build_parser
+from attnmetrics.app.parser import build_parser, recipe_defaults
 
 #: grid axis -> the run option it sets
 AXES = {
@@ -272,6 +272,7 @@ def cell_command(cell: Cell, out: Path, overwrite: bool = False) -> list[str]:
 
 def _config_of(argv: list[str]) -> dict:
     args = build_parser().parse_args(argv)
+    recipe_defaults(args)  # as the run itself records them
     return json.loads(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}))
 
 

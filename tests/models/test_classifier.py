@@ -355,3 +355,30 @@ def test_token_ids_outside_the_vocabulary_are_named():
     for bad in (10, -1):
         with pytest.raises(ValueError, match=r"ids in \[0, vocab_size\) = \[0, 10\)"):
             model.embed(torch.tensor([[2, bad, 3]]))
+
+
+def test_linear_schedule_warms_up_then_decays_to_zero(sst_slice, monkeypatch):
+    # GPT-1 sec. 4.1: "a linear learning rate decay schedule with warmup over 0.2% of training"
+    vocab, tr, dv = sst_slice
+    seen = []
+    step = torch.optim.Adam.step
+
+    def record(self, *a, **kw):
+        seen.append((self.param_groups[0]["lr"], self.param_groups[0]["decoupled_weight_decay"]))
+        return step(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", record)
+    config = TrainConfig(
+        epochs=2, batch_size=16, lr=0.01, progress=False, schedule="linear", warmup=0.25, decoupled_weight_decay=True
+    )
+    train(fresh(vocab), tr, dv, config)
+    lrs = np.array([lr for lr, _ in seen])
+    total = 2 * -(-len(tr) // 16)
+    warm = -(-total // 4)
+    assert len(lrs) == total and all(decoupled for _, decoupled in seen)
+    np.testing.assert_allclose(lrs[:warm], 0.01 * np.arange(1, warm + 1) / warm)  # rises to the peak
+    np.testing.assert_allclose(lrs[warm:], 0.01 * (total - np.arange(warm, total)) / (total - warm))  # to 0 at the end
+    with pytest.raises(ValueError, match="warmup needs schedule='linear'"):
+        TrainConfig(warmup=0.1)
+    with pytest.raises(ValueError, match="fraction of the training steps"):
+        TrainConfig(schedule="linear", warmup=1.5)

@@ -217,3 +217,89 @@ def test_rejects_bad_arguments():
     model = model_()
     with pytest.raises(ValueError):
         model.embed(torch.tensor([[START, VOCAB, EXTRACT]]))
+
+
+def _deleted_and_rerun(model, tokens, lengths, row: int, position: int) -> torch.Tensor:
+    """The paper's own step (J&W sec. 4.1): drop the token, run the shortened row alone."""
+    n = int(lengths[row])
+    short = torch.cat([tokens[row, :position], tokens[row, position + 1 : n]]).unsqueeze(0)
+    with torch.no_grad():
+        return model(short, torch.tensor([n - 1]))[0][0]
+
+
+@pytest.mark.parametrize("attention", ["tanh", "dot", "uniform"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_prefix_reuse_deletions_equal_deleting_and_rerunning(attention, seed):
+    # one call mixes rows and positions (the cached prefix is the call's smallest position);
+    # row 1 has a single real token, whose deletion leaves <start> <extract> alone
+    model = model_(attention, seed=seed, num_classes=3)
+    tokens, lengths = batch(seed)
+    rows = torch.tensor([0, 0, 0, 0, 1, 2, 2, 3, 4, 4])
+    positions = torch.tensor([1, 2, 3, 4, 1, 1, 6, 2, 5, 3])
+    with torch.no_grad():
+        got = model.deletion_logits(model.embed(tokens), lengths)(rows, positions)
+    for i, (r, p) in enumerate(zip(rows.tolist(), positions.tolist())):
+        torch.testing.assert_close(got[i], _deleted_and_rerun(model, tokens, lengths, r, p), rtol=0, atol=1e-10)
+
+
+def test_leave_one_out_uses_the_prefix_reuse(monkeypatch):
+    model = model_(seed=2)
+    tokens, lengths = batch(2)
+    calls = []
+    prepare = GPTClassifier.deletion_logits
+
+    def spy(self, embedded, lengths):
+        calls.append(embedded.shape)
+        return prepare(self, embedded, lengths)
+
+    monkeypatch.setattr(GPTClassifier, "deletion_logits", spy)
+    got = attnmetrics.leave_one_out(model, tokens, lengths)
+    assert calls, "leave_one_out did not take the model's deletion_logits"
+    torch.testing.assert_close(got, leave_one_out_reference(model, tokens, lengths), rtol=0, atol=1e-10)
+
+
+def test_inputs_wrap_start_and_extract_and_fit_the_context():
+    from attnmetrics.models.bpe import BPETokenizer
+    from attnmetrics.models.gpt_classifier import GPTInputs
+
+    texts = ["a good film , truly good", "a bad film", "good and bad"] * 20
+    tokenizer = BPETokenizer.train(texts, vocab_size=300, min_frequency=1)
+    inputs = GPTInputs(tokenizer, context=6)
+    split = inputs.encode_split([("a good film , truly good", 1), ("bad", 0)])
+    assert split.labels == [1, 0] and len(inputs) == tokenizer.vocab_size
+    long_, short = split.ids
+    assert long_[0] == START and long_[-1] == EXTRACT and len(long_) == 6  # cut to the context
+    assert long_[1:-1] == tokenizer.encode("a good film , truly good")[:4]
+    assert short == [START, *tokenizer.encode("bad"), EXTRACT]
+    with pytest.raises(ValueError, match="context must be >= 3"):
+        GPTInputs(tokenizer, context=2)
+
+
+def test_checkpoint_round_trip_rebuilds_the_classifier(tmp_path):
+    from attnmetrics.models.bpe import BPETokenizer
+    from attnmetrics.models.gpt_classifier import GPTInputs
+    from attnmetrics.models.training import load_checkpoint, save_checkpoint
+
+    tokenizer = BPETokenizer.train(["the quick brown fox jumps over the lazy dog"] * 5, vocab_size=300)
+    torch.manual_seed(0)
+    gpt = config().replace(vocab_size=tokenizer.vocab_size)
+    model = GPTClassifier(gpt, num_classes=3, attention="dot", lm_weight=0.25).double().eval()
+    save_checkpoint(tmp_path, model, GPTInputs(tokenizer, 16), extra={"dataset": "sst"})
+    ckpt = load_checkpoint(tmp_path)
+    assert isinstance(ckpt.model, GPTClassifier) and ckpt.model.config == model.config
+    assert ckpt.extra == {"dataset": "sst"} and ckpt.vocab.encode(["fox"]) == GPTInputs(tokenizer, 16).encode(["fox"])
+    tokens, lengths = batch()
+    with torch.no_grad():
+        torch.testing.assert_close(ckpt.model.double().eval()(tokens, lengths), model(tokens, lengths), rtol=0, atol=0)
+    assert ckpt.model.gpt.lm_head.weight is ckpt.model.gpt.tokens.weight  # still tied
+
+
+def test_checkpoint_refuses_a_tokenizer_of_another_size(tmp_path):
+    from attnmetrics.models.bpe import BPETokenizer
+    from attnmetrics.models.gpt_classifier import GPTInputs
+    from attnmetrics.models.training import load_checkpoint, save_checkpoint
+
+    tokenizer = BPETokenizer.train(["the quick brown fox jumps over the lazy dog"] * 5, vocab_size=300)
+    save_checkpoint(tmp_path, model_(), GPTInputs(tokenizer, 16))
+    with pytest.raises(ValueError, match=rf"tokenizer.json holds {tokenizer.vocab_size} tokens, model.json says 50"):
+        load_checkpoint(tmp_path)

@@ -1,0 +1,84 @@
+"""``attnmetrics run --encoder gpt``: GPT-1 fine-tuned on a slice of the real SST (from scratch and
+from a tiny pre-trained checkpoint), the battery on its attention head, and ``evaluate`` on it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnmetrics.app.cli import main
+from attnmetrics.models.data import load_sst
+from attnmetrics.models.gpt import GPTConfig
+from attnmetrics.models.pretraining import PretrainConfig, pretrain
+from tests.inputs import FAST_BATTERY, QUICK_SST, SST_DIR
+
+QUICK_GPT = [*QUICK_SST, "--encoder", "gpt", *FAST_BATTERY, "--skip", "single_token", "adversarial"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A two-block GPT pre-trained for a few steps on SST training sentences (no network)."""
+    texts = [text for text, _ in load_sst(SST_DIR).train[:400]]
+    out = tmp_path_factory.mktemp("gpt-pre")
+    config = PretrainConfig(steps=3, batch_size=4, warmup=1, vocab_size=400, eval_every=3, progress=False)
+    model = GPTConfig(vocab_size=1, n_layer=2, d_model=16, n_head=2, context=64)  # vocab_size: the tokenizer's
+    from attnmetrics.models.bpe import BPETokenizer
+
+    tokenizer = BPETokenizer.train(texts, config.vocab_size)
+    pretrain(
+        out,
+        model.replace(vocab_size=tokenizer.vocab_size),
+        config,
+        train_texts=texts,
+        valid_text=texts[0] * 20,
+        tokenizer=tokenizer,
+    )
+    return out
+
+
+def test_fine_tunes_a_pretrained_gpt_and_runs_the_battery(pretrained, tmp_path):
+    out = tmp_path / "run"
+    argv = ["run", *QUICK_GPT, "--pretrained", str(pretrained), "--transfer-layers", "1", "--out", str(out)]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["model"]["encoder"] == "gpt" and results["model"]["gpt"]["n_layer"] == 2
+    assert results["pretrained"]["transfer_layers"] == 1 and results["pretrained"]["step"] == 3
+    # GPT-1's fine-tuning recipe unless overridden (--epochs 1 is)
+    training = results["training"]["config"]
+    assert (training["lr"], training["schedule"], training["warmup"]) == (6.25e-5, "linear", 0.002)
+    assert training["epochs"] == 1 and training["decoupled_weight_decay"] and not training["amsgrad"]
+    assert "attention vs loo" in results["kendall"] and "permutation" in results
+    assert (out / "model" / "tokenizer.json").is_file() and (out / "report.md").is_file()
+
+    again = tmp_path / "eval"
+    skip = ["--skip", "single_token", "adversarial"]
+    assert (
+        main(["evaluate", str(out), "--out", str(again), "--limit", "160", *FAST_BATTERY, *skip, "--no-progress"]) == 0
+    )
+    evaluated = json.loads((again / "results.json").read_text())
+    assert evaluated["test"] == results["test"]  # the same model on the same test split
+
+
+def test_trains_from_scratch_without_pretrained(tmp_path):
+    out = tmp_path / "scratch"
+    assert main(["run", *QUICK_GPT, "--lm-weight", "0", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["pretrained"] is None and results["model"]["lm_weight"] == 0
+    assert results["model"]["gpt"]["n_layer"] == 4  # the small config
+    assert 0 <= results["test"]["accuracy"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--transfer-layers", "1"], "--transfer-layers needs --pretrained"),
+        (["--pretrained", "no/such/folder"], "is not a GPT checkpoint"),
+        (["--diagnostic"], "train BiLSTM-family models, not gpt"),
+    ],
+)
+def test_bad_gpt_flags_fail_in_one_line(tmp_path, capsys, flags, message):
+    assert main(["run", *QUICK_GPT, *flags, "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "bad").exists()
