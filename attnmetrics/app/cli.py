@@ -139,8 +139,17 @@ def _train(args, results: dict):
         if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
             raise ValueError("--consistent-adversary and --diagnostic train BiLSTM-family models, not gpt")
         model, vocab = _gpt_model(args, splits, results)
-        # GPT-1 sec. 4.1: linear warm-up then decay; decoupled weight decay as in their code
-        tconf = TrainConfig(**common, amsgrad=False, schedule="linear", warmup=args.warmup, decoupled_weight_decay=True)
+        # GPT-1 sec. 4.1: linear warm-up then decay; decoupled weight decay as in their code.
+        # Batches of rows of similar length (J&W's code): a transformer computes attention over
+        # padding and throws it away, and SST's rows run from 3 to 60 tokens.
+        tconf = TrainConfig(
+            **common,
+            amsgrad=False,
+            schedule="linear",
+            warmup=args.warmup,
+            decoupled_weight_decay=True,
+            sort_by_length=True,
+        )
     else:
         model, vocab, make = _jain_wallace_model(args, splits, results)
         tconf = TrainConfig(
