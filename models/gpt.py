@@ -117,20 +117,29 @@ class CausalSelfAttention(nn.Module):
 
     def heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """[B, T, d] -> queries, keys, values, each [B, heads, T, d / heads]."""
-        B, T, d = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, d // self.n_head).permute(2, 0, 3, 1, 4)
+        return self._split(self.qkv(x))
+
+    def _split(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, three_d = qkv.shape
+        q, k, v = qkv.view(B, T, 3, self.n_head, three_d // (3 * self.n_head)).permute(2, 0, 3, 1, 4)
         return q, k, v
 
-    def forward(self, x: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None, where: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """``past``: the keys and values ``[B, heads, P, d / heads]`` of ``P`` positions before
-        ``x``'s (a cached prefix); ``mask`` is then ``[B, 1, T, P + T]``."""
-        B, T, d = x.shape
-        q, k, v = self.heads(x)
+        ``x``'s (a cached prefix); ``mask`` is then ``[B, 1, T, P + T]``. ``where`` (bool
+        ``[B, T]``): ``x`` is ``[M, d]``, the states of those positions only (packed, no padding),
+        and so is the output; the position-wise maps then skip the padding."""
+        qkv = self.qkv(x)
+        if where is not None:  # lay the packed positions out for the attention
+            qkv = qkv.new_zeros(*where.shape, qkv.shape[-1]).index_put_((where,), qkv)
+        q, k, v = self._split(qkv)
         if past is not None:
             k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
         out, probs = self.attention(q, k, v, mask)
-        out = out.transpose(1, 2).reshape(B, T, d)
-        return self.resid_dropout(self.proj(out)), probs
+        out = out.transpose(1, 2).flatten(2)
+        return self.resid_dropout(self.proj(out if where is None else out[where])), probs
 
 
 class MLP(nn.Module):
@@ -157,9 +166,12 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.ln_2 = nn.LayerNorm(config.d_model)
 
-    def forward(self, x: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
-        """``past``: a cached prefix's keys and values (:meth:`CausalSelfAttention.forward`)."""
-        a, probs = self.attn(x, mask, past)
+    def forward(
+        self, x: Tensor, mask: Tensor, past: tuple[Tensor, Tensor] | None = None, where: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``past`` (a cached prefix's keys and values) and ``where`` (packed positions): as in
+        :meth:`CausalSelfAttention.forward`; everything after the attention is position-wise."""
+        a, probs = self.attn(x, mask, past, where)
         x = self.ln_1(x + a)
         return self.ln_2(x + self.mlp(x)), probs
 

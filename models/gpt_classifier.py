@@ -219,11 +219,14 @@ class GPTClassifier(AttentionForward, nn.Module):
             new = torch.arange(start, W, device=rows.device)  # recomputed positions of the shortened rows
             # the shortened row's position j holds the original token j, or j + 1 from the deleted one on
             old = (new.unsqueeze(0) + (new.unsqueeze(0) >= positions.unsqueeze(1))).clamp(max=T - 1)
-            x = word[rows.unsqueeze(1), old] + positions_weight[start:W]
+            # packed: the suffixes' real positions only, so the position-wise maps skip the padding
+            where = token_mask(short - start, W - start)  # [N, W - start]
+            x = (word[rows.unsqueeze(1), old] + positions_weight[start:W])[where]  # [M, d]
             suffix_mask = causal_mask(short, W)[:, :, start:]  # [N, 1, W - start, W]
             for block, (k, v) in zip(blocks, cache):
-                x, _ = block(x, suffix_mask, (k[rows, :, :start], v[rows, :, :start]))
-            h = torch.cat([hidden[rows, :start], x], 1) * token_mask(short, W).unsqueeze(-1).to(x.dtype)
+                x, _ = block(x, suffix_mask, (k[rows, :, :start], v[rows, :, :start]), where)
+            suffix = x.new_zeros(*where.shape, x.shape[-1]).index_put_((where,), x)
+            h = torch.cat([hidden[rows, :start], suffix], 1)  # zero on padding
             attention = self.attend(h, short)
             return self.decoder(torch.bmm(attention.unsqueeze(1).to(h.dtype), h).squeeze(1))
 
