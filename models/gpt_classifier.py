@@ -94,6 +94,11 @@ class GPTInputs:
         self.tokenizer.save(path)
 
 
+#: GPT-1's own read-out (sec. 3.3): the final state of ``<extract>`` alone, no attention over tokens
+EXTRACT_READOUT = "extract"
+READOUTS = (*ATTENTIONS, EXTRACT_READOUT)
+
+
 class GPTClassifier(AttentionForward, nn.Module):
     """A GPT's transformer -> attention head -> ``decoder = nn.Linear(d, C)``.
 
@@ -107,8 +112,8 @@ class GPTClassifier(AttentionForward, nn.Module):
 
     def __init__(self, config: GPTConfig, num_classes: int = 1, attention: str = "tanh", lm_weight: float = 0.5):
         super().__init__()
-        if attention not in ATTENTIONS:
-            raise ValueError(f"unknown attention {attention!r}; choose from {sorted(ATTENTIONS)}")
+        if attention not in READOUTS:
+            raise ValueError(f"unknown attention {attention!r}; choose from {sorted(READOUTS)}")
         if num_classes < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes}")
         if lm_weight < 0:
@@ -118,7 +123,8 @@ class GPTClassifier(AttentionForward, nn.Module):
         self.lm_weight = float(lm_weight)
         self.gpt = GPT(config)
         d = config.d_model
-        self.attention = ATTENTIONS[attention](d, d // 2)
+        # GPT-1's own read-out has no attention layer (see attend)
+        self.attention = None if attention == EXTRACT_READOUT else ATTENTIONS[attention](d, d // 2)
         self.context_dropout = nn.Dropout(config.dropout)  # GPT-1: 0.1 on the classifier's input
         self.decoder = nn.Linear(d, num_classes)
 
@@ -187,7 +193,14 @@ class GPTClassifier(AttentionForward, nn.Module):
 
     def attend(self, hidden: Tensor, lengths: Tensor) -> Tensor:
         """hidden [B, T, d], lengths [B] -> attention [B, T]: sums to 1 over the real tokens,
-        exactly 0 at ``<start>``, ``<extract>`` and padding."""
+        exactly 0 at ``<start>``, ``<extract>`` and padding.
+
+        With ``attention="extract"`` (GPT-1's read-out, sec. 3.3) all the weight is on each row's
+        ``<extract>`` (its last position), so the decoder sees that state alone; no real token
+        is weighed, and the attention-based procedures do not apply (``attnmetrics run`` says so).
+        """
+        if self.attention is None:
+            return F.one_hot(lengths - 1, hidden.shape[1]).to(hidden.dtype)
         return self.attention(hidden, token_mask(lengths, hidden.shape[1], self.lead, self.trail))
 
     def deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
@@ -255,4 +268,4 @@ class GPTClassifier(AttentionForward, nn.Module):
 
     def attention_parameters(self) -> list[nn.Parameter]:
         """The attention head's parameters (exempt from weight decay, as for J&W's classifier)."""
-        return list(self.attention.parameters())
+        return [] if self.attention is None else list(self.attention.parameters())

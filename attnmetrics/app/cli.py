@@ -52,6 +52,11 @@ from attnmetrics.models.training import (
 from attnmetrics.models.wiegreffe import consistent_adversaries, diagnostic_mlps, jain_wallace_point
 
 CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.json
+#: results["battery"] of a model without attention over its tokens (GPT-1's extract read-out)
+NOT_APPLICABLE = (
+    "not applicable: --attention extract reads the <extract> state alone and weighs no token; the attention "
+    "procedures need an attention over the tokens (--attention tanh, dot or uniform)"
+)
 
 
 def _environment(seed: int, device: str = "cpu") -> dict:
@@ -488,7 +493,9 @@ def main(argv: list[str] | None = None) -> int:
             test = vocab.encode_split(splits.test)
             predictions = predict(model, test)
             results["test"] = prediction_metrics(predictions)
-            if args.command != "train":
+            if args.command != "train" and getattr(model, "attention_name", None) == "extract":
+                results["battery"] = NOT_APPLICABLE
+            elif args.command != "train":
                 _battery(args, model, test, splits, results)
                 if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
                     _wiegreffe(args, model, test, recipe, results)

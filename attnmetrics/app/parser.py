@@ -118,7 +118,11 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         help="encoder (default: lstm, a BiLSTM; gpt: a GPT-1 transformer, fine-tuned)",
     )
     p.add_argument(
-        "--attention", choices=sorted(ATTENTIONS), default="tanh", help="attention (default: tanh, additive)"
+        "--attention",
+        choices=sorted(ATTENTIONS) + ["extract"],
+        default="tanh",
+        help="attention (default: tanh, additive); gpt also takes extract, GPT-1's own read-out of the "
+        "<extract> state, which weighs no token (the battery then does not apply)",
     )
     p.add_argument(
         "--embeddings",

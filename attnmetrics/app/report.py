@@ -253,6 +253,8 @@ def render(results: dict, folder: str | Path) -> Path:
             ),
             "",
         ]
+    if isinstance(results.get("battery"), str):
+        lines += ["## Faithfulness battery", "", results["battery"], ""]
     for key, section, figure, alt in _SECTIONS:
         if key in results:
             lines += section(results)

@@ -82,3 +82,11 @@ def test_bad_gpt_flags_fail_in_one_line(tmp_path, capsys, flags, message):
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "bad").exists()
+
+
+def test_extract_readout_says_the_battery_does_not_apply(pretrained, tmp_path):
+    out = tmp_path / "extract"
+    assert main(["run", *QUICK_GPT, "--pretrained", str(pretrained), "--attention", "extract", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["battery"].startswith("not applicable") and "kendall" not in results
+    assert "not applicable" in (out / "report.md").read_text()

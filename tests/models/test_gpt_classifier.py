@@ -303,3 +303,17 @@ def test_checkpoint_refuses_a_tokenizer_of_another_size(tmp_path):
     save_checkpoint(tmp_path, model_(), GPTInputs(tokenizer, 16))
     with pytest.raises(ValueError, match=rf"tokenizer.json holds {tokenizer.vocab_size} tokens, model.json says 50"):
         load_checkpoint(tmp_path)
+
+
+def test_extract_readout_is_the_extract_state_alone():
+    # GPT-1 sec. 3.3: the final transformer state of <extract> -> linear output layer
+    model = model_("extract", num_classes=3)
+    tokens, lengths = batch(3)
+    with torch.no_grad():
+        logits, attention = model(tokens, lengths)
+        hidden = model.gpt(tokens, lengths).hidden
+    extract = hidden[torch.arange(len(lengths)), lengths - 1]
+    assert (tokens[torch.arange(len(lengths)), lengths - 1] == EXTRACT).all()
+    torch.testing.assert_close(logits, model.decoder(extract), rtol=0, atol=1e-12)
+    assert (attention[token_mask(lengths, tokens.shape[1], 1, 1)] == 0).all()  # weighs no real token
+    assert model.attention_parameters() == []
