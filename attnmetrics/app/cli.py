@@ -257,7 +257,7 @@ def _battery(args, model, test, splits, results: dict) -> None:
     results.update(summary)
     results["instances"] = instances
     results["conventions"] = {
-        "special_tokens": "<SOS>/<EOS> masked out of attention; statistics over real tokens only",
+        "special_tokens": "<SOS>/<EOS> (gpt: <start>/<extract>) masked out of attention; statistics over real tokens only",
         "epoch_selection": "J&W: the epoch with the best dev ROC-AUC; among tied epochs the lowest dev loss",
         "renormalisation": "L1 over the remaining attention weights",
         "flip_ties": "equal scores removed lower index first",
