@@ -278,6 +278,24 @@ def load_cell(folder: Path) -> tuple[dict, dict | None]:
     return results, predictions
 
 
+def model_setting(results: dict) -> dict:
+    """What a group's model is beyond the grid's axes: its encoder and, for GPT-1 (Radford et al.
+    2018, sec. 5 ablations), whether it was pre-trained, how many blocks were transferred, the
+    pre-training steps and λ of the auxiliary LM loss."""
+    model = results.get("model", {})
+    if model.get("encoder") != "gpt":
+        return {"encoder": model.get("encoder")}
+    pre = results.get("pretrained")
+    return {
+        "encoder": "gpt",
+        "pretrained": pre is not None,
+        "transfer_layers": pre.get("transfer_layers") if pre else None,
+        "pretraining_steps": pre.get("step") if pre else None,
+        "n_layer": model.get("gpt", {}).get("n_layer"),
+        "lm_weight": model.get("lm_weight"),
+    }
+
+
 def aggregate(cells: list[tuple[object, dict, dict | None]]) -> dict:
     """The aggregate of finished cells ``(Cell, results, predictions)`` (JSON-ready)."""
     groups: dict[str, list] = {}
@@ -289,6 +307,7 @@ def aggregate(cells: list[tuple[object, dict, dict | None]]) -> dict:
         out["groups"][name] = {
             "grid": c0.grid,
             "axes": {k: v for k, v in c0.axes.items() if k != "seed"},
+            "model": model_setting(members[0][1]),
             **aggregate_group([(c.axes["seed"], r, p) for c, r, p in members]),
         }
     return out

@@ -57,6 +57,53 @@ MCNEMAR_HEADERS = [
 ]
 
 
+def _gpt_rows(agg: dict) -> list[list[str]]:
+    """GPT-1's ablations (Radford et al. 2018, sec. 5): one row per group of a sweep with a GPT
+    group, every group's test accuracy beside its setting (the BiLSTM's rows as the reference)."""
+    groups = agg["groups"].items()
+    if not any(g.get("model", {}).get("encoder") == "gpt" for _, g in groups):
+        return []
+    rows = []
+    for name, g in sorted(groups, key=lambda kv: (kv[1]["axes"].get("dataset", ""), kv[0])):
+        m, acc = g.get("model", {}), g["statistics"].get("test accuracy")
+        if acc is None:
+            continue
+        if m.get("encoder") == "gpt":
+            blocks = f"{m['transfer_layers']} of {m['n_layer']}" if m.get("pretrained") else "none (from scratch)"
+            model, lm = "GPT", _fmt(m.get("lm_weight"), 2)
+        else:
+            model, blocks, lm = f"{m.get('encoder')} (J&W)", "–", "–"
+        lo, hi = acc["ci95"]
+        ci = "–" if lo is None or hi is None or lo != lo else f"[{_fmt(lo)}, {_fmt(hi)}]"
+        rows.append(
+            [
+                g["axes"].get("dataset", "?"),
+                name,
+                model,
+                blocks,
+                lm,
+                _fmt(acc["mean"]),
+                _fmt(acc["std"]),
+                ci,
+                acc["seeds"],
+            ]
+        )
+    return rows
+
+
+GPT_HEADERS = [
+    "dataset",
+    "group",
+    "model",
+    "pre-trained blocks transferred",
+    "λ (aux. LM)",
+    "test accuracy",
+    "std over seeds",
+    "95% CI (instances)",
+    "seeds",
+]
+
+
 def _slug(group: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", group)
 
@@ -122,6 +169,16 @@ def render_sweep(agg: dict, folder: str | Path) -> Path:
     ]
     if rows := _stat_rows(agg, "model"):
         lines += ["## Models", "", _table(rows, STAT_HEADERS), ""]
+    if rows := _gpt_rows(agg):
+        lines += [
+            "## GPT-1's ablations (Radford et al. 2018, sec. 5, Figure 2 left)",
+            "",
+            "Pre-training vs none, the auxiliary language-model loss on (λ = 0.5) vs off, the number of "
+            "pre-trained blocks transferred (the embeddings always are), and J&W's BiLSTM on the same splits.",
+            "",
+            _table(rows, GPT_HEADERS),
+            "",
+        ]
     if rows := _stat_rows(agg, "jw"):
         lines += [
             "## Jain & Wallace 2019: do attention and other importance measures agree; do other attentions "

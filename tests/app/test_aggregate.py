@@ -135,3 +135,36 @@ def test_group_spread_over_seeds_and_ci_over_seed_averaged_instances():
     assert perm["instances"] == n - 1
     np.testing.assert_allclose(perm["ci95"], _loop_ci(averaged, np.median), atol=0.03)
     assert "seed_variance" not in g  # no predictions.npz
+
+
+def test_gpt_ablation_table_names_each_groups_setting(tmp_path):
+    from attnmetrics.app.aggregate import model_setting
+    from attnmetrics.app.sweep_report import render_sweep
+
+    def results(pretrained, lm_weight, encoder="gpt"):
+        model = {"encoder": encoder, "gpt": {"n_layer": 4}, "lm_weight": lm_weight} if encoder == "gpt" else {}
+        model["encoder"] = encoder
+        pre = {"transfer_layers": pretrained, "step": 1500} if pretrained is not None else None
+        return {"model": model, "pretrained": pre}
+
+    def group(grid, setting, accuracy):
+        stat = {"section": "model", "mean": accuracy, "std": 0.01, "min": accuracy, "max": accuracy, "seeds": 3}
+        return {"grid": grid, "axes": {"dataset": "sst"}, "model": setting, "seeds": [0, 1, 2],
+                "statistics": {"test accuracy": {**stat, "ci95": [accuracy - 0.02, accuracy + 0.02]}}}  # fmt: skip
+
+    assert model_setting(results(None, 0.5, "lstm")) == {"encoder": "lstm"}
+    agg = {
+        "groups": {
+            "transfer-2/sst-gpt-tanh": group("transfer-2", model_setting(results(2, 0.5)), 0.8),
+            "scratch/sst-gpt-tanh": group("scratch", model_setting(results(None, 0.0)), 0.6),
+            "bilstm/sst-lstm-tanh": group("bilstm", model_setting(results(None, 0.5, "lstm")), 0.81),
+        },
+        "paired_tests": [],
+        "cells": {},
+    }
+    report = render_sweep(agg, tmp_path).read_text()
+    section = report.split("## GPT-1's ablations")[1].split("\n## ")[0]
+    rows = {line.split("|")[2].strip(): line for line in section.splitlines() if line.startswith("| sst")}
+    assert "2 of 4" in rows["transfer-2/sst-gpt-tanh"] and "0.50" in rows["transfer-2/sst-gpt-tanh"]
+    assert "none (from scratch)" in rows["scratch/sst-gpt-tanh"] and "0.00" in rows["scratch/sst-gpt-tanh"]
+    assert "lstm (J&W)" in rows["bilstm/sst-lstm-tanh"] and "[0.790, 0.830]" in rows["bilstm/sst-lstm-tanh"]
