@@ -281,7 +281,7 @@ def load_cell(folder: Path) -> tuple[dict, dict | None]:
 def model_setting(results: dict) -> dict:
     """What a group's model is beyond the grid's axes: its encoder and, for GPT-1 (Radford et al.
     2018, sec. 5 ablations), whether it was pre-trained, how many blocks were transferred, the
-    pre-training steps and λ of the auxiliary LM loss."""
+    pre-training steps, λ of the auxiliary LM loss and the fine-tuning learning rate."""
     model = results.get("model", {})
     if model.get("encoder") != "gpt":
         return {"encoder": model.get("encoder")}
@@ -293,6 +293,7 @@ def model_setting(results: dict) -> dict:
         "pretraining_steps": pre.get("step") if pre else None,
         "n_layer": model.get("gpt", {}).get("n_layer"),
         "lm_weight": model.get("lm_weight"),
+        "lr": results.get("training", {}).get("config", {}).get("lr"),
     }
 
 

@@ -70,9 +70,9 @@ def _gpt_rows(agg: dict) -> list[list[str]]:
             continue
         if m.get("encoder") == "gpt":
             blocks = f"{m['transfer_layers']} of {m['n_layer']}" if m.get("pretrained") else "none (from scratch)"
-            model, lm = "GPT", _fmt(m.get("lm_weight"), 2)
+            model, lm, lr = "GPT", _fmt(m.get("lm_weight"), 2), f"{m['lr']:g}" if m.get("lr") else "–"
         else:
-            model, blocks, lm = f"{m.get('encoder')} (J&W)", "–", "–"
+            model, blocks, lm, lr = f"{m.get('encoder')} (J&W)", "–", "–", "–"
         lo, hi = acc["ci95"]
         ci = "–" if lo is None or hi is None or lo != lo else f"[{_fmt(lo)}, {_fmt(hi)}]"
         rows.append(
@@ -82,6 +82,7 @@ def _gpt_rows(agg: dict) -> list[list[str]]:
                 model,
                 blocks,
                 lm,
+                lr,
                 _fmt(acc["mean"]),
                 _fmt(acc["std"]),
                 ci,
@@ -91,12 +92,37 @@ def _gpt_rows(agg: dict) -> list[list[str]]:
     return rows
 
 
+def transfer_figure(agg: dict, folder: Path) -> str | None:
+    """GPT-1's Figure 2 (left): test accuracy (mean over seeds, 95% CI over instances) against the
+    pre-trained blocks transferred, one line per dataset and λ; the from-scratch model at -1."""
+    points: dict[tuple[str, float], list[tuple[int, float, float, float]]] = {}
+    for g in agg["groups"].values():
+        m, acc = g.get("model", {}), g["statistics"].get("test accuracy")
+        if m.get("encoder") != "gpt" or acc is None or acc["ci95"][0] is None:
+            continue
+        x = m["transfer_layers"] if m.get("pretrained") else -1
+        key = (g["axes"].get("dataset", "?"), m.get("lm_weight"), m.get("lr"))
+        points.setdefault(key, []).append((x, acc["mean"], *acc["ci95"]))
+    if not any(len({x for x, *_ in v}) > 2 for v in points.values()):
+        return None  # no transfer curve: fewer than three settings on any line
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for (dataset, lm, lr), pts in sorted(points.items(), key=str):
+        x, y, lo, hi = np.array(sorted(pts)).T
+        label = f"{dataset}, λ = {lm:g}" + (f", lr {lr:g}" if lr is not None else "")
+        ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", capsize=3, label=label)
+    ax.set_xlabel("pre-trained blocks transferred (-1: no pre-training)")
+    ax.set_ylabel("test accuracy")
+    ax.legend(fontsize=8)
+    return _save(fig, folder / "gpt_transfer.png")
+
+
 GPT_HEADERS = [
     "dataset",
     "group",
     "model",
     "pre-trained blocks transferred",
     "λ (aux. LM)",
+    "lr",
     "test accuracy",
     "std over seeds",
     "95% CI (instances)",
@@ -179,6 +205,8 @@ def render_sweep(agg: dict, folder: str | Path) -> Path:
             _table(rows, GPT_HEADERS),
             "",
         ]
+        if name := transfer_figure(agg, folder):
+            lines += [f"![accuracy against the blocks transferred]({name})", ""]
     if rows := _stat_rows(agg, "jw"):
         lines += [
             "## Jain & Wallace 2019: do attention and other importance measures agree; do other attentions "

@@ -145,7 +145,7 @@ def test_gpt_ablation_table_names_each_groups_setting(tmp_path):
         model = {"encoder": encoder, "gpt": {"n_layer": 4}, "lm_weight": lm_weight} if encoder == "gpt" else {}
         model["encoder"] = encoder
         pre = {"transfer_layers": pretrained, "step": 1500} if pretrained is not None else None
-        return {"model": model, "pretrained": pre}
+        return {"model": model, "pretrained": pre, "training": {"config": {"lr": 6.25e-5}}}
 
     def group(grid, setting, accuracy):
         stat = {"section": "model", "mean": accuracy, "std": 0.01, "min": accuracy, "max": accuracy, "seeds": 3}
@@ -157,6 +157,7 @@ def test_gpt_ablation_table_names_each_groups_setting(tmp_path):
         "groups": {
             "transfer-2/sst-gpt-tanh": group("transfer-2", model_setting(results(2, 0.5)), 0.8),
             "scratch/sst-gpt-tanh": group("scratch", model_setting(results(None, 0.0)), 0.6),
+            "transfer-0/sst-gpt-tanh": group("transfer-0", model_setting(results(0, 0.5)), 0.7),
             "bilstm/sst-lstm-tanh": group("bilstm", model_setting(results(None, 0.5, "lstm")), 0.81),
         },
         "paired_tests": [],
@@ -166,5 +167,9 @@ def test_gpt_ablation_table_names_each_groups_setting(tmp_path):
     section = report.split("## GPT-1's ablations")[1].split("\n## ")[0]
     rows = {line.split("|")[2].strip(): line for line in section.splitlines() if line.startswith("| sst")}
     assert "2 of 4" in rows["transfer-2/sst-gpt-tanh"] and "0.50" in rows["transfer-2/sst-gpt-tanh"]
+    assert "6.25e-05" in rows["transfer-2/sst-gpt-tanh"]
+    assert not (tmp_path / "gpt_transfer.png").exists()  # two settings on the λ = 0.5 line: no curve yet
+    agg["groups"]["transfer-1/sst-gpt-tanh"] = group("transfer-1", model_setting(results(1, 0.5)), 0.75)
+    assert "![accuracy against the blocks transferred](gpt_transfer.png)" in render_sweep(agg, tmp_path).read_text()
     assert "none (from scratch)" in rows["scratch/sst-gpt-tanh"] and "0.00" in rows["scratch/sst-gpt-tanh"]
     assert "lstm (J&W)" in rows["bilstm/sst-lstm-tanh"] and "[0.790, 0.830]" in rows["bilstm/sst-lstm-tanh"]
