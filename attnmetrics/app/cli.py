@@ -36,7 +36,7 @@ from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.data import GUTENBERG_HELD_OUT, ArtifactError, load_dataset, load_gutenberg
 from attnmetrics.models.gpt import GPTConfig
-from attnmetrics.models.gpt_classifier import GPTClassifier, GPTInputs
+from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier, GPTInputs
 from attnmetrics.models.pretraining import PretrainConfig, load_gpt, pretrain
 from attnmetrics.models.text import Vocabulary, glove_matrix
 from attnmetrics.models.training import (
@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             test = vocab.encode_split(splits.test)
             predictions = predict(model, test)
             results["test"] = prediction_metrics(predictions)
-            if args.command != "train" and getattr(model, "attention_name", None) == "extract":
+            if args.command != "train" and getattr(model, "attention_name", None) == EXTRACT_READOUT:
                 results["battery"] = NOT_APPLICABLE
             elif args.command != "train":
                 _battery(args, model, test, splits, results)

@@ -15,6 +15,7 @@ from attnmetrics.flip import ORDERS
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
 from attnmetrics.models.data import DATASETS
 from attnmetrics.models.gpt import CONFIGS as GPT_CONFIGS
+from attnmetrics.models.gpt_classifier import EXTRACT_READOUT
 from attnmetrics.models.pretraining import PretrainConfig
 
 
@@ -119,7 +120,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--attention",
-        choices=sorted(ATTENTIONS) + ["extract"],
+        choices=sorted(ATTENTIONS) + [EXTRACT_READOUT],
         default="tanh",
         help="attention (default: tanh, additive); gpt also takes extract, GPT-1's own read-out of the "
         "<extract> state, which weighs no token (the battery then does not apply)",

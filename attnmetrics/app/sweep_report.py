@@ -15,13 +15,18 @@ from attnmetrics.app.report import _fmt, _table
 STAT_HEADERS = ["group", "statistic", "mean over seeds", "std", "min", "max", "95% CI (instances)", "seeds"]
 
 
+def _ci(ci95) -> str:
+    """A 95% CI as "[lo, hi]", or "–" where it is undefined."""
+    lo, hi = ci95
+    return "–" if lo is None or hi is None or lo != lo else f"[{_fmt(lo)}, {_fmt(hi)}]"
+
+
 def _stat_rows(agg: dict, section: str) -> list[list[str]]:
     rows = []
     for group, g in agg["groups"].items():
         for name, s in g["statistics"].items():
             if s["section"] == section:
-                lo, hi = s["ci95"]
-                ci = "–" if lo is None or hi is None or lo != lo else f"[{_fmt(lo)}, {_fmt(hi)}]"
+                ci = _ci(s["ci95"])
                 rows.append(
                     [group, name, _fmt(s["mean"]), _fmt(s["std"]), _fmt(s["min"]), _fmt(s["max"]), ci, s["seeds"]]
                 )
@@ -73,8 +78,7 @@ def _gpt_rows(agg: dict) -> list[list[str]]:
             model, lm, lr = "GPT", _fmt(m.get("lm_weight"), 2), f"{m['lr']:g}" if m.get("lr") else "–"
         else:
             model, blocks, lm, lr = f"{m.get('encoder')} (J&W)", "–", "–", "–"
-        lo, hi = acc["ci95"]
-        ci = "–" if lo is None or hi is None or lo != lo else f"[{_fmt(lo)}, {_fmt(hi)}]"
+        ci = _ci(acc["ci95"])
         rows.append(
             [
                 g["axes"].get("dataset", "?"),
