@@ -14,6 +14,7 @@ from attnmetrics.loo import leave_one_out
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.permutation import PermutationResult, permutation_test
 from attnmetrics.protocol import AttentionClassifier
+from attnmetrics.rollout import attention_rollout
 from attnmetrics.single_removal import SingleRemovalResult, single_removal
 
 __version__ = "0.1.0"
@@ -22,6 +23,7 @@ __all__ = [
     "adversarial_attention",
     "AdversarialResult",
     "attention_gradient",
+    "attention_rollout",
     "AttentionClassifier",
     "decision",
     "flip_fraction",

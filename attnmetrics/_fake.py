@@ -55,3 +55,9 @@ def _leave_one_out_batch_fake(tokens, lengths, lead, trail, mask_token=None, pad
     ctx = torch.library.get_ctx()
     n, width = ctx.new_dynamic_size(), ctx.new_dynamic_size()
     return tokens.new_empty(n, width), lengths.new_empty(n), lengths.new_empty(n)
+
+
+@torch.library.register_fake("attnmetrics::attention_rollout")
+def _attention_rollout_fake(attentions, lengths, residual):
+    b, t = attentions.shape[0], attentions.shape[3]
+    return attentions.new_empty(b, t, t)

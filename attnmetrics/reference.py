@@ -425,3 +425,29 @@ def leave_one_out_jw(model, tokens, lengths, batch_size=None):
     finally:
         model.train(was_training)
     return out
+
+
+# ---- attention rollout (Abnar & Zuidema 2020) ----------------------------------------------
+
+
+def attention_rollout_reference(attentions, lengths=None, residual=0.5):
+    """Abnar & Zuidema's rollout (sec. 3), one row at a time with torch matmuls: per layer
+    the head mean on the valid block, ``(1 − residual)·A + residual·I``, rows renormalised
+    (a zero row stays zero), then ``R = M_{n−1} ⋯ M_0``. Returns ``[B, T, T]``, zero
+    outside each row's block."""
+    batch, layers, _, width = attentions.shape[:4]
+    lens = [width] * batch if lengths is None else [int(v) for v in lengths]
+    out = attentions.new_zeros(batch, width, width)
+    for b, n in enumerate(lens):
+        if n == 0:
+            continue
+        rollout = None
+        for layer in range(layers):
+            mixed = (1 - residual) * attentions[b, layer, :, :n, :n].mean(0) + residual * torch.eye(
+                n, dtype=attentions.dtype, device=attentions.device
+            )
+            total = mixed.sum(-1, keepdim=True)
+            mixed = torch.where(total > 0, mixed / total, torch.zeros_like(mixed))
+            rollout = mixed if rollout is None else mixed @ rollout
+        out[b, :n, :n] = rollout
+    return out

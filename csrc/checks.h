@@ -204,4 +204,26 @@ inline void check_loo_inputs(const at::Tensor& tokens, const at::Tensor& lengths
               mask_token.value_or(0));
 }
 
+// ---- attention_rollout ---------------------------------------------------------------------
+
+// attentions [B, layers, heads, T, T] float32/float64 with layers, heads >= 1, lengths [B]
+// int64, both contiguous; residual in [0, 1] (values of lengths: check_length_range over
+// [0, T]; finite, non-negative attention: the Python wrapper, attnmetrics.attention_rollout).
+inline void check_rollout_inputs(const at::Tensor& attentions, const at::Tensor& lengths,
+                                 double residual) {
+  check_floating(attentions, "attentions");
+  TORCH_CHECK(attentions.dim() == 5 && attentions.size(3) == attentions.size(4),
+              "attentions must have shape [B, layers, heads, T, T], got ", attentions.sizes());
+  TORCH_CHECK(attentions.size(1) >= 1 && attentions.size(2) >= 1,
+              "attentions must have layers >= 1 and heads >= 1, got ", attentions.sizes());
+  TORCH_CHECK(attentions.is_contiguous(), "attentions must be contiguous");
+  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
+              lengths.scalar_type());
+  const int64_t B = attentions.size(0);
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == B, "lengths must have shape [B] = [", B,
+              "], got ", lengths.sizes());
+  TORCH_CHECK(lengths.is_contiguous(), "lengths must be contiguous");
+  TORCH_CHECK(residual >= 0.0 && residual <= 1.0, "residual must lie in [0, 1], got ", residual);
+}
+
 }  // namespace attnmetrics

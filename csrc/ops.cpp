@@ -57,4 +57,10 @@ TORCH_LIBRARY(attnmetrics, m) {
   // sequence, shorter ones padded with pad), their lengths [N] and source rows [N].
   m.def("leave_one_out_batch(Tensor tokens, Tensor lengths, int lead, int trail, "
         "int? mask_token=None, int pad=0) -> (Tensor, Tensor, Tensor)");
+  // Attention rollout (Abnar & Zuidema 2020, sec. 3; kernels/rollout.h): attentions
+  // [B, layers, heads, T, T], lengths [B] int64 in [0, T], residual in [0, 1]. Per row and
+  // layer the head mean on the valid L x L block, mixed (1 - residual) * A + residual * I and
+  // renormalised by rows, multiplied through the layers (last layer leftmost). Returns
+  // [B, T, T], zero outside each row's L x L block.
+  m.def("attention_rollout(Tensor attentions, Tensor lengths, float residual) -> Tensor");
 }

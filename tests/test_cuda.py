@@ -341,6 +341,38 @@ def test_permutation_test_on_device(kind):
     torch.testing.assert_close(host(got.median_tvd), want.median_tvd, rtol=1e-9, atol=1e-12)
 
 
+# ---- attention rollout ---------------------------------------------------------------------------
+
+
+def rollout_inputs(batch, layers, heads, width, dtype, seed):
+    rng = np.random.default_rng(seed)
+    att = torch.from_numpy(rng.random((batch, layers, heads, width, width))).to(dtype)
+    lengths = torch.from_numpy(rng.integers(0, width + 1, batch))
+    lengths[0] = width
+    return att / att.sum(-1, keepdim=True), lengths
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("width", [1, 9, 70])
+def test_attention_rollout_matches_cpu_bit_for_bit(dtype, width):
+    """The same per-entry code and summation orders (kernels/rollout.h), no FMA: equal bits."""
+    att, lengths = rollout_inputs(37, 3, 4, width, dtype, seed=width)
+    for residual in (0.0, 0.5):
+        want, got = on_both(ops.attention_rollout, att, lengths, residual)
+        assert torch.equal(got, want)
+    with pytest.raises(RuntimeError, match=r"lengths\[1\] = 99 is outside \[0, T\]"):
+        ops.attention_rollout(*dev(att, torch.tensor([width, 99] + [0] * 35)), 0.5)
+
+
+def test_attention_rollout_public_api_on_device():
+    from attnmetrics import attention_rollout
+
+    att, lengths = rollout_inputs(5, 2, 3, 6, F64, seed=3)
+    got = attention_rollout(*dev(att, lengths))
+    assert got.device.type == DEVICE.type
+    assert torch.equal(host(got), attention_rollout(att, lengths))
+
+
 # ---- the same errors on bad input --------------------------------------------------------------
 
 
@@ -544,6 +576,8 @@ def test_opcheck_on_device(dtype):
     tokens = torch.randint(5, 50, (6, 7))
     torch.library.opcheck(ops.leave_one_out_batch.default, (*dev(tokens, lengths.clamp(min=2)), 1, 1, None, 0))
     torch.library.opcheck(ops.leave_one_out_batch.default, (*dev(tokens, lengths.clamp(min=2)), 1, 1, 3, 0))
+    att, lengths = rollout_inputs(4, 2, 3, 5, dtype, seed=5)
+    torch.library.opcheck(ops.attention_rollout.default, (*dev(att, lengths), 0.5))
 
 
 # ---- long rows, many rows --------------------------------------------------------------------------

@@ -156,7 +156,7 @@ def _check(results, name):
     assert res.returncode == 0, f"{name} failed to compile:\n{res.stdout}\n{res.stderr}"
 
 
-FAMILIES = ("distances", "kendall", "flip", "permutation", "projection", "loo")
+FAMILIES = ("distances", "kendall", "flip", "permutation", "projection", "loo", "rollout")
 
 
 def test_kernels_found():
@@ -233,8 +233,8 @@ def test_glue_calls_only_launchers_the_kernels_define(builds):
         assert launchers, f"{name} calls no launcher"
         assert launchers <= defined, (name, launchers - defined)
     # tvd, jsd, kendall_tau, flip ops, permutation_tvd_linear, project_prefix x 2 dtypes,
-    # check_rows, attention_permutations, leave_one_out_batch
-    assert len(set().union(*wanted.values())) >= 17
+    # check_rows, attention_permutations, leave_one_out_batch, attention_rollout x 2 dtypes
+    assert len(set().union(*wanted.values())) >= 19
 
 
 @pytest.mark.skipif(shutil.which(CXX) is None, reason=f"no {CXX}")

@@ -110,5 +110,15 @@ cudaError_t leave_one_out_batch(const int64_t* tokens, const int64_t* lengths,
                                 int64_t width, int64_t* out, int64_t* out_lengths,
                                 int64_t* out_source, cudaStream_t stream);
 
+// attention_rollout of att [rows, layers, heads, width, width] into out [rows, width, width]
+// (kernels/rollout.h); lengths in [0, width], checked by the caller. scratch: slots * 3 *
+// width^2 entries (geometry.h slots_for); slots in [1, rows].
+cudaError_t attention_rollout(const float* att, const int64_t* lengths, int64_t rows,
+                              int64_t layers, int64_t heads, int64_t width, float residual,
+                              float* scratch, int64_t slots, float* out, cudaStream_t stream);
+cudaError_t attention_rollout(const double* att, const int64_t* lengths, int64_t rows,
+                              int64_t layers, int64_t heads, int64_t width, double residual,
+                              double* scratch, int64_t slots, double* out, cudaStream_t stream);
+
 }  // namespace gpu
 }  // namespace attnmetrics

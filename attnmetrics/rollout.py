@@ -1,0 +1,87 @@
+"""Attention rollout (Abnar & Zuidema 2020, sec. 3) over ragged batches, on the C++ kernel
+``attnmetrics::attention_rollout``: each row's chain of L x L products, rows in parallel."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnmetrics._ops import ops
+from attnmetrics._validation import check_float, check_lengths
+from attnmetrics.protocol import token_mask
+
+
+def attention_rollout(attentions: Tensor, lengths: Tensor | None = None, residual: float = 0.5) -> Tensor:
+    """Attention rollout: how much each position's final representation draws on each input token.
+
+    For row ``b`` with ``L = lengths[b]`` valid positions and every layer ``l``, the head
+    mean ``Ā_l = mean_h attentions[b, l, h, :L, :L]`` is mixed with the residual
+    connection, ``M_l = (1 − residual) · Ā_l + residual · I``, each row of ``M_l`` is
+    divided by its sum, and the rollout is the product through the layers,
+    ``R = M_{n−1} ⋯ M_1 M_0`` (Abnar & Zuidema 2020, sec. 3, with their residual 0.5;
+    docs/definitions.md §17). ``R[i, j]`` is the share of position i's last-layer
+    representation traced back to input token j; row i of a model's pooled position
+    (``[CLS]``, GPT's extract token) is the importance score. The renormalisation makes
+    rows that do not sum to 1 on the valid block legal (e.g. attention that leaked mass
+    to padding); a row summing to 0 stays 0.
+
+    Args:
+        attentions: ``[B, layers, heads, T, T]`` float32 or float64, the attention
+            probabilities of every layer (query × key), as Hugging Face models return
+            them with ``output_attentions=True`` (stack them on dim 1). Only each row's
+            valid ``L × L`` block is read; it must be finite and non-negative. Any strides.
+            B, layers, heads ≥ 1.
+        lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]``; ``None`` means T.
+        residual: weight of the identity (the residual connection), in ``[0, 1]``;
+            0 rolls out the raw attention, 1 gives the identity.
+
+    Returns:
+        ``[B, T, T]`` in attentions' dtype and device: each row's rollout on its
+        ``L × L`` block (its rows sum to 1 unless a mixed row summed to 0), zero elsewhere.
+
+    Raises:
+        TypeError: ``attentions`` is not a tensor.
+        ValueError: wrong dtype, shape, device (meta) or empty batch; bad ``lengths``;
+            ``residual`` outside [0, 1]; NaN, infinite or negative attention in a valid
+            block; an input that requires grad (the kernel has no backward: detach it).
+
+    Example:
+        >>> import torch
+        >>> from attnmetrics import attention_rollout
+        >>> a = torch.tensor([[0.5, 0.5], [0.5, 0.5]]).expand(1, 2, 1, 2, 2)  # 2 layers, 1 head
+        >>> attention_rollout(a)
+        tensor([[[0.6250, 0.3750],
+                 [0.3750, 0.6250]]])
+    """
+    check_float("attentions", attentions)
+    if attentions.dim() != 5 or attentions.shape[3] != attentions.shape[4]:
+        raise ValueError(f"attentions must have shape [B, layers, heads, T, T], got {list(attentions.shape)}")
+    batch, layers, heads, width = attentions.shape[:4]
+    if batch == 0:
+        raise ValueError(f"attentions is an empty batch (B = 0, shape {list(attentions.shape)}); expected B >= 1")
+    if layers == 0 or heads == 0:
+        raise ValueError(f"attentions must have layers >= 1 and heads >= 1, got shape {list(attentions.shape)}")
+    if attentions.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            "attentions requires grad, but attention_rollout's kernel has no backward "
+            "(detach the input, e.g. attentions.detach())"
+        )
+    if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0.0 <= residual <= 1.0:
+        raise ValueError(f"residual must be a number in [0, 1], got {residual!r}")
+    lengths = check_lengths(lengths, batch, width, attentions.device)
+    mask = token_mask(lengths, width)
+    block = (mask[:, :, None] & mask[:, None, :])[:, None, None]  # [B, 1, 1, T, T]
+    bad_value = ~torch.isfinite(attentions) & block
+    negative = (attentions < 0) & block
+    found_bad, found_negative = torch.stack([bad_value.any(), negative.any()]).tolist()  # one read back
+    for found, what, where in (
+        (found_bad, "NaN or infinite values", bad_value),
+        (found_negative, "negative values", negative),
+    ):
+        if found:
+            b, layer, head = where.flatten(3).any(-1).nonzero()[0].tolist()
+            raise ValueError(
+                f"attentions contains {what} in the valid block of row {b} (layer {layer}, head {head}); "
+                "attention probabilities must be finite and non-negative"
+            )
+    return ops.attention_rollout(attentions.contiguous(), lengths, float(residual))

@@ -1,0 +1,182 @@
+"""attention_rollout against the per-row torch loop of Abnar & Zuidema's definition
+(reference.attention_rollout_reference), and properties that hold whatever the inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnmetrics import attention_rollout
+from attnmetrics._ops import ops
+from attnmetrics.reference import attention_rollout_reference
+
+F64 = torch.float64
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), F64: dict(rtol=1e-12, atol=1e-14)}
+
+
+def attentions(rng, batch, layers, heads, width, lengths=None, dtype=F64, causal=False):
+    """Softmax attention rows over each row's valid keys (and, if causal, keys <= query);
+    padding filled with garbage that must never be read."""
+    scores = torch.from_numpy(rng.standard_normal((batch, layers, heads, width, width)) * 2)
+    keys = torch.arange(width)
+    block = torch.ones(batch, width, width, dtype=torch.bool)
+    if lengths is not None:
+        block &= (keys[None, None, :] < lengths[:, None, None]) & (keys[None, :, None] < lengths[:, None, None])
+    visible = block & (keys[None, None, :] <= keys[None, :, None]) if causal else block
+    att = scores.masked_fill(~visible[:, None, None], -torch.inf).softmax(-1).nan_to_num(0.0)
+    return att.masked_fill(~block[:, None, None], 7.0).to(dtype)  # garbage off the valid blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("residual", [0.0, 0.3, 0.5, 1.0])
+def test_ragged_batch_equals_reference(dtype, residual):
+    rng = np.random.default_rng(0)
+    lengths = torch.tensor([9, 1, 0, 4, 9, 7])
+    att = attentions(rng, 6, 3, 4, 9, lengths, dtype)
+    got = attention_rollout(att, lengths, residual)
+    torch.testing.assert_close(got, attention_rollout_reference(att, lengths, residual), **TOL[dtype])
+    assert got.dtype == dtype and got.shape == (6, 9, 9)
+    off_block = torch.ones(6, 9, 9, dtype=torch.bool)
+    for b, n in enumerate(lengths.tolist()):
+        off_block[b, :n, :n] = False
+    assert (got[off_block] == 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batch=st.integers(1, 5),
+    layers=st.integers(1, 4),
+    heads=st.integers(1, 3),
+    width=st.integers(1, 12),
+    residual=st.floats(0.0, 1.0),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+    dtype=st.sampled_from([torch.float32, F64]),
+)
+def test_hypothesis_shapes(batch, layers, heads, width, residual, causal, seed, dtype):
+    rng = np.random.default_rng(seed)
+    lengths = torch.from_numpy(rng.integers(0, width + 1, batch))
+    att = attentions(rng, batch, layers, heads, width, lengths, dtype, causal)
+    got = attention_rollout(att, lengths, residual)
+    torch.testing.assert_close(got, attention_rollout_reference(att, lengths, residual), **TOL[dtype])
+    # A product of row-stochastic matrices is row-stochastic.
+    sums = got.sum(-1)
+    for b, n in enumerate(lengths.tolist()):
+        torch.testing.assert_close(sums[b, :n], torch.ones(n, dtype=dtype), rtol=0, atol=1e-5)
+
+
+def test_one_layer_without_residual_is_the_renormalised_head_mean():
+    rng = np.random.default_rng(1)
+    att = attentions(rng, 3, 1, 5, 6)
+    want = att[:, 0].double().numpy().mean(1)
+    want /= want.sum(-1, keepdims=True)
+    np.testing.assert_allclose(attention_rollout(att, residual=0.0).numpy(), want, rtol=1e-12)
+
+
+def test_residual_one_is_the_identity_and_two_layers_multiply():
+    rng = np.random.default_rng(2)
+    att = attentions(rng, 2, 3, 2, 5)
+    assert torch.equal(attention_rollout(att, residual=1.0), torch.eye(5, dtype=F64).expand(2, 5, 5))
+    two = att[:, :2]
+    m = [0.5 * two[:, layer].mean(1).numpy() + 0.5 * np.eye(5) for layer in range(2)]
+    m = [x / x.sum(-1, keepdims=True) for x in m]
+    np.testing.assert_allclose(attention_rollout(two).numpy(), m[1] @ m[0], rtol=1e-12)
+
+
+def test_causal_rollout_stays_causal():
+    """Position i of a decoder never draws on tokens after it, through any number of layers."""
+    rng = np.random.default_rng(3)
+    got = attention_rollout(attentions(rng, 2, 4, 3, 8, causal=True))
+    assert (torch.triu(got, diagonal=1) == 0).all()
+
+
+def test_padding_is_never_read_and_lengths_none_means_full():
+    rng = np.random.default_rng(4)
+    lengths = torch.tensor([5, 3])
+    att = attentions(rng, 2, 2, 2, 5, lengths)
+    poisoned = att.clone()
+    poisoned[1, :, :, 3:, :] = float("nan")
+    poisoned[1, :, :, :, 3:] = float("nan")
+    assert torch.equal(attention_rollout(poisoned, lengths), attention_rollout(att, lengths))
+    full = torch.tensor([5, 5])
+    assert torch.equal(attention_rollout(att[:1]), attention_rollout(att[:1], full[:1]))
+
+
+def test_row_alone_equals_row_in_batch_and_non_contiguous_input():
+    rng = np.random.default_rng(5)
+    lengths = torch.tensor([6, 2, 4])
+    att = attentions(rng, 3, 2, 3, 6, lengths, torch.float32)
+    batch = attention_rollout(att, lengths)
+    for b in range(3):
+        n = int(lengths[b])
+        alone = attention_rollout(att[b : b + 1, :, :, :n, :n].clone())
+        assert torch.equal(alone[0], batch[b, :n, :n])
+    swapped = att.transpose(1, 2).contiguous().transpose(1, 2)  # same values, other strides
+    assert not swapped.is_contiguous()
+    assert torch.equal(attention_rollout(swapped, lengths), batch)
+
+
+def test_zero_rows_stay_zero():
+    att = torch.zeros(1, 2, 1, 3, 3, dtype=F64)
+    att[0, :, 0, 0, 0] = 1.0  # rows 1 and 2 hold no mass at all
+    got = attention_rollout(att, residual=0.0)
+    assert torch.equal(got[0, 0], torch.tensor([1.0, 0.0, 0.0], dtype=F64))
+    assert (got[0, 1:] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda a, n: (a[0], n), r"shape \[B, layers, heads, T, T\]"),
+        (lambda a, n: (a[..., :4], n), r"shape \[B, layers, heads, T, T\]"),
+        (lambda a, n: (a[:0], None), "empty batch"),
+        (lambda a, n: (a[:, :0], n), "layers >= 1 and heads >= 1"),
+        (lambda a, n: (a.int(), n), "float32 or float64"),
+        (lambda a, n: (a, torch.tensor([5, 6])), r"lengths must lie in \[0, T\] = \[0, 5\], got min 5, max 6"),
+        (lambda a, n: (a, torch.tensor([5])), "lengths"),
+    ],
+)
+def test_bad_input_is_named(make, match):
+    att = attentions(np.random.default_rng(6), 2, 2, 2, 5)
+    args = make(att, torch.tensor([5, 4]))
+    with pytest.raises(ValueError, match=match):
+        attention_rollout(*args)
+
+
+def test_bad_values_name_row_layer_and_head():
+    att = attentions(np.random.default_rng(7), 3, 2, 2, 4, torch.tensor([4, 2, 4]))
+    nan, neg = att.clone(), att.clone()
+    nan[2, 1, 0, 1, 1] = float("nan")
+    neg[2, 0, 1, 0, 3] = -0.1
+    with pytest.raises(ValueError, match=r"NaN or infinite values in the valid block of row 2 \(layer 1, head 0\)"):
+        attention_rollout(nan)
+    with pytest.raises(ValueError, match=r"negative values in the valid block of row 2 \(layer 0, head 1\)"):
+        attention_rollout(neg)
+    for residual in (-0.1, 1.5, True, "0.5"):
+        with pytest.raises(ValueError, match="residual must be a number in"):
+            attention_rollout(att, residual=residual)
+    with pytest.raises(ValueError, match="requires grad"):
+        attention_rollout(att.requires_grad_())
+
+
+def test_kernel_rejects_what_the_wrapper_would():
+    """Nothing reaches the C++ loop unchecked: the op itself names bad shapes and lengths."""
+    att = attentions(np.random.default_rng(8), 2, 1, 1, 3)
+    with pytest.raises(RuntimeError, match=r"lengths\[0\] = 4 is outside"):
+        ops.attention_rollout(att, torch.tensor([4, 1]), 0.5)
+    with pytest.raises(RuntimeError, match="residual must lie in"):
+        ops.attention_rollout(att, torch.tensor([3, 1]), 2.0)
+    with pytest.raises(RuntimeError, match="must be contiguous"):
+        ops.attention_rollout(att.transpose(3, 4), torch.tensor([3, 1]), 0.5)
+    with pytest.raises(RuntimeError, match="lengths must be int64"):
+        ops.attention_rollout(att, torch.tensor([3, 1], dtype=torch.int32), 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_opcheck(dtype):
+    lengths = torch.tensor([4, 0, 2])
+    att = attentions(np.random.default_rng(9), 3, 2, 2, 4, lengths, dtype)
+    torch.library.opcheck(ops.attention_rollout.default, (att, lengths, 0.5))
