@@ -8,7 +8,6 @@ from torch import Tensor
 
 from attnmetrics._ops import ops
 from attnmetrics._validation import check_float, check_lengths
-from attnmetrics.protocol import token_mask
 
 
 def attention_rollout(attentions: Tensor, lengths: Tensor | None = None, residual: float = 0.5) -> Tensor:
@@ -69,19 +68,11 @@ def attention_rollout(attentions: Tensor, lengths: Tensor | None = None, residua
     if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be a number in [0, 1], got {residual!r}")
     lengths = check_lengths(lengths, batch, width, attentions.device)
-    mask = token_mask(lengths, width)
-    block = (mask[:, :, None] & mask[:, None, :])[:, None, None]  # [B, 1, 1, T, T]
-    bad_value = ~torch.isfinite(attentions) & block
-    negative = (attentions < 0) & block
-    found_bad, found_negative = torch.stack([bad_value.any(), negative.any()]).tolist()  # one read back
-    for found, what, where in (
-        (found_bad, "NaN or infinite values", bad_value),
-        (found_negative, "negative values", negative),
-    ):
-        if found:
-            b, layer, head = where.flatten(3).any(-1).nonzero()[0].tolist()
-            raise ValueError(
-                f"attentions contains {what} in the valid block of row {b} (layer {layer}, head {head}); "
-                "attention probabilities must be finite and non-negative"
-            )
-    return ops.attention_rollout(attentions.contiguous(), lengths, float(residual))
+    # The kernel checks the attention values as it reads them (finite, non-negative, in
+    # valid blocks only) and names the first bad row, layer and head.
+    try:
+        return ops.attention_rollout(attentions.contiguous(), lengths, float(residual))
+    except RuntimeError as error:
+        if "attentions contains" in str(error):
+            raise ValueError(str(error).splitlines()[0]) from None
+        raise

@@ -4,11 +4,14 @@
 // checks it together with the device.
 #pragma once
 
+#include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <optional>
+
+#include "kernels/rollout.h"
 
 namespace attnmetrics {
 
@@ -224,6 +227,25 @@ inline void check_rollout_inputs(const at::Tensor& attentions, const at::Tensor&
               "], got ", lengths.sizes());
   TORCH_CHECK(lengths.is_contiguous(), "lengths must be contiguous");
   TORCH_CHECK(residual >= 0.0 && residual <= 1.0, "residual must lie in [0, 1], got ", residual);
+}
+
+// Error path of attention_rollout: attentions and lengths in host memory (values of lengths
+// already checked). Names the first row, layer and head whose valid L x L block holds a
+// NaN, infinite or negative value; returns if there is none (padding may hold anything).
+inline void check_rollout_values(const at::Tensor& attentions, const at::Tensor& lengths) {
+  const int64_t B = attentions.size(0), layers = attentions.size(1), heads = attentions.size(2),
+                T = attentions.size(3);
+  const int64_t* len = lengths.const_data_ptr<int64_t>();
+  AT_DISPATCH_FLOATING_TYPES(attentions.scalar_type(), "check_rollout_values", [&] {
+    const scalar_t* att = attentions.const_data_ptr<scalar_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t lh = rollout::first_invalid_head(att + b * layers * heads * T * T, layers,
+                                                     heads, T, len[b]);
+      TORCH_CHECK(lh < 0, "attentions contains NaN, infinite or negative values in the valid block "
+                  "of row ", b, " (layer ", lh / heads, ", head ", lh % heads,
+                  "); attention probabilities must be finite and non-negative");
+    }
+  });
 }
 
 }  // namespace attnmetrics

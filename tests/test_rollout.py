@@ -151,9 +151,13 @@ def test_bad_values_name_row_layer_and_head():
     nan, neg = att.clone(), att.clone()
     nan[2, 1, 0, 1, 1] = float("nan")
     neg[2, 0, 1, 0, 3] = -0.1
-    with pytest.raises(ValueError, match=r"NaN or infinite values in the valid block of row 2 \(layer 1, head 0\)"):
+    with pytest.raises(
+        ValueError, match=r"NaN, infinite or negative values in the valid block of row 2 \(layer 1, head 0\)"
+    ):
         attention_rollout(nan)
-    with pytest.raises(ValueError, match=r"negative values in the valid block of row 2 \(layer 0, head 1\)"):
+    with pytest.raises(
+        ValueError, match=r"NaN, infinite or negative values in the valid block of row 2 \(layer 0, head 1\)"
+    ):
         attention_rollout(neg)
     for residual in (-0.1, 1.5, True, "0.5"):
         with pytest.raises(ValueError, match="residual must be a number in"):
@@ -180,3 +184,13 @@ def test_opcheck(dtype):
     lengths = torch.tensor([4, 0, 2])
     att = attentions(np.random.default_rng(9), 3, 2, 2, 4, lengths, dtype)
     torch.library.opcheck(ops.attention_rollout.default, (att, lengths, 0.5))
+
+
+def test_kernel_checks_values_in_valid_blocks_only():
+    lengths = torch.tensor([3, 2])
+    att = attentions(np.random.default_rng(10), 2, 2, 3, 3, lengths)
+    att[1, :, :, 2, :] = -torch.inf  # padding of row 1: never read
+    ops.attention_rollout(att, lengths, 0.5)
+    att[1, 1, 2, 1, 0] = torch.inf
+    with pytest.raises(RuntimeError, match=r"row 1 \(layer 1, head 2\)"):
+        ops.attention_rollout(att, lengths, 0.5)

@@ -2,7 +2,8 @@
 // owns a scratch slot of three T x T matrices: the layer's mixed attention M, the
 // rollout so far R and the next product). Each phase runs the CPU's per-entry code
 // (kernels/rollout.h) with a thread per entry (mixing, coalesced along j; product) or per
-// row (renormalisation), in the same summation orders, so with --fmad=false the same bits.
+// row (renormalisation); the mixing gives the CPU's bits, the product (k ascending) agrees
+// with the CPU's BLAS to rounding.
 #include <cuda_runtime.h>
 
 #include "cuda/geometry.h"

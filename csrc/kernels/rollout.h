@@ -6,9 +6,10 @@
 // L x L block is valid. Layer l's mixed attention is
 //     M_l[i, j] = (1 - r) * mean_h A[l, h, i, j] + r * [i == j],   i, j < L,
 // each row then divided by its sum (a row summing to 0 stays 0), and the rollout is the
-// product R = M_{layers-1} ... M_1 M_0. Both back ends call these functions with the
-// same summation orders (heads, then columns, then the product's k ascending), so with
-// --fmad=false they give the same bits.
+// product R = M_{layers-1} ... M_1 M_0. Both back ends mix with the same operations in the
+// same order (heads ascending, then the row sum over columns), so their M_l are the same
+// bits (--fmad=false); the CPU multiplies with BLAS, the GPU with product_entry, so the
+// rollouts agree to rounding.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,11 @@
 
 namespace attnmetrics {
 namespace rollout {
+
+// The largest finite value of the type (no <limits>: the header also builds with nvcc).
+template <typename scalar_t>
+constexpr scalar_t kHuge = sizeof(scalar_t) == 4 ? scalar_t(3.4028234663852886e38)
+                                                  : scalar_t(1.7976931348623157e308);
 
 // M_l[i, j] before renormalisation; `layer` points at A[l, 0, 0, 0].
 template <typename scalar_t>
@@ -54,35 +60,51 @@ AM_HOST_DEVICE inline scalar_t product_entry(const scalar_t* m_row, const scalar
   return acc;
 }
 
-// The whole chain for one row on one thread (the CPU's): R [L, L] receives the rollout,
-// next [L, L] and m_row [L] are scratch. The product runs row by row with k outside j,
-// so the inner loop is a contiguous axpy that vectorises; every entry still sums its k
-// in ascending order from 0, as product_entry does.
+// A valid attention value: finite and non-negative (false for NaN).
 template <typename scalar_t>
-inline void rollout_row(const scalar_t* att, int64_t layers, int64_t heads, int64_t T, int64_t L,
-                        scalar_t residual, scalar_t* R, scalar_t* next, scalar_t* m_row) {
-  const int64_t layer_size = heads * T * T;
-  for (int64_t i = 0; i < L; ++i) mixed_row(att, heads, T, L, i, residual, R + i * L);
-  for (int64_t l = 1; l < layers; ++l) {
-    const scalar_t* layer = att + l * layer_size;
-    for (int64_t i = 0; i < L; ++i) {
-      mixed_row(layer, heads, T, L, i, residual, m_row);
-      scalar_t* out = next + i * L;
-      for (int64_t j = 0; j < L; ++j) out[j] = 0;
-      for (int64_t k = 0; k < L; ++k) {
-        const scalar_t m = m_row[k];
-        const scalar_t* r = R + k * L;
-        for (int64_t j = 0; j < L; ++j) out[j] += m * r[j];
+AM_HOST_DEVICE inline bool valid_value(scalar_t a) {
+  return a >= scalar_t(0) && a <= kHuge<scalar_t>;
+}
+
+// The CPU's mixing of a whole layer into M [L, L] (row stride L): the same operations per
+// entry as mixed_entry and mixed_row, with heads outside the column loop so that it
+// vectorises. Returns whether every value read was valid (checked on the way: the
+// values are read once).
+template <typename scalar_t>
+inline bool mix_layer(const scalar_t* layer, int64_t heads, int64_t T, int64_t L,
+                      scalar_t residual, scalar_t* M) {
+  const scalar_t keep = scalar_t(1) - residual, n = static_cast<scalar_t>(heads);
+  int ok = 1;
+  for (int64_t i = 0; i < L; ++i) {
+    scalar_t* out = M + i * L;
+    for (int64_t j = 0; j < L; ++j) out[j] = 0;
+    for (int64_t h = 0; h < heads; ++h) {
+      const scalar_t* a = layer + (h * T + i) * T;
+      for (int64_t j = 0; j < L; ++j) {
+        out[j] += a[j];
+        ok &= static_cast<int>(valid_value(a[j]));
       }
     }
-    scalar_t* swap = R;
-    R = next;
-    next = swap;
+    for (int64_t j = 0; j < L; ++j) out[j] = keep * (out[j] / n);
+    out[i] += residual;
+    normalise_row(out, L);
   }
-  // After an odd number of products the result sits in the caller's `next`: move it back.
-  if ((layers - 1) % 2 == 1) {
-    for (int64_t e = 0; e < L * L; ++e) next[e] = R[e];
+  return ok != 0;
+}
+
+// The first (layer, head) of one row whose valid L x L block holds an invalid value, as
+// layer * heads + head; -1 when there is none. Error path only.
+template <typename scalar_t>
+inline int64_t first_invalid_head(const scalar_t* att, int64_t layers, int64_t heads, int64_t T,
+                                  int64_t L) {
+  for (int64_t lh = 0; lh < layers * heads; ++lh) {
+    for (int64_t i = 0; i < L; ++i) {
+      for (int64_t j = 0; j < L; ++j) {
+        if (!valid_value(att[(lh * T + i) * T + j])) return lh;
+      }
+    }
   }
+  return -1;
 }
 
 }  // namespace rollout
