@@ -35,15 +35,21 @@ def non_finite_parameter(decoder) -> str | None:
 
 
 def check_values_finite(values: Tensor, lengths: Tensor, rows: int | Tensor = 0) -> None:
-    """ValueError naming the first row whose valid prefix of ``values`` [n, T, H] holds NaN or inf.
+    """ValueError naming the first row whose valid prefix of ``values`` [n, T, H] (or multi-head
+    [n, heads, T, H]: row and head) holds NaN or inf.
 
     ``values`` may be a chunk of the batch: ``rows`` is the batch index of its row 0 (an int)
     or of each of its rows (an [n] tensor), so the message names the row of the whole batch."""
-    bad = ~torch.isfinite(values).all(-1) & token_mask(lengths, values.shape[1])
+    mask = token_mask(lengths, values.shape[-2])
+    bad = ~torch.isfinite(values).all(-1) & (mask if values.dim() == 3 else mask[:, None, :])
     if bad.any():
-        row = int(bad.any(1).nonzero()[0])
+        first = bad.flatten(1).any(1).nonzero()[0]
+        row = int(first)
         row = rows + row if isinstance(rows, int) else int(rows[row])
-        raise ValueError(f"values must be finite on each row's valid prefix, got NaN or infinite values in row {row}")
+        head = "" if values.dim() == 3 else f", head {int(bad[int(first)].any(-1).nonzero()[0])}"
+        raise ValueError(
+            f"values must be finite on each row's valid prefix, got NaN or infinite values in row {row}{head}"
+        )
 
 
 def rows_per_chunk(row_bytes: int, budget: int) -> int:

@@ -89,12 +89,13 @@ def sum_tolerance(lengths: Tensor, dtype: torch.dtype, atol: float = 1e-4) -> Te
     return (lengths.to(torch.float64) * per_item).clamp(min=atol, max=0.5)
 
 
-def check_attention(attention: Tensor, lengths: Tensor, atol: float = 1e-4) -> None:
+def check_attention(attention: Tensor, lengths: Tensor, atol: float = 1e-4, heads: int | None = None) -> None:
     """Attention [B, T]: finite, non-negative, each non-empty row summing to 1 over its prefix,
     within :func:`sum_tolerance` (which grows with the row's length and the dtype's epsilon).
 
     Rows that do not sum to 1 are rejected, not renormalised: a silently rescaled
-    distribution would change the very quantity being measured.
+    distribution would change the very quantity being measured. ``heads``: the rows are a
+    multi-head batch [B, heads, T] flattened to [B * heads, T]; messages name row and head.
     """
     check_float("attention", attention)
     if attention.dim() != 2:
@@ -115,9 +116,10 @@ def check_attention(attention: Tensor, lengths: Tensor, atol: float = 1e-4) -> N
         raise ValueError(f"attention must be non-negative, got min {float(real.min()):.4g}")
     if unnormalised:
         i = int(bad.nonzero()[0])
+        row = f"row {i}" if heads is None else f"row {i // heads}, head {i % heads},"
         raise ValueError(
             f"attention rows must sum to 1 over their first lengths[b] items "
-            f"(rejected, not renormalised): row {i} sums to {float(sums[i]):.6g}, beyond the tolerance "
+            f"(rejected, not renormalised): {row} sums to {float(sums[i]):.6g}, beyond the tolerance "
             f"{float(tolerance[i]):.3g} for {int(lengths[i])} {attention.dtype} items"
         )
 
@@ -143,6 +145,38 @@ def check_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> T
     return lengths
 
 
+def check_multi_head_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> Tensor:
+    """Validate multi-head attention [B, heads, T] and values [B, heads, T, H] (each head's row
+    summing to 1 over the row's prefix, as :func:`check_attention`); return lengths [B] int64."""
+    check_float("attention", attention)
+    check_float("values", values)
+    batch, heads, width = attention.shape
+    if values.dim() != 4 or values.shape[:3] != attention.shape:
+        raise ValueError(
+            f"values must have shape [B, heads, T, H] = [{batch}, {heads}, {width}, H] like attention, "
+            f"got {list(values.shape)}"
+        )
+    if values.shape[3] == 0:
+        raise ValueError(f"values must have H >= 1 features, got H = 0: shape {list(values.shape)}")
+    if heads == 0:
+        raise ValueError(f"attention must have heads >= 1, got shape {list(attention.shape)}")
+    if values.dtype != attention.dtype:
+        raise ValueError(f"values dtype {values.dtype} differs from attention dtype {attention.dtype}")
+    check_same_device(attention=attention, values=values)
+    if batch == 0:
+        raise ValueError(f"attention is an empty batch (B = 0, shape {list(attention.shape)})")
+    lengths = check_lengths(lengths, batch, width, attention.device)
+    check_attention(attention.flatten(0, 1), lengths.repeat_interleave(heads), heads=heads)
+    return lengths
+
+
+def check_any_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> Tensor:
+    """:func:`check_inputs` for attention [B, T], :func:`check_multi_head_inputs` for [B, heads, T]."""
+    if isinstance(attention, Tensor) and attention.dim() == 3:
+        return check_multi_head_inputs(attention, values, lengths)
+    return check_inputs(attention, values, lengths)
+
+
 def check_decoder(decoder, values: Tensor) -> None:
     """A callable [N, H] -> [N, C]; a plain ``nn.Linear`` must match values' H, dtype and device,
     have out_features = C >= 1, and its weight and bias must be finite (the closed forms never
@@ -150,7 +184,7 @@ def check_decoder(decoder, values: Tensor) -> None:
     if not callable(decoder):
         raise TypeError(f"decoder must be callable [N, H] -> [N, C], got {type(decoder).__name__}")
     if is_plain_linear(decoder):
-        h = values.shape[2]
+        h = values.shape[-1]
         if decoder.in_features != h:
             raise ValueError(f"decoder is an nn.Linear with in_features {decoder.in_features}, but values have H = {h}")
         if decoder.out_features < 1:

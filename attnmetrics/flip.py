@@ -28,10 +28,10 @@ from attnmetrics._decoder import (
 from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
+    check_any_inputs,
     check_budget,
     check_decoder,
     check_generator,
-    check_inputs,
     check_lengths,
     check_logits,
 )
@@ -123,16 +123,21 @@ def attention_gradient(
     that treats rows independently (e.g. a model head in eval mode). ``C == 1`` is a
     sigmoid output whose distribution is ``(1 - p, p)``.
 
+    Multi-head attention ``[B, heads, T]`` with values ``[B, heads, T, H]``: the context is
+    ``c = sum_h sum_t alpha_ht h_ht`` and the result is ``d p_y / d alpha_ht`` per head.
+
     Args:
-        attention: ``[B, T]`` float32/float64, each row summing to 1 over its prefix.
-        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        attention: ``[B, T]`` (or ``[B, heads, T]``) float32/float64, each row summing to 1
+            over its prefix.
+        values: ``[B, T, H]`` (or ``[B, heads, T, H]``), same dtype and device: the vectors
+            attention averages.
         decoder: ``[N, H] -> [N, C]`` logits.
         lengths: ``[B]`` integer valid-prefix lengths (default: all ``T``).
         memory_budget: rough bytes per chunk of rows (rows are processed in chunks).
 
     Returns:
-        ``[B, T]`` in the attention dtype (probability per unit of attention weight),
-        zero on padding.
+        Attention's shape (``[B, T]`` or ``[B, heads, T]``) in its dtype (probability per
+        unit of attention weight), zero on padding.
 
     Raises:
         ValueError: invalid attention/values/lengths (see :func:`flip_fraction`); values
@@ -150,20 +155,26 @@ def attention_gradient(
         >>> attention_gradient(att, torch.randn(3, 5, 4, dtype=torch.float64), dec).shape
         torch.Size([3, 5])
     """
-    lengths = check_inputs(attention, values, lengths)
+    lengths = check_any_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
-    batch, width, hidden = values.shape
+    multi = attention.dim() == 3
+    width, hidden = values.shape[-2:]
+    # Single head: alpha [n, T], h [n, T, H]; multi-head: alpha [n, heads, T], h [n, heads, T, H].
+    to_context, to_scores = ("bht,bhtd->bd", "bd,bhtd->bht") if multi else ("bt,btd->bd", "bd,btd->bt")
     mask = token_mask(lengths, width)
-    out = attention.new_zeros(batch, width)
-    rows = rows_per_chunk(width * hidden * values.element_size(), budget)
-    for s in range(0, batch, rows):
-        e = min(batch, s + rows)
+    if multi:
+        mask = mask[:, None, :]
+    out = torch.zeros_like(attention, memory_format=torch.contiguous_format)
+    row_bytes = attention[:1].numel() * hidden * values.element_size()
+    rows = rows_per_chunk(row_bytes, budget)
+    for s in range(0, attention.shape[0], rows):
+        e = min(attention.shape[0], s + rows)
         alpha = attention[s:e].masked_fill(~mask[s:e], 0)
-        h = values[s:e].masked_fill(~mask[s:e, :, None], 0)  # padding is never read, NaN there too
+        h = values[s:e].masked_fill(~mask[s:e, ..., None], 0)  # padding is never read, NaN there too
         check_values_finite(h, lengths[s:e], s)  # a NaN context would be blamed on the decoder
         with torch.no_grad():
-            context = torch.einsum("bt,bth->bh", alpha, h)
+            context = torch.einsum(to_context, alpha, h)
         _check_finite_rows(context, s, f"the context sum_t alpha_t h_t overflowed {h.dtype}")
         context.requires_grad_(True)
         with torch.enable_grad():
@@ -185,7 +196,7 @@ def attention_gradient(
             grad, s, "the decoder's gradient d p_y / d context is not finite (finite contexts and logits)"
         )
         with torch.no_grad():
-            out[s:e] = torch.einsum("bh,bth->bt", grad.to(h.dtype), h).masked_fill(~mask[s:e], 0)
+            out[s:e] = torch.einsum(to_scores, grad.to(h.dtype), h).masked_fill(~mask[s:e], 0)
         _check_finite_rows(out[s:e], s, f"the gradient times values (d p_y / d c) . h_t overflowed {h.dtype}")
     return out
 
@@ -200,12 +211,16 @@ def _check_finite_rows(x: Tensor, offset: int, what: str) -> None:
 def _order_scores(
     order: Order, attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, memory_budget: int
 ) -> Tensor | None:
-    """Scores of a deterministic order ([B, T]); None for "random" (drawn per sample)."""
+    """Scores of a deterministic order ([B, T]); None for "random" (drawn per sample).
+
+    Multi-head attention [B, heads, T] orders tokens by the head mean of each per-head score
+    (attention, and the gradient orders computed per head)."""
+    shape = [attention.shape[0], attention.shape[-1]]
     if isinstance(order, Tensor):
-        if order.shape != attention.shape:
+        if list(order.shape) != shape:
             raise ValueError(
-                f"order as a score tensor must have the shape of attention "
-                f"{list(attention.shape)}, got {list(order.shape)}"
+                f"order as a score tensor must have shape [B, T] = {shape} (one score per token), "
+                f"got {list(order.shape)}"
             )
         if order.device != attention.device:
             raise ValueError(f"order is on {order.device}, attention on {attention.device}")
@@ -216,18 +231,21 @@ def _order_scores(
         return order
     if not isinstance(order, str) or order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS} or a [B, T] score tensor, got {order!r}")
-    if order == "attention":
-        return attention
-    if order == "reverse":
-        return -attention
     if order == "random":
         return None
-    grad = attention_gradient(attention, values, decoder, lengths, memory_budget=memory_budget)
-    if order == "gradient":
-        return grad
-    if order == "attn_grad":
-        return attention * grad
-    return torch.sign(grad) * attention  # sign_grad_attn
+    if order in ("attention", "reverse"):
+        scores = attention
+    else:
+        grad = attention_gradient(attention, values, decoder, lengths, memory_budget=memory_budget)
+        if order == "gradient":
+            scores = grad
+        elif order == "attn_grad":
+            scores = attention * grad
+        else:
+            scores = torch.sign(grad) * attention  # sign_grad_attn
+    if attention.dim() == 3:
+        scores = scores.mean(1)
+    return -scores if order == "reverse" else scores
 
 
 # ---- search -------------------------------------------------------------------------------
@@ -261,27 +279,54 @@ def _search_general(
     attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, order: Tensor, budget: int, classes: list[int]
 ) -> tuple[Tensor, Tensor]:
     """Flip search with any decoder: all renormalised contexts of a chunk of rows, decided
-    in batched decoder calls. ``classes`` carries C across calls (checked for consistency)."""
-    batch, width, hidden = values.shape
+    in batched decoder calls. ``classes`` carries C across calls (checked for consistency).
+
+    Multi-head attention [B, heads, T] (values [B, heads, T, H]): each head's contexts come
+    from the same kernel on the rows flattened to [B * heads, T], with the row's order in every
+    head, and the decoder gets their sum over heads."""
+    multi = attention.dim() == 3
+    heads = attention.shape[1] if multi else 1
+    batch, width, hidden = attention.shape[0], values.shape[-2], values.shape[-1]
     item = values.element_size()
     # Contexts of a chunk take about half the budget; the decoder is fed slices of an
     # eighth, leaving room for its own activations (a few times its input).
     ctx_budget, call_rows = budget // 2, max(1, budget // (8 * hidden * item))
-    row_bytes = lengths * (hidden * item)
+    row_bytes = lengths * (heads * hidden * item)
     if not values.is_contiguous():
-        row_bytes = row_bytes + width * hidden * item  # the chunk's contiguous copy
+        row_bytes = row_bytes + heads * width * hidden * item  # the chunk's contiguous copy
     cum = torch.cumsum(row_bytes, 0)
     removed = torch.empty(batch, dtype=torch.int64, device=values.device)
     mass = attention.new_empty(batch)
+    head_mean = attention.mean(1) if multi else attention
     s = 0
     while s < batch:
         base = int(cum[s - 1]) if s else 0
         e = max(s + 1, int(torch.searchsorted(cum, base + ctx_budget, right=True)))
         lens = lengths[s:e]
-        att = attention[s:e].contiguous()
         ord_ = order[s:e].contiguous()
         check_values_finite(values[s:e], lens, s)  # else NaN contexts, decided silently
-        contexts = ops.renormalised_contexts(att, values[s:e].contiguous(), ord_, lens, torch.cumsum(lens, 0) - lens)
+        offsets = torch.cumsum(lens, 0) - lens
+        if multi:
+            flat_lens = lens.repeat_interleave(heads)
+            contexts = ops.renormalised_contexts(
+                attention[s:e].flatten(0, 1).contiguous(),
+                values[s:e].flatten(0, 1).contiguous(),
+                ord_.repeat_interleave(heads, 0),
+                flat_lens,
+                torch.cumsum(flat_lens, 0) - flat_lens,
+            )
+            # Row b's heads hold consecutive blocks of L_b contexts: block k of each head adds
+            # into context offsets[b] + k.
+            total = int(lens.sum())
+            within = torch.arange(contexts.shape[0], device=lens.device) - torch.repeat_interleave(
+                torch.cumsum(flat_lens, 0) - flat_lens, flat_lens, output_size=contexts.shape[0]
+            )
+            target = torch.repeat_interleave(offsets.repeat_interleave(heads), flat_lens, output_size=contexts.shape[0])
+            contexts = contexts.new_zeros(total, hidden).index_add_(0, target + within, contexts)
+        else:
+            contexts = ops.renormalised_contexts(
+                attention[s:e].contiguous(), values[s:e].contiguous(), ord_, lens, offsets
+            )
         decisions = torch.empty(contexts.shape[0], dtype=torch.int64, device=values.device)
         for c in range(0, contexts.shape[0], call_rows):
             part = contexts[c : c + call_rows]
@@ -289,8 +334,44 @@ def _search_general(
             classes[:] = [logits.shape[1]]
             decisions[c : c + call_rows] = decision(logits)
         removed[s:e] = _first_flip(decisions, lens)
-        mass[s:e] = _removed_mass(att, ord_, removed[s:e])
+        mass[s:e] = _removed_mass(head_mean[s:e], ord_, removed[s:e])
         s = e
+    return removed, mass
+
+
+def _search_linear_heads(
+    attention: Tensor, values: Tensor, weight: Tensor, bias: Tensor, lengths: Tensor, order: Tensor, budget: int
+) -> tuple[Tensor, Tensor]:
+    """Flip search of multi-head attention [B, heads, T] with a linear decoder, in closed form:
+    after removing the first k tokens of the order, the logits are
+    ``b + sum_h (sum_{j >= k} alpha_hj P_hj) / (sum_{j >= k} alpha_hj)`` over the order's
+    positions j, P = values @ W.T (a head with no mass left adds 0). Suffix sums in float64
+    of a chunk of rows at a time; no context is built."""
+    batch, heads, width, hidden = values.shape
+    classes = weight.shape[0]
+    removed = torch.empty(batch, dtype=torch.int64, device=values.device)
+    # Per row: the chunk's values copy, the projection and its float64 suffix sums.
+    row_bytes = heads * width * (hidden * values.element_size() + classes * (values.element_size() + 16) + 16)
+    rows = rows_per_chunk(row_bytes, budget)
+    step = torch.arange(width, device=values.device)
+    for s in range(0, batch, rows):
+        e = min(batch, s + rows)
+        lens = lengths[s:e]
+        flat_lens = lens.repeat_interleave(heads)
+        projected = project(values[s:e].flatten(0, 1), weight, flat_lens, budget).view(e - s, heads, width, classes)
+        index = order[s:e, None, :].expand(-1, heads, -1)
+        valid = (step < lens[:, None])[:, None, :]
+        alpha = attention[s:e].gather(2, index).masked_fill(~valid, 0).double()  # in removal order
+        terms = alpha[..., None] * projected.gather(2, index[..., None].expand(-1, -1, -1, classes)).double()
+        numerator = terms.flip(2).cumsum(2).flip(2)  # [n, heads, T, C]: what is left after k removals
+        mass_left = alpha.flip(2).cumsum(2).flip(2)[..., None]
+        heads_out = torch.where(mass_left > 0, numerator / mass_left.clamp(min=torch.finfo(torch.float64).tiny), 0.0)
+        logits = heads_out.sum(1) + bias.double()  # [n, T, C]
+        decisions = decision(logits.flatten(0, 1)).view(e - s, width)
+        changed = (decisions != decisions[:, :1]) & (step >= 1) & (step < lens[:, None])
+        first = torch.where(changed, step, width).amin(1)
+        removed[s:e] = torch.where(first == width, -1, first)
+    mass = _removed_mass(attention.mean(1), order, removed)
     return removed, mass
 
 
@@ -323,11 +404,20 @@ def flip_fraction(
     batched calls. The decoder must treat rows independently (put models in eval mode).
     Runs under ``torch.no_grad()`` except for the gradient orderings.
 
+    Multi-head attention (a transformer's, docs/definitions.md §15): with ``attention``
+    ``[B, heads, T]`` and ``values`` ``[B, heads, T, H]`` the items are tokens. Removing a
+    token zeros it in every head and renormalises each head's row on its own; the context is
+    the sum over heads of each head's renormalised context; the named orders rank tokens by
+    the head mean of their per-head scores (attention, or the gradient orders computed per
+    head); ``mass`` is the head-mean attention removed. A linear decoder takes a closed form
+    per head (float64 suffix sums of the projected values, no contexts built).
+
     Args:
-        attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing
-            to 1 over its first ``lengths[b]`` items (rejected otherwise, not renormalised).
-            Any strides.
-        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        attention: ``[B, T]`` (or ``[B, heads, T]``) float32/float64; each row (each head's
+            row) non-negative, finite and summing to 1 over its first ``lengths[b]`` items
+            (rejected otherwise, not renormalised). Any strides.
+        values: ``[B, T, H]`` (or ``[B, heads, T, H]``), same dtype and device: the vectors
+            attention averages.
         decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``, C >= 1.
         lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
         order: score to remove by, highest first: ``"attention"``, ``"reverse"``
@@ -373,7 +463,7 @@ def flip_fraction(
         >>> res.removed, res.fraction, res.mass
         (tensor([1]), tensor([0.3333], dtype=torch.float64), tensor([0.6000], dtype=torch.float64))
     """
-    lengths = check_inputs(attention, values, lengths)
+    lengths = check_any_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
@@ -386,20 +476,24 @@ def flip_fraction(
     never_flipped = float(never_flipped)
     scores = _order_scores(order, attention, values, decoder, lengths, budget)
     n_samples = samples if scores is None else 1
-    batch, width, _ = values.shape
+    multi = attention.dim() == 3
+    batch, width = attention.shape[0], attention.shape[-1]
 
     with torch.no_grad():
         linear = is_plain_linear(decoder)
         if linear:
-            projected = project(values, decoder.weight, lengths, budget)
-            bias = decoder.bias.detach() if decoder.bias is not None else projected.new_zeros(projected.shape[2])
-            att = attention.contiguous()
+            bias = decoder.bias.detach() if decoder.bias is not None else values.new_zeros(decoder.weight.shape[0])
+            if not multi:
+                projected = project(values, decoder.weight, lengths, budget)
+                att = attention.contiguous()
         removed, mass = [], []
         classes: list[int] = []
         for _ in range(n_samples):
             s = scores if scores is not None else random_scores(batch, width, generator, attention.device)
             order_ = removal_order(s, lengths)
-            if linear:
+            if linear and multi:
+                r, m = _search_linear_heads(attention, values, decoder.weight.detach(), bias, lengths, order_, budget)
+            elif linear:
                 r, m = ops.flip_search_linear(att, projected, bias.contiguous(), order_, lengths)
             else:
                 r, m = _search_general(attention, values, decoder, lengths, order_, budget, classes)

@@ -64,13 +64,14 @@ def _flip_result(removed, lengths, mass, dtype):
 
 
 def _reference_scores(order, attention, values, decoder, lengths):
-    """[B, T] scores of an order, the gradient ones by autograd on each row's attention."""
+    """[B, T] scores of an order, the gradient ones by autograd on each row's attention.
+    Multi-head attention [B, heads, T]: the head mean of the per-head scores."""
     if not isinstance(order, str):
         return order
-    if order == "attention":
-        return attention
-    if order == "reverse":
-        return -attention
+    multi = attention.dim() == 3
+    if order in ("attention", "reverse"):
+        scores = attention.mean(1) if multi else attention
+        return scores if order == "attention" else -scores
     if order not in ("gradient", "attn_grad", "sign_grad_attn"):
         raise ValueError(f"reference order must be a score tensor or a deterministic name, got {order!r}")
     grad = torch.zeros_like(attention)
@@ -79,17 +80,21 @@ def _reference_scores(order, attention, values, decoder, lengths):
         if n == 0:
             continue
         with torch.enable_grad():
-            alpha = attention[b, :n].detach().clone().requires_grad_(True)
-            context = (alpha[:, None] * values[b, :n].detach()).sum(0)
+            alpha = attention[b, ..., :n].detach().clone().requires_grad_(True)
+            context = (alpha[..., None] * values[b, ..., :n, :].detach()).sum(-2)  # per head: sum_t a_t h_t
+            if multi:
+                context = context.sum(0)  # the heads' outputs add up
             logits = decoder(context[None])
             y = int(decision(logits.detach())[0])
             (g,) = torch.autograd.grad(output_distribution(logits)[0, y], alpha)
-        grad[b, :n] = g
+        grad[b, ..., :n] = g
     if order == "gradient":
-        return grad
-    if order == "attn_grad":
-        return attention * grad
-    return torch.sign(grad) * attention
+        scores = grad
+    elif order == "attn_grad":
+        scores = attention * grad
+    else:
+        scores = torch.sign(grad) * attention
+    return scores.mean(1) if multi else scores
 
 
 def flip_fraction_reference(attention, values, decoder, lengths, order="attention"):
@@ -99,32 +104,44 @@ def flip_fraction_reference(attention, values, decoder, lengths, order="attentio
     for k = 1 .. L-1 zero the next weight, renormalise the rest to sum to 1 (a zero
     context if nothing is left), rebuild the context sum_t alpha'_t h_t, run the decoder
     on that one context and compare its decision with the one at k = 0.
+    Multi-head attention [B, heads, T] with values [B, heads, T, H] (docs/definitions.md §15):
+    the token is zeroed in every head, each head renormalised on its own, the context is the
+    sum over heads, and the removed mass is the head mean's.
     ``order``: "attention", "reverse", "gradient", "attn_grad", "sign_grad_attn" or a
     [B, T] score tensor (for random orders pass the scores). Returns a FlipResult.
     """
     scores = _reference_scores(order, attention, values, decoder, lengths)
+    multi = attention.dim() == 3
     removed, mass = [], []
     with torch.no_grad():
         for b in range(attention.shape[0]):
             n = int(lengths[b])
             row_scores = [float(x) for x in scores[b, :n]]
             ranked = sorted(range(n), key=lambda i: -row_scores[i])  # stable: ties keep index order
-            weights = attention[b, :n].clone()
-            h = values[b, :n]
+            weights = attention[b, ..., :n].clone()
+            if not multi:
+                weights = weights[None]  # one head
+            h = values[b, ..., :n, :] if multi else values[b, None, :n]
 
             def decide(w):
-                total = w.sum()
-                context = (w / total)[:, None].mul(h).sum(0) if total != 0 else torch.zeros_like(h[0])
+                context = torch.zeros_like(h[0, 0]) if n else torch.zeros(h.shape[-1], dtype=h.dtype)
+                for head in range(w.shape[0]):
+                    total = w[head].sum()
+                    if total != 0:
+                        context = context + (w[head] / total)[:, None].mul(h[head]).sum(0)
                 return int(decision(decoder(context[None]))[0])
 
             first, gone = -1, math.nan
             if n >= 2:
                 original = decide(weights)
                 for k in range(1, n):
-                    weights[ranked[k - 1]] = 0
+                    weights[:, ranked[k - 1]] = 0
                     if decide(weights) != original:
                         first = k
-                        gone = math.fsum(float(attention[b, i]) for i in ranked[:k])
+                        removed_weights = attention[b, ..., ranked[:k]]
+                        if multi:
+                            removed_weights = removed_weights.mean(0)
+                        gone = math.fsum(float(w) for w in removed_weights)
                         break
             removed.append(first)
             mass.append(gone)

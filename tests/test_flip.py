@@ -531,7 +531,7 @@ def test_clear_errors():
         (dict(lengths=lengths[:2]), "lengths must have shape"),
         (dict(lengths=lengths.float()), "lengths must be an integer"),
         (dict(order="attentoin"), "order must be one of"),
-        (dict(order=torch.zeros(4, 4)), "order as a score tensor must have the shape"),
+        (dict(order=torch.zeros(4, 4)), r"order as a score tensor must have shape \[B, T\] = \[4, 5\]"),
         (dict(order=bad_scores), r"order \(score tensor\) contains NaN"),
         (dict(order="random", samples=0), "samples must be an int >= 1"),
         (dict(memory_budget=0), "memory_budget"),
