@@ -321,7 +321,11 @@ def single_removal_reference(attention, values, decoder, lengths, which="top"):
     sum to 0), decode the new and the original (renormalised) context one row at a time,
     and compare: JSD of the output distributions (float64, :func:`jsd_reference`) and
     whether the decision changed. Rows with L <= 1: NaN, False, -1, NaN.
+    Multi-head attention [B, heads, T] (docs/definitions.md §15): the token is picked by the
+    head mean, zeroed in every head, each head renormalised on its own; the context is the
+    sum over heads; the removed weight is the head mean's.
     """
+    multi = attention.dim() == 3
     jsds, flips, positions, weights = [], [], [], []
     with torch.no_grad():
         for b in range(attention.shape[0]):
@@ -329,7 +333,9 @@ def single_removal_reference(attention, values, decoder, lengths, which="top"):
             if n <= 1:
                 jsds.append(math.nan), flips.append(False), positions.append(-1), weights.append(math.nan)
                 continue
-            w = attention[b, :n]
+            rows = attention[b, ..., :n] if multi else attention[b, None, :n]  # [heads, n]
+            h = values[b, ..., :n, :] if multi else values[b, None, :n]  # [heads, n, H]
+            w = rows.mean(0)
             by_weight = sorted(range(n), key=lambda t: (-float(w[t]), t))  # descending, ties by index
             if isinstance(which, str):
                 i = {
@@ -339,13 +345,19 @@ def single_removal_reference(attention, values, decoder, lengths, which="top"):
                 }[which]
             else:
                 i = int(which[b])
-            h = values[b, :n]
-            before = decoder(((w / w.sum())[:, None] * h).sum(0)[None])
-            kept = w.clone()
-            kept[i] = 0
-            total = kept.sum()
-            context = ((kept / total)[:, None] * h).sum(0) if total != 0 else torch.zeros_like(h[0])
-            after = decoder(context[None])
+
+            def context(weights):
+                out = torch.zeros_like(h[0, 0])
+                for head in range(weights.shape[0]):
+                    total = weights[head].sum()
+                    if total != 0:
+                        out = out + ((weights[head] / total)[:, None] * h[head]).sum(0)
+                return out
+
+            before = decoder(context(rows)[None])
+            kept = rows.clone()
+            kept[:, i] = 0
+            after = decoder(context(kept)[None])
             p, q = output_distribution(before.double()), output_distribution(after.double())
             jsds.append(float(jsd_reference(p, q)[0]))
             flips.append(bool(decision(before)[0] != decision(after)[0]))

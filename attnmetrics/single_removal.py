@@ -23,10 +23,10 @@ from torch import Tensor
 from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project, rows_per_chunk
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
+    check_any_inputs,
     check_budget,
     check_decoder,
     check_generator,
-    check_inputs,
     check_logits,
 )
 from attnmetrics.distances import jsd
@@ -108,10 +108,17 @@ def single_removal(
     original and the new context of a chunk of rows (about ``memory_budget`` bytes) in
     one batched call, and must treat rows independently. Runs under ``torch.no_grad()``.
 
+    Multi-head attention ``[B, heads, T]`` with values ``[B, heads, T, H]`` (a transformer's;
+    docs/definitions.md §15): ``which`` picks a token by the head-mean attention, the token
+    is zeroed in every head and each head renormalised on its own, the contexts are summed
+    over heads, and ``removed_weight`` is the token's head-mean weight.
+
     Args:
-        attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing
-            to 1 over its first ``lengths[b]`` items (rejected otherwise). Any strides.
-        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        attention: ``[B, T]`` (or ``[B, heads, T]``) float32/float64; each row (each head's
+            row) non-negative, finite and summing to 1 over its first ``lengths[b]`` items
+            (rejected otherwise). Any strides.
+        values: ``[B, T, H]`` (or ``[B, heads, T, H]``), same dtype and device: the vectors
+            attention averages.
         decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``, C >= 1.
         lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
         which: ``"top"`` (highest weight, ties to the lower index), ``"second"`` (second
@@ -146,61 +153,70 @@ def single_removal(
         >>> res.flipped.tolist(), res.removed_index.tolist(), res.removed_weight.tolist()
         ([True], [0], [0.7])
     """
-    lengths = check_inputs(attention, values, lengths)
+    lengths = check_any_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
     if not isinstance(which, str) or which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}")
     check_generator(generator, attention.device)
-    batch, width, hidden = values.shape
+    # One code path: a single-head call is the multi-head one with one head.
+    multi = attention.dim() == 3
+    att = attention if multi else attention[:, None]  # [B, heads, T]
+    vals = values if multi else values[:, None]  # [B, heads, T, H]
+    batch, heads, width, hidden = vals.shape
     dtype, device = attention.dtype, attention.device
 
     with torch.no_grad():
-        index = removed_positions(attention, lengths, which, generator)
+        head_mean = att.mean(1) if multi else attention
+        index = removed_positions(head_mean, lengths, which, generator)
         ok = index >= 0
         removed_weight = torch.full((batch,), math.nan, dtype=dtype, device=device)
         divergence = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
         flipped = torch.zeros(batch, dtype=torch.bool, device=device)
         if not ok.any():
             return SingleRemovalResult(divergence.to(dtype), flipped, index, removed_weight)
-        removed_weight[ok] = attention[ok].gather(1, index[ok, None]).squeeze(1)
+        removed_weight[ok] = head_mean[ok].gather(1, index[ok, None]).squeeze(1)
 
         linear = is_plain_linear(decoder)
         if linear:
-            projected = project(values, decoder.weight, lengths, budget)
+            flat_lengths = lengths.repeat_interleave(heads)
+            projected = project(vals.flatten(0, 1), decoder.weight, flat_lengths, budget)
             n_classes = projected.shape[2]
+            projected = projected.view(batch, heads, width, n_classes)
             bias = (
                 decoder.bias.detach().to(torch.float64)
                 if decoder.bias is not None
                 else torch.zeros(n_classes, dtype=torch.float64, device=device)
             )
-            row_bytes = width * (n_classes + 2) * 8
-        else:  # a copy of the chunk's values, two float64 weight rows, two contexts
+            row_bytes = heads * width * (n_classes + 2) * 8
+        else:  # a copy of the chunk's values, two float64 weight rows per head, two contexts
             item = values.element_size()
-            row_bytes = width * (hidden * item + 16) + 2 * hidden * item
+            row_bytes = heads * width * (hidden * item + 16) + 2 * hidden * item
         rows = rows_per_chunk(row_bytes, budget)
         classes: list[int] = []  # C of the first decoder call, checked on later ones
         for s in range(0, batch, rows):
             keep = s + ok[s : s + rows].nonzero().squeeze(1)  # rows with something to remove
             if keep.numel() == 0:
                 continue
-            mask = token_mask(lengths[keep], width)
-            alpha = attention[keep].to(torch.float64).masked_fill(~mask, 0)
-            rest = alpha.scatter(1, index[keep, None], 0.0)
-            total, left = alpha.sum(1, keepdim=True), rest.sum(1, keepdim=True)
+            mask = token_mask(lengths[keep], width)[:, None, :]  # [n, 1, T]
+            alpha = att[keep].to(torch.float64).masked_fill(~mask, 0)
+            # The token goes from every head; each head is renormalised on its own.
+            rest = alpha.scatter(2, index[keep, None, None].expand(-1, heads, 1), 0.0)
+            total, left = alpha.sum(2, keepdim=True), rest.sum(2, keepdim=True)
             before = alpha / total  # rows sum to 1 within sum_tolerance (<= 0.5): total > 0
             after = torch.where(left > 0, rest / torch.where(left > 0, left, 1), 0)
+            weights = torch.stack([before, after], 1)  # [n, 2, heads, T]
             if linear:
                 proj = projected[keep].to(torch.float64).masked_fill(~mask[..., None], 0)
-                z = torch.bmm(torch.stack([before, after], 1), proj) + bias  # [n, 2, C]
+                z = torch.einsum("nkht,nhtc->nkc", weights, proj) + bias  # [n, 2, C]
             else:
-                check_values_finite(values[keep], lengths[keep], keep)  # names the batch's row
-                h = values[keep]  # advanced indexing: a contiguous copy
+                check_values_finite(vals[keep] if multi else values[keep], lengths[keep], keep)  # names the row
+                h = vals[keep]  # advanced indexing: a contiguous copy
                 h.masked_fill_(~mask[..., None], 0)  # padding never enters a context
-                contexts = torch.bmm(torch.stack([before, after], 1).to(h.dtype), h)
+                contexts = torch.einsum("nkht,nhtd->nkd", weights.to(h.dtype), h)  # summed over heads
                 n = keep.numel()
                 z = check_logits(
-                    decoder(contexts.view(2 * n, hidden)), 2 * n, classes[0] if classes else None, dtype=dtype
+                    decoder(contexts.reshape(2 * n, hidden)), 2 * n, classes[0] if classes else None, dtype=dtype
                 )
                 classes[:] = [z.shape[1]]
                 z = z.view(n, 2, -1)

@@ -50,12 +50,13 @@ def batch(b=40, t=12, h=6, dtype=F64, seed=0, temperature=2.0, min_len=0):
     return att.to(dtype), values.to(dtype), lengths
 
 
-def heads_batch(b=30, heads=3, t=10, h=5, dtype=F64, seed=0, temperature=2.0, min_len=0):
+def heads_batch(b=30, heads=3, t=10, h=5, dtype=F64, seed=0, temperature=2.0, min_len=0, first=()):
     """Multi-head ragged batch: attention [B, heads, T], each head a softmax over the row's prefix
     (zero on padding), values [B, heads, T, H] (a transformer's per-head value vectors through
-    its output projection)."""
+    its output projection). ``first``: lengths of the first rows (e.g. 0, 1)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, t + 1, (b,), generator=g)
+    lengths[: len(first)] = torch.tensor(first, dtype=torch.int64)
     mask = (torch.arange(t) < lengths[:, None])[:, None, :]
     logits = torch.randn(b, heads, t, generator=g, dtype=F64) * temperature
     att = torch.softmax(logits.masked_fill(~mask, -math.inf), -1).nan_to_num(0.0)

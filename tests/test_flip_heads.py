@@ -78,8 +78,7 @@ def test_closed_form_equals_general_path_and_chunking(kind):
 
 
 def test_ties_short_rows_and_non_contiguous_inputs():
-    att, values, lengths = heads_batch(b=20, heads=2, t=6, h=3, seed=4)
-    lengths[:4] = torch.tensor([0, 1, 2, 6])
+    att, values, lengths = heads_batch(b=20, heads=2, t=6, h=3, seed=4, first=(0, 1, 2, 6))
     mask = (torch.arange(6) < lengths[:, None])[:, None, :]
     uniform = torch.where(mask, 1.0 / lengths.clamp(min=1)[:, None, None].double(), 0.0)
     att = uniform.expand(-1, 2, -1).clone()  # both heads uniform: every score ties
