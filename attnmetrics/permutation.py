@@ -23,10 +23,10 @@ from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, 
 from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
+    check_any_inputs,
     check_budget,
     check_decoder,
     check_generator,
-    check_inputs,
     check_lengths,
     check_logits,
 )
@@ -111,14 +111,17 @@ def _general(
 ) -> Tensor:
     """Output TVD [B, P] (float64) with any decoder. Per chunk of rows: the permutations
     (kernel), the permuted weights by gather, the original and every permuted context of a
-    row in one batched matmul (row b: ``[P + 1, T] @ [T, H]``), decoded in batched calls."""
-    batch, width, hidden = values.shape
+    row in one batched matmul (row b: ``[P + 1, T] @ [T, H]``, per head and summed over the
+    heads for multi-head attention ``[B, heads, T]``), decoded in batched calls."""
+    att = attention if attention.dim() == 3 else attention[:, None]  # [B, heads, T]
+    vals = values if values.dim() == 4 else values[:, None]  # [B, heads, T, H]
+    batch, heads, width, hidden = vals.shape
     item = values.element_size()
     p1 = permutations + 1
     # A chunk (permutations, weights, a zero-padded copy of its values, contexts) takes
     # about half the budget; the decoder is fed slices of an eighth, leaving room for its
     # own activations (a few times its input).
-    row_bytes = p1 * width * (8 + item) + width * hidden * item + p1 * hidden * item
+    row_bytes = p1 * width * (8 + heads * item) + heads * width * hidden * item + p1 * hidden * item
     rows = rows_per_chunk(row_bytes, budget // 2)
     call_rows = max(1, budget // (8 * hidden * item))
     classes: list[int] = []
@@ -126,14 +129,16 @@ def _general(
     for s in range(0, batch, rows):
         e = min(batch, s + rows)
         n, lens = e - s, lengths[s:e]
-        mask = token_mask(lens, width)
-        alpha = attention[s:e].masked_fill(~mask, 0)
-        h = values[s:e].masked_fill(~mask[..., None], 0)  # padding never enters a context
+        mask = token_mask(lens, width)[:, None, :]
+        alpha = att[s:e].masked_fill(~mask, 0)
+        h = vals[s:e].masked_fill(~mask[..., None], 0)  # padding never enters a context
         perms = ops.attention_permutations(lens, width, permutations, seed, s, 0)
-        permuted = alpha.gather(1, perms.view(n, -1)).view(n, permutations, width)
-        weights = torch.cat([alpha[:, None], permuted], 1)  # [n, P + 1, T]
+        # The same permutation of a row's tokens in every head.
+        permuted = alpha.gather(2, perms.view(n, 1, -1).expand(-1, heads, -1)).view(n, heads, permutations, width)
+        weights = torch.cat([alpha[:, :, None], permuted], 2)  # [n, heads, P + 1, T]
         check_values_finite(values[s:e], lens, s)  # names the batch's row
-        contexts = torch.bmm(weights, h).view(n * p1, hidden)  # row b: original, then permuted
+        # Row b: original, then permuted contexts, summed over heads.
+        contexts = torch.einsum("nhpt,nhtd->npd", weights, h).reshape(n * p1, hidden)
         if not torch.isfinite(contexts[::p1]).all():  # finite values whose context overflowed
             raise ValueError(f"a context sum_t alpha_t h_t of rows {s}..{e - 1} overflowed {values.dtype}")
         dists = []
@@ -183,10 +188,18 @@ def permutation_test(
     inputs' dtype) in batched calls; it must treat rows independently (put models in
     eval mode). The two paths agree up to rounding. Runs under ``torch.no_grad()``.
 
+    Multi-head attention ``[B, heads, T]`` with values ``[B, heads, T, H]`` (a transformer's;
+    docs/definitions.md §15): a permutation moves the tokens alike in every head
+    (``alpha'_ht = alpha_{h, pi(t)}``), the context is the sum over heads, and
+    ``max_attention`` is the largest head-mean weight. A linear decoder then decodes the
+    heads' projected values (``values @ W.T``) through the batched path.
+
     Args:
-        attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing
-            to 1 over its first ``lengths[b]`` items (rejected otherwise). Any strides.
-        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        attention: ``[B, T]`` (or ``[B, heads, T]``) float32/float64; each row (each head's
+            row) non-negative, finite and summing to 1 over its first ``lengths[b]`` items
+            (rejected otherwise). Any strides.
+        values: ``[B, T, H]`` (or ``[B, heads, T, H]``), same dtype and device: the vectors
+            attention averages.
         decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``, C >= 1.
         lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
         permutations: P >= 1 (J&W: 100).
@@ -221,7 +234,7 @@ def permutation_test(
         >>> res.median_tvd.shape, res.median_tvd[1].item(), res.max_attention.tolist()
         (torch.Size([2]), 0.0, [0.9, 1.0])
     """
-    lengths = check_inputs(attention, values, lengths)
+    lengths = check_any_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
     permutations = _check_int("permutations", permutations, 1)
@@ -229,25 +242,34 @@ def permutation_test(
         raise ValueError(f"return_all must be a bool, got {return_all!r}")
     check_generator(generator)  # any device: the seed is drawn on the generator's
     seed = draw_seed(generator)
-    batch, width, _ = values.shape
+    multi = attention.dim() == 3
+    batch, width = attention.shape[0], attention.shape[-1]
 
     with torch.no_grad():
-        if is_plain_linear(decoder):
-            projected = project(values, decoder.weight, lengths, budget)
+        linear = is_plain_linear(decoder)
+        if linear:
+            heads = attention.shape[1] if multi else 1
+            projected = project(
+                values.flatten(0, 1) if multi else values, decoder.weight, lengths.repeat_interleave(heads), budget
+            )
             if decoder.bias is None:
                 bias = projected.new_zeros(projected.shape[2])
             else:
                 bias = decoder.bias.detach().contiguous()  # finite: check_decoder
+        if linear and not multi:
             median, tvds = ops.permutation_tvd_linear(
                 attention.contiguous(), projected, bias, lengths, permutations, seed
             )
         else:
+            if linear:  # multi-head: the heads' projected values are the values of a bias-only decoder
+                values, decoder = projected.view(batch, heads, width, -1), lambda z: z + bias
             tvds = _general(attention, values, decoder, lengths, permutations, seed, budget)
             tvds[lengths <= 1] = 0  # equal contexts; a batched decoder call may round them apart
             median = _median(tvds).to(attention.dtype)
             tvds = tvds.to(attention.dtype)
         if width:
-            real = attention.masked_fill(~token_mask(lengths, width), -torch.inf)
+            head_mean = attention.mean(1) if multi else attention
+            real = head_mean.masked_fill(~token_mask(lengths, width), -torch.inf)
             top = torch.where(lengths > 0, real.amax(1), torch.nan)
         else:
             top = attention.new_full((batch,), torch.nan)

@@ -290,19 +290,28 @@ def permutation_test_reference(attention, values, decoder, lengths, permutations
     Returns ``(median [B], tvd [B, P])`` in the attention dtype. This is the approach the
     benchmarks time against: one decoder pass per permutation.
     """
+    multi = attention.dim() == 3  # [B, heads, T]: tokens permuted alike in every head, heads summed
     with torch.no_grad():
-        batch, width = attention.shape
+        batch, width = attention.shape[0], attention.shape[-1]
         lengths = torch.as_tensor(lengths, dtype=torch.int64)
         valid = torch.arange(width) < lengths[:, None]
+        if multi:
+            valid = valid[:, None, :]
         alpha = attention.masked_fill(~valid, 0)
         h = values.masked_fill(~valid[..., None], 0)  # padding never enters a context
-        original = output_distribution(decoder(torch.bmm(alpha[:, None], h)[:, 0]))
+
+        def decode(weights):
+            context = (weights[..., None] * h).sum(-2)
+            return output_distribution(decoder(context.sum(1) if multi else context))
+
+        original = decode(alpha)
         tvds = torch.empty(batch, permutations, dtype=attention.dtype)
         for p in range(permutations):
             perm = attention_permutations(lengths, width, 1, seed, permutation_offset=p)[:, 0]
-            permuted = alpha.gather(1, perm)
-            out = output_distribution(decoder(torch.bmm(permuted[:, None], h)[:, 0]))
-            tvds[:, p] = tvd_reference(out, original)
+            if multi:
+                perm = perm[:, None, :].expand(-1, attention.shape[1], -1)
+            permuted = alpha.gather(-1, perm)
+            tvds[:, p] = tvd_reference(decode(permuted), original)
         tvds[lengths <= 1] = 0
         median = torch.from_numpy(np.median(tvds.numpy(), axis=1)).to(attention.dtype)
     return median, tvds
