@@ -20,10 +20,10 @@ from torch import Tensor
 from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
+    check_any_inputs,
     check_budget,
     check_decoder,
     check_generator,
-    check_inputs,
     check_logits,
 )
 from attnmetrics.distances import jsd, tvd
@@ -88,9 +88,13 @@ def _chunks(lens: list[int], row_bytes, budget: int):
 
 
 def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | None, classes: list[int]) -> Tensor:
-    """Output distributions [n, K, C'] for attention a [n, K, W] over feats [n, W, F]:
-    projected values plus bias (linear decoder) or decoder(contexts)."""
-    mixed = torch.bmm(a, feats)
+    """Output distributions [n, K, C'] for attention a [n, K, heads, W] over feats
+    [n, heads, W, F] (the heads' contexts summed): projected values plus bias (linear
+    decoder) or decoder(contexts)."""
+    if a.shape[2] == 1:  # one head: a plain batched matmul
+        mixed = torch.bmm(a[:, :, 0], feats[:, 0])
+    else:
+        mixed = torch.einsum("nkhw,nhwf->nkf", a, feats)
     n, k, f = mixed.shape
     if decoder is None:
         logits = (mixed + bias).reshape(n * k, f)
@@ -111,19 +115,20 @@ def _loss(
     z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes, pair_i, pair_j, penalty, margin, diversity
 ) -> Tensor:
     """Sum over rows of -mean_k JSD(a_k, alpha) + penalty * mean_k ReLU(TVD_k - margin)
-    - diversity * mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, W].
+    - diversity * mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, heads, W]; a
+    JSD between multi-head candidates is the mean over heads of the per-head JSDs.
 
     JSD(p, q) = (sum p log p + sum q log q) / 2 - sum m log m, m = (p + q) / 2, with
     0 log 0 = 0: log a is -inf on padding, so it is zeroed before multiplying."""
     la = torch.log_softmax(z.masked_fill(~valid, -math.inf), -1)
     a = la.exp()  # exactly 0 on padding
-    a_xlogx = (a * la.masked_fill(~valid, 0.0)).sum(-1)  # [n, K]
-    far = 0.5 * (a_xlogx + alpha_xlogx) - _mixture_xlogx(a, alpha)
+    a_xlogx = (a * la.masked_fill(~valid, 0.0)).sum(-1)  # [n, K, heads]
+    far = (0.5 * (a_xlogx + alpha_xlogx) - _mixture_xlogx(a, alpha)).mean(-1)  # [n, K]
     change = 0.5 * (_outputs(a, feats, decoder, bias, classes) - y0).abs().sum(-1)
     loss = penalty * torch.relu(change - margin).mean(1) - far.mean(1)
     if pair_i.numel() and diversity:
         cross = 0.5 * (a_xlogx[:, pair_i] + a_xlogx[:, pair_j]) - _mixture_xlogx(a[:, pair_i], a[:, pair_j])
-        loss = loss - diversity * cross.mean(1)
+        loss = loss - diversity * cross.mean(-1).mean(1)
     return loss.sum()
 
 
@@ -172,10 +177,19 @@ def adversarial_attention(
     penalty inert; the threshold still applies). The decoder must treat rows
     independently (eval mode); its parameters get no gradient.
 
+    Multi-head attention ``[B, heads, T]`` with values ``[B, heads, T, H]`` (a transformer's;
+    docs/definitions.md §15): each candidate is one distribution per head (logits
+    ``[K, heads, L]``, noise ``torch.randn((B, K, heads, T))``), a JSD between multi-head
+    attentions (from the original, and between candidates) is the mean over heads of the
+    per-head JSDs, the output is decoded from the heads' summed contexts, and the
+    reported ``attention`` is ``[B, heads, T]``.
+
     Args:
-        attention: ``[B, T]`` float32/float64; each row non-negative, finite and summing to
-            1 over its prefix (rejected otherwise). Any strides; padding is ignored.
-        values: ``[B, T, H]``, same dtype and device: the vectors attention averages.
+        attention: ``[B, T]`` (or ``[B, heads, T]``) float32/float64; each row (each head's
+            row) non-negative, finite and summing to 1 over its prefix (rejected otherwise).
+            Any strides; padding is ignored.
+        values: ``[B, T, H]`` (or ``[B, heads, T, H]``), same dtype and device: the vectors
+            attention averages.
         decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``; C == 1 is a
             sigmoid output with distribution ``(1 - p, p)``.
         lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
@@ -217,7 +231,7 @@ def adversarial_attention(
         >>> bool(res.max_jsd[0] > 0.5), float(res.output_tvd[0])
         (True, 0.0)
     """
-    lengths = check_inputs(attention, values, lengths)
+    lengths = check_any_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
     k = _check_int("candidates", candidates, 1)
@@ -232,25 +246,29 @@ def adversarial_attention(
         raise ValueError(f"amsgrad must be a bool, got {amsgrad!r}")
     check_generator(generator, attention.device)
 
-    attention, values = attention.detach(), values.detach()
-    batch, width, hidden = values.shape
+    # One code path: a single-head call is the multi-head one with one head.
+    multi = attention.dim() == 3
+    att = attention.detach() if multi else attention.detach()[:, None]  # [B, heads, T]
+    vals = values.detach() if multi else values.detach()[:, None]  # [B, heads, T, H]
+    batch, heads, width, hidden = vals.shape
     dtype, device, item = attention.dtype, attention.device, values.element_size()
-    noise = torch.randn((batch, k, width), generator=generator, dtype=dtype, device=device)
+    noise = torch.randn((batch, k, heads, width), generator=generator, dtype=dtype, device=device)
 
     mask = token_mask(lengths, width)
-    out_att = attention.masked_fill(~mask, 0.0)
+    out_att = att.masked_fill(~mask[:, None], 0.0)
     out_jsd = attention.new_zeros(batch)
     out_tvd = attention.new_zeros(batch)
 
     linear = is_plain_linear(decoder)
     if linear:
         with torch.no_grad():
-            feats_all = project(values, decoder.weight, lengths, budget)
+            feats_all = project(vals.flatten(0, 1), decoder.weight, lengths.repeat_interleave(heads), budget)
         c = feats_all.shape[2]
+        feats_all = feats_all.view(batch, heads, width, c)
         bias = decoder.bias.detach() if decoder.bias is not None else feats_all.new_zeros(c)
         head, out_width = None, c
     else:
-        feats_all, bias, head, out_width = values, None, decoder, 2 * hidden
+        feats_all, bias, head, out_width = vals, None, decoder, 2 * hidden
     pair_i, pair_j = torch.triu_indices(k, k, 1, device=device)
     classes: list[int] = []
 
@@ -259,21 +277,21 @@ def adversarial_attention(
     lens = lengths[rows].tolist()
 
     def row_bytes(w):
-        return _row_bytes(w, k, pair_i.numel(), out_width, item)
+        return heads * _row_bytes(w, k, pair_i.numel(), out_width, item)
 
     for s, e in _chunks(lens, row_bytes, budget):
         idx, w = rows[s:e], lens[e - 1]
-        valid = mask[idx, None, :w]  # [n, 1, w]
-        alpha = out_att[idx, None, :w]  # [n, 1, w], zero on padding
+        valid = mask[idx, None, None, :w]  # [n, 1, 1, w]
+        alpha = out_att[idx, None, :, :w]  # [n, 1, heads, w], zero on padding
         # padding of the features is zeroed: 0 * NaN would poison the products
-        feats = feats_all[idx, :w].masked_fill(~valid.transpose(1, 2), 0.0)
+        feats = feats_all[idx, :, :w].masked_fill(~mask[idx, None, :w, None], 0.0)  # [n, heads, w, F]
         if not linear:  # (projected values were checked) NaN contexts would be blamed on the decoder
-            check_values_finite(feats, lengths[idx], idx)
-        alpha_xlogx = torch.special.xlogy(alpha, alpha).sum(-1)  # [n, 1]
+            check_values_finite(feats if multi else feats[:, 0], lengths[idx], idx)
+        alpha_xlogx = torch.special.xlogy(alpha, alpha).sum(-1)  # [n, 1, heads]
         with torch.no_grad():
             y0 = _outputs(alpha, feats, head, bias, classes)  # [n, 1, C']
-        start = -torch.log(lengths[idx].to(dtype))[:, None, None]
-        z = (start + init_std * noise[idx, :, :w]).masked_fill(~valid, 0.0).requires_grad_(True)
+        start = -torch.log(lengths[idx].to(dtype))[:, None, None, None]
+        z = (start + init_std * noise[idx, :, :, :w]).masked_fill(~valid, 0.0).requires_grad_(True)
         opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad)
         with torch.enable_grad():
             for _ in range(steps):
@@ -297,14 +315,14 @@ def adversarial_attention(
                 opt.step()
 
         with torch.no_grad():
-            a = torch.softmax(z.detach().masked_fill(~valid, -math.inf), -1)  # [n, K, w]
-            far = jsd(a, alpha, memory_budget=budget)  # [n, K]
+            a = torch.softmax(z.detach().masked_fill(~valid, -math.inf), -1)  # [n, K, heads, w]
+            far = jsd(a, alpha.expand_as(a), memory_budget=budget).mean(-1)  # [n, K]: mean over heads
             change = tvd(_outputs(a, feats, head, bias, classes), y0, memory_budget=budget)
             score = torch.where(change <= threshold, far, -1.0)
             best = score.argmax(1)  # first of equal maxima
             take = score.gather(1, best[:, None]).squeeze(1) > 0  # else the original (JSD 0)
             won = idx[take]
-            out_att[won, :w] = a[take, best[take]]
+            out_att[won, :, :w] = a[take, best[take]]
             out_jsd[won] = far[take, best[take]]
             out_tvd[won] = change[take, best[take]]
-    return AdversarialResult(out_jsd, out_att, out_tvd)
+    return AdversarialResult(out_jsd, out_att if multi else out_att[:, 0], out_tvd)

@@ -231,48 +231,58 @@ def adversarial_attention_reference(
     ``a_k @ h`` and minimises ``-mean_k JSD(a_k, alpha) + tvd_penalty * mean_k ReLU(TVD(y_k, y)
     - tvd_margin) - diversity_weight * mean_{i != j} JSD(a_i, a_j)``. Then the candidate of largest JSD among
     those with output TVD <= ``tvd_threshold`` wins (the original, JSD 0, on ties or if none).
+    Multi-head attention [B, heads, T] (docs/definitions.md §15): noise ``(B, K, heads, T)``,
+    one distribution per head, JSDs averaged over heads, the heads' contexts summed.
     Returns an AdversarialResult.
     """
-    batch, width = attention.shape
+    multi = attention.dim() == 3
+    att = attention if multi else attention[:, None]  # [B, heads, T]
+    vals = values if multi else values[:, None]  # [B, heads, T, H]
+    batch, heads, width = att.shape
     lengths = torch.full((batch,), width) if lengths is None else lengths
     k = candidates
-    noise = torch.randn((batch, k, width), generator=generator, dtype=attention.dtype, device=attention.device)
+    noise = torch.randn((batch, k, heads, width), generator=generator, dtype=attention.dtype, device=attention.device)
     max_jsd = torch.zeros(batch, dtype=attention.dtype)
-    adv = torch.zeros_like(attention)
+    adv = torch.zeros_like(att)
     out_tvd = torch.zeros(batch, dtype=attention.dtype)
+
+    def decode(a, h):  # a [K, heads, n], h [heads, n, H]: the heads' contexts summed
+        return output_distribution(decoder(torch.einsum("khn,hnd->kd", a, h)))
+
     for b in range(batch):
         n = int(lengths[b])
-        alpha = attention[b, :n].detach()
-        adv[b, :n] = alpha
+        alpha = att[b, :, :n].detach()  # [heads, n]
+        adv[b, :, :n] = alpha
         if n <= 1:
             continue
-        h = values[b, :n].detach()
+        h = vals[b, :, :n].detach()
         with torch.no_grad():
-            y = output_distribution(decoder((alpha[:, None] * h).sum(0)[None]))  # [1, C']
-        z = (math.log(1.0 / n) + init_std * noise[b, :, :n]).clone().requires_grad_(True)
+            y = decode(alpha[None], h)  # [1, C']
+        z = (math.log(1.0 / n) + init_std * noise[b, :, :, :n]).clone().requires_grad_(True)
         optimizer = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad)
         for _ in range(steps):
             with torch.enable_grad():
-                a = torch.softmax(z, -1)  # [K, n]
-                y_new = output_distribution(decoder(a @ h))  # [K, C']
-                far = jsd_reference(a, alpha[None])
+                a = torch.softmax(z, -1)  # [K, heads, n]
+                y_new = decode(a, h)  # [K, C']
+                far = jsd_reference(a, alpha[None]).mean(-1)  # mean over heads
                 change = tvd_reference(y_new, y)
                 loss = -far.mean() + tvd_penalty * torch.relu(change - tvd_margin).mean()
                 if k > 1:  # every ordered pair i != j (the diagonal JSD(a_i, a_i) is 0)
-                    loss = loss - diversity_weight * jsd_reference(a[:, None], a[None]).sum() / (k * (k - 1))
+                    pairs = jsd_reference(a[:, None], a[None]).mean(-1)
+                    loss = loss - diversity_weight * pairs.sum() / (k * (k - 1))
                 (z.grad,) = torch.autograd.grad(loss, [z])  # the model's parameters stay untouched
             optimizer.step()
         with torch.no_grad():
             a = torch.softmax(z, -1)
-            far = jsd_reference(a, alpha[None])
-            change = tvd_reference(output_distribution(decoder(a @ h)), y)
+            far = jsd_reference(a, alpha[None]).mean(-1)
+            change = tvd_reference(decode(a, h), y)
             best, best_jsd = None, 0.0
             for c in range(k):
                 if change[c] <= tvd_threshold and far[c] > best_jsd:
                     best, best_jsd = c, far[c]
             if best is not None:
-                max_jsd[b], adv[b, :n], out_tvd[b] = far[best], a[best], change[best]
-    return AdversarialResult(max_jsd, adv, out_tvd)
+                max_jsd[b], adv[b, :, :n], out_tvd[b] = far[best], a[best], change[best]
+    return AdversarialResult(max_jsd, adv if multi else adv[:, 0], out_tvd)
 
 
 # ---- permutation (J&W 2019) ----------------------------------------------------------------
