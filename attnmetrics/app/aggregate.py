@@ -30,8 +30,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnmetrics.app.io import write_json_atomic
+from attnmetrics.app.io import write_json_atomic, write_parquet_atomic
 from attnmetrics.app.summaries import _by_max_attention, stats
+from attnmetrics.app.table import sweep_table
 from attnmetrics.outputs import decision
 from attnmetrics.stats import bootstrap_ci, macro_f1, mcnemar, seed_variance
 
@@ -333,5 +334,7 @@ def aggregate_sweep(sweep) -> Path:
         for c in sweep.cells
     }
     out.mkdir(parents=True, exist_ok=True)
+    table = sweep_table((f"{c.grid}/{c.name}", c.grid, c.group, {**c.axes, **model_setting(r)}, r) for c, r, _ in cells)
+    write_parquet_atomic(out / "instances.parquet", table)
     write_json_atomic(out / "aggregate.json", agg)
     return render_sweep(agg, out)

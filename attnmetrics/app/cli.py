@@ -28,10 +28,19 @@ import torch
 import attnmetrics
 from attnmetrics.app import sweep
 from attnmetrics.app.battery import EXPERIMENTS, run_battery
-from attnmetrics.app.io import check_out, claimed_folder, is_run_folder, run_folder, write_json_atomic, write_npz_atomic
+from attnmetrics.app.io import (
+    check_out,
+    claimed_folder,
+    is_run_folder,
+    run_folder,
+    write_json_atomic,
+    write_npz_atomic,
+    write_parquet_atomic,
+)
 from attnmetrics.app.parser import build_parser, recipe_defaults
 from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_filter
 from attnmetrics.app.report import render, render_comparison
+from attnmetrics.app.table import run_table
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.data import GUTENBERG_HELD_OUT, ArtifactError, load_dataset, load_gutenberg
@@ -306,6 +315,9 @@ def _write_predictions(model, p: Predictions, folder: Path) -> None:
 
 def _finish(results: dict, folder: Path, start: float) -> None:
     results["wall_time_s"]["total"] = time.perf_counter() - start
+    # the per-instance values as one long table (app/table.py), then results.json: its
+    # presence marks the run finished
+    write_parquet_atomic(folder / "instances.parquet", run_table(results.get("instances", {})))
     write_json_atomic(folder / "results.json", results)
     render(results, folder)
 

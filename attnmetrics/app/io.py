@@ -67,6 +67,13 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(path, json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
 
 
+def write_parquet_atomic(path: str | os.PathLike, table) -> None:
+    """Write a ``pyarrow.Table`` as Parquet, atomically."""
+    import pyarrow.parquet as pq  # only runs and sweeps write tables
+
+    _write_atomic(path, lambda f: pq.write_table(table, f), "wb")
+
+
 def write_npz_atomic(path: str | os.PathLike, **arrays: np.ndarray) -> None:
     """Write ``arrays`` as an uncompressed ``.npz`` (``numpy.savez``), atomically."""
     # a file object: savez would append ".npz" to a name

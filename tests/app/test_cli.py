@@ -115,6 +115,33 @@ def test_compare_runs(run_dir, tmp_path):
     assert main(["report", str(run_dir), str(run_dir)]) == 2  # several runs need --out
 
 
+def test_run_writes_its_instances_as_one_table_equal_to_results_json(run_dir):
+    import pyarrow.parquet as pq
+
+    results = json.loads((run_dir / "results.json").read_text())
+    rows = pq.read_table(run_dir / "instances.parquet").to_pylist()
+    got = {(r["experiment"], r["statistic"], r["instance"], r["sample"]): r["value"] for r in rows}
+    n = len(results["instances"]["predicted"])
+    count = 0
+    for experiment, stats in results["instances"].items():
+        leaves = {"": stats} if isinstance(stats, list) else _leaves(stats)
+        for statistic, values in leaves.items():
+            key = (experiment, statistic) if statistic else ("instance", experiment)
+            for i, v in enumerate(values):
+                value = got[(*key, i % n, i // n)]
+                assert (v is None and math.isnan(value)) or value == float(v), (key, i)
+                count += 1
+    assert count == len(rows) > 5 * n  # every value once, and several experiments' worth
+
+
+def _leaves(node, prefix=""):
+    out = {}
+    for k, v in node.items():
+        name = f"{prefix}/{k}" if prefix else k
+        out.update(_leaves(v, name) if isinstance(v, dict) else {name: v})
+    return out
+
+
 def test_run_writes_test_predictions(run_dir):
     import numpy as np
 

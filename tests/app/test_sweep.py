@@ -218,6 +218,13 @@ def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, caps
     assert group["statistics"]["test accuracy"]["seeds"] == 2
     report = (out / "report.md").read_text()
     assert "Jain & Wallace" in report and "Seed variance" in report
+    # one table of every cell's instances; the README's pandas query gives the report's per-seed τ
+    pd = pytest.importorskip("pandas")
+    t = pd.read_parquet(out / "instances.parquet")
+    assert set(t.cell) == {"g/sst-lstm-tanh-s0", "g/sst-lstm-tanh-s1"} and {"dataset", "encoder", "seed"} <= set(t)
+    tau = t[t.statistic == "attention vs gradient/tau"].groupby(["group", "seed"]).value.mean()
+    per_seed = group["statistics"]["τ attention vs gradient"]["per_seed"]
+    assert [tau[("g/sst-lstm-tanh", s)] for s in (0, 1)] == pytest.approx([per_seed["0"], per_seed["1"]], rel=1e-12)
     assert "Each regulariser vs none" not in report  # no regulariser axis: no T&Š comparison
 
     # --report-only re-aggregates; a changed config refuses to reuse stale cells unless --overwrite
