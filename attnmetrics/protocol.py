@@ -63,6 +63,18 @@ class Forward(NamedTuple):
     logits: Tensor  # [B, C]
 
 
+class TestedAttention(NamedTuple):
+    """A transformer's own attention, decomposed for the procedures (docs/definitions.md §15):
+    the last layer's attention row of the pooled position over the real tokens, per head, and
+    what makes ``decoder(sum_h sum_t attention[b, h, t] * values[b, h, t])`` the model's logits."""
+
+    attention: Tensor  # [B, heads, T_real]: each head's row over the real tokens, summing to 1
+    values: Tensor  # [B, heads, T_real, H]: the heads' values, special tokens and residual folded in
+    lengths: Tensor  # [B] int64, number of real tokens
+    logits: Tensor  # [B, C], the model's
+    decoder: Callable[[Tensor], Tensor]  # the network after the attention: contexts [N, H] -> logits [N, C]
+
+
 def real_tokens(x: Tensor, lengths: Tensor, model: AttentionClassifier) -> tuple[Tensor, Tensor]:
     """Slice ``x`` [B, T, ...] to the real tokens: ``x[:, lead:]`` with ``lengths - lead - trail``."""
     return x[:, model.lead :], lengths - model.lead - model.trail

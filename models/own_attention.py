@@ -1,0 +1,104 @@
+"""GPT-1's own attention as the procedures' attention (docs/definitions.md §15): the last
+layer's attention row of the ``<extract>`` position, per head, decomposed so that every
+procedure's edit of it is exact.
+
+For row b with L positions (``<start>``, the real tokens ``1 .. L-2``, ``<extract>`` at
+``p = L-1``) and head h of the last block, with attention ``a[h, s]`` (s <= p), value vectors
+``U[h, s] = v[h, s] @ W_o[:, h]^T`` (the head's slice of the output projection), output bias
+``b_o`` and the block's input ``x_p``:
+
+- the real tokens' mass ``m_h = sum_{t real} a[h, t]`` and their share ``alpha[h, t] = a[h, t] /
+  m_h`` (the tested attention: sums to 1 over the real tokens; uniform where ``m_h = 0``);
+- the special positions keep their weights: ``S_h = a[h, 0] U[h, 0] + a[h, p] U[h, p]``;
+- ``values[h, t] = m_h U[h, t] + S_h + (x_p + b_o) / heads``.
+
+Then ``sum_h sum_t alpha[h, t] values[h, t] = attn_p + x_p`` (the attention sublayer's output
+plus its residual) exactly whenever every head's ``alpha`` sums to 1 — as it does after a
+renormalised removal, a permutation or an adversary's softmax. An edit of ``alpha`` is
+therefore the model with the real tokens' weights edited within their mass ``m_h`` and the
+special positions' weights kept. The decoder is the rest of the network: the block's first
+layer norm, its feed-forward sublayer and second layer norm, and the classifier
+(:class:`ExtractDecoder`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnmetrics.models.gpt import Block, causal_mask
+from attnmetrics.protocol import TestedAttention
+
+
+class ExtractDecoder(nn.Module):
+    """The network after the last block's attention at ``<extract>``, for GPT-1's read-out:
+    ``c`` (attention output plus residual) ``[N, d]`` -> ``LN1`` -> ``+ MLP`` -> ``LN2`` ->
+    classifier ``[N, C]``. Shares the model's modules (no copies)."""
+
+    def __init__(self, block: Block, classifier: nn.Module):
+        super().__init__()
+        self.block, self.classifier = block, classifier
+
+    def forward(self, context: Tensor) -> Tensor:
+        x = self.block.ln_1(context)
+        return self.classifier(self.block.ln_2(x + self.block.mlp(x)))
+
+
+@torch.no_grad()
+def extract_attention(model, tokens: Tensor, lengths: Tensor) -> TestedAttention:
+    """The decomposition of the module docstring for a :class:`~attnmetrics.models.gpt_classifier.GPTClassifier`
+    with ``attention="extract"`` (call it in eval mode).
+
+    Args:
+        model: the classifier.
+        tokens: ``[B, T]`` int64, ``<start> ids <extract>`` and right padding.
+        lengths: ``[B]`` int64 in ``[2, T]`` (every row has ``<start>`` and ``<extract>``).
+
+    Returns:
+        :class:`~attnmetrics.protocol.TestedAttention` with attention ``[B, heads, T - 2]``
+        and values ``[B, heads, T - 2, d]`` over the real tokens (zero past each row's
+        ``L - 2``), in the model's dtype.
+    """
+    if model.attention is not None:
+        raise ValueError(
+            f"the own-attention decomposition is for GPT-1's extract read-out (attention='extract'); this model "
+            f"reads out through its {model.attention_name!r} attention head, whose own attention is the tested one"
+        )
+    B, T = tokens.shape
+    if bool((lengths < 2).any()):
+        raise ValueError(f"lengths must be >= 2 (<start> and <extract>), got min {int(lengths.min())}")
+    blocks = model.gpt.blocks
+    mask = causal_mask(lengths, T)
+    x = model.embed(tokens)
+    for block in blocks[:-1]:
+        x, _ = block(x, mask)
+    last = blocks[-1]
+    attn = last.attn
+    q, k, v = attn.heads(x)  # [B, heads, T, d / heads]
+    _, probs = attn.attention(q, k, v, mask)  # [B, heads, T, T]
+    heads, dh = attn.n_head, v.shape[-1]
+    rows = torch.arange(B, device=tokens.device)
+    p = lengths - 1
+    a = probs[rows, :, p]  # [B, heads, T]: the <extract> row of every head
+    # U[b, h, s] = v[b, h, s] @ W_o[:, h-slice]^T: each head's values through its slice of the projection
+    w_o = attn.proj.weight.view(-1, heads, dh)  # [d, heads, dh]
+    U = torch.einsum("bhsk,dhk->bhsd", v, w_o)  # [B, heads, T, d]
+    real = (torch.arange(T, device=tokens.device) >= model.lead) & (
+        torch.arange(T, device=tokens.device) < (lengths - model.trail)[:, None]
+    )  # [B, T]
+    a_real = a * real[:, None, :]
+    mass = a_real.sum(-1, keepdim=True)  # [B, heads, 1]
+    n_real = (lengths - model.lead - model.trail).clamp(min=1)[:, None, None].to(a.dtype)
+    alpha = torch.where(mass > 0, a_real / mass.clamp(min=torch.finfo(a.dtype).tiny), real[:, None, :] / n_real)
+    special = torch.einsum("bhs,bhsd->bhd", a * ~real[:, None, :], U)  # <start> and <extract>, fixed weights
+    residual = (x[rows, p] + attn.proj.bias) / heads  # [B, d]
+    values = mass[..., None] * U + (special + residual[:, None, :])[:, :, None, :]
+    width = T - model.lead - model.trail
+    attention = alpha[:, :, model.lead : model.lead + width]
+    values = values[:, :, model.lead : model.lead + width] * real[:, None, model.lead : model.lead + width, None]
+    decoder = ExtractDecoder(last, model.decoder)
+    # The model's own context, also for rows without a real token (nothing to test there)
+    context = torch.einsum("bhs,bhsd->bd", a, U) + heads * residual
+    return TestedAttention(
+        attention.contiguous(), values.contiguous(), lengths - model.lead - model.trail, decoder(context), decoder
+    )
