@@ -34,8 +34,9 @@ from torch import Tensor, nn
 from attnmetrics.models.bpe import EXTRACT, PAD, START, BPETokenizer
 from attnmetrics.models.classifier import ATTENTIONS, AttentionForward
 from attnmetrics.models.gpt import GPT, GPTConfig, causal_mask
+from attnmetrics.models.own_attention import extract_attention
 from attnmetrics.models.text import EncodedSplit
-from attnmetrics.protocol import token_mask
+from attnmetrics.protocol import TestedAttention, token_mask
 
 __all__ = ["PAD", "START", "EXTRACT", "GPTClassifier", "GPTClassifierConfig", "GPTInputs"]
 
@@ -197,11 +198,18 @@ class GPTClassifier(AttentionForward, nn.Module):
 
         With ``attention="extract"`` (GPT-1's read-out, sec. 3.3) all the weight is on each row's
         ``<extract>`` (its last position), so the decoder sees that state alone; no real token
-        is weighed, and the attention-based procedures do not apply (``attnmetrics run`` says so).
+        is weighed here, and the procedures test the model's own attention instead
+        (:meth:`tested_attention`).
         """
         if self.attention is None:
             return F.one_hot(lengths - 1, hidden.shape[1]).to(hidden.dtype)
         return self.attention(hidden, token_mask(lengths, hidden.shape[1], self.lead, self.trail))
+
+    def tested_attention(self, tokens: Tensor, lengths: Tensor) -> TestedAttention | None:
+        """The attention the procedures test when it is not the head's: GPT-1's own, the last
+        layer's ``<extract>`` row per head (models/own_attention.py), for ``attention="extract"``;
+        None for a model with an attention head (its head's attention is the tested one)."""
+        return None if self.attention is not None else extract_attention(self, tokens, lengths)
 
     def deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
         """Prepare the one-token deletions of rows ``embedded [G, T, d]`` (:meth:`embed`'s),

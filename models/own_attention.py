@@ -55,9 +55,10 @@ def extract_attention(model, tokens: Tensor, lengths: Tensor) -> TestedAttention
         lengths: ``[B]`` int64 in ``[2, T]`` (every row has ``<start>`` and ``<extract>``).
 
     Returns:
-        :class:`~attnmetrics.protocol.TestedAttention` with attention ``[B, heads, T - 2]``
-        and values ``[B, heads, T - 2, d]`` over the real tokens (zero past each row's
-        ``L - 2``), in the model's dtype.
+        :class:`~attnmetrics.protocol.TestedAttention` with attention ``[B, heads, T - 1]``
+        and values ``[B, heads, T - 1, d]`` over the real tokens (columns from ``<start>``'s
+        successor on, as :func:`attnmetrics.protocol.real_tokens` slices; zero past each
+        row's ``L - 2``), in the model's dtype.
     """
     if model.attention is not None:
         raise ValueError(
@@ -93,9 +94,9 @@ def extract_attention(model, tokens: Tensor, lengths: Tensor) -> TestedAttention
     special = torch.einsum("bhs,bhsd->bhd", a * ~real[:, None, :], U)  # <start> and <extract>, fixed weights
     residual = (x[rows, p] + attn.proj.bias) / heads  # [B, d]
     values = mass[..., None] * U + (special + residual[:, None, :])[:, :, None, :]
-    width = T - model.lead - model.trail
-    attention = alpha[:, :, model.lead : model.lead + width]
-    values = values[:, :, model.lead : model.lead + width] * real[:, None, model.lead : model.lead + width, None]
+    # the real-token columns as the protocol slices them (attnmetrics.protocol.real_tokens)
+    attention = alpha[:, :, model.lead :]
+    values = values[:, :, model.lead :] * real[:, None, model.lead :, None]
     decoder = ExtractDecoder(last, model.decoder)
     # The model's own context, also for rows without a real token (nothing to test there)
     context = torch.einsum("bhs,bhsd->bd", a, U) + heads * residual

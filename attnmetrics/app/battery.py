@@ -68,10 +68,17 @@ def run_battery(
     for tokens, lengths in tqdm(list(batches), desc="faithfulness", disable=not progress, leave=False):
         tokens, lengths = tokens.to(device), lengths.to(device)
         out = forward(model, tokens, lengths)
+        # A transformer's own attention ([B, heads, T], docs/definitions.md §15) where the model
+        # offers it; else its attention head's ([B, T]). Token-level views use the head mean.
+        own = model.tested_attention(tokens, lengths) if hasattr(model, "tested_attention") else None
+        if own is not None:
+            args = (own.attention, own.values, own.decoder, own.lengths)
+            out = out._replace(attention=own.attention.mean(1))
+        else:
+            args = (out.attention, out.hidden, model.decoder, out.lengths)
         acc["predicted"].append(attnmetrics.decision(out.logits))
         acc["lengths"].append(out.lengths)
         acc["max_attention"].append(out.attention.max(1).values)
-        args = (out.attention, out.hidden, model.decoder, out.lengths)
         if "flip" in experiments:
             for name in orders:
                 samples = random_samples if name == "random" else 1

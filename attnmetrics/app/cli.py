@@ -61,10 +61,12 @@ from attnmetrics.models.training import (
 from attnmetrics.models.wiegreffe import consistent_adversaries, diagnostic_mlps, jain_wallace_point
 
 CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.json
-#: results["battery"] of a model without attention over its tokens (GPT-1's extract read-out)
-NOT_APPLICABLE = (
-    "not applicable: --attention extract reads the <extract> state alone and weighs no token; the attention "
-    "procedures need an attention over the tokens (--attention tanh, dot or uniform)"
+#: results["battery"] of GPT-1's extract read-out: the procedures test the model's own attention
+OWN_ATTENTION = (
+    "GPT-1's own attention (--attention extract): the last layer's <extract> attention row, per head, over the "
+    "real tokens; <start> and <extract> keep their weights, each head's real tokens are renormalised within "
+    "their mass, tokens are removed and permuted in every head alike; orders and tau use the head mean "
+    "(docs/definitions.md §15)"
 )
 
 
@@ -505,9 +507,9 @@ def main(argv: list[str] | None = None) -> int:
             test = vocab.encode_split(splits.test)
             predictions = predict(model, test)
             results["test"] = prediction_metrics(predictions)
-            if args.command != "train" and getattr(model, "attention_name", None) == EXTRACT_READOUT:
-                results["battery"] = NOT_APPLICABLE
-            elif args.command != "train":
+            if args.command != "train":
+                if getattr(model, "attention_name", None) == EXTRACT_READOUT:
+                    results["battery"] = OWN_ATTENTION
                 _battery(args, model, test, splits, results)
                 if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
                     _wiegreffe(args, model, test, recipe, results)

@@ -1,5 +1,6 @@
 """``attnmetrics run --encoder gpt``: GPT-1 fine-tuned on a slice of the real SST (from scratch and
-from a tiny pre-trained checkpoint), the battery on its attention head, and ``evaluate`` on it."""
+from a tiny pre-trained checkpoint), the battery on its attention head and on its own attention
+(the extract read-out), and ``evaluate`` on it."""
 
 from __future__ import annotations
 
@@ -84,9 +85,18 @@ def test_bad_gpt_flags_fail_in_one_line(tmp_path, capsys, flags, message):
     assert not (tmp_path / "bad").exists()
 
 
-def test_extract_readout_says_the_battery_does_not_apply(pretrained, tmp_path):
+def test_extract_readout_runs_the_battery_on_the_models_own_attention(pretrained, tmp_path):
     out = tmp_path / "extract"
-    assert main(["run", *QUICK_GPT, "--pretrained", str(pretrained), "--attention", "extract", "--out", str(out)]) == 0
+    argv = ["run", *QUICK_GPT[:-1], "--pretrained", str(pretrained), "--attention", "extract", "--out", str(out)]
+    assert main(argv) == 0  # the whole battery but the single-token test
     results = json.loads((out / "results.json").read_text())
-    assert results["battery"].startswith("not applicable") and "kendall" not in results
-    assert "not applicable" in (out / "report.md").read_text()
+    assert results["battery"].startswith("GPT-1's own attention")
+    for experiment in ("flip", "kendall", "permutation", "adversarial", "single_removal"):
+        assert experiment in results, experiment
+    assert "attention vs gradient" in results["kendall"]
+    n = len(results["instances"]["predicted"])
+    assert len(results["instances"]["permutation"]["median_tvd"]) == n
+    max_attention = results["instances"]["max_attention"]  # the head mean's largest weight, a distribution's
+    assert all(0 < m <= 1 for m, length in zip(max_attention, results["instances"]["lengths"]) if length)
+    report = (out / "report.md").read_text()
+    assert "GPT-1's own attention" in report and "Permuted attention" in report

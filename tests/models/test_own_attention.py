@@ -59,7 +59,7 @@ def test_decomposition_gives_the_models_logits(classes):
     with torch.no_grad():
         logits, _ = model(tokens, lengths)
     torch.testing.assert_close(tested.logits, logits, rtol=1e-12, atol=1e-12)
-    assert tested.attention.shape == (5, 4, 10) and tested.values.shape == (5, 4, 10, 24)
+    assert tested.attention.shape == (5, 4, 11) and tested.values.shape == (5, 4, 11, 24)
     assert torch.equal(tested.lengths, lengths - 2)
     sums = tested.attention.sum(-1)
     torch.testing.assert_close(sums[tested.lengths > 0], torch.ones_like(sums[tested.lengths > 0]))
@@ -73,9 +73,9 @@ def test_an_edit_through_the_decoder_is_the_same_edit_inside_the_model():
     model, tokens, lengths = model_and_batch(seed=1)
     tested = extract_attention(model, tokens, lengths)
     g = torch.Generator().manual_seed(0)
-    real = torch.arange(10) < tested.lengths[:, None]
+    real = torch.arange(11) < tested.lengths[:, None]
     # an arbitrary distribution per head (as an adversary's), and a renormalised removal
-    edited = torch.rand(5, 4, 10, generator=g, dtype=F64).masked_fill(~real[:, None], 0)
+    edited = torch.rand(5, 4, 11, generator=g, dtype=F64).masked_fill(~real[:, None], 0)
     edited = edited / edited.sum(-1, keepdim=True).clamp(min=1e-300)
     removed = tested.attention.clone()
     removed[:, :, 0] = 0  # the first real token, from every head
