@@ -8,7 +8,8 @@ For row b with L positions (``<start>``, the real tokens ``1 .. L-2``, ``<extrac
 ``b_o`` and the block's input ``x_p``:
 
 - the real tokens' mass ``m_h = sum_{t real} a[h, t]`` and their share ``alpha[h, t] = a[h, t] /
-  m_h`` (the tested attention: sums to 1 over the real tokens; uniform where ``m_h = 0``);
+  m_h`` (the tested attention: sums to 1 over the real tokens; computed as the softmax of the
+  head's scores over the real tokens alone, which is the same and never underflows);
 - the special positions keep their weights: ``S_h = a[h, 0] U[h, 0] + a[h, p] U[h, p]``;
 - ``values[h, t] = m_h U[h, t] + S_h + (x_p + b_o) / heads``.
 
@@ -87,10 +88,11 @@ def extract_attention(model, tokens: Tensor, lengths: Tensor) -> TestedAttention
     real = (torch.arange(T, device=tokens.device) >= model.lead) & (
         torch.arange(T, device=tokens.device) < (lengths - model.trail)[:, None]
     )  # [B, T]
-    a_real = a * real[:, None, :]
-    mass = a_real.sum(-1, keepdim=True)  # [B, heads, 1]
-    n_real = (lengths - model.lead - model.trail).clamp(min=1)[:, None, None].to(a.dtype)
-    alpha = torch.where(mass > 0, a_real / mass.clamp(min=torch.finfo(a.dtype).tiny), real[:, None, :] / n_real)
+    mass = (a * real[:, None, :]).sum(-1, keepdim=True)  # [B, heads, 1]
+    # The real tokens' share as a softmax over their scores alone (= a / mass, without the
+    # underflow of a / mass when a head puts almost all its weight on the special positions)
+    scores = torch.einsum("bhk,bhtk->bht", q[rows, :, p], k) * (q.shape[-1] ** -0.5)
+    alpha = torch.softmax(scores.masked_fill(~real[:, None, :], -torch.inf), -1).nan_to_num(0.0)
     special = torch.einsum("bhs,bhsd->bhd", a * ~real[:, None, :], U)  # <start> and <extract>, fixed weights
     residual = (x[rows, p] + attn.proj.bias) / heads  # [B, d]
     values = mass[..., None] * U + (special + residual[:, None, :])[:, :, None, :]
