@@ -125,56 +125,37 @@ def check_attention(attention: Tensor, lengths: Tensor, atol: float = 1e-4, head
 
 
 def check_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> Tensor:
-    """Validate attention [B, T] and values [B, T, H]; return lengths [B] int64."""
+    """Validate attention [B, T] with values [B, T, H], or multi-head attention [B, heads, T]
+    with values [B, heads, T, H] (each head's row checked as :func:`check_attention` checks a
+    row, messages naming row and head); return lengths [B] int64."""
     check_float("attention", attention)
     check_float("values", values)
-    if attention.dim() != 2:
-        raise ValueError(f"attention must have shape [B, T], got {list(attention.shape)}")
-    if values.dim() != 3 or values.shape[:2] != attention.shape:
+    if attention.dim() not in (2, 3):
         raise ValueError(
-            f"values must have shape [B, T, H] = [{attention.shape[0]}, {attention.shape[1]}, H] "
-            f"like attention, got {list(values.shape)}"
+            f"attention must have shape [B, T] (or [B, heads, T], multi-head), got {list(attention.shape)}"
         )
-    if values.shape[2] == 0:
-        raise ValueError(f"values must have H >= 1 features (shape [B, T, H]), got H = 0: shape {list(values.shape)}")
-    if values.dtype != attention.dtype:
-        raise ValueError(f"values dtype {values.dtype} differs from attention dtype {attention.dtype}")
-    check_same_device(attention=attention, values=values)
-    lengths = check_lengths(lengths, attention.shape[0], attention.shape[1], attention.device)
-    check_attention(attention, lengths)
-    return lengths
-
-
-def check_multi_head_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> Tensor:
-    """Validate multi-head attention [B, heads, T] and values [B, heads, T, H] (each head's row
-    summing to 1 over the row's prefix, as :func:`check_attention`); return lengths [B] int64."""
-    check_float("attention", attention)
-    check_float("values", values)
-    batch, heads, width = attention.shape
-    if values.dim() != 4 or values.shape[:3] != attention.shape:
-        raise ValueError(
-            f"values must have shape [B, heads, T, H] = [{batch}, {heads}, {width}, H] like attention, "
-            f"got {list(values.shape)}"
-        )
-    if values.shape[3] == 0:
-        raise ValueError(f"values must have H >= 1 features, got H = 0: shape {list(values.shape)}")
-    if heads == 0:
+    multi = attention.dim() == 3
+    names = "[B, heads, T, H]" if multi else "[B, T, H]"
+    if values.dim() != attention.dim() + 1 or values.shape[:-1] != attention.shape:
+        sizes = ", ".join(str(n) for n in attention.shape)
+        raise ValueError(f"values must have shape {names} = [{sizes}, H] like attention, got {list(values.shape)}")
+    if values.shape[-1] == 0:
+        raise ValueError(f"values must have H >= 1 features (shape {names}), got H = 0: shape {list(values.shape)}")
+    if multi and attention.shape[1] == 0:
         raise ValueError(f"attention must have heads >= 1, got shape {list(attention.shape)}")
     if values.dtype != attention.dtype:
         raise ValueError(f"values dtype {values.dtype} differs from attention dtype {attention.dtype}")
     check_same_device(attention=attention, values=values)
-    if batch == 0:
+    batch, width = attention.shape[0], attention.shape[-1]
+    if multi and batch == 0:
         raise ValueError(f"attention is an empty batch (B = 0, shape {list(attention.shape)})")
     lengths = check_lengths(lengths, batch, width, attention.device)
-    check_attention(attention.flatten(0, 1), lengths.repeat_interleave(heads), heads=heads)
+    if multi:
+        heads = attention.shape[1]
+        check_attention(attention.flatten(0, 1), lengths.repeat_interleave(heads), heads=heads)
+    else:
+        check_attention(attention, lengths)
     return lengths
-
-
-def check_any_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> Tensor:
-    """:func:`check_inputs` for attention [B, T], :func:`check_multi_head_inputs` for [B, heads, T]."""
-    if isinstance(attention, Tensor) and attention.dim() == 3:
-        return check_multi_head_inputs(attention, values, lengths)
-    return check_inputs(attention, values, lengths)
 
 
 def check_decoder(decoder, values: Tensor) -> None:

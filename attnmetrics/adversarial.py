@@ -20,10 +20,10 @@ from torch import Tensor
 from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
-    check_any_inputs,
     check_budget,
     check_decoder,
     check_generator,
+    check_inputs,
     check_logits,
 )
 from attnmetrics.distances import jsd, tvd
@@ -231,7 +231,7 @@ def adversarial_attention(
         >>> bool(res.max_jsd[0] > 0.5), float(res.output_tvd[0])
         (True, 0.0)
     """
-    lengths = check_any_inputs(attention, values, lengths)
+    lengths = check_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
     k = _check_int("candidates", candidates, 1)

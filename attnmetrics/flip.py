@@ -28,10 +28,10 @@ from attnmetrics._decoder import (
 from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
-    check_any_inputs,
     check_budget,
     check_decoder,
     check_generator,
+    check_inputs,
     check_lengths,
     check_logits,
 )
@@ -155,7 +155,7 @@ def attention_gradient(
         >>> attention_gradient(att, torch.randn(3, 5, 4, dtype=torch.float64), dec).shape
         torch.Size([3, 5])
     """
-    lengths = check_any_inputs(attention, values, lengths)
+    lengths = check_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
     multi = attention.dim() == 3
@@ -463,7 +463,7 @@ def flip_fraction(
         >>> res.removed, res.fraction, res.mass
         (tensor([1]), tensor([0.3333], dtype=torch.float64), tensor([0.6000], dtype=torch.float64))
     """
-    lengths = check_any_inputs(attention, values, lengths)
+    lengths = check_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:

@@ -23,10 +23,10 @@ from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, 
 from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
-    check_any_inputs,
     check_budget,
     check_decoder,
     check_generator,
+    check_inputs,
     check_lengths,
     check_logits,
 )
@@ -234,7 +234,7 @@ def permutation_test(
         >>> res.median_tvd.shape, res.median_tvd[1].item(), res.max_attention.tolist()
         (torch.Size([2]), 0.0, [0.9, 1.0])
     """
-    lengths = check_any_inputs(attention, values, lengths)
+    lengths = check_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
     permutations = _check_int("permutations", permutations, 1)

@@ -23,10 +23,10 @@ from torch import Tensor
 from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project, rows_per_chunk
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
-    check_any_inputs,
     check_budget,
     check_decoder,
     check_generator,
+    check_inputs,
     check_logits,
 )
 from attnmetrics.distances import jsd
@@ -153,7 +153,7 @@ def single_removal(
         >>> res.flipped.tolist(), res.removed_index.tolist(), res.removed_weight.tolist()
         ([True], [0], [0.7])
     """
-    lengths = check_any_inputs(attention, values, lengths)
+    lengths = check_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
     if not isinstance(which, str) or which not in WHICH:
