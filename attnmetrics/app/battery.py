@@ -7,6 +7,7 @@ the batch size whatever the size of the test set.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from itertools import combinations
@@ -37,6 +38,13 @@ EXPERIMENTS = ("flip", "kendall", "loo", "permutation", "adversarial", "single_r
 SINGLE_REMOVALS = ("top", "second", "lowest", "random")
 
 
+def _lap(seconds: dict, name: str, start: float) -> float:
+    """Add the time since ``start`` to ``seconds[name]``; return now."""
+    now = time.perf_counter()
+    seconds[name] += now - start
+    return now
+
+
 def run_battery(
     model: torch.nn.Module,
     batches: Iterable[tuple[Tensor, Tensor]],
@@ -56,7 +64,9 @@ def run_battery(
     orders draw from a generator on that device).
 
     Returns (summary, instances): summary statistics for ``results.json`` and per-instance
-    lists (for figures and for re-analysis), both keyed by experiment.
+    lists (for figures and for re-analysis), both keyed by experiment; ``summary["seconds"]``
+    is the wall time of each part (the forward pass, each experiment; Kendall's gradient
+    and leave-one-out apart from the τ themselves), summed over the batches.
     """
     unknown = set(experiments) - set(EXPERIMENTS)
     if unknown:
@@ -65,7 +75,10 @@ def run_battery(
     device = next(model.parameters()).device  # batches run where the model is
     generator = torch.Generator(device).manual_seed(seed)
     acc: dict[str, list[Tensor]] = defaultdict(list)  # per-instance tensors, concatenated at the end
+    seconds: dict[str, float] = defaultdict(float)  # wall time of each experiment, over all batches
+    clock = time.perf_counter
     for tokens, lengths in tqdm(list(batches), desc="faithfulness", disable=not progress, leave=False):
+        t0 = clock()
         tokens, lengths = tokens.to(device), lengths.to(device)
         out = forward(model, tokens, lengths)
         # A transformer's own attention ([B, heads, T], docs/definitions.md §15) where the model
@@ -79,6 +92,7 @@ def run_battery(
         acc["predicted"].append(attnmetrics.decision(out.logits))
         acc["lengths"].append(out.lengths)
         acc["max_attention"].append(out.attention.max(1).values)
+        t0 = _lap(seconds, "forward", t0)
         if "flip" in experiments:
             for name in orders:
                 samples = random_samples if name == "random" else 1
@@ -87,40 +101,49 @@ def run_battery(
                 )
                 acc[f"flip/{name}/removed"].append(r.removed.reshape(-1))
                 acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1))
+            t0 = _lap(seconds, "flip", t0)
         if "kendall" in experiments:
             scores = {
                 "attention": out.attention,
                 "gradient": gradient_importance(model, tokens, lengths).to(out.attention.dtype),
             }
+            t0 = _lap(seconds, "gradient", t0)
             if "loo" in experiments:
                 scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
+                t0 = _lap(seconds, "loo", t0)
             for a, b in combinations(scores, 2):
                 kt = attnmetrics.kendall_tau(scores[a], scores[b], out.lengths)
                 acc[f"kendall/{a} vs {b}/tau"].append(kt.tau)
                 acc[f"kendall/{a} vs {b}/pvalue"].append(kt.pvalue)
+            t0 = _lap(seconds, "kendall", t0)
         if "permutation" in experiments:
             r = attnmetrics.permutation_test(*args, permutations=permutations, generator=generator)
             acc["permutation/median_tvd"].append(r.median_tvd)
+            t0 = _lap(seconds, "permutation", t0)
         if "adversarial" in experiments:
             r = attnmetrics.adversarial_attention(
                 *args, steps=adversarial_steps, diversity_weight=adversarial_diversity, generator=generator
             )
             acc["adversarial/max_jsd"].append(r.max_jsd)
             acc["adversarial/output_tvd"].append(r.output_tvd)
+            t0 = _lap(seconds, "adversarial", t0)
         if "single_removal" in experiments:
             for which in SINGLE_REMOVALS:
                 r = attnmetrics.single_removal(*args, which=which, generator=generator)
                 acc[f"single_removal/{which}/jsd"].append(r.jsd)
                 acc[f"single_removal/{which}/flipped"].append(r.flipped)
+            t0 = _lap(seconds, "single_removal", t0)
         if "single_token" in experiments:
             r = single_token_test(model, tokens, lengths, full=out)
             acc["single_token/tau"].append(r.tau)
             acc["single_token/pvalue"].append(r.pvalue)
             acc["single_token/top_agrees"].append(r.top_agrees)
+            t0 = _lap(seconds, "single_token", t0)
 
     x = {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}
+    summary_seconds = {k: round(v, 3) for k, v in seconds.items()}
     lengths, predicted, max_attention = x["lengths"], x["predicted"], x["max_attention"]
-    summary: dict = {}
+    summary: dict = {"seconds": summary_seconds}
     instances: dict = {
         "predicted": predicted.tolist(),
         "lengths": lengths.tolist(),

@@ -265,6 +265,7 @@ def _battery(args, model, test, splits, results: dict) -> None:
         adversarial_diversity=PROTOCOLS[args.protocol].diversity_weight,
     )
     results["wall_time_s"]["experiments"] = time.perf_counter() - t0
+    results["wall_time_s"]["per_experiment"] = summary.pop("seconds")
     results.update(summary)
     results["instances"] = instances
     results["conventions"] = {

@@ -210,6 +210,16 @@ _SECTIONS = (
 )
 
 
+def _timing(wall: dict) -> list[str]:
+    """A line of where the wall time went: training, then each part of the battery."""
+    parts = [f"training {_fmt(wall['training'], 1)} s"] if "training" in wall else []
+    per = wall.get("per_experiment", {})
+    if per:
+        inner = ", ".join(f"{name} {_fmt(sec, 1)}" for name, sec in per.items())
+        parts.append(f"battery {_fmt(wall.get('experiments'), 1)} s ({inner})")
+    return [f"Wall time: {'; '.join(parts)}.", ""] if parts else []
+
+
 def render(results: dict, folder: str | Path) -> Path:
     """Write ``report.md`` (and its figures) for ``results`` into ``folder``; returns the report path."""
     folder = Path(folder)
@@ -221,6 +231,7 @@ def render(results: dict, folder: str | Path) -> Path:
         f"wall time {_fmt(results.get('wall_time_s', {}).get('total'), 1)} s, "
         f"attnmetrics {results.get('versions', {}).get('attnmetrics')}, torch {results.get('versions', {}).get('torch')}.",
         "",
+        *_timing(results.get("wall_time_s", {})),
         "## Data and model",
         "",
         _table(

@@ -55,6 +55,13 @@ def test_run_writes_a_complete_report(run_dir):
     assert 0 <= adv["mean"] <= 0.6932 and results["adversarial"]["output_tvd"]["q3"] <= 0.05 + 1e-6
     single = results["single_removal"]
     assert {"top", "second", "lowest", "random", "top_vs_random"} <= set(single)
+    # the wall time of each part of the battery, which together make up its total
+    wall = results["wall_time_s"]
+    parts = wall["per_experiment"]
+    experiments = ("flip", "gradient", "loo", "kendall", "permutation", "adversarial", "single_removal")
+    assert {"forward", *experiments} <= set(parts) and all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) <= wall["experiments"] <= wall["total"]
+    assert "Wall time: training " in (run_dir / "report.md").read_text()
     assert 0 <= single["top_vs_random"]["mcnemar"]["pvalue"] <= 1
     report = (run_dir / "report.md").read_text()
     for section in (
