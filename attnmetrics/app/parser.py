@@ -271,6 +271,18 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path, help="sweep config (TOML; see configs/sweep.toml)")
     p.add_argument("--out", type=Path, help="sweep folder (default: [sweep] out of the config)")
     p.add_argument("--jobs", type=int, help="cells run at once (default: [sweep] jobs, else 1)")
+    p.add_argument(
+        "--executor",
+        choices=("local", "slurm", "submitit-local"),
+        help="where cells run: subprocesses here, Slurm jobs through submitit, or submitit's local executor "
+        "(default: [sweep] executor, else local)",
+    )
+    slurm = p.add_argument_group("Slurm jobs (--executor slurm; default: the [sweep.slurm] table)")
+    slurm.add_argument("--partition", help="Slurm partition")
+    slurm.add_argument("--time-min", type=positive_int, help="time limit per cell, minutes")
+    slurm.add_argument("--gpus", type=non_negative_int, help="GPUs per cell")
+    slurm.add_argument("--cpus", type=positive_int, help="CPUs per cell")
+    slurm.add_argument("--mem-gb", type=positive_int, help="memory per cell, GB")
     p.add_argument("--dry-run", action="store_true", help="list the cells and their commands, run nothing")
     p.add_argument("--report-only", action="store_true", help="aggregate the finished cells, run nothing")
     p.add_argument("--overwrite", action="store_true", help="rerun finished cells whose flags changed")

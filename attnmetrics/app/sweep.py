@@ -39,6 +39,14 @@ Resume and safety:
 - failed cells are recorded in ``OUT/status.json`` (atomic) and the others go on; the exit status
   is 1 if any cell failed; one sweep at a time per folder (a lock file);
 - ``OUT/sweep.toml`` keeps the config text of the last sweep started in the folder.
+
+Executors (``[sweep] executor`` or ``--executor``): ``local`` runs each cell as a subprocess
+here, ``jobs`` at a time. ``slurm`` submits each cell as a Slurm job through submitit
+(attnmetrics/app/cluster.py; ``pip install submitit``), ``jobs`` in flight, with the resources of
+``[sweep.slurm]`` (``partition``, ``time_min``, ``gpus``, ``cpus``, ``mem_gb``; flags of the same
+names override them) and submitit's files in ``OUT/.submitit``; ``submitit-local`` is that path
+on this machine (submitit's local executor). Resume, status, stale cells and the report are the
+same for all three.
 """
 
 from __future__ import annotations
@@ -75,6 +83,11 @@ AXES = {
 }
 #: run options the sweep sets itself
 RESERVED = {"out", "overwrite", "no_progress", "debug", "data_dir", *AXES.values()}
+#: where cells run: ``local`` (subprocesses here), ``slurm`` (a job each, through submitit),
+#: ``submitit-local`` (the slurm path on this machine: submitit's local executor, for trying a config)
+EXECUTORS = ("local", "slurm", "submitit-local")
+#: the [sweep.slurm] table (and the sweep command's flags of the same names): job resources
+SLURM_KEYS = {"partition": str, "time_min": int, "gpus": int, "cpus": int, "mem_gb": int}
 #: results.json "config" keys that may differ without making a finished cell stale
 IGNORED_CONFIG = {"out", "overwrite", "no_progress", "command", "debug"}
 
@@ -113,6 +126,8 @@ class Sweep:
     jobs: int
     cells: list[Cell]
     text: str  # the config file's text
+    executor: str = "local"  # EXECUTORS: where the cells run
+    slurm: dict = field(default_factory=dict)  # the [sweep.slurm] table: SLURM_KEYS
 
 
 def _run_options() -> dict[str, argparse.Action]:
@@ -162,7 +177,13 @@ def _resolve(base: Path, path: str) -> Path:
     return (p if p.is_absolute() else base / p).resolve()
 
 
-def load_config(path: str | Path, out: Path | None = None, jobs: int | None = None) -> Sweep:
+def load_config(
+    path: str | Path,
+    out: Path | None = None,
+    jobs: int | None = None,
+    executor: str | None = None,
+    slurm: dict | None = None,
+) -> Sweep:
     """Read a sweep config (format in the module docstring) and expand its grids into cells.
 
     Raises:
@@ -187,9 +208,17 @@ def load_config(path: str | Path, out: Path | None = None, jobs: int | None = No
             raise ValueError(f"{path}: {section} must be {shape}, got {conf[section]!r}")
     base = path.resolve().parent
     head = dict(conf.get("sweep", {}))
-    extra = set(head) - {"out", "jobs", "data_dirs"}
+    extra = set(head) - {"out", "jobs", "data_dirs", "executor", "slurm"}
     if extra:
-        raise ValueError(f"[sweep]: unknown keys {sorted(extra)}; expected out, jobs, data_dirs")
+        raise ValueError(f"[sweep]: unknown keys {sorted(extra)}; expected out, jobs, data_dirs, executor, slurm")
+    executor = executor if executor is not None else head.get("executor", "local")
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    slurm = {**head.get("slurm", {}), **(slurm or {})}
+    bad = {k: v for k, v in slurm.items() if k not in SLURM_KEYS or not isinstance(v, SLURM_KEYS[k])}
+    if bad:
+        expected = ", ".join(f"{k} ({t.__name__})" for k, t in SLURM_KEYS.items())
+        raise ValueError(f"[sweep.slurm]: bad keys or values {bad}; expected {expected}")
     out = Path(out).resolve() if out is not None else _resolve(base, head.get("out", "runs/sweep"))
     jobs = jobs if jobs is not None else head.get("jobs", 1)
     if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
@@ -252,7 +281,7 @@ def load_config(path: str | Path, out: Path | None = None, jobs: int | None = No
         if (c.grid, c.name) in seen:
             raise ValueError(f"[[grid]] {c.grid!r}: two cells share the folder name {c.name!r}")
         seen.add((c.grid, c.name))
-    return Sweep(out, jobs, cells, text)
+    return Sweep(out, jobs, cells, text, executor, slurm)
 
 
 def cell_command(cell: Cell, out: Path, overwrite: bool = False) -> list[str]:
@@ -319,19 +348,26 @@ class _Runner:
         self.record(cell, state="running", command=cmd, log=str(log), started=start)
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
-            f.flush()
+        rc = self.execute(cell, cmd, log)
+        if rc is None:  # stopped before it started
+            return False
+        state = "done" if rc == 0 else ("interrupted" if self.stopping else "failed")
+        self.record(cell, state=state, returncode=rc, command=cmd, log=str(log), seconds=time.time() - start)
+        return rc == 0
+
+    def execute(self, cell: Cell, cmd: list[str], log: Path) -> int | None:
+        """Run ``cmd`` with its output appended to ``log``; its exit status (None: stopping)."""
+        with open(log, "a", encoding="utf-8") as f:
             with self.lock:
                 if self.stopping:
-                    return False
+                    return None
                 # own session: a Ctrl-C reaches the sweep, which stops its cells itself
                 proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
                 self.procs.add(proc)
             rc = proc.wait()
             with self.lock:
                 self.procs.discard(proc)
-        state = "done" if rc == 0 else ("interrupted" if self.stopping else "failed")
-        self.record(cell, state=state, returncode=rc, command=cmd, log=str(log), seconds=time.time() - start)
-        return rc == 0
+        return rc
 
     def stop(self) -> None:
         with self.lock:
@@ -378,7 +414,12 @@ def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> i
         write_text_atomic(out / "sweep.toml", sweep.text)
         status_path = out / "status.json"
         status = json.loads(status_path.read_text()) if status_path.is_file() else {"cells": {}}
-        runner = _Runner(sweep, status, progress)
+        if sweep.executor == "local":
+            runner = _Runner(sweep, status, progress)
+        else:
+            from attnmetrics.app.cluster import SubmititRunner  # submitit: an optional extra
+
+            runner = SubmititRunner(sweep, status, progress)
         todo = [c for c in sweep.cells if c not in done or c in stale]
         for c in sweep.cells:
             if c in done and c not in stale:
@@ -425,7 +466,8 @@ def main(args: argparse.Namespace) -> int:
     from attnmetrics.app.aggregate import aggregate_sweep
 
     try:
-        sweep = load_config(args.config, args.out, args.jobs)
+        slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k, None) is not None}
+        sweep = load_config(args.config, args.out, args.jobs, args.executor, slurm)
     except (ValueError, FileNotFoundError) as e:
         print(f"attnmetrics sweep: {e}", file=sys.stderr)
         return 2

@@ -236,3 +236,35 @@ def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, caps
     assert os.stat(first).st_mtime_ns == before.st_mtime_ns
     assert main(["sweep", str(changed), "--out", str(out), "--dry-run"]) == 0
     assert capsys.readouterr().out.count("done\t") == 2
+
+
+def test_cells_as_cluster_jobs_through_submitit(tmp_path, capsys):
+    """--executor submitit-local: the slurm path (a submitit job per cell) on this machine; the
+    same folders, status, resume and report as the local executor."""
+    pytest.importorskip("submitit")
+    config, out = _config(tmp_path, TINY), tmp_path / "sweep"
+    argv = ["sweep", str(config), "--out", str(out), "--executor", "submitit-local", "--jobs", "2", "--no-progress"]
+    assert main(argv) == 0
+    status = json.loads((out / "status.json").read_text())["cells"]
+    for cell in ("g/sst-lstm-tanh-s0", "g/sst-lstm-tanh-s1"):
+        assert status[cell]["state"] == "done" and status[cell]["job_id"], status[cell]
+        assert (out / cell / "results.json").is_file()
+    assert (out / ".submitit").is_dir() and (out / "report.md").is_file()
+    assert "=== " in (out / "g" / "sst-lstm-tanh-s0.log").read_text()
+    # resumed: nothing is submitted again
+    assert main(argv) == 0
+    assert capsys.readouterr().err.count(": done (results.json present)") == 2
+
+
+def test_executor_and_slurm_settings_are_checked(tmp_path):
+    base = TINY.replace(
+        "[defaults]", 'executor = "slurm"\nslurm = { partition = "gpu", time_min = 30, gpus = 1 }\n[defaults]'
+    )
+    sweep = load_config(_config(tmp_path, base))
+    assert sweep.executor == "slurm" and sweep.slurm == {"partition": "gpu", "time_min": 30, "gpus": 1}
+    sweep = load_config(_config(tmp_path, base), executor="local", slurm={"time_min": 5})
+    assert sweep.executor == "local" and sweep.slurm["time_min"] == 5
+    with pytest.raises(ValueError, match="executor must be one of"):
+        load_config(_config(tmp_path, TINY.replace("[defaults]", 'executor = "sge"\n[defaults]')))
+    with pytest.raises(ValueError, match=r"\[sweep.slurm\]: bad keys or values \{'gpus': '1'\}"):
+        load_config(_config(tmp_path, TINY.replace("[defaults]", 'slurm = { gpus = "1" }\n[defaults]')))
