@@ -116,6 +116,17 @@ def run_battery(
                 acc[f"kendall/{a} vs {b}/tau"].append(kt.tau)
                 acc[f"kendall/{a} vs {b}/pvalue"].append(kt.pvalue)
             t0 = _lap(seconds, "kendall", t0)
+        if own is not None:  # each head on its own: how it differs from the others, how it ranks tokens
+            for h in range(own.attention.shape[1]):
+                head = own.attention[:, h]
+                acc[f"heads/h{h}/max attention"].append(head.max(-1).values)
+                acc[f"heads/h{h}/JSD from the head mean"].append(attnmetrics.jsd(head, out.attention))
+                if "kendall" in experiments:
+                    for name in ("gradient", "loo"):
+                        if name in scores:
+                            tau = attnmetrics.kendall_tau(head, scores[name], out.lengths).tau
+                            acc[f"heads/h{h}/tau vs {name}"].append(tau)
+            t0 = _lap(seconds, "heads", t0)
         if "permutation" in experiments:
             r = attnmetrics.permutation_test(*args, permutations=permutations, generator=generator)
             acc["permutation/median_tvd"].append(r.median_tvd)
@@ -180,6 +191,15 @@ def run_battery(
         summary["single_removal"] = single_removal_summary(jsd, flipped, lengths)
         instances["single_removal"] = {
             w: {"jsd": jsd[w].tolist(), "flipped": flipped[w].tolist()} for w in SINGLE_REMOVALS
+        }
+    heads = sorted({k.split("/")[1] for k in x if k.startswith("heads/")}, key=lambda h: int(h[1:]))
+    if heads:
+        metrics = list(dict.fromkeys(k.split("/", 2)[2] for k in x if k.startswith("heads/")))
+        instances["heads"] = {h: {m: x[f"heads/{h}/{m}"].astype(float).tolist() for m in metrics} for h in heads}
+        real = lengths > 0
+        summary["heads"] = {
+            m: [float(np.nanmean(x[f"heads/{h}/{m}"][real])) if real.any() else float("nan") for h in heads]
+            for m in metrics
         }
     if "single_token" in experiments:
         tau, p, agrees = x["single_token/tau"], x["single_token/pvalue"], x["single_token/top_agrees"]

@@ -183,3 +183,23 @@ def consistent_adversary(results: dict, folder: Path) -> str | None:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
     return _save(fig, folder / "consistent_adversary.png")
+
+
+def heads(results: dict, folder: Path) -> str | None:
+    """Heads x metrics heat map of a transformer's tested attention (each metric's mean per head)."""
+    per_head = results.get("heads")
+    if not per_head:
+        return None
+    metrics = list(per_head)
+    values = np.array([_array(per_head[m]) for m in metrics]).T  # [heads, metrics]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(metrics), 0.9 + 0.45 * values.shape[0]))
+    # each column on its own colour scale: the metrics have different ranges
+    low, high = np.nanmin(values, 0), np.nanmax(values, 0)
+    scaled = (values - low) / np.where(high > low, high - low, 1)
+    ax.imshow(scaled, cmap="viridis", aspect="auto", vmin=0, vmax=1)
+    for (i, j), v in np.ndenumerate(values):
+        ax.text(j, i, f"{v:.3f}", ha="center", va="center", color="white" if scaled[i, j] < 0.6 else "black")
+    ax.set_xticks(range(len(metrics)), metrics, rotation=20, ha="right")
+    ax.set_yticks(range(values.shape[0]), [f"head {h}" for h in range(values.shape[0])])
+    ax.set_title("tested attention, per head (mean over instances; colour per column)")
+    return _save(fig, folder / "heads.png")

@@ -198,6 +198,22 @@ def _diagnostic_section(results: dict) -> list[str]:
     ]
 
 
+def _heads_section(results: dict) -> list[str]:
+    per_head = results["heads"]
+    metrics = list(per_head)
+    rows = [[f"head {h}", *(_fmt(per_head[m][h]) for m in metrics)] for h in range(len(per_head[metrics[0]]))]
+    return [
+        "## Per head (the tested attention's heads)",
+        "",
+        "Each head of the tested attention row on its own, mean over instances: its largest weight, its",
+        "JSD (nats) from the head mean the orders and τ use, and its Kendall τ-b with gradient and",
+        "leave-one-out importance.",
+        "",
+        _table(rows, ["head", *metrics]),
+        "",
+    ]
+
+
 _SECTIONS = (
     ("flip", _flip_section, figures.flips, "flip fraction"),
     ("kendall", _kendall_section, figures.kendall, "kendall tau"),
@@ -205,6 +221,7 @@ _SECTIONS = (
     ("adversarial", _adversarial_section, figures.adversarial, "adversarial"),
     ("single_removal", _single_removal_section, None, None),
     ("single_token", _single_token_section, None, None),
+    ("heads", _heads_section, figures.heads, "per-head heat map"),
     ("consistent_adversary", _consistent_adversary_section, figures.consistent_adversary, "TVD vs JSD"),
     ("diagnostic", _diagnostic_section, None, None),
 )

@@ -100,3 +100,9 @@ def test_extract_readout_runs_the_battery_on_the_models_own_attention(pretrained
     assert all(0 < m <= 1 for m, length in zip(max_attention, results["instances"]["lengths"]) if length)
     report = (out / "report.md").read_text()
     assert "GPT-1's own attention" in report and "Permuted attention" in report
+    # per head: two heads, each with its largest weight, JSD from the head mean and tau with gradient / LOO
+    per_head = results["heads"]
+    assert set(per_head) == {"max attention", "JSD from the head mean", "tau vs gradient", "tau vs loo"}
+    assert all(len(v) == 2 for v in per_head.values()) and all(0 < m <= 1 for m in per_head["max attention"])
+    assert len(results["instances"]["heads"]["h1"]["tau vs loo"]) == n
+    assert "Per head" in report and (out / "heads.png").is_file()
