@@ -5,7 +5,9 @@ experiment (``{"flip": {"attention": {"removed": [...], ...}}, "kendall": {...},
 module flattens them into rows that pandas, polars or DuckDB read directly:
 
 - a run: ``instances.parquet`` with columns ``instance`` (int64, the test instance's index in
-  split order), ``sample`` (int64: 0, or the draw of a random order with several samples),
+  split order), ``sample`` (int64: 0, the draw of a random order with several samples, or the
+  index into a per-run list such as the model-consistent adversary's λ; such run-level lists
+  themselves are not rows),
   ``experiment`` and ``statistic`` (strings: the first key, and the rest joined by ``/``; the
   per-instance basics ``predicted``, ``lengths``, ``max_attention`` have experiment
   ``"instance"``) and ``value`` (float64; booleans are 0/1; NaN where results.json has null);
@@ -42,21 +44,26 @@ def run_table(instances: dict) -> pa.Table:
     columns: dict[str, list] = {name: [] for name in RUN_COLUMNS}
     for path, values in _leaves(instances):
         experiment, statistic = (path[0], "/".join(path[1:])) if len(path) > 1 else ("instance", path[0])
+        if values and isinstance(values[0], list):  # one list of instances per sample (e.g. per λ)
+            sample = np.concatenate([np.full(len(v), s, dtype=np.int64) for s, v in enumerate(values)])
+            instance = np.concatenate([np.arange(len(v)) for v in values])
+            values = [x for v in values for x in v]
+        elif not n or len(values) % n == 0:  # instances, sample after sample
+            index = np.arange(len(values))
+            instance, sample = (index % n, index // n) if n else (index, np.zeros_like(index))
+        else:
+            continue  # a run-level list (e.g. the adversary's λ grid), not per instance
         m = len(values)
-        index = np.arange(m)
-        columns["instance"].append(index % n if n else index)
-        columns["sample"].append(index // n if n else np.zeros(m, dtype=np.int64))
+        columns["instance"].append(instance)
+        columns["sample"].append(sample)
         columns["experiment"].append(np.full(m, experiment, dtype=object))
         columns["statistic"].append(np.full(m, statistic, dtype=object))
         columns["value"].append(np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64))
-    arrays = {
-        "instance": pa.array(np.concatenate(columns["instance"]) if columns["instance"] else [], pa.int64()),
-        "sample": pa.array(np.concatenate(columns["sample"]) if columns["sample"] else [], pa.int64()),
-        "experiment": pa.array(np.concatenate(columns["experiment"]) if columns["experiment"] else [], pa.string()),
-        "statistic": pa.array(np.concatenate(columns["statistic"]) if columns["statistic"] else [], pa.string()),
-        "value": pa.array(np.concatenate(columns["value"]) if columns["value"] else [], pa.float64()),
-    }
-    return pa.table(arrays)
+    types = {"instance": pa.int64(), "sample": pa.int64(), "experiment": pa.string(), "statistic": pa.string()}
+    types["value"] = pa.float64()
+    return pa.table(
+        {name: pa.array(np.concatenate(parts) if parts else [], types[name]) for name, parts in columns.items()}
+    )
 
 
 def sweep_table(cells: Iterable[tuple[str, str, str, dict, dict]]) -> pa.Table:

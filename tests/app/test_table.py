@@ -21,6 +21,8 @@ INSTANCES = {
     },
     "kendall": {"attention vs gradient": {"tau": [0.1, None, -0.2], "pvalue": [0.5, None, 0.9]}},
     "single_removal": {"top": {"jsd": [0.01, None, 0.2], "flipped": [False, False, True]}},
+    # W&P's model-consistent adversary: a λ grid (a run-level list) and one list of instances per λ
+    "consistent_adversary": {"lambda": [0.1, 1.0], "tvd": [[0.01, 0.02, 0.03], [0.1, 0.2, 0.3]]},
 }
 
 
@@ -32,7 +34,7 @@ def lookup(table, experiment, statistic):
 def test_run_table_holds_every_value_once_at_its_instance_and_sample():
     table = run_table(INSTANCES)
     assert tuple(table.column_names) == RUN_COLUMNS
-    assert table.num_rows == 3 * 3 + 3 * 2 + 6 * 2 + 3 * 2 + 3 * 2
+    assert table.num_rows == 3 * 3 + 3 * 2 + 6 * 2 + 3 * 2 + 3 * 2 + 2 * 3
     assert lookup(table, "instance", "lengths") == [(0, 0, 5.0), (1, 0, 1.0), (2, 0, 3.0)]
     random = lookup(table, "flip", "random/removed")
     assert [(i, s) for i, s, _ in random] == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
@@ -40,6 +42,8 @@ def test_run_table_holds_every_value_once_at_its_instance_and_sample():
     tau = lookup(table, "kendall", "attention vs gradient/tau")
     assert tau[0][2] == 0.1 and math.isnan(tau[1][2])  # null in results.json -> NaN
     assert [v for *_, v in lookup(table, "single_removal", "top/flipped")] == [0.0, 0.0, 1.0]
+    assert lookup(table, "consistent_adversary", "tvd")[4] == (1, 1, 0.2)  # instance 1 at the second λ
+    assert not lookup(table, "consistent_adversary", "lambda")
 
 
 def test_sweep_table_puts_each_cells_config_beside_its_rows(tmp_path):
