@@ -76,9 +76,8 @@ def run_battery(
     generator = torch.Generator(device).manual_seed(seed)
     acc: dict[str, list[Tensor]] = defaultdict(list)  # per-instance tensors, concatenated at the end
     seconds: dict[str, float] = defaultdict(float)  # wall time of each experiment, over all batches
-    clock = time.perf_counter
     for tokens, lengths in tqdm(list(batches), desc="faithfulness", disable=not progress, leave=False):
-        t0 = clock()
+        t0 = time.perf_counter()
         tokens, lengths = tokens.to(device), lengths.to(device)
         out = forward(model, tokens, lengths)
         # A transformer's own attention ([B, heads, T], docs/definitions.md §15) where the model
