@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from attnmetrics.models.gpt import Block, causal_mask
-from attnmetrics.protocol import TestedAttention
+from attnmetrics.protocol import TestedAttention, token_mask
 
 
 class ExtractDecoder(nn.Module):
@@ -85,9 +85,7 @@ def extract_attention(model, tokens: Tensor, lengths: Tensor) -> TestedAttention
     # U[b, h, s] = v[b, h, s] @ W_o[:, h-slice]^T: each head's values through its slice of the projection
     w_o = attn.proj.weight.view(-1, heads, dh)  # [d, heads, dh]
     U = torch.einsum("bhsk,dhk->bhsd", v, w_o)  # [B, heads, T, d]
-    real = (torch.arange(T, device=tokens.device) >= model.lead) & (
-        torch.arange(T, device=tokens.device) < (lengths - model.trail)[:, None]
-    )  # [B, T]
+    real = token_mask(lengths, T, model.lead, model.trail)  # [B, T]
     mass = (a * real[:, None, :]).sum(-1, keepdim=True)  # [B, heads, 1]
     # The real tokens' share as a softmax over their scores alone (= a / mass, without the
     # underflow of a / mass when a head puts almost all its weight on the special positions)
