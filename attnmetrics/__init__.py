@@ -10,6 +10,7 @@ from attnmetrics.distances import jsd, tvd
 from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
 from attnmetrics.importance import gradient_importance
 from attnmetrics.kendall import KendallTau, kendall_tau
+from attnmetrics.keyed import KeyedRows
 from attnmetrics.loo import leave_one_out
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.permutation import PermutationResult, permutation_test
@@ -31,6 +32,7 @@ __all__ = [
     "FlipResult",
     "jsd",
     "kendall_tau",
+    "KeyedRows",
     "KendallTau",
     "leave_one_out",
     "output_distribution",

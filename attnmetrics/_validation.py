@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from attnmetrics._decoder import is_plain_linear
+from attnmetrics.keyed import check_keyed
 from attnmetrics.protocol import AttentionClassifier, token_mask
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
@@ -40,15 +41,18 @@ def check_same_device(**tensors: Tensor) -> None:
         raise ValueError(f"inputs must be on one device, got {devices}")
 
 
-def check_generator(generator, device: torch.device | None = None) -> torch.Generator | None:
-    """``generator`` if it is None or a ``torch.Generator`` (on ``device`` when given), else
-    TypeError (not a generator) or ValueError (on another device)."""
-    if generator is None:
-        return None
+def check_generator(generator, device: torch.device | None = None):
+    """``generator`` if it is None, a :class:`attnmetrics.KeyedRows` (any device) or a
+    ``torch.Generator`` (on ``device`` when given), else TypeError (none of these) or
+    ValueError (on another device; a KeyedRows out of range)."""
+    if generator is None or check_keyed(generator) is not None:
+        return generator
     if not isinstance(generator, torch.Generator):
         shown = repr(generator)
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__} {shown}")
+        raise TypeError(
+            f"generator must be a torch.Generator, an attnmetrics.KeyedRows or None, got {type(generator).__name__} {shown}"
+        )
     if device is not None and generator.device != device:
         raise ValueError(f"generator is on {generator.device}, attention on {device}; they must match")
     return generator

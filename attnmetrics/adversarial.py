@@ -27,6 +27,7 @@ from attnmetrics._validation import (
     check_logits,
 )
 from attnmetrics.distances import jsd, tvd
+from attnmetrics.keyed import KeyedRows, normal
 from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import token_mask
 
@@ -147,7 +148,7 @@ def adversarial_attention(
     tvd_threshold: float = 0.05,
     init_std: float = 3.0,
     amsgrad: bool = False,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | KeyedRows | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> AdversarialResult:
     """Most different attention that keeps the output (J&W 2019, sec. 4.3; docs/definitions.md §10).
@@ -200,7 +201,8 @@ def adversarial_attention(
         tvd_threshold: largest output TVD a reported candidate may have (0.05).
         init_std: standard deviation of the initial logit noise (3).
         amsgrad: Adam's AMSGrad variant (J&W's code sets it; the paper says Adam).
-        generator: ``torch.Generator`` on the inputs' device for the initial noise
+        generator: ``torch.Generator`` on the inputs' device, or a
+            :class:`attnmetrics.KeyedRows` (noise keyed by instance), for the initial noise
             (default: torch's global generator).
         memory_budget: approximate bytes of working memory per chunk of rows (a single
             row is always processed whole). Not counted: the noise ``[B, K, T]`` and, for a
@@ -252,7 +254,7 @@ def adversarial_attention(
     vals = values.detach() if multi else values.detach()[:, None]  # [B, heads, T, H]
     batch, heads, width, hidden = vals.shape
     dtype, device, item = attention.dtype, attention.device, values.element_size()
-    noise = torch.randn((batch, k, heads, width), generator=generator, dtype=dtype, device=device)
+    noise = normal(generator, (batch, k, heads, width), dtype, device)
 
     mask = token_mask(lengths, width)
     out_att = att.masked_fill(~mask[:, None], 0.0)

@@ -35,6 +35,7 @@ from attnmetrics._validation import (
     check_lengths,
     check_logits,
 )
+from attnmetrics.keyed import KeyedRows
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import token_mask
 
@@ -96,13 +97,21 @@ def removal_order(scores: Tensor, lengths: Tensor | None = None) -> Tensor:
 
 
 def random_scores(
-    batch: int, width: int, generator: torch.Generator | None = None, device: torch.device | str | None = None
+    batch: int,
+    width: int,
+    generator: torch.Generator | KeyedRows | None = None,
+    device: torch.device | str | None = None,
+    sample: int = 0,
 ) -> Tensor:
     """``[B, T]`` float64 scores whose removal order is a uniform random permutation per row.
 
-    ``order="random"`` draws sample s as the s-th call of this function with the same
-    generator, so a result can be reproduced (or checked) from the generator's seed.
+    ``order="random"`` draws sample s as the s-th call of ``torch.rand((B, T))`` on a
+    ``torch.Generator``, or from a :class:`attnmetrics.KeyedRows` as draws ``s * T`` to
+    ``(s + 1) * T - 1`` of each row's own stream; either way a result can be reproduced (or
+    checked) from the seed.
     """
+    if isinstance(generator, KeyedRows):
+        return generator.uniform(batch, (width,), device, start=sample * width)
     return torch.rand((batch, width), generator=generator, dtype=torch.float64, device=device)
 
 
@@ -383,7 +392,7 @@ def flip_fraction(
     order: Order = "attention",
     *,
     samples: int = 1,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | KeyedRows | None = None,
     never_flipped: float = math.nan,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> FlipResult:
@@ -427,7 +436,8 @@ def flip_fraction(
             ``"sign_grad_attn"`` (sign(gradient) * alpha_t), or a ``[B, T]`` score tensor.
         samples: number of random permutations for ``order="random"`` (>= 1); the other
             orders are deterministic and ignore it.
-        generator: ``torch.Generator`` on the inputs' device for ``order="random"``.
+        generator: ``torch.Generator`` on the inputs' device for ``order="random"``, or a
+            :class:`attnmetrics.KeyedRows` (each row's draws keyed by its instance index).
         never_flipped: ``fraction`` of rows that never flip: NaN (default, S&S) or e.g.
             1.0 (as Mohankumar et al. 2020 count them).
         memory_budget: approximate bytes of working memory per chunk of rows (a single
@@ -488,8 +498,8 @@ def flip_fraction(
                 att = attention.contiguous()
         removed, mass = [], []
         classes: list[int] = []
-        for _ in range(n_samples):
-            s = scores if scores is not None else random_scores(batch, width, generator, attention.device)
+        for i in range(n_samples):
+            s = scores if scores is not None else random_scores(batch, width, generator, attention.device, i)
             order_ = removal_order(s, lengths)
             if linear and multi:
                 r, m = _search_linear_heads(attention, values, decoder.weight.detach(), bias, lengths, order_, budget)

@@ -31,6 +31,7 @@ from attnmetrics._validation import (
     check_logits,
 )
 from attnmetrics.distances import tvd
+from attnmetrics.keyed import KeyedRows
 from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import token_mask
 
@@ -49,7 +50,7 @@ class PermutationResult(NamedTuple):
     tvd: Tensor | None
 
 
-def draw_seed(generator: torch.Generator | None = None) -> int:
+def draw_seed(generator: torch.Generator | KeyedRows | None = None) -> int:
     """The seed a call draws: one non-negative int64, ``Tensor.random_(generator=generator)``
     on the generator's device (the default CPU generator when ``None``)."""
     device = generator.device if generator is not None else "cpu"
@@ -107,7 +108,14 @@ def _median(x: Tensor) -> Tensor:
 
 
 def _general(
-    attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, permutations: int, seed: int, budget: int
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor,
+    permutations: int,
+    seed: int,
+    budget: int,
+    first: int = 0,
 ) -> Tensor:
     """Output TVD [B, P] (float64) with any decoder. Per chunk of rows: the permutations
     (kernel), the permuted weights by gather, the original and every permuted context of a
@@ -132,7 +140,7 @@ def _general(
         mask = token_mask(lens, width)[:, None, :]
         alpha = att[s:e].masked_fill(~mask, 0)
         h = vals[s:e].masked_fill(~mask[..., None], 0)  # padding never enters a context
-        perms = ops.attention_permutations(lens, width, permutations, seed, s, 0)
+        perms = ops.attention_permutations(lens, width, permutations, seed, first + s, 0)
         # The same permutation of a row's tokens in every head.
         permuted = alpha.gather(2, perms.view(n, 1, -1).expand(-1, heads, -1)).view(n, heads, permutations, width)
         weights = torch.cat([alpha[:, :, None], permuted], 2)  # [n, heads, P + 1, T]
@@ -159,7 +167,7 @@ def permutation_test(
     lengths: Tensor | None = None,
     *,
     permutations: int = 100,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | KeyedRows | None = None,
     return_all: bool = False,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> PermutationResult:
@@ -178,7 +186,10 @@ def permutation_test(
     Permutation p of row b is ``attention_permutations(lengths, T, P, seed)[b, p]``
     with ``seed = draw_seed(generator)`` (one int64 per call): it depends on
     (seed, b, p) only, so the result does not depend on ``memory_budget`` or on the
-    other rows, but a row's permutations depend on its index b.
+    other rows, but a row's permutations depend on its index b. With a
+    :class:`attnmetrics.KeyedRows` ``(seed, offset)`` they are
+    ``attention_permutations(lengths, T, P, seed, row_offset=offset)[b, p]``: keyed by the
+    instance index ``offset + b``, whatever batch the row is in.
 
     An ``nn.Linear`` decoder (a plain one: no hooks, no overridden forward) runs the
     whole test in one kernel on the projected values ``values @ W.T`` (``[B, T, C]``,
@@ -203,7 +214,8 @@ def permutation_test(
         decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``, C >= 1.
         lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
         permutations: P >= 1 (J&W: 100).
-        generator: ``torch.Generator`` the seed is drawn from (default: torch's global one).
+        generator: ``torch.Generator`` the seed is drawn from (default: torch's global one),
+            or a :class:`attnmetrics.KeyedRows`.
         return_all: also return every TVD, ``[B, P]``.
         memory_budget: approximate bytes of working memory per chunk of rows (one row's
             P contexts are processed whole even when they exceed it).
@@ -241,7 +253,8 @@ def permutation_test(
     if not isinstance(return_all, bool):
         raise ValueError(f"return_all must be a bool, got {return_all!r}")
     check_generator(generator)  # any device: the seed is drawn on the generator's
-    seed = draw_seed(generator)
+    keyed = isinstance(generator, KeyedRows)
+    seed, first = (generator.seed, generator.offset) if keyed else (draw_seed(generator), 0)
     multi = attention.dim() == 3
     batch, width = attention.shape[0], attention.shape[-1]
 
@@ -258,12 +271,12 @@ def permutation_test(
                 bias = decoder.bias.detach().contiguous()  # finite: check_decoder
         if linear and not multi:
             median, tvds = ops.permutation_tvd_linear(
-                attention.contiguous(), projected, bias, lengths, permutations, seed
+                attention.contiguous(), projected, bias, lengths, permutations, seed, first
             )
         else:
             if linear:  # multi-head: the heads' projected values are the values of a bias-only decoder
                 values, decoder = projected.view(batch, heads, width, -1), lambda z: z + bias
-            tvds = _general(attention, values, decoder, lengths, permutations, seed, budget)
+            tvds = _general(attention, values, decoder, lengths, permutations, seed, budget, first)
             tvds[lengths <= 1] = 0  # equal contexts; a batched decoder call may round them apart
             median = _median(tvds).to(attention.dtype)
             tvds = tvds.to(attention.dtype)

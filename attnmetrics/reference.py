@@ -203,6 +203,7 @@ def flip_search_sequential(attention, values, decoder, lengths, order_scores="at
 # ---- adversarial attention (J&W 2019) ----------------------------------------------------
 
 from attnmetrics.adversarial import AdversarialResult  # noqa: E402
+from attnmetrics.keyed import normal  # noqa: E402
 
 
 def adversarial_attention_reference(
@@ -241,7 +242,7 @@ def adversarial_attention_reference(
     batch, heads, width = att.shape
     lengths = torch.full((batch,), width) if lengths is None else lengths
     k = candidates
-    noise = torch.randn((batch, k, heads, width), generator=generator, dtype=attention.dtype, device=attention.device)
+    noise = normal(generator, (batch, k, heads, width), attention.dtype, attention.device)
     max_jsd = torch.zeros(batch, dtype=attention.dtype)
     adv = torch.zeros_like(att)
     out_tvd = torch.zeros(batch, dtype=attention.dtype)

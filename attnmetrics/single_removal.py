@@ -30,6 +30,7 @@ from attnmetrics._validation import (
     check_logits,
 )
 from attnmetrics.distances import jsd
+from attnmetrics.keyed import KeyedRows
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import token_mask
 
@@ -54,19 +55,23 @@ class SingleRemovalResult(NamedTuple):
 
 
 def removed_positions(
-    attention: Tensor, lengths: Tensor, which: str, generator: torch.Generator | None = None
+    attention: Tensor, lengths: Tensor, which: str, generator: torch.Generator | KeyedRows | None = None
 ) -> Tensor:
     """``[B]`` int64 position each row removes (-1 where L <= 1); inputs already validated.
 
     ``top``: the highest weight; ``second``: the next one in the same order; ``lowest``:
     the lowest weight (ties always to the lower index); ``random``:
     ``torch.randint(0, 2**62, (B,), generator=generator) % L`` (one draw per row, rows
-    with L <= 1 included, so the draw does not depend on lengths).
+    with L <= 1 included, so the draw does not depend on lengths; from a
+    :class:`attnmetrics.KeyedRows`, the first output of each row's stream, >> 2, % L).
     """
     batch, width = attention.shape
     short = lengths <= 1
     if which == "random":
-        draw = torch.randint(0, 2**62, (batch,), generator=generator, device=attention.device)
+        if isinstance(generator, KeyedRows):
+            draw = generator.integers(batch, attention.device)
+        else:
+            draw = torch.randint(0, 2**62, (batch,), generator=generator, device=attention.device)
         return torch.where(short, -1, draw % lengths.clamp(min=1))
     if width == 0:
         return torch.full((batch,), -1, dtype=torch.int64, device=attention.device)
@@ -88,7 +93,7 @@ def single_removal(
     lengths: Tensor | None = None,
     which: str = "top",
     *,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | KeyedRows | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> SingleRemovalResult:
     """Output JSD and decision flip when one attention weight is removed (S&S 2019, sec. 3).
@@ -124,7 +129,8 @@ def single_removal(
         which: ``"top"`` (highest weight, ties to the lower index), ``"second"`` (second
             in that order), ``"lowest"`` (lowest weight, ties to the lower index) or
             ``"random"`` (uniform among the real tokens; see :func:`removed_positions`).
-        generator: ``torch.Generator`` on the inputs' device for ``which="random"``.
+        generator: ``torch.Generator`` on the inputs' device for ``which="random"``, or a
+            :class:`attnmetrics.KeyedRows` (the draw keyed by instance).
         memory_budget: approximate bytes of working memory per chunk of rows.
 
     Returns:

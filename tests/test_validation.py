@@ -42,7 +42,10 @@ RANDOM = {"flip_fraction": dict(order="random"), "single_removal": dict(which="r
 @pytest.mark.parametrize("bad", [5, "seed", 1.5])
 def test_generator_of_the_wrong_type_is_named(name, bad):
     att, values, lengths = batch(b=4, t=5, h=3, min_len=2)
-    with pytest.raises(TypeError, match=rf"generator must be a torch\.Generator or None, got {type(bad).__name__}"):
+    with pytest.raises(
+        TypeError,
+        match=rf"generator must be a torch\.Generator, an attnmetrics\.KeyedRows or None, got {type(bad).__name__}",
+    ):
         PROCEDURES[name](att, values, linear(3, 2), lengths, generator=bad, **RANDOM.get(name, {}))
 
 

@@ -18,6 +18,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 import attnmetrics
+from attnmetrics import KeyedRows
 from attnmetrics.app.summaries import (
     adversarial_summary,
     flip_summary,
@@ -28,6 +29,7 @@ from attnmetrics.app.summaries import (
 from attnmetrics.importance import gradient_importance
 from attnmetrics.loo import leave_one_out
 from attnmetrics.models.tutek import single_token_test
+from attnmetrics.permutation import draw_seed
 from attnmetrics.protocol import forward
 
 #: S&S 2019's orderings (sec. 4): attention, random, gradient w.r.t. attention, attention x gradient; plus reverse.
@@ -60,25 +62,77 @@ def run_battery(
     adversarial_diversity: float = 1.0,
 ) -> tuple[dict, dict]:
     """Run the chosen experiments over ``batches`` of (tokens [B, T] int64, lengths [B] int64),
-    special tokens included, on the model's device (each batch is moved there; the random
-    orders draw from a generator on that device).
+    special tokens included, on the model's device (each batch is moved there). The batches'
+    rows are the instances 0, 1, 2, ... in order.
 
     Returns (summary, instances): summary statistics for ``results.json`` and per-instance
     lists (for figures and for re-analysis), both keyed by experiment; ``summary["seconds"]``
     is the wall time of each part (the forward pass, each experiment; Kendall's gradient
-    and leave-one-out apart from the τ themselves), summed over the batches.
+    and leave-one-out apart from the τ themselves), summed over the batches. The same as
+    :func:`collect` over the batches with their first instances, then :func:`summarise`.
+    """
+    settings = dict(
+        experiments=experiments,
+        orders=orders,
+        seed=seed,
+        random_samples=random_samples,
+        never_flipped=never_flipped,
+        permutations=permutations,
+        adversarial_steps=adversarial_steps,
+        adversarial_diversity=adversarial_diversity,
+    )
+    numbered, first = [], 0
+    for tokens, lengths in batches:
+        numbered.append((first, tokens, lengths))
+        first += len(lengths)
+    x, seconds = collect(model, numbered, progress=progress, **settings)
+    for drawn in ("seed", "random_samples", "never_flipped"):  # used by collect only
+        settings.pop(drawn)
+    return summarise(x, seconds, class_names, **settings)
+
+
+def experiment_seeds(seed: int) -> dict[str, int]:
+    """One int64 seed per experiment that draws at random, derived from the run's ``seed``, so
+    the experiments' draws are independent of each other (and of the batches: KeyedRows)."""
+    g = torch.Generator().manual_seed(seed)
+    return {name: draw_seed(g) for name in ("flip", "permutation", "adversarial", "single_removal")}
+
+
+def collect(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[int, Tensor, Tensor]],
+    experiments: Sequence[str] = EXPERIMENTS,
+    orders: Sequence[str] = DEFAULT_ORDERS,
+    seed: int = 0,
+    random_samples: int = 1,
+    never_flipped: float = float("nan"),
+    permutations: int = 100,
+    adversarial_steps: int = 500,
+    adversarial_diversity: float = 1.0,
+    progress: bool = True,
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """The battery's per-instance values over ``batches`` of (first, tokens, lengths): ``first``
+    the global index of the batch's first instance, which keys every random draw of its rows
+    (:class:`attnmetrics.KeyedRows`), so an instance's values do not depend on the batch it is
+    in or on the process that runs it (``torchrun``, one share of the batches per rank).
+
+    Returns (values, seconds): ``values[name]`` an array with one entry (a row of
+    ``random_samples`` for the random flip order) per instance, ``values["instance"]`` the
+    global indices; ``seconds[part]`` wall time summed over the batches.
     """
     unknown = set(experiments) - set(EXPERIMENTS)
     if unknown:
         raise ValueError(f"unknown experiments {sorted(unknown)}; choose from {EXPERIMENTS}")
     model.eval()
     device = next(model.parameters()).device  # batches run where the model is
-    generator = torch.Generator(device).manual_seed(seed)
+    seeds = experiment_seeds(seed)
     acc: dict[str, list[Tensor]] = defaultdict(list)  # per-instance tensors, concatenated at the end
     seconds: dict[str, float] = defaultdict(float)  # wall time of each experiment, over all batches
-    for tokens, lengths in tqdm(list(batches), desc="faithfulness", disable=not progress, leave=False):
+    for first, tokens, lengths in tqdm(list(batches), desc="faithfulness", disable=not progress, leave=False):
         t0 = time.perf_counter()
         tokens, lengths = tokens.to(device), lengths.to(device)
+        keyed = {name: KeyedRows(s, first) for name, s in seeds.items()}
+        acc["instance"].append(torch.arange(first, first + len(lengths)))
         out = forward(model, tokens, lengths)
         # A transformer's own attention ([B, heads, T], docs/definitions.md §15) where the model
         # offers it; else its attention head's ([B, T]). Token-level views use the head mean.
@@ -96,10 +150,11 @@ def run_battery(
             for name in orders:
                 samples = random_samples if name == "random" else 1
                 r = attnmetrics.flip_fraction(
-                    *args, order=name, samples=samples, generator=generator, never_flipped=never_flipped
+                    *args, order=name, samples=samples, generator=keyed["flip"], never_flipped=never_flipped
                 )
-                acc[f"flip/{name}/removed"].append(r.removed.reshape(-1))
-                acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1))
+                # one row per instance (its samples side by side)
+                acc[f"flip/{name}/removed"].append(r.removed.reshape(-1, len(lengths)).T)
+                acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1, len(lengths)).T)
             t0 = _lap(seconds, "flip", t0)
         if "kendall" in experiments:
             scores = {
@@ -127,19 +182,19 @@ def run_battery(
                             acc[f"heads/h{h}/tau vs {name}"].append(tau)
             t0 = _lap(seconds, "heads", t0)
         if "permutation" in experiments:
-            r = attnmetrics.permutation_test(*args, permutations=permutations, generator=generator)
+            r = attnmetrics.permutation_test(*args, permutations=permutations, generator=keyed["permutation"])
             acc["permutation/median_tvd"].append(r.median_tvd)
             t0 = _lap(seconds, "permutation", t0)
         if "adversarial" in experiments:
             r = attnmetrics.adversarial_attention(
-                *args, steps=adversarial_steps, diversity_weight=adversarial_diversity, generator=generator
+                *args, steps=adversarial_steps, diversity_weight=adversarial_diversity, generator=keyed["adversarial"]
             )
             acc["adversarial/max_jsd"].append(r.max_jsd)
             acc["adversarial/output_tvd"].append(r.output_tvd)
             t0 = _lap(seconds, "adversarial", t0)
         if "single_removal" in experiments:
             for which in SINGLE_REMOVALS:
-                r = attnmetrics.single_removal(*args, which=which, generator=generator)
+                r = attnmetrics.single_removal(*args, which=which, generator=keyed["single_removal"])
                 acc[f"single_removal/{which}/jsd"].append(r.jsd)
                 acc[f"single_removal/{which}/flipped"].append(r.flipped)
             t0 = _lap(seconds, "single_removal", t0)
@@ -150,7 +205,35 @@ def run_battery(
             acc["single_token/top_agrees"].append(r.top_agrees)
             t0 = _lap(seconds, "single_token", t0)
 
-    x = {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}
+    return {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}, dict(seconds)
+
+
+def merge(parts: Sequence[tuple[dict[str, np.ndarray], dict[str, float]]]) -> tuple[dict, dict]:
+    """:func:`collect`'s outputs on disjoint shares of the instances, as one: values in instance
+    order, seconds summed (the processes' total, not the wall time)."""
+    parts = [(x, s) for x, s in parts if len(x.get("instance", ()))]
+    if not parts:
+        return {}, {}
+    order = np.argsort(np.concatenate([x["instance"] for x, _ in parts]), kind="stable")
+    values = {k: np.concatenate([x[k] for x, _ in parts])[order] for k in parts[0][0]}
+    seconds: dict[str, float] = defaultdict(float)
+    for _, s in parts:
+        for k, v in s.items():
+            seconds[k] += v
+    return values, dict(seconds)
+
+
+def summarise(
+    x: dict[str, np.ndarray],
+    seconds: dict[str, float],
+    class_names: Sequence[str],
+    experiments: Sequence[str] = EXPERIMENTS,
+    orders: Sequence[str] = DEFAULT_ORDERS,
+    permutations: int = 100,
+    adversarial_steps: int = 500,
+    adversarial_diversity: float = 1.0,
+) -> tuple[dict, dict]:
+    """(summary, instances) for ``results.json`` from :func:`collect`'s (merged) values."""
     summary_seconds = {k: round(v, 3) for k, v in seconds.items()}
     lengths, predicted, max_attention = x["lengths"], x["predicted"], x["max_attention"]
     summary: dict = {"seconds": summary_seconds}
@@ -163,7 +246,8 @@ def run_battery(
         summary["flip"] = {}
         instances["flip"] = {}
         for name in orders:
-            removed, fraction = x[f"flip/{name}/removed"], x[f"flip/{name}/fraction"]
+            # sample after sample (app/table.py's layout)
+            removed, fraction = x[f"flip/{name}/removed"].T.reshape(-1), x[f"flip/{name}/fraction"].T.reshape(-1)
             reps = removed.size // lengths.size  # random with several samples
             summary["flip"][name] = flip_summary(removed, fraction, np.tile(lengths, reps))
             instances["flip"][name] = {"removed": removed.tolist(), "fraction": fraction.astype(float).tolist()}
