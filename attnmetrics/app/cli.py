@@ -12,6 +12,7 @@ write a report.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -26,8 +27,9 @@ import scipy
 import torch
 
 import attnmetrics
-from attnmetrics.app import sweep
-from attnmetrics.app.battery import EXPERIMENTS, run_battery
+from attnmetrics.app import distributed, sweep
+from attnmetrics.app.battery import EXPERIMENTS, collect, merge, summarise
+from attnmetrics.app.distributed import World
 from attnmetrics.app.io import (
     check_out,
     claimed_folder,
@@ -245,27 +247,41 @@ def _wiegreffe(args, model, test, recipe, results: dict) -> None:
         results["wall_time_s"]["diagnostic"] = time.perf_counter() - t0
 
 
-def _battery(args, model, test, splits, results: dict) -> None:
-    never = float("nan") if args.never_flipped == "nan" else 1.0
+def _battery(args, model, test, splits, results: dict, w: World) -> bool:
+    """The battery on the test split, into ``results``; under torchrun on this rank's share of
+    the batches, gathered on rank 0. False on the other ranks (they write nothing)."""
     t0 = time.perf_counter()
-    batches = ((b.tokens, b.lengths) for b in test.batches(256))
-    experiments = [e for e in EXPERIMENTS if e not in args.skip]
-    summary, instances = run_battery(
-        model,
-        batches,
-        splits.classes,
-        experiments=experiments,
+    batches = [(int(b.index[0]), b.tokens, b.lengths) for b in test.batches(256)]
+    mine = distributed.share(batches, [float(n.sum()) for _, _, n in batches], w)
+    settings = dict(
+        experiments=[e for e in EXPERIMENTS if e not in args.skip],
         orders=args.orders,
-        seed=args.seed,
-        random_samples=args.random_samples,
-        never_flipped=never,
         permutations=args.permutations,
         adversarial_steps=args.adversarial_steps,
-        progress=not args.no_progress,
         adversarial_diversity=PROTOCOLS[args.protocol].diversity_weight,
     )
+    part = collect(
+        model,
+        mine,
+        seed=args.seed,
+        random_samples=args.random_samples,
+        never_flipped=float("nan") if args.never_flipped == "nan" else 1.0,
+        progress=w.main and not args.no_progress,
+        **settings,
+    )
+    parts = distributed.gather((*part, time.perf_counter() - t0), w)
+    if parts is None:
+        return False
+    summary, instances = summarise(*merge([p[:2] for p in parts]), splits.classes, **settings)
     results["wall_time_s"]["experiments"] = time.perf_counter() - t0
     results["wall_time_s"]["per_experiment"] = summary.pop("seconds")
+    if w.size > 1:  # each rank's share and wall time; per_experiment sums the ranks' times
+        results["wall_time_s"]["per_rank"] = [round(p[2], 3) for p in parts]
+        results["distributed"] = {
+            "ranks": w.size,
+            "backend": "gloo",
+            "instances": [len(p[0].get("instance", ())) for p in parts],
+        }
     results.update(summary)
     results["instances"] = instances
     results["conventions"] = {
@@ -299,6 +315,7 @@ def _battery(args, model, test, splits, results: dict) -> None:
         "diagnostic": "W&P 2019: average encoder (Linear + tanh per token) with imposed attention in training and "
         "testing; epoch kept: best dev ROC-AUC (ties: lowest dev loss)",
     }
+    return True
 
 
 def _write_predictions(model, p: Predictions, folder: Path) -> None:
@@ -447,6 +464,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.device == "cuda":  # deterministic cuBLAS (read when its first handle is made)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    w = distributed.world()
+    if w.size == 1:
+        return _run(args, w)
+    if args.command != "evaluate":
+        print(
+            f"attnmetrics: under torchrun ({w.size} ranks) only 'evaluate' is sharded; run 'attnmetrics "
+            f"{args.command}' as one process, then: torchrun --nproc-per-node {w.size} -m attnmetrics evaluate "
+            "RUN --out OUT",
+            file=sys.stderr,
+        )
+        return 2
+    distributed.start(w, args.device)
+    try:
+        return _run(args, w)
+    finally:
+        distributed.stop()
+
+
+def _run(args, w: World) -> int:
+    """train, run or evaluate (this rank's part of it under torchrun)."""
     start = time.perf_counter()
     results = {
         "command": args.command,
@@ -459,7 +496,9 @@ def main(argv: list[str] | None = None) -> int:
         args.out = Path("runs") / f"{args.dataset.replace(':', '_')}-{args.encoder}"
     try:
         protect = (args.model_run,) if args.command == "evaluate" else ()
-        with run_folder(args.out, args.overwrite, protect) as folder:
+        # under torchrun rank 0 alone claims and writes the run folder
+        claim = run_folder(args.out, args.overwrite, protect) if w.main else contextlib.nullcontext()
+        with claim as folder:
             if args.command == "evaluate":
                 ckpt = load_checkpoint(args.model_run / CHECKPOINT)
                 saved = ckpt.extra
@@ -506,12 +545,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             results["protocol"] = PROTOCOLS[args.protocol].to_dict()
             test = vocab.encode_split(splits.test)
-            predictions = predict(model, test)
-            results["test"] = prediction_metrics(predictions)
+            predictions = predict(model, test) if w.main else None
+            results["test"] = prediction_metrics(predictions) if w.main else None
             if args.command != "train":
                 if getattr(model, "attention_name", None) == EXTRACT_READOUT:
                     results["battery"] = OWN_ATTENTION
-                _battery(args, model, test, splits, results)
+                if not _battery(args, model, test, splits, results, w):
+                    return 0  # another rank writes
                 if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
                     _wiegreffe(args, model, test, recipe, results)
             _write_predictions(model, predictions, folder)

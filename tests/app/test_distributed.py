@@ -1,0 +1,100 @@
+"""The battery sharded with torchrun (gloo on the CPU): the same run folder as one process, every
+number; a failing rank fails the command and leaves no run folder; the shares are a partition."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnmetrics.app.cli import main
+from attnmetrics.app.distributed import World, share
+from tests.inputs import FAST_BATTERY, QUICK_SST, ROOT, SST_DIR
+
+pytestmark = pytest.mark.skipif(not SST_DIR.is_dir(), reason=f"real SST not found at {SST_DIR}")
+
+#: what differs between two runs of the same battery: times, the command line, the ranks
+RUN_ONLY = {"wall_time_s", "config", "distributed", "machine"}
+EVALUATE = ["--limit", "700", "--threads", "1", "--no-progress", *FAST_BATTERY]
+
+
+@pytest.fixture(scope="module")
+def model_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "model"
+    assert main(["train", *QUICK_SST, "--out", str(out)]) == 0
+    return out
+
+
+def torchrun(module: str, *args, ranks: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node ranks -m module args`` from the checkout, one
+    thread per rank."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*cmd, "-m", module, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def same(a, b, path="") -> list[str]:
+    """Paths where two results.json values differ (NaN equals NaN)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        keys = (set(a) | set(b)) - (RUN_ONLY if not path else set())
+        return [d for k in sorted(keys) for d in same(a.get(k), b.get(k), f"{path}/{k}")]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in same(x, y, f"{path}[{i}]")]
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return []
+    return [] if a == b else [path]
+
+
+def test_two_ranks_write_the_run_folder_one_process_writes(model_run, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["evaluate", str(model_run), "--out", str(one), *EVALUATE]) == 0
+    proc = torchrun("attnmetrics", "evaluate", model_run, "--out", two, *EVALUATE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (json.loads((d / "results.json").read_text()) for d in (one, two))
+    assert b["distributed"]["ranks"] == 2 and sum(b["distributed"]["instances"]) == 700
+    assert min(b["distributed"]["instances"]) > 0  # both ranks had a share
+    assert {"flip", "kendall", "permutation", "adversarial", "single_removal"} <= set(a)
+    assert same(a, b) == []
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(one / "instances.parquet"), pd.read_parquet(two / "instances.parquet")
+    )
+    assert {p.name for p in one.iterdir()} == {p.name for p in two.iterdir()}
+
+
+def test_a_failing_rank_fails_the_command_and_leaves_no_run_folder(model_run, tmp_path):
+    out = tmp_path / "eval"
+    proc = torchrun("tests.app.failing_rank", "evaluate", model_run, "--out", out, *EVALUATE)
+    assert proc.returncode != 0
+    assert "injected failure in rank 1's battery" in proc.stderr
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []  # no staging folder either
+
+
+def test_only_evaluate_is_sharded(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["run", *QUICK_SST, "--out", str(tmp_path / "r")]) == 2
+    assert "under torchrun (2 ranks) only 'evaluate' is sharded" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+@given(
+    costs=st.lists(st.floats(0, 1e4, allow_nan=False), max_size=40),
+    size=st.integers(1, 5),
+)
+def test_shares_partition_the_batches_in_order_and_balance_them(costs, size):
+    items = list(range(len(costs)))
+    shares = [share(items, costs, World(r, size)) for r in range(size)]
+    assert sorted(i for s in shares for i in s) == items
+    assert all(s == sorted(s) for s in shares)
+    loads = [sum(costs[i] for i in s) for s in shares]
+    # LPT: no rank carries more than the least loaded one plus one item
+    assert max(loads) <= min(loads) + max(costs, default=0) + 1e-6
+    assert shares == [share(items, costs, World(r, size)) for r in range(size)]  # deterministic
