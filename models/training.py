@@ -23,6 +23,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from sklearn.metrics import accuracy_score, f1_score, roc_auc_score
 from torch import Tensor
@@ -197,6 +198,27 @@ def _to(batch: Batch, device: torch.device) -> Batch:
     return Batch(*(t.to(device) for t in batch))
 
 
+def data_parallel() -> tuple[int, int]:
+    """(rank, world size) of an initialised ``torch.distributed`` group (torchrun), else (0, 1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce_gradients(model: torch.nn.Module, weight: float) -> None:
+    """Replace each gradient by the sum over ranks of ``weight`` x it (missing gradients count as
+    zeros), one flat all-reduce per dtype: with ``weight`` = this rank's share of the batch's
+    rows, the gradient of the whole batch's mean loss, identical on every rank."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for dtype in dict.fromkeys(p.dtype for p in params):
+        group = [p for p in params if p.dtype == dtype]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group])
+        flat.mul_(weight)
+        dist.all_reduce(flat)
+        for p, g in zip(group, flat.split([p.numel() for p in group])):
+            p.grad = g.view_as(p).clone()
+
+
 @torch.no_grad()
 def predict(
     model: EncoderAttentionClassifier,
@@ -284,6 +306,12 @@ def train(
     """Train in place, on the device the model is on; at the end the model holds the weights
     of the epoch with the best dev score (the first such epoch on ties).
 
+    Data-parallel under ``torch.distributed`` (torchrun): every rank draws the same batches,
+    runs rows ``rank::world`` of each, and steps on the gradient summed over ranks with each
+    rank's loss weighted by its share of the rows (the batch mean's gradient, up to rounding;
+    dropout masks differ from one process's), so the ranks' weights stay identical and each
+    scores the whole dev split alike.
+
     ``attention_source`` imposes attention in training and on dev (W&P's diagnostic MLPs);
     ``objective`` (default :class:`Classification`: task loss + auxiliary loss, dev ROC-AUC)
     sets the loss and the dev score."""
@@ -300,6 +328,8 @@ def train(
         steps = config.epochs * n_batches
         warmup_steps = math.ceil(config.warmup * steps)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, warmup_steps, steps))
+    rank, world = data_parallel()
+    progress = config.progress and rank == 0
     start = time.perf_counter()
     history: list[dict] = []
     best_key, best_state, best_epoch, best_dev = None, None, 0, {}
@@ -311,20 +341,28 @@ def train(
             train_data.batches(config.batch_size, shuffle=True, generator=generator, by_length=config.sort_by_length),
             total=n_batches,
             desc=f"epoch {epoch}/{config.epochs}",
-            disable=not config.progress,
+            disable=not progress,
             leave=False,
         )
         for b in bar:
-            b = _to(b, device)
-            loss = objective.loss(model, b, _imposed(attention_source, b.tokens, b.lengths))
+            rows = len(b.labels)
+            b = _to(Batch(*(t[rank::world] for t in b)) if world > 1 else b, device)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if len(b.labels):  # a batch smaller than the world leaves some ranks without rows
+                loss = objective.loss(model, b, _imposed(attention_source, b.tokens, b.lengths))
+                loss.backward()
+                total += loss.item() * len(b.labels)
+                seen += len(b.labels)
+            if world > 1:
+                _all_reduce_gradients(model, len(b.labels) / rows)
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()
-            total += loss.item() * len(b.labels)
-            seen += len(b.labels)
-            bar.set_postfix(loss=f"{total / seen:.4f}", refresh=False)
+            bar.set_postfix(loss=f"{total / max(seen, 1):.4f}", refresh=False)
+        if world > 1:  # the epoch's mean loss over every rank's rows
+            sums = torch.tensor([total, seen], dtype=torch.float64)
+            dist.all_reduce(sums)
+            total, seen = sums[0].item(), int(sums[1].item())
         key, dev = objective.select(model, dev_data, attention_source, config.eval_batch_size)
         record = {
             "epoch": epoch,
@@ -336,7 +374,7 @@ def train(
         if best_state is None or key > best_key:
             best_key, best_epoch, best_dev = key, epoch, dev
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        if config.progress:
+        if progress:
             shown = ", ".join(f"dev {k} {v:.4f}" for k, v in dev.items() if k in ("accuracy", "roc_auc", "objective"))
             tqdm.write(f"epoch {epoch}: train loss {record['train_loss']:.4f}, {shown} ({record['seconds']:.1f}s)")
     if best_state is not None:

@@ -277,11 +277,7 @@ def _battery(args, model, test, splits, results: dict, w: World) -> bool:
     results["wall_time_s"]["per_experiment"] = summary.pop("seconds")
     if w.size > 1:  # each rank's share and wall time; per_experiment sums the ranks' times
         results["wall_time_s"]["per_rank"] = [round(p[2], 3) for p in parts]
-        results["distributed"] = {
-            "ranks": w.size,
-            "backend": "gloo",
-            "instances": [len(p[0].get("instance", ())) for p in parts],
-        }
+        results["distributed"]["instances"] = [len(p[0].get("instance", ())) for p in parts]
     results.update(summary)
     results["instances"] = instances
     results["conventions"] = {
@@ -467,11 +463,10 @@ def main(argv: list[str] | None = None) -> int:
     w = distributed.world()
     if w.size == 1:
         return _run(args, w)
-    if args.command != "evaluate":
+    if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
         print(
-            f"attnmetrics: under torchrun ({w.size} ranks) only 'evaluate' is sharded; run 'attnmetrics "
-            f"{args.command}' as one process, then: torchrun --nproc-per-node {w.size} -m attnmetrics evaluate "
-            "RUN --out OUT",
+            f"attnmetrics: under torchrun ({w.size} ranks), --consistent-adversary and --diagnostic are not "
+            "sharded; run them as one process",
             file=sys.stderr,
         )
         return 2
@@ -492,6 +487,8 @@ def _run(args, w: World) -> int:
         "data": {},
         "wall_time_s": {},
     }
+    if w.size > 1:  # training data-parallel, the battery sharded (app/distributed.py)
+        results["distributed"] = {"ranks": w.size, "backend": "gloo"}
     if args.command in ("run", "train") and args.out is None:
         args.out = Path("runs") / f"{args.dataset.replace(':', '_')}-{args.encoder}"
     try:
@@ -530,19 +527,20 @@ def _run(args, w: World) -> int:
                 model, vocab, splits, recipe = _train(args, results)
                 results["split_seed"] = args.split_seed
                 data_dir = str(args.data_dir.resolve()) if args.data_dir else None
-                save_checkpoint(
-                    folder / CHECKPOINT,
-                    model,
-                    vocab,
-                    extra={
-                        "dataset": args.dataset,
-                        "data_dir": data_dir,
-                        "seed": args.seed,
-                        "split_seed": args.split_seed,
-                        "max_tokens": args.max_tokens,
-                        "protocol": args.protocol,
-                    },
-                )
+                if w.main:
+                    save_checkpoint(
+                        folder / CHECKPOINT,
+                        model,
+                        vocab,
+                        extra={
+                            "dataset": args.dataset,
+                            "data_dir": data_dir,
+                            "seed": args.seed,
+                            "split_seed": args.split_seed,
+                            "max_tokens": args.max_tokens,
+                            "protocol": args.protocol,
+                        },
+                    )
             results["protocol"] = PROTOCOLS[args.protocol].to_dict()
             test = vocab.encode_split(splits.test)
             predictions = predict(model, test) if w.main else None
@@ -551,9 +549,11 @@ def _run(args, w: World) -> int:
                 if getattr(model, "attention_name", None) == EXTRACT_READOUT:
                     results["battery"] = OWN_ATTENTION
                 if not _battery(args, model, test, splits, results, w):
-                    return 0  # another rank writes
+                    return 0  # rank 0 writes
                 if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
                     _wiegreffe(args, model, test, recipe, results)
+            if not w.main:
+                return 0
             _write_predictions(model, predictions, folder)
             _finish(results, folder, start)
     except INPUT_ERRORS as e:

@@ -1,5 +1,6 @@
-"""The battery sharded with torchrun (gloo on the CPU): the same run folder as one process, every
-number; a failing rank fails the command and leaves no run folder; the shares are a partition."""
+"""torchrun on the CPU (gloo): the sharded battery writes the run folder one process writes, every
+number; data-parallel training reaches its weights; a failing rank fails the command and leaves no
+run folder; the shares are a partition."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 
 import pandas as pd
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -77,11 +79,26 @@ def test_a_failing_rank_fails_the_command_and_leaves_no_run_folder(model_run, tm
     assert list(tmp_path.iterdir()) == []  # no staging folder either
 
 
-def test_only_evaluate_is_sharded(monkeypatch, capsys, tmp_path):
+def test_run_trains_data_parallel_to_the_one_process_weights(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["run", *QUICK_SST, *FAST_BATTERY, "--out", str(one)]) == 0
+    proc = torchrun("attnmetrics", "run", *QUICK_SST, *FAST_BATTERY, "--out", two)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (torch.load(d / "model" / "model.pt") for d in (one, two))
+    assert a.keys() == b.keys()
+    for name in a:  # each step's gradient is the batch mean's, summed over ranks in another order
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
+    ra, rb = (json.loads((d / "results.json").read_text()) for d in (one, two))
+    assert rb["distributed"]["ranks"] == 2
+    assert ra["test"]["accuracy"] == rb["test"]["accuracy"]
+    assert rb["training"]["history"][0]["train_loss"] == pytest.approx(ra["training"]["history"][0]["train_loss"])
+
+
+def test_wiegreffe_pinter_models_are_not_sharded(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
-    assert main(["run", *QUICK_SST, "--out", str(tmp_path / "r")]) == 2
-    assert "under torchrun (2 ranks) only 'evaluate' is sharded" in capsys.readouterr().err
+    assert main(["run", *QUICK_SST, "--diagnostic", "--out", str(tmp_path / "r")]) == 2
+    assert "--consistent-adversary and --diagnostic are not sharded" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 
