@@ -1,12 +1,13 @@
 """attnmetrics: does a model's attention explain its decision?
 
 Tensor metrics and model-agnostic faithfulness procedures from Jain & Wallace 2019,
-Wiegreffe & Pinter 2019, Serrano & Smith 2019 and Tutek & Snajder 2020, on a C++ core
+Wiegreffe & Pinter 2019, Serrano & Smith 2019, Tutek & Snajder 2020 and ERASER (DeYoung et al. 2020), on a C++ core
 that is JIT-compiled on first import.
 """
 
 from attnmetrics.adversarial import AdversarialResult, adversarial_attention
 from attnmetrics.distances import jsd, tvd
+from attnmetrics.eraser import EraserResult, comprehensiveness, sufficiency
 from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
 from attnmetrics.importance import gradient_importance
 from attnmetrics.kendall import KendallTau, kendall_tau
@@ -26,7 +27,9 @@ __all__ = [
     "attention_gradient",
     "attention_rollout",
     "AttentionClassifier",
+    "comprehensiveness",
     "decision",
+    "EraserResult",
     "flip_fraction",
     "gradient_importance",
     "FlipResult",
@@ -40,5 +43,6 @@ __all__ = [
     "PermutationResult",
     "single_removal",
     "SingleRemovalResult",
+    "sufficiency",
     "tvd",
 ]

@@ -1,0 +1,289 @@
+"""ERASER's comprehensiveness and sufficiency over any token importance (DeYoung et al. 2020,
+sec. 4; docs/definitions.md §18), and ferret's variant of them.
+
+For a row with L real tokens, a score per token and a fraction f, the rationale is the top
+k tokens by score (ties to the lower index). Comprehensiveness is ``p(ŷ | x) - p(ŷ | x without
+the rationale)``, sufficiency ``p(ŷ | x) - p(ŷ | the rationale alone)``, ŷ the model's decision
+on the full row; AOPC is their mean over the fractions. The rationale is deleted (the row gets
+shorter; the kept tokens stay in order between the row's special tokens) or, with
+``mode="mask"``, the removed tokens are replaced by a mask token (Chrysostomou & Aletras).
+
+Model-agnostic like :func:`attnmetrics.leave_one_out`: any :class:`attnmetrics.AttentionClassifier`
+and token ids; every perturbed sequence of a block of rows and all its fractions is built at
+once, and the sequences run through the model grouped by length (no padding), each call within
+the memory budget.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnmetrics._validation import DEFAULT_MEMORY_BUDGET
+from attnmetrics.loo import CPU_CALL_BYTES, _check_loo_inputs, _length_groups, _model_logits
+from attnmetrics.outputs import decision, output_distribution
+
+#: ERASER's fractions of the tokens in the rationale (DeYoung et al. 2020, sec. 4: "bins")
+ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
+#: ferret's (Attanasio et al. 2023) default fractions: 10 %, 20 %, ..., 100 %
+FERRET_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+#: how k follows from a fraction: ERASER ceil(f L); ferret floor(f L), positive scores only
+VARIANTS = ("eraser", "ferret")
+
+
+class EraserResult(NamedTuple):
+    """Per-row outcome of :func:`comprehensiveness` or :func:`sufficiency`.
+
+    values: ``[B, F]`` p(ŷ | x) - p(ŷ | perturbed x) per fraction (model dtype; NaN where a
+        fraction does not count: ferret's skipped rationales, rows without real tokens).
+    aopc: ``[B]`` the mean of ``values`` over the fractions that count (NaN if none).
+    k: ``[B, F]`` int64 size of each fraction's rationale (-1 where it does not count).
+    probability: ``[B]`` p(ŷ | x) (NaN for rows without real tokens: never run).
+    predicted: ``[B]`` int64 ŷ, the decision on the full row (-1 for rows without real tokens).
+    """
+
+    values: Tensor
+    aopc: Tensor
+    k: Tensor
+    probability: Tensor
+    predicted: Tensor
+
+
+def _check_scores(scores, batch: int, real: Tensor) -> Tensor:
+    """``scores`` [B, S] real-valued with S >= the longest row's real tokens, finite on them."""
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
+    if not scores.is_floating_point():
+        raise ValueError(f"scores must be a floating-point tensor, got {scores.dtype}")
+    longest = int(real.max())
+    if scores.dim() != 2 or scores.shape[0] != batch or scores.shape[1] < longest:
+        raise ValueError(
+            f"scores must have shape [B, S] = [{batch}, >= {longest}] (one per real token), got {list(scores.shape)}"
+        )
+    if scores.device != real.device:
+        raise ValueError(f"scores is on {scores.device}, tokens on {real.device}; they must match")
+    valid = torch.arange(scores.shape[1], device=real.device) < real[:, None]
+    bad = valid & ~torch.isfinite(scores)
+    if bad.any():
+        b, t = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"scores must be finite on the real tokens, got {scores[b, t].item()} at row {b}, token {t}")
+    return scores
+
+
+def _check_fractions(fractions) -> tuple[float, ...]:
+    try:
+        out = tuple(float(f) for f in fractions)
+    except TypeError:
+        raise ValueError(f"fractions must be a sequence of numbers in (0, 1], got {fractions!r}") from None
+    if not out or any(not 0 < f <= 1 for f in out):
+        raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
+    return out
+
+
+def rationale_sizes(scores: Tensor, real: Tensor, fractions: Sequence[float], variant: str = "eraser") -> Tensor:
+    """``[B, F]`` int64 size of each fraction's rationale; -1 where the fraction does not count.
+
+    ERASER: ``k = ceil(f L)``. ferret: ``k = floor(f L)`` tokens by score, of which only those
+    with a positive score form the rationale (possibly none); a fraction whose k is 0, or whose
+    rationale equals the previous counted one, does not count. Rows with L = 0 count nothing.
+    """
+    f = torch.tensor(fractions, dtype=torch.float64, device=real.device)
+    length = real.to(torch.float64)[:, None]
+    # rounded first, so that f L = 3.0000000000000004 is 3, not 4
+    exact = torch.round(f * length, decimals=9)
+    if variant == "eraser":
+        k = torch.ceil(exact).to(torch.int64).clamp(max=real[:, None])
+        return torch.where(real[:, None] > 0, k, -1)
+    k = torch.floor(exact).to(torch.int64)
+    valid = torch.arange(scores.shape[1], device=real.device) < real[:, None]
+    positive = ((scores > 0) & valid).sum(1, keepdim=True)
+    size = torch.where(k > 0, torch.minimum(k, positive), -1)
+    counted = torch.full_like(size, -1)
+    previous = torch.full_like(size[:, 0], -1)
+    for j in range(size.shape[1]):  # "the previous" in the order the fractions are given
+        take = (size[:, j] >= 0) & (size[:, j] != previous)
+        counted[:, j] = torch.where(take, size[:, j], -1)
+        previous = torch.where(size[:, j] >= 0, size[:, j], previous)
+    return counted
+
+
+def _perturbed(
+    tokens: Tensor, lengths: Tensor, rank: Tensor, k: Tensor, lead: int, trail: int, keep_rationale: bool, mask_token
+) -> tuple[Tensor, Tensor]:
+    """Sequences [N, T] and lengths [N] of rows ``tokens`` [N, T] whose real token t is in the
+    rationale when ``rank[n, t - lead] < k[n]``: it is kept alone (``keep_rationale``) or removed;
+    deleted tokens close up, masked ones become ``mask_token``."""
+    n, width = tokens.shape
+    t = torch.arange(width, device=tokens.device)
+    real = (t >= lead) & (t < (lengths - trail)[:, None])
+    in_rationale = torch.zeros_like(real)
+    in_rationale[:, lead:] = rank[:, : width - lead] < k[:, None]
+    in_rationale &= real
+    removed = real & (in_rationale != keep_rationale)
+    if mask_token is not None:
+        return torch.where(removed, mask_token, tokens), lengths
+    keep = (t < lengths[:, None]) & ~removed
+    position = keep.cumsum(1) - 1
+    out = torch.zeros_like(tokens)
+    rows, cols = keep.nonzero(as_tuple=True)
+    out[rows, position[rows, cols]] = tokens[rows, cols]
+    return out, keep.sum(1)
+
+
+def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classes=None):
+    """Logits [N, C] of sequences ``seqs`` [N, T] in their order, run grouped by length (no
+    padding), each call within ``budget`` bytes at ``per_position`` bytes per position (measured
+    on a first one-row call when None); also returns per_position and the model's dtype."""
+    if not len(seq_lengths):
+        return None, per_position, None
+    order = torch.argsort(seq_lengths, stable=True)
+    len_list = seq_lengths[order].tolist()
+    parts, dtype, start = [], None, 0
+    if per_position is None:
+        first, per_position, dtype = _model_logits(
+            model, seqs[order[:1], : len_list[0]], seq_lengths[order[:1]], what, classes
+        )
+        parts, start, classes = [first], 1, first.shape[1]
+    for s, e in _length_groups([1] * (len(len_list) - start), len_list[start:], per_position, budget):
+        idx = order[start + s : start + e]
+        logits, _, dtype = _model_logits(model, seqs[idx, : len_list[start + e - 1]], seq_lengths[idx], what, classes)
+        parts.append(logits)
+    out = torch.empty(len(len_list), parts[0].shape[1], dtype=parts[0].dtype, device=parts[0].device)
+    out[order] = torch.cat(parts)
+    return out, per_position, dtype
+
+
+def _effect(model, tokens, lengths, scores, fractions, keep_rationale, variant, mode, mask_token, memory_budget):
+    lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    fractions = _check_fractions(fractions)
+    lead, trail = model.lead, model.trail
+    batch, width = tokens.shape
+    device = tokens.device
+    real = lengths - lead - trail
+    scores = _check_scores(scores, batch, real)
+    budget = min(memory_budget, CPU_CALL_BYTES) if device.type == "cpu" else memory_budget
+
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        with torch.no_grad():
+            # The full rows' decisions; rows without a real token have nothing to remove.
+            has = (real > 0).nonzero()[:, 0]
+            if not len(has):
+                nan = torch.full((batch,), math.nan, dtype=model.embed(tokens[:1, :1]).dtype, device=device)
+                none = torch.full((batch, len(fractions)), -1, dtype=torch.int64, device=device)
+                return EraserResult(nan[:, None].expand(-1, len(fractions)).clone(), nan, none, nan, none[:, 0])
+            logits, per_position, dtype = _grouped_logits(
+                model, tokens[has], lengths[has], None, budget, "the input rows"
+            )
+            classes = logits.shape[1]
+            predicted = torch.full((batch,), -1, dtype=torch.int64, device=device)
+            predicted[has] = decision(logits)
+            probability = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
+            probability[has] = output_distribution(logits).gather(1, predicted[has, None])[:, 0].to(torch.float64)
+            # rank[b, t]: place of real token t in the descending order (ties: lower index first)
+            valid = torch.arange(scores.shape[1], device=device) < real[:, None]
+            ordered = scores.detach().to(torch.float64).masked_fill(~valid, -math.inf)
+            order = torch.sort(ordered, dim=1, descending=True, stable=True).indices
+            places = torch.arange(order.shape[1], device=device).expand_as(order)
+            rank = torch.empty_like(order).scatter_(1, order, places)
+            if rank.shape[1] < width - lead:  # positions past the scores are padding: never ranked
+                rank = torch.cat([rank, rank.new_full((batch, width - lead - rank.shape[1]), width)], 1)
+            k = rationale_sizes(scores, real, fractions, variant)
+            values = torch.full((batch, len(fractions)), math.nan, dtype=dtype, device=device)
+            # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget.
+            block = max(1, budget // (len(fractions) * width * 8 * 8))
+            for b0 in range(0, batch, block):
+                rows, columns = (k[b0 : b0 + block] >= 0).nonzero(as_tuple=True)
+                if not len(rows):
+                    continue
+                rows += b0
+                seqs, seq_lengths = _perturbed(
+                    tokens[rows], lengths[rows], rank[rows], k[rows, columns], lead, trail, keep_rationale, mask_token
+                )
+                out, _, _ = _grouped_logits(model, seqs, seq_lengths, per_position, budget, "a perturbed row", classes)
+                p = output_distribution(out).gather(1, predicted[rows, None])[:, 0]
+                values[rows, columns] = (probability[rows] - p.to(torch.float64)).to(dtype)
+            aopc = values.nanmean(1)
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
+    return EraserResult(values, aopc, k, probability.to(dtype), predicted)
+
+
+_DOC = """
+
+    Args:
+        model: any :class:`attnmetrics.AttentionClassifier`.
+        tokens: ``[B, T]`` int64 token ids, special tokens included, any strides.
+        lengths: ``[B]`` integer positions per row, special tokens included, in ``[lead + trail, T]``.
+        scores: ``[B, S]`` float importance of the real tokens (S at least the longest row's
+            real tokens; entry ``[b, k]`` is real token ``lead + k``, as :func:`leave_one_out`
+            and :func:`gradient_importance` return), finite on the real tokens; higher first.
+        fractions: the fractions f in (0, 1] (default ERASER's 0.01, 0.05, 0.1, 0.2, 0.5; ferret:
+            :data:`FERRET_FRACTIONS`).
+        variant: ``"eraser"`` (k = ceil(f L)) or ``"ferret"`` (k = floor(f L) tokens, only the
+            positive-scored among them; fractions with k = 0 or the previous fraction's
+            rationale do not count).
+        mode: ``"delete"`` (ERASER) or ``"mask"`` (replace by ``mask_token``, length unchanged).
+        mask_token: the replacing id with ``mode="mask"`` (required there, rejected otherwise).
+        memory_budget: approximate bytes of activations per model call.
+
+    Returns:
+        :class:`EraserResult` (``values`` ``[B, F]``, ``aopc`` ``[B]``, unitless probability
+        differences in [-1, 1], in the model's float dtype).
+
+    Raises:
+        TypeError: ``model`` does not implement the protocol; tokens, lengths or scores not tensors.
+        ValueError: tokens, lengths or mode as :func:`leave_one_out` rejects them; scores not
+            ``[B, >= L_max]`` floats on the tokens' device or not finite on a real token;
+            fractions empty or outside (0, 1]; an unknown variant; model outputs that are
+            not finite ``[N, C]`` logits.
+    """
+
+
+def comprehensiveness(
+    model,
+    tokens: Tensor,
+    lengths: Tensor,
+    scores: Tensor,
+    fractions: Sequence[float] = ERASER_FRACTIONS,
+    *,
+    variant: str = "eraser",
+    mode: str = "delete",
+    mask_token: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> EraserResult:
+    """ERASER's comprehensiveness (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
+    ``p(ŷ | x) - p(ŷ | x without its top-k tokens)`` per fraction, and their AOPC. High: the
+    tokens the scores rank first are the ones the decision needs."""
+    return _effect(model, tokens, lengths, scores, fractions, False, variant, mode, mask_token, memory_budget)
+
+
+def sufficiency(
+    model,
+    tokens: Tensor,
+    lengths: Tensor,
+    scores: Tensor,
+    fractions: Sequence[float] = ERASER_FRACTIONS,
+    *,
+    variant: str = "eraser",
+    mode: str = "delete",
+    mask_token: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> EraserResult:
+    """ERASER's sufficiency (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
+    ``p(ŷ | x) - p(ŷ | only its top-k tokens)`` per fraction, and their AOPC. Low: the tokens
+    the scores rank first suffice for the decision."""
+    return _effect(model, tokens, lengths, scores, fractions, True, variant, mode, mask_token, memory_budget)
+
+
+comprehensiveness.__doc__ += _DOC
+sufficiency.__doc__ += _DOC

@@ -1,0 +1,166 @@
+"""ERASER's comprehensiveness and sufficiency (DeYoung et al. 2020), and ferret's variant, against a
+plain loop that builds each perturbed row from the paper's definition and runs it alone."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnmetrics.eraser import ERASER_FRACTIONS, FERRET_FRACTIONS, comprehensiveness, rationale_sizes, sufficiency
+from attnmetrics.outputs import decision, output_distribution
+from tests.test_loo import MASK, ragged, real_model
+
+F64 = torch.float64
+
+
+def reference(model, tokens, lengths, scores, fractions, keep_rationale, variant="eraser", mask_token=None):
+    """values [B][F] (None: not counted): each row and fraction built and run on its own."""
+    lead, trail = model.lead, model.trail
+    out = []
+    for b in range(tokens.shape[0]):
+        row = tokens[b, : int(lengths[b])].tolist()
+        real = row[lead : len(row) - trail]
+        n = len(real)
+        if n == 0:
+            out.append([None] * len(fractions))
+            continue
+        with torch.no_grad():
+            full = model_probabilities(model, row)
+        y = int(decision(full[None].log())[0])  # the full row's decision
+        by_score = sorted(range(n), key=lambda t: (-float(scores[b, t]), t))
+        row_values, previous = [], None
+        for f in fractions:
+            exact = Fraction(str(f)) * n
+            if variant == "eraser":
+                rationale = set(by_score[: math.ceil(exact)])
+            else:  # ferret: floor(f L) tokens by score, the positive ones; repeats and k = 0 skipped
+                k = math.floor(exact)
+                rationale = {t for t in by_score[:k] if float(scores[b, t]) > 0} if k else None
+                if rationale is None or rationale == previous:
+                    row_values.append(None)
+                    continue
+                previous = rationale
+            kept = [t for t in range(n) if (t in rationale) == keep_rationale]
+            if mask_token is None:
+                middle = [real[t] for t in kept]
+            else:
+                middle = [real[t] if t in kept else mask_token for t in range(n)]
+            with torch.no_grad():
+                p = model_probabilities(model, row[:lead] + middle + row[len(row) - trail :])
+            row_values.append(float(full[y] - p[y]))
+        out.append(row_values)
+    return out
+
+
+def model_probabilities(model, ids):
+    tokens = torch.tensor([ids])
+    hidden = model.encode(model.embed(tokens), torch.tensor([len(ids)]))
+    attention = model.attend(hidden, torch.tensor([len(ids)]))
+    return output_distribution(model.decoder(torch.einsum("bt,bth->bh", attention, hidden)))[0]
+
+
+def check(result, expected, atol):
+    for b, row in enumerate(expected):
+        for j, want in enumerate(row):
+            got = float(result.values[b, j])
+            if want is None:
+                assert math.isnan(got) and int(result.k[b, j]) == -1, (b, j)
+            else:
+                assert got == pytest.approx(want, abs=atol), (b, j)
+        counted = [v for v in row if v is not None]
+        aopc = float(result.aopc[b])
+        assert math.isnan(aopc) if not counted else aopc == pytest.approx(sum(counted) / len(counted), abs=atol), b
+
+
+@pytest.mark.parametrize("metric", ["comprehensiveness", "sufficiency"])
+@pytest.mark.parametrize("variant", ["eraser", "ferret"])
+@pytest.mark.parametrize("mode", ["delete", "mask"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("classes", [1, 3])
+def test_against_the_plain_loop(metric, variant, mode, dtype, classes):
+    model = real_model(classes, dtype).eval()
+    tokens, lengths = ragged(rows=12, width=14, seed=classes)
+    lengths[2] = 2  # no real token
+    lengths[3] = 4  # shorter than 1 / fraction for the small fractions
+    g = torch.Generator().manual_seed(7)
+    scores = torch.randn(12, 12, generator=g, dtype=dtype)
+    scores[4] = scores[4].round()  # ties
+    scores[5, :3] = 0.5
+    if variant == "ferret":
+        scores[6] = -scores[6].abs()  # no positive score at all
+    fractions = ERASER_FRACTIONS if variant == "eraser" else FERRET_FRACTIONS
+    mask = MASK if mode == "mask" else None
+    fn = comprehensiveness if metric == "comprehensiveness" else sufficiency
+    got = fn(model, tokens, lengths, scores, fractions, variant=variant, mode=mode, mask_token=mask)
+    want = reference(model, tokens, lengths, scores, fractions, metric == "sufficiency", variant, mask)
+    check(got, want, 1e-5 if dtype == torch.float32 else 1e-10)
+    assert got.values.dtype == dtype and got.predicted[2] == -1
+
+
+def test_a_small_budget_and_non_contiguous_inputs_give_the_same_values():
+    model = real_model(2, F64).eval()
+    tokens, lengths = ragged(rows=20, width=16, seed=3)
+    scores = torch.randn(14, 20, dtype=F64).T  # non-contiguous
+    whole = comprehensiveness(model, tokens, lengths, scores)
+    small = comprehensiveness(model, tokens.T.contiguous().T, lengths, scores, memory_budget=2_000)
+    torch.testing.assert_close(whole.values, small.values, equal_nan=True, rtol=0, atol=1e-12)
+
+
+def test_scores_past_the_rows_never_count():
+    model = real_model(2, F64).eval()
+    tokens, lengths = ragged(rows=6, width=10, seed=4)
+    scores = torch.randn(6, 8, dtype=F64)
+    padded = torch.cat([scores, torch.full((6, 4), 1e9, dtype=F64)], 1)
+    real = lengths - 2
+    padded[torch.arange(12) >= real[:, None]] = torch.nan  # NaN on padding is never read
+    a, b = sufficiency(model, tokens, lengths, scores), sufficiency(model, tokens, lengths, padded)
+    torch.testing.assert_close(a.values, b.values, equal_nan=True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    length=st.integers(0, 40),
+    fractions=st.lists(st.sampled_from([0.01, 0.05, 0.1, 0.2, 0.25, 0.3, 0.5, 0.7, 1.0]), min_size=1, max_size=6),
+    positive=st.integers(0, 40),
+)
+def test_rationale_sizes_follow_the_definitions(length, fractions, positive):
+    scores = torch.tensor([[1.0 if t < positive else -1.0 for t in range(max(length, 1))]])
+    real = torch.tensor([length])
+    eraser = rationale_sizes(scores, real, fractions, "eraser")[0].tolist()
+    ferret = rationale_sizes(scores, real, fractions, "ferret")[0].tolist()
+    previous = None
+    for j, f in enumerate(fractions):
+        exact = Fraction(str(f)) * length
+        assert eraser[j] == (math.ceil(exact) if length else -1)
+        k = math.floor(exact)
+        size = min(k, positive, length) if k else None
+        assert ferret[j] == (-1 if size is None or size == previous else size)
+        previous = previous if size is None else size
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(scores=torch.zeros(3, 2)), r"scores must have shape \[B, S\] = \[3, >= 3\]"),
+        (dict(scores=torch.zeros(3, 9, dtype=torch.int64)), "scores must be a floating-point tensor"),
+        (dict(scores=torch.full((3, 9), torch.nan)), r"scores must be finite on the real tokens, got nan at row 0"),
+        (dict(fractions=(0.0, 0.5)), r"fractions must be a non-empty sequence of numbers in \(0, 1\]"),
+        (dict(fractions=(1.5,)), r"fractions must be a non-empty sequence"),
+        (dict(fractions=()), r"fractions must be a non-empty sequence"),
+        (dict(variant="captum"), r"variant must be one of \('eraser', 'ferret'\), got 'captum'"),
+        (dict(mode="zero"), r"mode must be one of \('delete', 'mask'\)"),
+        (dict(mode="mask"), r"mode='mask' needs mask_token"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, match):
+    model = real_model(2)
+    tokens = torch.tensor([[2, 7, 8, 9, 3], [2, 11, 12, 3, 0], [2, 3, 0, 0, 0]])
+    args = dict(scores=torch.zeros(3, 3))
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        comprehensiveness(model, tokens, torch.tensor([5, 4, 2]), **args)
