@@ -91,6 +91,10 @@ class GPTInputs:
         pairs = list(pairs)
         return EncodedSplit(self.encode(t for t, _ in pairs), [int(y) for _, y in pairs])
 
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """Each id's text on its own (byte-level BPE: a word's first piece carries its space)."""
+        return [self.tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+
     def save(self, path: str | os.PathLike) -> None:
         self.tokenizer.save(path)
 

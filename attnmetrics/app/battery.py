@@ -21,11 +21,13 @@ import attnmetrics
 from attnmetrics import KeyedRows
 from attnmetrics.app.summaries import (
     adversarial_summary,
+    eraser_summary,
     flip_summary,
     permutation_summary,
     single_removal_summary,
     tau_summary,
 )
+from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
 from attnmetrics.importance import gradient_importance
 from attnmetrics.loo import leave_one_out
 from attnmetrics.models.tutek import single_token_test
@@ -35,7 +37,9 @@ from attnmetrics.protocol import forward
 #: S&S 2019's orderings (sec. 4): attention, random, gradient w.r.t. attention, attention x gradient; plus reverse.
 DEFAULT_ORDERS = ("attention", "random", "gradient", "attn_grad", "reverse")
 #: experiments of the battery, in the order they run; each can be skipped
-EXPERIMENTS = ("flip", "kendall", "loo", "permutation", "adversarial", "single_removal", "single_token")
+EXPERIMENTS = ("flip", "kendall", "loo", "permutation", "adversarial", "single_removal", "single_token", "eraser")
+#: ERASER's metrics (DeYoung et al. 2020, sec. 4), over every importance ordering the battery has
+ERASER_METRICS = {"comprehensiveness": comprehensiveness, "sufficiency": sufficiency}
 #: S&S 2019 (sec. 3): which single weight is removed
 SINGLE_REMOVALS = ("top", "second", "lowest", "random")
 
@@ -95,7 +99,7 @@ def experiment_seeds(seed: int) -> dict[str, int]:
     """One int64 seed per experiment that draws at random, derived from the run's ``seed``, so
     the experiments' draws are independent of each other (and of the batches: KeyedRows)."""
     g = torch.Generator().manual_seed(seed)
-    return {name: draw_seed(g) for name in ("flip", "permutation", "adversarial", "single_removal")}
+    return {name: draw_seed(g) for name in ("flip", "permutation", "adversarial", "single_removal", "eraser")}
 
 
 def collect(
@@ -205,6 +209,20 @@ def collect(
             acc["single_token/top_agrees"].append(r.top_agrees)
             t0 = _lap(seconds, "single_token", t0)
 
+        if "eraser" in experiments:
+            # every importance the battery has for these rows, against a random ordering
+            ranked = {
+                "attention": out.attention,
+                "random": keyed["eraser"].uniform(len(lengths), out.attention.shape[1:]),
+            }
+            if "kendall" in experiments:
+                ranked.update((k, v) for k, v in scores.items() if k != "attention")
+            for name, ranking in ranked.items():
+                for metric, fn in ERASER_METRICS.items():
+                    r = fn(model, tokens, lengths, ranking.to(device))
+                    acc[f"eraser/{name}/{metric}/aopc"].append(r.aopc)
+                    acc[f"eraser/{name}/{metric}/values"].append(r.values)
+            t0 = _lap(seconds, "eraser", t0)
     return {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}, dict(seconds)
 
 
@@ -295,4 +313,15 @@ def summarise(
             "n": int(has_tokens.sum()),
         }
         instances["single_token"] = {"tau": tau.tolist(), "pvalue": p.tolist(), "top_token_agrees": agrees.tolist()}
+    if "eraser" in experiments:
+        summary["eraser"] = {"fractions": list(ERASER_FRACTIONS)}
+        instances["eraser"] = {}
+        names = dict.fromkeys(k.split("/")[1] for k in x if k.startswith("eraser/"))
+        for name in names:
+            summary["eraser"][name], instances["eraser"][name] = {}, {}
+            for metric in ERASER_METRICS:
+                aopc, values = x[f"eraser/{name}/{metric}/aopc"], x[f"eraser/{name}/{metric}/values"]
+                summary["eraser"][name][metric] = eraser_summary(aopc, values, predicted, class_names)
+                # fraction after fraction (app/table.py's samples)
+                instances["eraser"][name][metric] = {"aopc": aopc.tolist(), "values": values.T.reshape(-1).tolist()}
     return summary, instances

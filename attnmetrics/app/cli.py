@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import signal
@@ -43,13 +44,16 @@ from attnmetrics.app.parser import build_parser, recipe_defaults
 from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_filter
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.app.table import run_table
+from attnmetrics.flip import removal_order
+from attnmetrics.importance import gradient_importance
+from attnmetrics.loo import leave_one_out
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.data import GUTENBERG_HELD_OUT, ArtifactError, load_dataset, load_gutenberg
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier, GPTInputs
 from attnmetrics.models.pretraining import PretrainConfig, load_gpt, pretrain
-from attnmetrics.models.text import Vocabulary, glove_matrix
+from attnmetrics.models.text import Vocabulary, collate, glove_matrix
 from attnmetrics.models.training import (
     Predictions,
     TrainConfig,
@@ -61,6 +65,8 @@ from attnmetrics.models.training import (
     train_config_dict,
 )
 from attnmetrics.models.wiegreffe import consistent_adversaries, diagnostic_mlps, jain_wallace_point
+from attnmetrics.outputs import output_distribution
+from attnmetrics.protocol import forward
 
 CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.json
 #: results["battery"] of GPT-1's extract read-out: the procedures test the model's own attention
@@ -314,6 +320,72 @@ def _battery(args, model, test, splits, results: dict, w: World) -> bool:
     return True
 
 
+def _examples(args, model, test, vocab, splits, results: dict) -> None:
+    """``results["examples"]`` for report.html (``--examples N``): the instances whose decision
+    flips after the fewest attention-ordered removals (most faithful by S&S's flip search), those
+    that need the most or never flip (least faithful), then random ones (seeded); each with its
+    tokens, attention, gradient and leave-one-out scores, and its statistics from the battery."""
+    inst = results["instances"]
+    lengths = np.asarray(inst["lengths"])
+    candidates = np.flatnonzero(lengths >= 2)
+    if not args.examples or not len(candidates):
+        return
+    chosen: dict[int, str] = {}
+    if inst.get("flip", {}).get("attention"):
+        fraction = np.asarray(inst["flip"]["attention"]["fraction"], dtype=float)[candidates]
+        flipped = candidates[np.isfinite(fraction)][np.argsort(fraction[np.isfinite(fraction)], kind="stable")]
+        never = candidates[~np.isfinite(fraction)]
+        third = max(1, args.examples // 3)
+        for i in flipped[:third]:
+            chosen[int(i)] = "most faithful: flips after the fewest attention-ordered removals"
+        for i in [*never, *flipped[::-1]][:third]:
+            chosen.setdefault(int(i), "least faithful: flips late or never under attention-ordered removal")
+    rest = [int(i) for i in candidates if int(i) not in chosen]
+    rng = np.random.default_rng(args.seed)
+    for i in rng.permutation(rest)[: max(0, args.examples - len(chosen))]:
+        chosen[int(i)] = "a random instance"
+    index = list(chosen)
+    tokens, lengths_t = collate([test.ids[i] for i in index])
+    device = next(model.parameters()).device
+    tokens, lengths_t = tokens.to(device), lengths_t.to(device)
+    out = forward(model, tokens, lengths_t)
+    own = model.tested_attention(tokens, lengths_t) if hasattr(model, "tested_attention") else None
+    attention = own.attention.mean(1) if own is not None else out.attention
+    scores = {
+        "attention": attention,
+        "gradient": gradient_importance(model, tokens, lengths_t),
+        "loo": leave_one_out(model, tokens, lengths_t),
+    }
+    order = removal_order(attention.double(), out.lengths)
+    by_attention = inst.get("flip", {}).get("attention")
+    examples = []
+    for row, i in enumerate(index):
+        n = int(out.lengths[row])
+        ids = test.ids[i][model.lead : model.lead + n]
+        removed = by_attention["removed"][i] if by_attention else None
+        stats = {}
+        if "kendall" in inst and "attention vs gradient" in inst["kendall"]:
+            stats["tau attention vs gradient"] = inst["kendall"]["attention vs gradient"]["tau"][i]
+        if "eraser" in inst:
+            for metric in ("comprehensiveness", "sufficiency"):
+                stats[f"{metric} AOPC (attention)"] = inst["eraser"]["attention"][metric]["aopc"][i]
+        examples.append(
+            {
+                "instance": i,
+                "why": chosen[i],
+                "tokens": vocab.decode(ids),
+                "label": splits.classes[test.labels[i]],
+                "predicted": splits.classes[inst["predicted"][i]],
+                "probability": float(output_distribution(out.logits[row : row + 1]).max()),
+                "scores": {k: v[row, :n].double().tolist() for k, v in scores.items()},
+                "flip_removed": removed,
+                "removed_first": order[row, : max(removed or 0, 0)].tolist(),
+                "stats": {k: float(v) if v is not None else math.nan for k, v in stats.items()},
+            }
+        )
+    results["examples"] = examples
+
+
 def _write_predictions(model, p: Predictions, folder: Path) -> None:
     """predictions.npz: the test split's predictions ``p`` in split order, real tokens only (for
     re-analysis across runs, e.g. W&P seed variance): logits [N, C] float32, attention [N, T]
@@ -554,6 +626,8 @@ def _run(args, w: World) -> int:
                     _wiegreffe(args, model, test, recipe, results)
             if not w.main:
                 return 0
+            if args.command != "train":
+                _examples(args, model, test, vocab, splits, results)
             _write_predictions(model, predictions, folder)
             _finish(results, folder, start)
     except INPUT_ERRORS as e:

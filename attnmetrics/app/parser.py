@@ -184,6 +184,12 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--random-samples", type=positive_int, default=1, help="random permutations per instance")
     p.add_argument(
+        "--examples",
+        type=non_negative_int,
+        default=6,
+        help="instances shown in report.html (most and least faithful by the flip search, and random ones); 0: none",
+    )
+    p.add_argument(
         "--never-flipped",
         choices=("nan", "one"),
         default="nan",

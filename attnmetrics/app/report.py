@@ -16,6 +16,7 @@ from tabulate import tabulate
 from attnmetrics.app import figures
 from attnmetrics.app.io import write_text_atomic
 from attnmetrics.app.summaries import SIGNIFICANCE
+from attnmetrics.app.token_view import render_token_view
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -214,6 +215,36 @@ def _heads_section(results: dict) -> list[str]:
     ]
 
 
+def _eraser_section(results: dict) -> list[str]:
+    s = results["eraser"]
+    fractions = s["fractions"]
+    rows = []
+    for name, metrics in s.items():
+        if name == "fractions":
+            continue
+        c, f = metrics["comprehensiveness"], metrics["sufficiency"]
+        rows.append([name, _fmt(c["aopc"]["mean"]), _fmt(f["aopc"]["mean"]), c["aopc"]["n"]])
+    lines = [
+        "## Comprehensiveness and sufficiency (ERASER, DeYoung et al. 2020, sec. 4)",
+        "",
+        f"Each ordering's top {', '.join(f'{100 * x:g}' for x in fractions)} % of the real tokens "
+        "(k = ceil(f L)) deleted (comprehensiveness: higher is more faithful) or kept alone (sufficiency: "
+        "lower is), as the drop in the probability of the predicted class; AOPC is the mean over the "
+        "fractions. The random ordering is the baseline.",
+        "",
+        _table(rows, ["ordering", "comprehensiveness AOPC", "sufficiency AOPC", "n"]),
+        "",
+    ]
+    per = [
+        [name, metric, *(_fmt(v) for v in s[name][metric]["per_fraction"])]
+        for name in s
+        if name != "fractions"
+        for metric in ("comprehensiveness", "sufficiency")
+    ]
+    lines += [_table(per, ["ordering", "metric", *(f"{100 * x:g} %" for x in fractions)]), ""]
+    return lines
+
+
 _SECTIONS = (
     ("flip", _flip_section, figures.flips, "flip fraction"),
     ("kendall", _kendall_section, figures.kendall, "kendall tau"),
@@ -221,6 +252,7 @@ _SECTIONS = (
     ("adversarial", _adversarial_section, figures.adversarial, "adversarial"),
     ("single_removal", _single_removal_section, None, None),
     ("single_token", _single_token_section, None, None),
+    ("eraser", _eraser_section, None, None),
     ("heads", _heads_section, figures.heads, "per-head heat map"),
     ("consistent_adversary", _consistent_adversary_section, figures.consistent_adversary, "TVD vs JSD"),
     ("diagnostic", _diagnostic_section, None, None),
@@ -289,6 +321,8 @@ def render(results: dict, folder: str | Path) -> Path:
             name = figure(results, folder) if figure else None
             if name:
                 lines += [f"![{alt}]({name})", ""]
+    if render_token_view(results, folder):
+        lines += ["The evidence on the text, for a few instances: [report.html](report.html).", ""]
     path = folder / "report.md"
     write_text_atomic(path, "\n".join(lines))
     return path

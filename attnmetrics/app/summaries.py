@@ -155,3 +155,19 @@ def single_removal_summary(
         }
     out["too_short"] = int((~ok).sum())
     return out
+
+
+def eraser_summary(
+    aopc: np.ndarray, values: np.ndarray, predicted: np.ndarray, class_names: Sequence[str]
+) -> dict[str, Any]:
+    """ERASER (DeYoung et al. 2020, sec. 4): the AOPC over the instances (mean ± std, quartiles),
+    per predicted class, and the mean of each fraction's value (``values`` [N, F]). Rows without
+    real tokens (NaN) are left out."""
+    values = np.asarray(values, dtype=float)
+    with np.errstate(invalid="ignore"):
+        per_fraction = [float(np.nanmean(v)) if np.isfinite(v).any() else math.nan for v in values.T]
+    return {
+        "aopc": stats(aopc),
+        "per_class": _by_class(np.asarray(aopc), np.asarray(predicted), class_names),
+        "per_fraction": per_fraction,
+    }

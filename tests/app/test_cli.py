@@ -29,10 +29,29 @@ def test_run_writes_a_complete_report(run_dir):
         "kendall_tau.png",
         "permutation.png",
         "adversarial.png",
+        "report.html",
         "model",
     } <= names
     assert not [n for n in names if n.startswith(".")]  # no temporaries left
     results = json.loads((run_dir / "results.json").read_text())
+    examples = results["examples"]
+    assert 1 <= len(examples) <= 6 and len({e["instance"] for e in examples}) == len(examples)
+    for e in examples:  # the token view: each instance's real tokens, every score aligned with them
+        assert len(e["tokens"]) == results["instances"]["lengths"][e["instance"]] >= 2
+        assert {k: len(v) for k, v in e["scores"].items()} == dict.fromkeys(
+            ("attention", "gradient", "loo"), len(e["tokens"])
+        )
+        assert math.isclose(sum(e["scores"]["attention"]), 1.0, rel_tol=1e-5)
+        assert e["flip_removed"] == results["instances"]["flip"]["attention"]["removed"][e["instance"]]
+    assert "most faithful" in examples[0]["why"]
+    eraser = results["eraser"]
+    assert eraser["fractions"] == [0.01, 0.05, 0.1, 0.2, 0.5]
+    assert set(eraser) - {"fractions"} == {"attention", "random", "gradient", "loo"}
+    for name in ("attention", "random"):
+        for metric in ("comprehensiveness", "sufficiency"):
+            s = eraser[name][metric]
+            assert s["aopc"]["n"] == 160 and -1 <= s["aopc"]["mean"] <= 1
+            assert sum(s["per_fraction"]) / 5 == pytest.approx(s["aopc"]["mean"])
     assert results["data"]["sizes"] == {"train": 160, "dev": 160, "test": 160}
     assert results["seed"] == 0 and results["versions"]["torch"]
     for metric in ("accuracy", "macro_f1", "roc_auc"):
