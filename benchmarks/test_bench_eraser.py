@@ -1,0 +1,95 @@
+"""ERASER's comprehensiveness and sufficiency (DeYoung et al. 2020): ours against ferret's approach,
+same model, same inputs, one run.
+
+Run: python -m pytest benchmarks/test_bench_eraser.py --benchmark-only -q
+Model and inputs: J&W's BiLSTM + additive attention with random weights (as in
+``test_bench_loo.py``) on SST-like rows (SST's 1,821 test sentences, 10–55 real tokens), one random
+score per token, ERASER's five fractions, both metrics.
+
+ferret's approach (``ferret/evaluators/faithfulness_measures.py``): per instance and metric, build
+each fraction's perturbed sequence in Python (``np.delete`` / fancy indexing on the id list), then
+run the instance's sequences through the model 8 at a time, padded (its
+``_get_class_predicted_probabilities_texts`` batches), after one call on the full instance. ferret
+also decodes the ids to text and re-tokenises it; that is left out here, in its favour. Ours:
+every perturbation of a block of rows built at once, the sequences run grouped by length.
+The values are checked equal first; ``extra_info["speedup"]`` is ferret's time over ours.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from attnmetrics import comprehensiveness, sufficiency
+from attnmetrics.eraser import ERASER_FRACTIONS
+from attnmetrics.outputs import decision, output_distribution
+from benchmarks.test_bench_loo import make_batch, make_model
+
+FERRET_BATCH = 8
+TIMES: dict[str, float] = {}
+
+
+def probabilities(model, sequences: list[list[int]]) -> torch.Tensor:
+    """Output distributions of id lists, run together padded (ferret's batches)."""
+    lengths = torch.tensor([len(s) for s in sequences])
+    tokens = torch.zeros(len(sequences), int(lengths.max()), dtype=torch.int64)
+    for i, s in enumerate(sequences):
+        tokens[i, : len(s)] = torch.tensor(s)
+    hidden = model.encode(model.embed(tokens), lengths)
+    attention = model.attend(hidden, lengths)
+    return output_distribution(model.decoder(torch.einsum("bt,bth->bh", attention, hidden)))
+
+
+@torch.no_grad()
+def ferret_loop(model, tokens, lengths, scores):
+    """{metric: [B, F] values}: each instance on its own, its perturbations 8 at a time."""
+    out = {m: np.full((len(lengths), len(ERASER_FRACTIONS)), np.nan) for m in ("comprehensiveness", "sufficiency")}
+    for b in range(len(lengths)):
+        ids = tokens[b, : int(lengths[b])].tolist()
+        real = np.array(ids[1:-1])
+        full = probabilities(model, [ids])[0]
+        y = int(decision(full[None].log())[0])
+        ranked = np.argsort(-scores[b, : len(real)].numpy(), kind="stable")
+        for metric in out:
+            texts = []
+            for f in ERASER_FRACTIONS:
+                top = ranked[: math.ceil(round(f * len(real), 9))]
+                kept = np.delete(real, top) if metric == "comprehensiveness" else real[np.sort(top)]
+                texts.append([ids[0], *kept.tolist(), ids[-1]])
+            p = torch.cat(
+                [probabilities(model, texts[i : i + FERRET_BATCH]) for i in range(0, len(texts), FERRET_BATCH)]
+            )
+            out[metric][b] = (full[y] - p[:, y]).numpy()
+    return out
+
+
+def ours(model, tokens, lengths, scores):
+    return {
+        "comprehensiveness": comprehensiveness(model, tokens, lengths, scores).values,
+        "sufficiency": sufficiency(model, tokens, lengths, scores).values,
+    }
+
+
+@pytest.mark.parametrize("approach", ["ferret", "ours"])
+def test_eraser_sst(benchmark, approach):
+    model = make_model()
+    tokens, lengths = make_batch(1821, 10, 55)
+    scores = torch.rand(len(lengths), int(lengths.max()) - 2, generator=torch.Generator().manual_seed(1))
+    fn = ferret_loop if approach == "ferret" else ours
+    if approach == "ours":  # the same numbers first
+        reference = ferret_loop(model, tokens[:200], lengths[:200], scores[:200])
+        got = ours(model, tokens[:200], lengths[:200], scores[:200])
+        for metric, values in reference.items():
+            np.testing.assert_allclose(got[metric].numpy(), values, atol=2e-6)
+    start = time.perf_counter()  # one round each (seconds), timed here so the smoke run times it too
+    benchmark.pedantic(fn, args=(model, tokens, lengths, scores), rounds=1, iterations=1)
+    seconds = time.perf_counter() - start
+    TIMES[approach] = seconds
+    benchmark.extra_info.update(seconds=round(seconds, 3), threads=torch.get_num_threads(), load=os.getloadavg()[0])
+    if approach == "ours" and "ferret" in TIMES:
+        benchmark.extra_info["speedup"] = round(TIMES["ferret"] / seconds, 1)
