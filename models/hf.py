@@ -1,0 +1,244 @@
+"""Hugging Face sequence classifiers on attnmetrics' protocol, tested on their own attention
+(docs/definitions.md §15). Needs the optional ``transformers`` (``pip install -e .[hf]``).
+
+Supported: BERT-like encoders (``BertForSequenceClassification``: BERT, MiniLM, ...; pooled at
+``[CLS]``) and GPT-2-like decoders (``GPT2ForSequenceClassification``; pooled at the last real
+token). The tested attention is the last layer's attention row of the pooled position, per head,
+decomposed as for GPT-1 (models/own_attention.py): with ``a[h, s]`` that row, ``U[h, s]`` head h's
+value vectors through its slice of the output projection, ``b_o`` that projection's bias and
+``x_p`` the layer's input at the pooled position,
+
+- the real tokens' share ``alpha[h, t] = a[h, t] / m_h``, ``m_h`` their mass (the softmax of the
+  head's scores over the real tokens alone);
+- the special positions keep their weights: ``S_h = sum_{s special} a[h, s] U[h, s]``;
+- ``values[h, t] = m_h U[h, t] + S_h + (x_p + b_o) / heads``,
+
+so ``sum_h sum_t alpha[h, t] values[h, t]`` is the attention sublayer's output plus its residual,
+exactly, for any ``alpha`` whose heads each sum to 1. The decoder is the rest of the network from
+there to the logits (:class:`BertAfterAttention`, :class:`GPT2AfterAttention`).
+
+The model's attention runs through ``transformers``' attention interface: one eager attention
+function registered as ``"attnmetrics"``, with the eager mask function under the same name (a
+custom attention without its mask function gets no padding mask at all: padding would be
+attended). It lets the last layer's pooled row be read, or edited (the tests edit it to check the
+decomposition against a real forward).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnmetrics.protocol import TestedAttention, token_mask
+
+#: the name the attention function and its mask function are registered under
+ATTENTION = "attnmetrics"
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError(
+            "Hugging Face models need the optional transformers: pip install -e .[hf] (or pip install transformers)"
+        ) from None
+    return transformers
+
+
+def eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Eager scaled dot-product attention (``transformers``' reference formula) that hands each
+    layer's probabilities ``[B, heads, T, T]`` to the layer's ``_attnmetrics_hook(query, key,
+    value, probs, scaling)`` when it has one, and continues with what the hook returns."""
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : key.shape[-2]]
+    probs = torch.softmax(scores, dim=-1)
+    hook = getattr(module, "_attnmetrics_hook", None)
+    if hook is not None:
+        probs = hook(query, key, value, probs, scaling)
+    probs = F.dropout(probs, p=dropout, training=module.training)
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+def register() -> None:
+    """Register :func:`eager_attention` and the eager mask function as ``"attnmetrics"``."""
+    transformers = _transformers()
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    transformers.AttentionInterface.register(ATTENTION, eager_attention)
+    AttentionMaskInterface.register(ATTENTION, eager_mask)
+
+
+class BertAfterAttention(nn.Module):
+    """A BERT-like classifier after the last layer's attention at ``[CLS]``: ``z`` (attention
+    output plus residual) ``[N, d]`` -> LayerNorm -> feed-forward with its residual and
+    LayerNorm -> pooler (dense, tanh) -> dropout -> classifier ``[N, C]``. Shares the model's
+    modules."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.layer, self.pooler = model.bert.encoder.layer[-1], model.bert.pooler
+        self.dropout, self.classifier = model.dropout, model.classifier
+
+    def forward(self, z: Tensor) -> Tensor:
+        y = self.layer.attention.output.LayerNorm(z)
+        h = self.layer.output(self.layer.intermediate(y), y)
+        return self.classifier(self.dropout(self.pooler(h[:, None])))
+
+
+class GPT2AfterAttention(nn.Module):
+    """A GPT-2-like classifier after the last block's attention at the pooled token: ``z``
+    ``[N, d]`` -> ``+ MLP(LN_2(z))`` -> final LayerNorm -> score ``[N, C]``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.block, self.ln_f, self.score = model.transformer.h[-1], model.transformer.ln_f, model.score
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.score(self.ln_f(z + self.block.mlp(self.block.ln_2(z))))
+
+
+class _Head(nn.Module):
+    """The protocol's decoder: the pooled final state ``[N, d]`` -> logits (BERT: pooler,
+    dropout, classifier; GPT-2: score; the final LayerNorm is in the encoder)."""
+
+    def __init__(self, model, family: str):
+        super().__init__()
+        self.family = family
+        self.parts = (
+            nn.ModuleList([model.bert.pooler, model.dropout, model.classifier])
+            if family == "bert"
+            else nn.ModuleList([model.score])
+        )
+
+    def forward(self, context: Tensor) -> Tensor:
+        if self.family == "bert":
+            pooler, dropout, classifier = self.parts
+            return classifier(dropout(pooler(context[:, None])))
+        return self.parts[0](context)
+
+
+class HFClassifier(nn.Module):
+    """A Hugging Face ``BertForSequenceClassification`` or ``GPT2ForSequenceClassification`` on
+    the protocol (``embed``, ``encode``, ``attend``, ``decoder``, ``lead``/``trail``) with
+    :meth:`tested_attention`, its own attention.
+
+    ``tokens`` are the model tokenizer's ids with right padding: BERT ``[CLS] ... [SEP]`` (lead =
+    trail = 1), GPT-2 the text's ids alone (lead = trail = 0; pooled at the last real token).
+    ``attend`` puts all the weight on the pooled position, so the protocol's forward is the
+    model's own; the procedures test :meth:`tested_attention` instead.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        register()
+        name = type(model).__name__
+        if hasattr(model, "bert") and hasattr(model, "classifier"):
+            self.family, self.lead, self.trail = "bert", 1, 1
+        elif hasattr(model, "transformer") and hasattr(model, "score"):
+            self.family, self.lead, self.trail = "gpt2", 0, 0
+        else:
+            raise ValueError(
+                f"unsupported model {name}: BertForSequenceClassification or GPT2ForSequenceClassification"
+            )
+        model.set_attn_implementation(ATTENTION)
+        self.hf = model
+        self.decoder = _Head(model, self.family)
+
+    @property
+    def base(self) -> nn.Module:
+        return self.hf.bert if self.family == "bert" else self.hf.transformer
+
+    @property
+    def last_attention(self) -> nn.Module:
+        """The last layer's self-attention module (where the attention function is called)."""
+        if self.family == "bert":
+            return self.base.encoder.layer[-1].attention.self
+        return self.base.h[-1].attn
+
+    def embed(self, tokens: Tensor) -> Tensor:
+        """tokens [B, T] int64 -> word embeddings [B, T, d] (positions are added by the model)."""
+        return self.base.get_input_embeddings()(tokens)
+
+    def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:
+        """The last layer's states [B, T, d] (GPT-2: after the final LayerNorm), zero on padding."""
+        mask = token_mask(lengths, embedded.shape[1])
+        hidden = self.base(inputs_embeds=embedded, attention_mask=mask.long()).last_hidden_state
+        return hidden * mask[..., None].to(hidden.dtype)
+
+    def pooled(self, lengths: Tensor) -> Tensor:
+        """[B] int64: the pooled position ([CLS] = 0, or GPT-2's last real token)."""
+        return torch.zeros_like(lengths) if self.family == "bert" else lengths - 1
+
+    def attend(self, hidden: Tensor, lengths: Tensor) -> Tensor:
+        """All the weight on the pooled position: the decoder then sees the model's pooled state."""
+        return F.one_hot(self.pooled(lengths), hidden.shape[1]).to(hidden.dtype)
+
+    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """The model's logits [B, C] on right-padded ``tokens``."""
+        mask = token_mask(lengths, tokens.shape[1]).long()
+        hidden = self.base(input_ids=tokens, attention_mask=mask).last_hidden_state
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        return self.decoder(hidden[rows, self.pooled(lengths)])
+
+    @torch.no_grad()
+    def tested_attention(self, tokens: Tensor, lengths: Tensor) -> TestedAttention:
+        """The decomposition of the module docstring (call in eval mode).
+
+        Args:
+            tokens: ``[B, T]`` int64, right-padded.
+            lengths: ``[B]`` int64 in ``[lead + trail + 1, T]``.
+
+        Returns:
+            :class:`~attnmetrics.protocol.TestedAttention`: attention ``[B, heads, T - lead]`` and
+            values ``[B, heads, T - lead, d]`` over the real tokens (zero past each row's), the
+            logits and the decoder.
+        """
+        B, T = tokens.shape
+        rows = torch.arange(B, device=tokens.device)
+        p = self.pooled(lengths)
+        captured = {}
+
+        def hook(query, key, value, probs, scaling):
+            captured.update(query=query, key=key, value=value, probs=probs, scaling=scaling)
+            return probs
+
+        attention = self.last_attention
+        attention._attnmetrics_hook = hook
+        try:
+            mask = token_mask(lengths, T).long()
+            out = self.base(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+        finally:
+            del attention._attnmetrics_hook
+        x = out.hidden_states[-2][rows, p]  # the last layer's input at the pooled position
+        logits = self.decoder(out.last_hidden_state[rows, p])
+        q, k, v, probs = (captured[n] for n in ("query", "key", "value", "probs"))
+        heads, dh = v.shape[1], v.shape[-1]
+        if self.family == "bert":
+            proj = self.base.encoder.layer[-1].attention.output.dense
+            w_o, b_o = proj.weight, proj.bias  # [d, d] (out, in)
+            after = BertAfterAttention(self.hf)
+        else:
+            proj = self.base.h[-1].attn.c_proj  # Conv1D: weight [in, out]
+            w_o, b_o = proj.weight.T, proj.bias
+            after = GPT2AfterAttention(self.hf)
+        a = probs[rows, :, p]  # [B, heads, T]
+        U = torch.einsum("bhsk,dhk->bhsd", v, w_o.view(-1, heads, dh))  # each head through its slice
+        real = token_mask(lengths, T, self.lead, self.trail)
+        mass = (a * real[:, None]).sum(-1, keepdim=True)
+        # the real share as a softmax over the real tokens' scores alone (= a / mass, without underflow)
+        scores = torch.einsum("bhk,bhtk->bht", q[rows, :, p], k) * captured["scaling"]
+        alpha = torch.softmax(scores.masked_fill(~real[:, None], -torch.inf), -1).nan_to_num(0.0)
+        special = torch.einsum("bhs,bhsd->bhd", a * ~real[:, None], U)
+        residual = (x + b_o) / heads
+        values = mass[..., None] * U + (special + residual[:, None])[:, :, None]
+        values = values[:, :, self.lead :] * real[:, None, self.lead :, None]
+        return TestedAttention(
+            alpha[:, :, self.lead :].contiguous(),
+            values.contiguous(),
+            lengths - self.lead - self.trail,
+            logits,
+            after,
+        )

@@ -1,0 +1,141 @@
+"""Hugging Face classifiers on the protocol (models/hf.py), on tiny randomly initialised BERT and
+GPT-2 built from a config (no download): the decomposition of the pooled row equals a real forward
+with the same edit of the attention, the registered mask keeps padding out, and the procedures run
+on the model's own attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import attnmetrics  # noqa: E402
+from attnmetrics.models.hf import HFClassifier  # noqa: E402
+from attnmetrics.protocol import forward, token_mask  # noqa: E402
+
+F64 = torch.float64
+
+
+def tiny(family: str, classes: int = 3, seed: int = 0) -> HFClassifier:
+    torch.manual_seed(seed)
+    if family == "bert":
+        config = transformers.BertConfig(
+            vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            num_labels=classes, max_position_embeddings=64,
+        )  # fmt: skip
+        model = transformers.BertForSequenceClassification(config)
+    else:
+        config = transformers.GPT2Config(
+            vocab_size=60, n_embd=32, n_layer=2, n_head=4, n_positions=64, num_labels=classes, pad_token_id=0
+        )
+        model = transformers.GPT2ForSequenceClassification(config)
+    return HFClassifier(model.eval().to(F64))
+
+
+def ragged(family: str, rows: int = 7, width: int = 11, seed: int = 0):
+    """Right-padded ids: BERT rows [CLS]=1 ... [SEP]=2 around ids 5..59; GPT-2 rows of ids alone."""
+    g = torch.Generator().manual_seed(seed)
+    special = 2 if family == "bert" else 0
+    lengths = torch.randint(special + 1, width + 1, (rows,), generator=g)
+    lengths[0], lengths[1] = width, special + 1  # full width, one real token
+    tokens = torch.randint(5, 60, (rows, width), generator=g)
+    if family == "bert":
+        tokens[:, 0] = 1
+        tokens[torch.arange(rows), lengths - 1] = 2
+    tokens[~token_mask(lengths, width)] = 0
+    return tokens, lengths
+
+
+def hf_logits(model: HFClassifier, tokens, lengths):
+    """The Hugging Face model's own forward (its pooling and head)."""
+    out = model.hf(input_ids=tokens, attention_mask=token_mask(lengths, tokens.shape[1]).long())
+    return out.logits
+
+
+def edited_forward(model: HFClassifier, tokens, lengths, alpha):
+    """A real forward whose last-layer pooled row keeps the special positions' weights and gives
+    the real tokens ``alpha`` [B, heads, T - lead] within their mass."""
+    rows = torch.arange(tokens.shape[0])
+    p = model.pooled(lengths)
+    real = token_mask(lengths, tokens.shape[1], model.lead, model.trail)
+
+    def hook(query, key, value, probs, scaling):
+        probs = probs.clone()
+        a = probs[rows, :, p]
+        mass = (a * real[:, None]).sum(-1, keepdim=True)
+        new = torch.zeros_like(a)
+        new[:, :, model.lead :] = alpha
+        probs[rows, :, p] = torch.where(real[:, None], mass * new, a)
+        return probs
+
+    model.last_attention._attnmetrics_hook = hook
+    try:
+        return hf_logits(model, tokens, lengths)
+    finally:
+        del model.last_attention._attnmetrics_hook
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_the_protocol_forward_is_the_models(family):
+    model = tiny(family)
+    tokens, lengths = ragged(family)
+    torch.testing.assert_close(forward(model, tokens, lengths).logits, hf_logits(model, tokens, lengths))
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_the_decomposition_is_exact_and_stays_exact_under_edits(family):
+    model = tiny(family)
+    tokens, lengths = ragged(family)
+    own = model.tested_attention(tokens, lengths)
+    heads = own.attention.shape[1]
+    real = token_mask(own.lengths, own.attention.shape[-1])
+    torch.testing.assert_close(own.attention.sum(-1), torch.ones(len(lengths), heads, dtype=F64))
+    torch.testing.assert_close(own.logits, hf_logits(model, tokens, lengths))
+    context = torch.einsum("bht,bhtd->bd", own.attention, own.values)
+    torch.testing.assert_close(own.decoder(context), own.logits, rtol=0, atol=1e-10)
+    # an edit: every head's row replaced by another distribution over the real tokens
+    g = torch.Generator().manual_seed(1)
+    alpha = torch.rand(own.attention.shape, generator=g, dtype=F64) * real[:, None]
+    alpha = alpha / alpha.sum(-1, keepdim=True)
+    want = edited_forward(model, tokens, lengths, alpha)
+    got = own.decoder(torch.einsum("bht,bhtd->bd", alpha, own.values))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_padding_is_never_attended(family):
+    model = tiny(family)
+    tokens, lengths = ragged(family)
+    padded = forward(model, tokens, lengths).logits
+    for b in range(len(lengths)):  # each row alone, unpadded, with garbage where padding was
+        alone = forward(model, tokens[b : b + 1, : int(lengths[b])], lengths[b : b + 1]).logits
+        torch.testing.assert_close(padded[b : b + 1], alone, rtol=0, atol=1e-10)
+    junk = tokens.clone()
+    junk[~token_mask(lengths, tokens.shape[1])] = 7
+    torch.testing.assert_close(forward(model, junk, lengths).logits, padded, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_the_procedures_run_on_the_models_own_attention(family):
+    model = tiny(family, classes=2)
+    tokens, lengths = ragged(family, rows=9)
+    own = model.tested_attention(tokens, lengths)
+    args = (own.attention, own.values, own.decoder, own.lengths)
+    flip = attnmetrics.flip_fraction(*args)
+    # the flip search's first removal equals the real model with that token removed in every head
+    first = own.attention.mean(1).argmax(-1)
+    removed = own.attention.clone()
+    removed[torch.arange(len(first)), :, first] = 0
+    removed = removed / removed.sum(-1, keepdim=True).clamp_min(1e-300)
+    ok = own.lengths >= 2
+    want = attnmetrics.decision(edited_forward(model, tokens, lengths, removed))
+    flipped_at_once = flip.removed == 1
+    assert torch.equal(flipped_at_once[ok], (want != attnmetrics.decision(own.logits))[ok])
+    perm = attnmetrics.permutation_test(*args, permutations=5, generator=torch.Generator().manual_seed(0))
+    assert (perm.median_tvd[ok] >= 0).all()
+
+
+def test_unsupported_models_are_named():
+    with pytest.raises(ValueError, match="unsupported model Linear"):
+        HFClassifier(torch.nn.Linear(2, 2))
