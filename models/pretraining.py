@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
@@ -38,6 +39,7 @@ from tqdm.auto import tqdm
 from attnmetrics.models.bpe import DEFAULT_VOCAB_SIZE, BPETokenizer
 from attnmetrics.models.data import GUTENBERG_HELD_OUT, load_gutenberg, sha256_file
 from attnmetrics.models.gpt import GPT, GPTConfig
+from attnmetrics.models.parallel import all_reduce_gradients, data_parallel
 
 
 @dataclass
@@ -381,6 +383,12 @@ def pretrain(
     config and tokenizer are used; the arguments' are ignored). ``stop_at`` ends the run (with a
     checkpoint) after that step, without changing the schedule, so a run can be split in parts.
 
+    Data-parallel under ``torch.distributed`` (torchrun): every rank must pass the same
+    tokenizer (``attnmetrics pretrain`` broadcasts rank 0's) and see ``out_dir``; rank 0 alone
+    writes the token streams, the checkpoints and the validation history, the others read the
+    streams it wrote. Each step's windows are drawn as one process draws them and split over
+    the ranks, so a resumed run continues the same stream on any number of ranks.
+
     Raises ValueError when ``resume`` finds no checkpoint or a text is too short for a window.
     """
     out_dir = Path(out_dir)
@@ -417,10 +425,15 @@ def pretrain(
         step, history = state.step, list(state.history)
         running, seen = state.running
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # Rebuilt each run (deterministic from the tokenizer and texts), so a resumed run reads the same stream.
-    encode_to_file(tokenizer, train_texts, out_dir / "train.tokens")
-    encode_to_file(tokenizer, [valid_text], out_dir / "valid.tokens")
+    rank, world = data_parallel()
+    main = rank == 0
+    if main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        # Rebuilt each run (deterministic from the tokenizer and texts), so a resumed run reads the same stream.
+        encode_to_file(tokenizer, train_texts, out_dir / "train.tokens")
+        encode_to_file(tokenizer, [valid_text], out_dir / "valid.tokens")
+    if world > 1:
+        dist.barrier()  # the token streams are written (out_dir must be shared by the ranks)
     streams = {f"{s}_tokens_sha256": sha256_file(out_dir / f"{s}.tokens") for s in ("train", "valid")}
     if resume:
         for key, digest in streams.items():
@@ -449,14 +462,23 @@ def pretrain(
         unit="tok",
         unit_scale=True,
         desc="pre-training",
-        disable=not config.progress,
+        disable=not (config.progress and main),
     )
     checkpoint = out_dir / f"step-{step:07d}"
     while step < end:
-        windows = sample_windows(train_tokens, config.batch_size, context, generator).to(device)
-        loss = lm_loss(model, windows)
+        # Data-parallel (torchrun): every rank draws the same windows, runs its slice of them and
+        # steps on the gradient summed over ranks, weighted by windows (models/training.py).
+        windows = sample_windows(train_tokens, config.batch_size, context, generator)
+        mine = windows[rank::world].to(device)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = lm_loss(model, mine) if len(mine) else torch.zeros((), device=device)
+        if len(mine):
+            loss.backward()
+        if world > 1:
+            all_reduce_gradients(model, len(mine) / len(windows))
+            summed = (loss.detach() * len(mine)).reshape(1).to(torch.float64)
+            dist.all_reduce(summed)
+            loss = summed[0] / len(windows)
         if config.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
@@ -466,7 +488,7 @@ def pretrain(
         seen += 1
         bar.update(per_step)
         bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}", refresh=False)
-        if step % config.eval_every == 0 or step == config.steps:
+        if main and (step % config.eval_every == 0 or step == config.steps):
             val, scored = validation_loss(model, valid_tokens, config.eval_batch_size, config.eval_windows)
             history.append(
                 {
@@ -485,9 +507,11 @@ def pretrain(
                 tqdm.write(
                     f"step {step}: train loss {r['train_loss']:.4f}, val loss {val:.4f} (ppl {r['val_ppl']:.1f})"
                 )
-        if step % config.checkpoint_every == 0 or step == end:
+        if main and (step % config.checkpoint_every == 0 or step == end):
             checkpoint = save_pretraining_checkpoint(out_dir, model, tokenizer, config, snapshot(), extra=streams)
     bar.close()
-    if step == 0 or not (out_dir / _LATEST).is_file():
+    if main and (step == 0 or not (out_dir / _LATEST).is_file()):
         checkpoint = save_pretraining_checkpoint(out_dir, model, tokenizer, config, snapshot(), extra=streams)
+    if world > 1:
+        dist.barrier()  # rank 0's last checkpoint is written before any rank returns
     return PretrainResult(checkpoint, step, history, time.perf_counter() - start_time)

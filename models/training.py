@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.gpt_classifier import GPTClassifier, GPTClassifierConfig, GPTInputs
+from attnmetrics.models.parallel import all_reduce_gradients, data_parallel
 from attnmetrics.models.text import Batch, EncodedSplit, Vocabulary
 from attnmetrics.outputs import decision, output_distribution
 
@@ -198,27 +199,6 @@ def _to(batch: Batch, device: torch.device) -> Batch:
     return Batch(*(t.to(device) for t in batch))
 
 
-def data_parallel() -> tuple[int, int]:
-    """(rank, world size) of an initialised ``torch.distributed`` group (torchrun), else (0, 1)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _all_reduce_gradients(model: torch.nn.Module, weight: float) -> None:
-    """Replace each gradient by the sum over ranks of ``weight`` x it (missing gradients count as
-    zeros), one flat all-reduce per dtype: with ``weight`` = this rank's share of the batch's
-    rows, the gradient of the whole batch's mean loss, identical on every rank."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for dtype in dict.fromkeys(p.dtype for p in params):
-        group = [p for p in params if p.dtype == dtype]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group])
-        flat.mul_(weight)
-        dist.all_reduce(flat)
-        for p, g in zip(group, flat.split([p.numel() for p in group])):
-            p.grad = g.view_as(p).clone()
-
-
 @torch.no_grad()
 def predict(
     model: EncoderAttentionClassifier,
@@ -354,7 +334,7 @@ def train(
                 total += loss.item() * len(b.labels)
                 seen += len(b.labels)
             if world > 1:
-                _all_reduce_gradients(model, len(b.labels) / rows)
+                all_reduce_gradients(model, len(b.labels) / rows)
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()

@@ -438,12 +438,14 @@ def _report(args) -> int:
     return 0
 
 
-def _pretrain(args) -> int:
+def _pretrain(args, w: World) -> int:
     """GPT-1's stage 1 (Radford et al. 2018, sec. 3.1): a language model on the Gutenberg books, the
-    held-out book for validation perplexity; checkpoints written in place, resumable."""
-    check_out(args.out)
-    if args.out.exists() and any(args.out.iterdir()) and not args.resume:
-        raise FileExistsError(f"{args.out} exists; --resume continues its pre-training, or choose another --out")
+    held-out book for validation perplexity; checkpoints written in place, resumable. Under
+    torchrun data-parallel, rank 0 writing (models/pretraining.py)."""
+    if w.main:
+        check_out(args.out)
+        if args.out.exists() and any(args.out.iterdir()) and not args.resume:
+            raise FileExistsError(f"{args.out} exists; --resume continues its pre-training, or choose another --out")
     books = load_gutenberg()
     cut = (lambda text: text[: args.max_chars]) if args.max_chars else (lambda text: text)
     train_texts = [cut(text) for name, text in books.items() if name != GUTENBERG_HELD_OUT]
@@ -459,13 +461,21 @@ def _pretrain(args) -> int:
         checkpoint_every=min(PretrainConfig.checkpoint_every, args.steps),
         progress=not args.no_progress,
     )
-    with claimed_folder(args.out):
+    with claimed_folder(args.out) if w.main else contextlib.nullcontext():
         if args.resume:  # the checkpoint's model, tokenizer and schedule
             result = pretrain(args.out, train_texts=train_texts, valid_text=valid_text, resume=True, device=args.device)
         else:
             torch.manual_seed(args.seed)
-            tokenizer = BPETokenizer.train(train_texts, config.vocab_size)
-            overrides = {"n_layer": args.layers, "d_model": args.d_model, "n_head": args.heads, "context": args.context}
+            # rank 0's tokenizer on every rank (BPE training need not give identical merges)
+            trained = BPETokenizer.train(train_texts, config.vocab_size).to_str() if w.main else None
+            tokenizer = BPETokenizer.from_str(distributed.broadcast(trained, w))
+            overrides = {
+                "n_layer": args.layers,
+                "d_model": args.d_model,
+                "n_head": args.heads,
+                "context": args.context,
+                "dropout": args.dropout,
+            }
             model_config = GPTConfig.named(
                 args.config, tokenizer.vocab_size, **{k: v for k, v in overrides.items() if v is not None}
             )
@@ -478,6 +488,8 @@ def _pretrain(args) -> int:
                 tokenizer=tokenizer,
                 device=args.device,
             )
+    if not w.main:
+        return 0
     last = result.history[-1] if result.history else {}
     print(
         f"pre-trained to step {result.step} in {result.seconds:.0f} s; validation perplexity "
@@ -517,12 +529,6 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command == "sweep":
         return sweep.main(args)
-    if args.command == "pretrain":
-        try:
-            return _pretrain(args)
-        except INPUT_ERRORS as e:
-            return _input_error(e, args)
-
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
             f"attnmetrics: --device cuda, but torch sees no CUDA GPU (torch {torch.__version__}, "
@@ -534,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     w = distributed.world()
     if w.size == 1:
-        return _run(args, w)
+        return _command(args, w)
     if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
         print(
             f"attnmetrics: under torchrun ({w.size} ranks), --consistent-adversary and --diagnostic are not "
@@ -544,9 +550,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     distributed.start(w, args.device)
     try:
-        return _run(args, w)
+        return _command(args, w)
     finally:
         distributed.stop()
+
+
+def _command(args, w: World) -> int:
+    if args.command == "pretrain":
+        try:
+            return _pretrain(args, w)
+        except INPUT_ERRORS as e:
+            return _input_error(e, args)
+    return _run(args, w)
 
 
 def _run(args, w: World) -> int:

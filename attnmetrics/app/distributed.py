@@ -1,4 +1,5 @@
-"""The battery sharded over processes started by ``torchrun`` (``torch.distributed``).
+"""Processes started by ``torchrun`` (``torch.distributed``): the battery sharded over them, and
+what data-parallel training (models/parallel.py) needs from the command line.
 
     torchrun --nproc-per-node 2 -m attnmetrics evaluate runs/sst-lstm --out runs/sst-eval
 
@@ -77,6 +78,15 @@ def share(items: Sequence[T], costs: Sequence[float], w: World) -> list[T]:
         owner[i] = r
         load[r] += costs[i]
     return [item for item, r in zip(items, owner) if r == w.rank]
+
+
+def broadcast(obj: T, w: World) -> T:
+    """Rank 0's ``obj`` on every rank (``obj`` itself in one process)."""
+    if w.size == 1:
+        return obj
+    shared = [obj if w.main else None]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 def gather(obj: T, w: World) -> list[T] | None:

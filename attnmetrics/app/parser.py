@@ -263,6 +263,9 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
         ("--context", "context length"),
     ):
         p.add_argument(flag, type=positive_int, help=f"override the config's {help_}")
+    p.add_argument(
+        "--dropout", type=float, help="override the config's residual, embedding and attention dropout (GPT-1: 0.1)"
+    )
     p.add_argument("--steps", type=positive_int, default=defaults.steps)
     p.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
     p.add_argument("--lr", type=positive_float, default=defaults.lr, help="max learning rate (GPT-1: 2.5e-4)")

@@ -94,6 +94,25 @@ def test_run_trains_data_parallel_to_the_one_process_weights(tmp_path):
     assert rb["training"]["history"][0]["train_loss"] == pytest.approx(ra["training"]["history"][0]["train_loss"])
 
 
+def test_pretraining_runs_data_parallel_to_the_one_process_weights(tmp_path):
+    from tests.app.test_pretrain import TINY
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    flags = ["--steps", "3", *TINY, "--dropout", "0"]  # dropout masks would differ between the splits
+    assert main(["pretrain", "--out", str(one), *flags]) == 0
+    proc = torchrun("attnmetrics", "pretrain", "--out", two, *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    latest = (one / "latest").read_text().strip()
+    assert (two / "latest").read_text().strip() == latest
+    assert (one / "train.tokens").read_bytes() == (two / "train.tokens").read_bytes()
+    a, b = (torch.load(d / latest / "model.pt") for d in (one, two))
+    for name in a:  # the same windows per step, split over the ranks, the gradient summed back
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
+    ha, hb = (json.loads((d / latest / "model.json").read_text())["history"] for d in (one, two))
+    assert hb[-1]["val_loss"] == pytest.approx(ha[-1]["val_loss"], abs=1e-4)
+    assert not [p.name for p in two.iterdir() if p.name.startswith(".")]
+
+
 def test_wiegreffe_pinter_models_are_not_sharded(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")

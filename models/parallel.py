@@ -1,0 +1,29 @@
+"""Data-parallel training under ``torch.distributed`` (torchrun): which rank this is, and the
+gradient all-reduce that keeps every rank's weights identical. Used by fine-tuning
+(models/training.py) and pre-training (models/pretraining.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def data_parallel() -> tuple[int, int]:
+    """(rank, world size) of an initialised ``torch.distributed`` group (torchrun), else (0, 1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def all_reduce_gradients(model: torch.nn.Module, weight: float) -> None:
+    """Replace each gradient by the sum over ranks of ``weight`` x it (missing gradients count as
+    zeros), one flat all-reduce per dtype: with ``weight`` = this rank's share of the batch's
+    rows, the gradient of the whole batch's mean loss, identical on every rank."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for dtype in dict.fromkeys(p.dtype for p in params):
+        group = [p for p in params if p.dtype == dtype]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group])
+        flat.mul_(weight)
+        dist.all_reduce(flat)
+        for p, g in zip(group, flat.split([p.numel() for p in group])):
+            p.grad = g.view_as(p).clone()
