@@ -26,10 +26,17 @@ decomposition against a real forward).
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnmetrics.models.text import EncodedSplit
 from attnmetrics.protocol import TestedAttention, token_mask
 
 #: the name the attention function and its mask function are registered under
@@ -120,6 +127,69 @@ class _Head(nn.Module):
         return self.parts[0](context)
 
 
+class HFInputs:
+    """Texts -> the model's own token ids (its tokenizer: WordPiece, BPE, ...; no lower-casing or
+    number replacement of ours), at most ``max_length`` ids with the tokenizer's special tokens."""
+
+    filename = "hf_tokenizer"  # a folder in the checkpoint
+
+    def __init__(self, tokenizer, max_length: int = 64):
+        self.tokenizer, self.max_length = tokenizer, max_length
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def encode(self, texts: Iterable[str]) -> list[list[int]]:
+        return self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+
+    def encode_split(self, pairs: Iterable[tuple[str, int]]) -> EncodedSplit:
+        """``(text, label)`` pairs -> :class:`EncodedSplit`."""
+        pairs = list(pairs)
+        return EncodedSplit(self.encode(t for t, _ in pairs), [int(y) for _, y in pairs])
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """Each id's token (``##`` pieces and ``Ġ`` spaces as the tokenizer writes them)."""
+        return self.tokenizer.convert_ids_to_tokens(list(ids))
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        self.tokenizer.save_pretrained(path)
+        (path / "attnmetrics.json").write_text(json.dumps({"max_length": self.max_length}))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> HFInputs:
+        path = Path(path)
+        transformers = _transformers()
+        max_length = json.loads((path / "attnmetrics.json").read_text())["max_length"]
+        return cls(transformers.AutoTokenizer.from_pretrained(path), max_length)
+
+
+@dataclass(frozen=True)
+class HFClassifierConfig:
+    """What rebuilds an :class:`HFClassifier`: the ``transformers`` class and its config."""
+
+    architecture: str
+    hf_config: dict
+    encoder: str = "hf"
+    attention: str = "own"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HFClassifierConfig:
+        return cls(d["architecture"], d["hf_config"])
+
+
+#: results["battery"] of a Hugging Face classifier: what the procedures test
+OWN_ATTENTION = (
+    "the model's own attention: the last layer's attention row of the pooled position ([CLS], or GPT-2's last "
+    "token), per head, over the real tokens; special positions keep their weights, each head's real tokens are "
+    "renormalised within their mass, tokens are removed and permuted in every head alike; orders and tau use "
+    "the head mean (docs/definitions.md §15)"
+)
+
+
 class HFClassifier(nn.Module):
     """A Hugging Face ``BertForSequenceClassification`` or ``GPT2ForSequenceClassification`` on
     the protocol (``embed``, ``encode``, ``attend``, ``decoder``, ``lead``/``trail``) with
@@ -130,6 +200,8 @@ class HFClassifier(nn.Module):
     ``attend`` puts all the weight on the pooled position, so the protocol's forward is the
     model's own; the procedures test :meth:`tested_attention` instead.
     """
+
+    battery = OWN_ATTENTION
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -146,6 +218,39 @@ class HFClassifier(nn.Module):
         model.set_attn_implementation(ATTENTION)
         self.hf = model
         self.decoder = _Head(model, self.family)
+
+    @property
+    def config(self) -> HFClassifierConfig:
+        return HFClassifierConfig(type(self.hf).__name__, self.hf.config.to_dict())
+
+    @classmethod
+    def from_config(cls, config: HFClassifierConfig) -> HFClassifier:
+        """A randomly initialised model of ``config`` (the weights come from a checkpoint)."""
+        transformers = _transformers()
+        hf_config = transformers.AutoConfig.for_model(**config.hf_config)
+        return cls(getattr(transformers, config.architecture)(hf_config))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, num_labels: int) -> tuple[HFClassifier, HFInputs]:
+        """A Hugging Face checkpoint folder (read offline) with a new ``num_labels``-way head
+        (whatever head it had is replaced), and its tokenizer."""
+        transformers = _transformers()
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # its report would list the new head as missing
+        try:
+            hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+                path, num_labels=num_labels, local_files_only=True, ignore_mismatched_sizes=True
+            )
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+        if hf.config.pad_token_id is None:  # GPT-2: padding is masked, the id is only a filler
+            hf.config.pad_token_id = 0
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return cls(hf), HFInputs(tokenizer)
+
+    def no_weight_decay(self) -> list[nn.Parameter]:
+        """Biases and LayerNorm weights, exempt from weight decay (BERT's fine-tuning recipe)."""
+        return [p for name, p in self.named_parameters() if name.endswith("bias") or p.dim() == 1]
 
     @property
     def base(self) -> nn.Module:
@@ -176,12 +281,15 @@ class HFClassifier(nn.Module):
         """All the weight on the pooled position: the decoder then sees the model's pooled state."""
         return F.one_hot(self.pooled(lengths), hidden.shape[1]).to(hidden.dtype)
 
-    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
-        """The model's logits [B, C] on right-padded ``tokens``."""
+    def forward(self, tokens: Tensor, lengths: Tensor, attention: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The model's logits [B, C] on right-padded ``tokens``, and :meth:`attend`'s weights
+        [B, T] (the training loop's interface; ``attention`` must be None: nothing to impose)."""
+        if attention is not None:
+            raise ValueError("a Hugging Face classifier takes no imposed attention (W&P's diagnostic models)")
         mask = token_mask(lengths, tokens.shape[1]).long()
         hidden = self.base(input_ids=tokens, attention_mask=mask).last_hidden_state
         rows = torch.arange(tokens.shape[0], device=tokens.device)
-        return self.decoder(hidden[rows, self.pooled(lengths)])
+        return self.decoder(hidden[rows, self.pooled(lengths)]), self.attend(hidden, lengths)
 
     @torch.no_grad()
     def tested_attention(self, tokens: Tensor, lengths: Tensor) -> TestedAttention:

@@ -130,14 +130,16 @@ def balanced_pos_weight(labels: list[int]) -> float:
 
 
 def make_optimizer(model: EncoderAttentionClassifier, config: TrainConfig) -> torch.optim.Optimizer:
-    """Adam with weight decay on every parameter except the attention layer's (J&W).
+    """Adam with weight decay on every parameter except the attention layer's (J&W), or those
+    a model names in ``no_weight_decay()`` (a Hugging Face model: biases and LayerNorms, BERT's).
     An attention without parameters (``uniform``) gets an empty group, which Adam accepts."""
-    attn = {id(p) for p in model.attention_parameters()}
-    rest = [p for p in model.parameters() if id(p) not in attn]
+    exempt = model.no_weight_decay() if hasattr(model, "no_weight_decay") else model.attention_parameters()
+    ids = {id(p) for p in exempt}
+    rest = [p for p in model.parameters() if id(p) not in ids]
     return torch.optim.Adam(
         [
             {"params": rest, "weight_decay": config.weight_decay},
-            {"params": model.attention_parameters(), "weight_decay": 0.0},
+            {"params": list(exempt), "weight_decay": 0.0},
         ],
         lr=config.lr,
         amsgrad=config.amsgrad,
@@ -397,16 +399,29 @@ def save_checkpoint(
 
 
 def _model_config(saved: dict) -> ModelConfig | GPTClassifierConfig:
+    if saved.get("encoder") == "hf":
+        from attnmetrics.models.hf import HFClassifierConfig  # optional transformers
+
+        return HFClassifierConfig.from_dict(saved)
     return (GPTClassifierConfig if saved.get("encoder") == "gpt" else ModelConfig).from_dict(saved)
 
 
 def _build(config: ModelConfig | GPTClassifierConfig) -> EncoderAttentionClassifier | GPTClassifier:
     if isinstance(config, GPTClassifierConfig):
         return GPTClassifier.from_config(config)
+    if getattr(config, "encoder", None) == "hf":
+        from attnmetrics.models.hf import HFClassifier
+
+        return HFClassifier.from_config(config)
     return EncoderAttentionClassifier(config)
 
 
 def _load_vocab(directory: Path, config: ModelConfig | GPTClassifierConfig) -> Vocabulary | GPTInputs | None:
+    if getattr(config, "encoder", None) == "hf":
+        from attnmetrics.models.hf import HFInputs
+
+        path = directory / HFInputs.filename
+        return HFInputs.load(path) if path.is_dir() else None
     if isinstance(config, GPTClassifierConfig):
         path = directory / GPTInputs.filename
         if not path.is_file():

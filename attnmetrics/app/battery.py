@@ -25,6 +25,7 @@ from attnmetrics.app.summaries import (
     flip_summary,
     permutation_summary,
     single_removal_summary,
+    stats,
     tau_summary,
 )
 from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
@@ -298,10 +299,8 @@ def summarise(
         metrics = list(dict.fromkeys(k.split("/", 2)[2] for k in x if k.startswith("heads/")))
         instances["heads"] = {h: {m: x[f"heads/{h}/{m}"].astype(float).tolist() for m in metrics} for h in heads}
         real = lengths > 0
-        summary["heads"] = {
-            m: [float(np.nanmean(x[f"heads/{h}/{m}"][real])) if real.any() else float("nan") for h in heads]
-            for m in metrics
-        }
+        # the mean over the rows where the value is defined (τ is NaN for rows of ties), NaN if none
+        summary["heads"] = {m: [stats(x[f"heads/{h}/{m}"][real])["mean"] for h in heads] for m in metrics}
     if "single_token" in experiments:
         tau, p, agrees = x["single_token/tau"], x["single_token/pvalue"], x["single_token/top_agrees"]
         taus = tau_summary(tau, p, predicted, class_names)

@@ -49,7 +49,7 @@ from attnmetrics.importance import gradient_importance
 from attnmetrics.loo import leave_one_out
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import GUTENBERG_HELD_OUT, ArtifactError, load_dataset, load_gutenberg
+from attnmetrics.models.data import GUTENBERG_HELD_OUT, ArtifactError, load_dataset, load_gutenberg, load_minilm
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier, GPTInputs
 from attnmetrics.models.pretraining import PretrainConfig, load_gpt, pretrain
@@ -146,6 +146,25 @@ def _gpt_model(args, splits, results: dict) -> tuple[GPTClassifier, GPTInputs]:
     return model.to(args.device), GPTInputs(tokenizer, model.config.gpt.context)
 
 
+def _hf_model(args, splits, results: dict):
+    """A Hugging Face classifier from ``--model hf:minilm`` (the pinned all-MiniLM-L6-v2) or
+    ``hf:PATH``, with a new head for the data set's classes, and its tokenizer."""
+    from attnmetrics.models.hf import HFClassifier  # optional transformers
+
+    name = args.model[3:]
+    path = load_minilm() if name == "minilm" else Path(name)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"--model {args.model}: {path} is not a Hugging Face checkpoint folder (no config.json)"
+        )
+    classes = len(splits.classes)
+    torch.manual_seed(args.seed)  # the new classification head
+    model, inputs = HFClassifier.from_pretrained(path, 1 if classes == 2 else classes)
+    inputs.max_length = args.max_length
+    results["pretrained"] = {"path": str(path.resolve()), "model": args.model}
+    return model.to(args.device), inputs
+
+
 def _train(args, results: dict):
     """Build the model ``--encoder`` names, train it with its family's recipe, record both."""
     protocol = PROTOCOLS[args.protocol]
@@ -159,7 +178,19 @@ def _train(args, results: dict):
         "progress": not args.no_progress,
     }
     make = None
-    if args.encoder == "gpt":
+    if args.model:
+        if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
+            raise ValueError("--consistent-adversary and --diagnostic train BiLSTM-family models, not --model hf")
+        model, vocab = _hf_model(args, splits, results)
+        tconf = TrainConfig(
+            **common,
+            amsgrad=False,
+            schedule="linear",
+            warmup=args.warmup,
+            decoupled_weight_decay=True,
+            sort_by_length=True,
+        )
+    elif args.encoder == "gpt":
         if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
             raise ValueError("--consistent-adversary and --diagnostic train BiLSTM-family models, not gpt")
         model, vocab = _gpt_model(args, splits, results)
@@ -635,6 +666,8 @@ def _run(args, w: World) -> int:
             if args.command != "train":
                 if getattr(model, "attention_name", None) == EXTRACT_READOUT:
                     results["battery"] = OWN_ATTENTION
+                elif isinstance(getattr(model, "battery", None), str):  # e.g. a Hugging Face model's own attention
+                    results["battery"] = model.battery
                 if not _battery(args, model, test, splits, results, w):
                     return 0  # rank 0 writes
                 if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):

@@ -194,8 +194,10 @@ def heads(results: dict, folder: Path) -> str | None:
     values = np.array([_array(per_head[m]) for m in metrics]).T  # [heads, metrics]
     fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(metrics), 0.9 + 0.45 * values.shape[0]))
     # each column on its own colour scale: the metrics have different ranges
-    low, high = np.nanmin(values, 0), np.nanmax(values, 0)
-    scaled = (values - low) / np.where(high > low, high - low, 1)
+    finite = np.where(np.isfinite(values), values, np.nan)
+    low = np.array([np.min(c[np.isfinite(c)], initial=0.0) for c in finite.T])
+    high = np.array([np.max(c[np.isfinite(c)], initial=0.0) for c in finite.T])
+    scaled = np.nan_to_num((values - low) / np.where(high > low, high - low, 1), nan=0.0)
     ax.imshow(scaled, cmap="viridis", aspect="auto", vmin=0, vmax=1)
     for (i, j), v in np.ndenumerate(values):
         ax.text(j, i, f"{v:.3f}", ha="center", va="center", color="white" if scaled[i, j] < 0.6 else "black")

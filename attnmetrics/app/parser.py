@@ -69,13 +69,25 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 #: then linear decay; AdamW-style weight decay 0.01 as in their code)
 RECIPES = {
     "jain-wallace": {"epochs": 8, "lr": 1e-3, "weight_decay": 1e-5},
-    "gpt": {"epochs": 3, "lr": 6.25e-5, "weight_decay": 0.01},
+    "gpt": {"epochs": 3, "lr": 6.25e-5, "weight_decay": 0.01, "warmup": 0.002},
+    # BERT's fine-tuning (Devlin et al. 2019, sec. A.3: lr in {2, 3, 5}e-5, 2-4 epochs, warm-up 10 %)
+    "hf": {"epochs": 3, "lr": 5e-5, "weight_decay": 0.01, "warmup": 0.1},
 }
 
 
+def model_source(text: str) -> str:
+    """An argparse type: ``hf:minilm`` or ``hf:PATH`` (a Hugging Face checkpoint folder)."""
+    if not text.startswith("hf:") or len(text) == 3:
+        raise argparse.ArgumentTypeError(
+            f"expected hf:minilm or hf:PATH (a Hugging Face checkpoint folder), got {text!r}"
+        )
+    return text
+
+
 def recipe_defaults(args: argparse.Namespace) -> None:
-    """Fill the training flags left unset (None) with the encoder family's :data:`RECIPES`."""
-    recipe = RECIPES["gpt" if args.encoder == "gpt" else "jain-wallace"]
+    """Fill the training flags left unset (None) with the model family's :data:`RECIPES`."""
+    family = "hf" if getattr(args, "model", None) else "gpt" if args.encoder == "gpt" else "jain-wallace"
+    recipe = RECIPES[family]
     for key, value in recipe.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -107,11 +119,23 @@ def _add_gpt_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--gpt-config", choices=sorted(GPT_CONFIGS), default="small", help="model size without --pretrained")
     g.add_argument(
-        "--warmup", type=float, default=0.002, help="linear warm-up, as a fraction of the steps (default: 0.002)"
+        "--warmup",
+        type=float,
+        help="linear warm-up, as a fraction of the steps (default: gpt 0.002, GPT-1's; hf 0.1, BERT's)",
     )
 
 
 def _add_train_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        type=model_source,
+        help="fine-tune a Hugging Face sequence classifier instead of --encoder: hf:minilm (all-MiniLM-L6-v2, "
+        "fetched once) or hf:PATH (a local checkpoint folder; BERT-like or GPT-2-like); the battery tests its "
+        "own attention (the last layer's pooled row, per head)",
+    )
+    p.add_argument(
+        "--max-length", type=positive_int, default=64, help="--model hf: truncate to N tokens, specials included"
+    )
     p.add_argument(
         "--encoder",
         choices=sorted(ENCODERS) + ["gpt"],

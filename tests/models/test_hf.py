@@ -50,6 +50,7 @@ def ragged(family: str, rows: int = 7, width: int = 11, seed: int = 0):
 def hf_logits(model: HFClassifier, tokens, lengths):
     """The Hugging Face model's own forward (its pooling and head)."""
     out = model.hf(input_ids=tokens, attention_mask=token_mask(lengths, tokens.shape[1]).long())
+    torch.testing.assert_close(model(tokens, lengths)[0], out.logits)  # the training loop's forward
     return out.logits
 
 
@@ -139,3 +140,33 @@ def test_the_procedures_run_on_the_models_own_attention(family):
 def test_unsupported_models_are_named():
     with pytest.raises(ValueError, match="unsupported model Linear"):
         HFClassifier(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.network
+def test_minilm_loads_offline_and_its_pooled_row_decomposes_exactly():
+    """all-MiniLM-L6-v2 from its pinned wheel: the decomposition reproduces the real model's logits
+    (float64), before and after a renormalised removal of each row's top token."""
+    from attnmetrics.models.data import load_minilm
+
+    model, inputs = HFClassifier.from_pretrained(load_minilm(), num_labels=2)
+    model = HFClassifier(model.hf.eval().to(F64))
+    texts = ["a masterfully acted , fascinating film .", "it 's a bad , bad movie .", "fine"]
+    ids = inputs.encode(texts)
+    assert inputs.decode(ids[0])[:3] == ["[CLS]", "a", "master"]
+    lengths = torch.tensor([len(i) for i in ids])
+    tokens = torch.zeros(len(ids), int(lengths.max()), dtype=torch.int64)
+    for b, row in enumerate(ids):
+        tokens[b, : len(row)] = torch.tensor(row)
+    own = model.tested_attention(tokens, lengths)
+    assert own.attention.shape[1] == 12
+    torch.testing.assert_close(own.logits, hf_logits(model, tokens, lengths))
+    context = torch.einsum("bht,bhtd->bd", own.attention, own.values)
+    torch.testing.assert_close(own.decoder(context), own.logits, rtol=0, atol=1e-8)
+    tokens, lengths, attention, values = tokens[:2], lengths[:2], own.attention[:2], own.values[:2]  # L >= 2
+    top = attention.mean(1).argmax(-1)
+    removed = attention.clone()
+    removed[torch.arange(len(top)), :, top] = 0
+    removed = removed / removed.sum(-1, keepdim=True)
+    want = edited_forward(model, tokens, lengths, removed)
+    got = own.decoder(torch.einsum("bht,bhtd->bd", removed, values))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-8)

@@ -1,0 +1,72 @@
+"""`attnmetrics run --model hf:PATH` end to end on a slice of the real SST: a tiny randomly initialised
+BERT saved as a Hugging Face checkpoint folder (with a WordPiece tokenizer over SST's words), fine-tuned,
+the battery on its own attention, then `evaluate` on the saved checkpoint gives the same numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+from attnmetrics.app.cli import main  # noqa: E402
+from attnmetrics.models.data import load_dataset  # noqa: E402
+from tests.inputs import FAST_BATTERY, SST_DIR  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not SST_DIR.is_dir(), reason=f"real SST not found at {SST_DIR}")
+FLAGS = ["--dataset", "sst", "--data-dir", str(SST_DIR), "--limit", "120", "--threads", "1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    splits = load_dataset("sst", data_dir=SST_DIR)
+    words = sorted({w for text, _ in splits.train[:400] for w in text.lower().split()})
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    tokenizer.save_pretrained(folder)
+    config = transformers.BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=128,
+    )  # fmt: skip
+    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def test_run_fine_tunes_a_local_checkpoint_and_tests_its_own_attention(checkpoint, tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", *FLAGS, *FAST_BATTERY, "--model", f"hf:{checkpoint}", "--epochs", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert "own attention" in results["battery"] and results["model"]["encoder"] == "hf"
+    assert results["training"]["config"]["lr"] == 5e-5 and results["training"]["config"]["warmup"] == 0.1
+    assert len(results["heads"]["max attention"]) == 4  # per head
+    assert {"flip", "kendall", "permutation", "adversarial", "single_removal", "eraser"} <= set(results)
+    tokens = [t for e in results["examples"] for t in e["tokens"]]
+    assert "[CLS]" not in tokens and "[SEP]" not in tokens  # only the real tokens are shown and tested
+    again = tmp_path / "again"
+    assert (
+        main(
+            [
+                "evaluate",
+                str(out),
+                *FAST_BATTERY,
+                "--limit",
+                "120",
+                "--threads",
+                "1",
+                "--no-progress",
+                "--out",
+                str(again),
+            ]
+        )
+        == 0
+    )
+    reloaded = json.loads((again / "results.json").read_text())
+    assert reloaded["test"] == results["test"]
+    assert reloaded["flip"] == results["flip"] and reloaded["eraser"] == results["eraser"]
+
+
+def test_a_folder_without_a_checkpoint_is_named(tmp_path, capsys):
+    assert main(["run", *FLAGS, "--model", f"hf:{tmp_path}", "--out", str(tmp_path / "r")]) == 2
+    assert "is not a Hugging Face checkpoint folder (no config.json)" in capsys.readouterr().err
