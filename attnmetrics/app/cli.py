@@ -178,23 +178,13 @@ def _train(args, results: dict):
         "progress": not args.no_progress,
     }
     make = None
-    if args.model:
+    if args.model or args.encoder == "gpt":
         if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
-            raise ValueError("--consistent-adversary and --diagnostic train BiLSTM-family models, not --model hf")
-        model, vocab = _hf_model(args, splits, results)
-        tconf = TrainConfig(
-            **common,
-            amsgrad=False,
-            schedule="linear",
-            warmup=args.warmup,
-            decoupled_weight_decay=True,
-            sort_by_length=True,
-        )
-    elif args.encoder == "gpt":
-        if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
-            raise ValueError("--consistent-adversary and --diagnostic train BiLSTM-family models, not gpt")
-        model, vocab = _gpt_model(args, splits, results)
-        # GPT-1 sec. 4.1: linear warm-up then decay; decoupled weight decay as in their code.
+            raise ValueError(
+                f"--consistent-adversary and --diagnostic train BiLSTM-family models, not {args.model or 'gpt'}"
+            )
+        model, vocab = _hf_model(args, splits, results) if args.model else _gpt_model(args, splits, results)
+        # GPT-1 sec. 4.1 and BERT's fine-tuning: linear warm-up then decay, decoupled weight decay.
         # Batches of rows of similar length (J&W's code): a transformer computes attention over
         # padding and throws it away, and SST's rows run from 3 to 60 tokens.
         tconf = TrainConfig(
