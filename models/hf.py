@@ -291,6 +291,35 @@ class HFClassifier(nn.Module):
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         return self.decoder(hidden[rows, self.pooled(lengths)]), self.attend(hidden, lengths)
 
+    @property
+    def attention_layers(self) -> list[nn.Module]:
+        """Every layer's self-attention module, first to last."""
+        if self.family == "bert":
+            return [layer.attention.self for layer in self.base.encoder.layer]
+        return [block.attn for block in self.base.h]
+
+    @torch.no_grad()
+    def rollout(self, tokens: Tensor, lengths: Tensor, residual: float = 0.5) -> Tensor:
+        """Attention rollout's importance (Abnar & Zuidema 2020; docs/definitions.md §17): the
+        pooled position's row of :func:`attnmetrics.attention_rollout` over every layer's
+        attention, at the real tokens: ``[B, T - lead]``, zero past each row's."""
+        from attnmetrics.rollout import attention_rollout
+
+        B, T = tokens.shape
+        probs: list[Tensor] = []
+        layers = self.attention_layers
+        for module in layers:
+            module._attnmetrics_hook = lambda q, k, v, p, scaling: probs.append(p) or p
+        try:
+            self.base(input_ids=tokens, attention_mask=token_mask(lengths, T).long())
+        finally:
+            for module in layers:
+                del module._attnmetrics_hook
+        rolled = attention_rollout(torch.stack(probs, 1), lengths, residual)  # [B, T, T]
+        row = rolled[torch.arange(B, device=tokens.device), self.pooled(lengths)]
+        real = token_mask(lengths, T, self.lead, self.trail)
+        return (row * real)[:, self.lead :]
+
     @torch.no_grad()
     def tested_attention(self, tokens: Tensor, lengths: Tensor) -> TestedAttention:
         """The decomposition of the module docstring (call in eval mode).

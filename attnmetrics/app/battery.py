@@ -170,6 +170,14 @@ def collect(
             if "loo" in experiments:
                 scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
                 t0 = _lap(seconds, "loo", t0)
+            if hasattr(model, "rollout"):  # a transformer's attention rollout (Abnar & Zuidema 2020)
+                scores["rollout"] = model.rollout(tokens, lengths).to(out.attention.dtype)
+                t0 = _lap(seconds, "rollout", t0)
+                if "flip" in experiments:  # an importance to remove by, never an attention to set
+                    r = attnmetrics.flip_fraction(*args, order=scores["rollout"], never_flipped=never_flipped)
+                    acc["flip/rollout/removed"].append(r.removed.reshape(-1, len(lengths)).T)
+                    acc["flip/rollout/fraction"].append(r.fraction.reshape(-1, len(lengths)).T)
+                    t0 = _lap(seconds, "flip", t0)
             for a, b in combinations(scores, 2):
                 kt = attnmetrics.kendall_tau(scores[a], scores[b], out.lengths)
                 acc[f"kendall/{a} vs {b}/tau"].append(kt.tau)
@@ -264,7 +272,7 @@ def summarise(
     if "flip" in experiments:
         summary["flip"] = {}
         instances["flip"] = {}
-        for name in orders:
+        for name in dict.fromkeys(k.split("/")[1] for k in x if k.startswith("flip/")):  # orders (+ rollout)
             # sample after sample (app/table.py's layout)
             removed, fraction = x[f"flip/{name}/removed"].T.reshape(-1), x[f"flip/{name}/fraction"].T.reshape(-1)
             reps = removed.size // lengths.size  # random with several samples

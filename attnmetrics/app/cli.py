@@ -377,6 +377,8 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
         "gradient": gradient_importance(model, tokens, lengths_t),
         "loo": leave_one_out(model, tokens, lengths_t),
     }
+    if hasattr(model, "rollout"):
+        scores["rollout"] = model.rollout(tokens, lengths_t)
     order = removal_order(attention.double(), out.lengths)
     by_attention = inst.get("flip", {}).get("attention")
     examples = []

@@ -100,8 +100,9 @@ def render_token_view(results: dict, folder: str | Path) -> Path | None:
         title=f"attnmetrics token view: {cfg.get('dataset')} / {model.get('encoder', '?')} + {model.get('attention', '?')}",
         intro=(
             "Each row shades the tokens by one importance, darkest at the row's highest score: attention (the "
-            "tested attention, the head mean for a transformer's own), gradient (J&W's grad x input) and "
-            "leave-one-out (output TVD when the token is deleted). Hover a token for its score."
+            "tested attention, the head mean for a transformer's own), gradient (J&W's grad x input), "
+            "leave-one-out (output TVD when the token is deleted) and, for a Hugging Face transformer, attention "
+            "rollout. Hover a token for its score."
         ),
         examples=shown,
     )

@@ -42,6 +42,8 @@ def test_run_fine_tunes_a_local_checkpoint_and_tests_its_own_attention(checkpoin
     assert results["training"]["config"]["lr"] == 5e-5 and results["training"]["config"]["warmup"] == 0.1
     assert len(results["heads"]["max attention"]) == 4  # per head
     assert {"flip", "kendall", "permutation", "adversarial", "single_removal", "eraser"} <= set(results)
+    assert "rollout" in results["flip"] and "attention vs rollout" in results["kendall"]  # a transformer's extra
+    assert "rollout" in results["eraser"] and "rollout" in results["examples"][0]["scores"]
     tokens = [t for e in results["examples"] for t in e["tokens"]]
     assert "[CLS]" not in tokens and "[SEP]" not in tokens  # only the real tokens are shown and tested
     again = tmp_path / "again"

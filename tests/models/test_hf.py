@@ -170,3 +170,19 @@ def test_minilm_loads_offline_and_its_pooled_row_decomposes_exactly():
     want = edited_forward(model, tokens, lengths, removed)
     got = own.decoder(torch.einsum("bht,bhtd->bd", removed, values))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_rollout_is_the_pooled_row_of_the_models_own_attentions_rolled_out(family):
+    model = tiny(family)
+    tokens, lengths = ragged(family)
+    with torch.no_grad():  # the model's own output_attentions path, not our hook
+        mask = token_mask(lengths, tokens.shape[1]).long()
+        out = model.hf(input_ids=tokens, attention_mask=mask, output_attentions=True)
+    rolled = attnmetrics.attention_rollout(torch.stack(out.attentions, 1), lengths)
+    got = model.rollout(tokens, lengths)
+    real = token_mask(lengths, tokens.shape[1], model.lead, model.trail)
+    for b in range(len(lengths)):
+        p = 0 if family == "bert" else int(lengths[b]) - 1
+        want = rolled[b, p] * real[b]
+        torch.testing.assert_close(got[b], want[model.lead :], rtol=0, atol=1e-12)
