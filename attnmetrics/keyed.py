@@ -41,14 +41,6 @@ def _finalise(z: Tensor) -> Tensor:
     return z ^ _shr(z, 31)
 
 
-def _mix_int(z: int) -> int:
-    """``mix`` on a Python int, as uint64."""
-    z = (z + _GOLDEN) & _MASK
-    z = ((z ^ (z >> 30)) * _M1) & _MASK
-    z = ((z ^ (z >> 27)) * _M2) & _MASK
-    return z ^ (z >> 31)
-
-
 class KeyedRows(NamedTuple):
     """Per-instance random streams for the ops' ``generator`` argument.
 
@@ -61,9 +53,9 @@ class KeyedRows(NamedTuple):
 
     def bits(self, batch: int, count: int, device: torch.device | str | None = None, start: int = 0) -> Tensor:
         """``[batch, count]`` int64: outputs ``start`` to ``start + count - 1`` of each row's stream."""
-        seed = _mix_int(self.seed)
+        mixed = _finalise(torch.tensor(_signed(self.seed), device=device) + _signed(_GOLDEN))  # mix(seed)
         rows = torch.arange(self.offset, self.offset + batch, dtype=torch.int64, device=device)
-        key = _finalise((rows ^ _signed(seed)) + _signed(_GOLDEN))  # mix(mix(seed) ^ r)
+        key = _finalise((rows ^ mixed) + _signed(_GOLDEN))  # mix(mix(seed) ^ r)
         steps = torch.arange(start + 1, start + count + 1, dtype=torch.int64, device=device) * _signed(_GOLDEN)
         return _finalise(key[:, None] + steps)
 

@@ -35,7 +35,7 @@ from attnmetrics.models.bpe import EXTRACT, PAD, START, BPETokenizer
 from attnmetrics.models.classifier import ATTENTIONS, AttentionForward
 from attnmetrics.models.gpt import GPT, GPTConfig, causal_mask
 from attnmetrics.models.own_attention import extract_attention
-from attnmetrics.models.text import EncodedSplit
+from attnmetrics.models.text import TextEncoder
 from attnmetrics.protocol import TestedAttention, token_mask
 
 __all__ = ["PAD", "START", "EXTRACT", "GPTClassifier", "GPTClassifierConfig", "GPTInputs"]
@@ -65,7 +65,7 @@ class GPTClassifierConfig:
         return cls(**{**d, "gpt": GPTConfig.from_dict(d["gpt"])})
 
 
-class GPTInputs:
+class GPTInputs(TextEncoder):
     """GPT-1's input transformation for classification (sec. 3.3): a text becomes
     ``[<start>] + BPE ids + [<extract>]``, its BPE ids cut to the first ``context - 2`` so the
     row fits the model. Plays the part the word :class:`~attnmetrics.models.text.Vocabulary`
@@ -85,11 +85,6 @@ class GPTInputs:
         """Texts -> id lists ``[START, ids[: context - 2]..., EXTRACT]``."""
         keep = self.context - 2
         return [[START, *ids[:keep], EXTRACT] for ids in self.tokenizer.encode_batch(list(texts))]
-
-    def encode_split(self, pairs: Iterable[tuple[str, int]]) -> EncodedSplit:
-        """``(text, label)`` pairs -> :class:`EncodedSplit`."""
-        pairs = list(pairs)
-        return EncodedSplit(self.encode(t for t, _ in pairs), [int(y) for _, y in pairs])
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Each id's text on its own (byte-level BPE: a word's first piece carries its space)."""

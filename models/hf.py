@@ -26,6 +26,7 @@ decomposition against a real forward).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterable
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnmetrics.models.text import EncodedSplit
+from attnmetrics.models.text import TextEncoder
 from attnmetrics.protocol import TestedAttention, token_mask
 
 #: the name the attention function and its mask function are registered under
@@ -78,38 +79,10 @@ def register() -> None:
     AttentionMaskInterface.register(ATTENTION, eager_mask)
 
 
-class BertAfterAttention(nn.Module):
-    """A BERT-like classifier after the last layer's attention at ``[CLS]``: ``z`` (attention
-    output plus residual) ``[N, d]`` -> LayerNorm -> feed-forward with its residual and
-    LayerNorm -> pooler (dense, tanh) -> dropout -> classifier ``[N, C]``. Shares the model's
-    modules."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.layer, self.pooler = model.bert.encoder.layer[-1], model.bert.pooler
-        self.dropout, self.classifier = model.dropout, model.classifier
-
-    def forward(self, z: Tensor) -> Tensor:
-        y = self.layer.attention.output.LayerNorm(z)
-        h = self.layer.output(self.layer.intermediate(y), y)
-        return self.classifier(self.dropout(self.pooler(h[:, None])))
-
-
-class GPT2AfterAttention(nn.Module):
-    """A GPT-2-like classifier after the last block's attention at the pooled token: ``z``
-    ``[N, d]`` -> ``+ MLP(LN_2(z))`` -> final LayerNorm -> score ``[N, C]``."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.block, self.ln_f, self.score = model.transformer.h[-1], model.transformer.ln_f, model.score
-
-    def forward(self, z: Tensor) -> Tensor:
-        return self.score(self.ln_f(z + self.block.mlp(self.block.ln_2(z))))
-
-
 class _Head(nn.Module):
     """The protocol's decoder: the pooled final state ``[N, d]`` -> logits (BERT: pooler,
-    dropout, classifier; GPT-2: score; the final LayerNorm is in the encoder)."""
+    dropout, classifier; GPT-2: score; the final LayerNorm is in the encoder). Shares the
+    model's modules."""
 
     def __init__(self, model, family: str):
         super().__init__()
@@ -127,7 +100,45 @@ class _Head(nn.Module):
         return self.parts[0](context)
 
 
-class HFInputs:
+class BertAfterAttention(nn.Module):
+    """A BERT-like classifier after the last layer's attention at ``[CLS]``: ``z`` (attention
+    output plus residual) ``[N, d]`` -> LayerNorm -> feed-forward with its residual and
+    LayerNorm -> the head (pooler, dropout, classifier) ``[N, C]``."""
+
+    def __init__(self, model, head: _Head):
+        super().__init__()
+        self.layer, self.head = model.bert.encoder.layer[-1], head
+
+    def forward(self, z: Tensor) -> Tensor:
+        y = self.layer.attention.output.LayerNorm(z)
+        return self.head(self.layer.output(self.layer.intermediate(y), y))
+
+
+class GPT2AfterAttention(nn.Module):
+    """A GPT-2-like classifier after the last block's attention at the pooled token: ``z``
+    ``[N, d]`` -> ``+ MLP(LN_2(z))`` -> final LayerNorm -> the head (score) ``[N, C]``."""
+
+    def __init__(self, model, head: _Head):
+        super().__init__()
+        self.block, self.ln_f, self.head = model.transformer.h[-1], model.transformer.ln_f, head
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.head(self.ln_f(z + self.block.mlp(self.block.ln_2(z))))
+
+
+@contextlib.contextmanager
+def hooked(modules: list[nn.Module], hook):
+    """Give each attention module :func:`eager_attention`'s ``_attnmetrics_hook`` for the block."""
+    for module in modules:
+        module._attnmetrics_hook = hook
+    try:
+        yield
+    finally:
+        for module in modules:
+            del module._attnmetrics_hook
+
+
+class HFInputs(TextEncoder):
     """Texts -> the model's own token ids (its tokenizer: WordPiece, BPE, ...; no lower-casing or
     number replacement of ours), at most ``max_length`` ids with the tokenizer's special tokens."""
 
@@ -141,11 +152,6 @@ class HFInputs:
 
     def encode(self, texts: Iterable[str]) -> list[list[int]]:
         return self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
-
-    def encode_split(self, pairs: Iterable[tuple[str, int]]) -> EncodedSplit:
-        """``(text, label)`` pairs -> :class:`EncodedSplit`."""
-        pairs = list(pairs)
-        return EncodedSplit(self.encode(t for t, _ in pairs), [int(y) for _, y in pairs])
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Each id's token (``##`` pieces and ``Ġ`` spaces as the tokenizer writes them)."""
@@ -308,13 +314,8 @@ class HFClassifier(nn.Module):
         B, T = tokens.shape
         probs: list[Tensor] = []
         layers = self.attention_layers
-        for module in layers:
-            module._attnmetrics_hook = lambda q, k, v, p, scaling: probs.append(p) or p
-        try:
+        with hooked(layers, lambda q, k, v, p, scaling: probs.append(p) or p):
             self.base(input_ids=tokens, attention_mask=token_mask(lengths, T).long())
-        finally:
-            for module in layers:
-                del module._attnmetrics_hook
         rolled = attention_rollout(torch.stack(probs, 1), lengths, residual)  # [B, T, T]
         row = rolled[torch.arange(B, device=tokens.device), self.pooled(lengths)]
         real = token_mask(lengths, T, self.lead, self.trail)
@@ -342,13 +343,9 @@ class HFClassifier(nn.Module):
             captured.update(query=query, key=key, value=value, probs=probs, scaling=scaling)
             return probs
 
-        attention = self.last_attention
-        attention._attnmetrics_hook = hook
-        try:
+        with hooked([self.last_attention], hook):
             mask = token_mask(lengths, T).long()
             out = self.base(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
-        finally:
-            del attention._attnmetrics_hook
         x = out.hidden_states[-2][rows, p]  # the last layer's input at the pooled position
         logits = self.decoder(out.last_hidden_state[rows, p])
         q, k, v, probs = (captured[n] for n in ("query", "key", "value", "probs"))
@@ -356,11 +353,11 @@ class HFClassifier(nn.Module):
         if self.family == "bert":
             proj = self.base.encoder.layer[-1].attention.output.dense
             w_o, b_o = proj.weight, proj.bias  # [d, d] (out, in)
-            after = BertAfterAttention(self.hf)
+            after = BertAfterAttention(self.hf, self.decoder)
         else:
             proj = self.base.h[-1].attn.c_proj  # Conv1D: weight [in, out]
             w_o, b_o = proj.weight.T, proj.bias
-            after = GPT2AfterAttention(self.hf)
+            after = GPT2AfterAttention(self.hf, self.decoder)
         a = probs[rows, :, p]  # [B, heads, T]
         U = torch.einsum("bhsk,dhk->bhsd", v, w_o.view(-1, heads, dh))  # each head through its slice
         real = token_mask(lengths, T, self.lead, self.trail)

@@ -111,7 +111,20 @@ class EncodedSplit:
         return EncodedSplit(self.ids[:n], self.labels[:n])
 
 
-class Vocabulary:
+class TextEncoder:
+    """What turns texts into id lists (a word vocabulary, a BPE, a model's own tokenizer); a
+    subclass gives ``encode(texts) -> list[list[int]]`` and gets :meth:`encode_split`."""
+
+    def encode(self, texts: Iterable[str]) -> list[list[int]]:
+        raise NotImplementedError
+
+    def encode_split(self, pairs: Iterable[tuple[str, int]]) -> EncodedSplit:
+        """``(text, label)`` pairs -> :class:`EncodedSplit`."""
+        pairs = list(pairs)
+        return EncodedSplit(self.encode(t for t, _ in pairs), [int(y) for _, y in pairs])
+
+
+class Vocabulary(TextEncoder):
     """Word <-> id map; ids 0–3 are ``<PAD> <UNK> <SOS> <EOS>``, then words by frequency."""
 
     def __init__(self, words: Iterable[str]):
@@ -146,11 +159,6 @@ class Vocabulary:
     def encode(self, texts: Iterable[str]) -> list[list[int]]:
         """Texts -> id lists, each wrapped in ``<SOS> … <EOS>``."""
         return [self.encode_text(t) for t in texts]
-
-    def encode_split(self, pairs: Iterable[tuple[str, int]]) -> EncodedSplit:
-        """``(text, label)`` pairs -> :class:`EncodedSplit`."""
-        pairs = list(pairs)
-        return EncodedSplit(self.encode(t for t, _ in pairs), [int(y) for _, y in pairs])
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         return [self.itos[i] for i in ids]

@@ -52,6 +52,13 @@ def _lap(seconds: dict, name: str, start: float) -> float:
     return now
 
 
+def _keep_flip(acc: dict, name: str, r) -> None:
+    """A flip result's per-instance rows (``[B]``, or ``[samples, B]``: the samples side by side)."""
+    rows = r.removed.shape[-1]
+    acc[f"flip/{name}/removed"].append(r.removed.reshape(-1, rows).T)
+    acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1, rows).T)
+
+
 def run_battery(
     model: torch.nn.Module,
     batches: Iterable[tuple[Tensor, Tensor]],
@@ -91,8 +98,8 @@ def run_battery(
         numbered.append((first, tokens, lengths))
         first += len(lengths)
     x, seconds = collect(model, numbered, progress=progress, **settings)
-    for drawn in ("seed", "random_samples", "never_flipped"):  # used by collect only
-        settings.pop(drawn)
+    for name in ("orders", "seed", "random_samples", "never_flipped"):  # used by collect only
+        settings.pop(name)
     return summarise(x, seconds, class_names, **settings)
 
 
@@ -157,9 +164,7 @@ def collect(
                 r = attnmetrics.flip_fraction(
                     *args, order=name, samples=samples, generator=keyed["flip"], never_flipped=never_flipped
                 )
-                # one row per instance (its samples side by side)
-                acc[f"flip/{name}/removed"].append(r.removed.reshape(-1, len(lengths)).T)
-                acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1, len(lengths)).T)
+                _keep_flip(acc, name, r)
             t0 = _lap(seconds, "flip", t0)
         if "kendall" in experiments:
             scores = {
@@ -175,8 +180,7 @@ def collect(
                 t0 = _lap(seconds, "rollout", t0)
                 if "flip" in experiments:  # an importance to remove by, never an attention to set
                     r = attnmetrics.flip_fraction(*args, order=scores["rollout"], never_flipped=never_flipped)
-                    acc["flip/rollout/removed"].append(r.removed.reshape(-1, len(lengths)).T)
-                    acc["flip/rollout/fraction"].append(r.fraction.reshape(-1, len(lengths)).T)
+                    _keep_flip(acc, "rollout", r)
                     t0 = _lap(seconds, "flip", t0)
             for a, b in combinations(scores, 2):
                 kt = attnmetrics.kendall_tau(scores[a], scores[b], out.lengths)
@@ -255,12 +259,12 @@ def summarise(
     seconds: dict[str, float],
     class_names: Sequence[str],
     experiments: Sequence[str] = EXPERIMENTS,
-    orders: Sequence[str] = DEFAULT_ORDERS,
     permutations: int = 100,
     adversarial_steps: int = 500,
     adversarial_diversity: float = 1.0,
 ) -> tuple[dict, dict]:
-    """(summary, instances) for ``results.json`` from :func:`collect`'s (merged) values."""
+    """(summary, instances) for ``results.json`` from :func:`collect`'s (merged) values; the
+    flip orderings are those the values hold."""
     summary_seconds = {k: round(v, 3) for k, v in seconds.items()}
     lengths, predicted, max_attention = x["lengths"], x["predicted"], x["max_attention"]
     summary: dict = {"seconds": summary_seconds}
@@ -272,7 +276,7 @@ def summarise(
     if "flip" in experiments:
         summary["flip"] = {}
         instances["flip"] = {}
-        for name in dict.fromkeys(k.split("/")[1] for k in x if k.startswith("flip/")):  # orders (+ rollout)
+        for name in dict.fromkeys(k.split("/")[1] for k in x if k.startswith("flip/")):  # orders, rollout
             # sample after sample (app/table.py's layout)
             removed, fraction = x[f"flip/{name}/removed"].T.reshape(-1), x[f"flip/{name}/fraction"].T.reshape(-1)
             reps = removed.size // lengths.size  # random with several samples

@@ -282,7 +282,6 @@ def _battery(args, model, test, splits, results: dict, w: World) -> bool:
     mine = distributed.share(batches, [float(n.sum()) for _, _, n in batches], w)
     settings = dict(
         experiments=[e for e in EXPERIMENTS if e not in args.skip],
-        orders=args.orders,
         permutations=args.permutations,
         adversarial_steps=args.adversarial_steps,
         adversarial_diversity=PROTOCOLS[args.protocol].diversity_weight,
@@ -290,6 +289,7 @@ def _battery(args, model, test, splits, results: dict, w: World) -> bool:
     part = collect(
         model,
         mine,
+        orders=args.orders,
         seed=args.seed,
         random_samples=args.random_samples,
         never_flipped=float("nan") if args.never_flipped == "nan" else 1.0,
