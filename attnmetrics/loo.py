@@ -144,18 +144,19 @@ def leave_one_out(
     by the ``attnmetrics::leave_one_out_batch`` kernel for a group of rows at once. A
     model with the optional protocol method ``deletion_logits`` (see
     :class:`attnmetrics.AttentionClassifier`) computes the deletions' logits itself with
-    ``mode="delete"``, so it can reuse what a deletion leaves unchanged (J&W's BiLSTM:
-    the forward states before the token and the backward states after it).
+    ``mode="delete"``, and one with ``masking_logits`` the maskings' with ``mode="mask"``, so
+    it can reuse what the edit leaves unchanged (J&W's BiLSTM: the forward states before
+    the token and the backward states after it; GPT-1: the states before it).
     Rows are grouped by length, so each call holds sequences of a single length and
     carries no padding (packed RNNs then also take their faster uniform-length path).
     Each call holds at most about ``memory_budget`` bytes, estimated as
     ``sequences * width * (E + 8 H) * element_size`` with E and H the embedding and
     hidden sizes measured on the first call (a single row's deletions are split
     across calls if they exceed it, and then built one call at a time, so its
-    ``L·(L−1)`` token ids never exist at once), or, for ``deletion_logits``, as ``sequences *
-    width * position_bytes`` when the callable it returns has that attribute; on CPU
-    calls are also capped at :data:`CPU_CALL_BYTES` (32 MiB; also 32 MiB,
-    :data:`CPU_DELETION_CALL_BYTES`, for ``deletion_logits``), which ran faster per
+    ``L·(L−1)`` token ids never exist at once), or, for ``deletion_logits`` and
+    ``masking_logits``, as ``sequences * width * position_bytes`` when the callable they
+    return has that attribute; on CPU calls are also capped at :data:`CPU_CALL_BYTES`
+    (32 MiB; also 32 MiB, :data:`CPU_DELETION_CALL_BYTES`, for the model's own), which ran faster per
     token than larger ones. The model must treat rows independently.
 
     Args:
@@ -222,10 +223,11 @@ def leave_one_out(
             out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
 
             # Deletion batches: groups of rows, each contributing its real-token count.
-            if mode == "delete" and callable(getattr(model, "deletion_logits", None)):
+            reuse = _reuse(model, mode, mask_token)
+            if reuse is not None:
                 cap = CPU_DELETION_CALL_BYTES if device.type == "cpu" else memory_budget
                 parts = _deletions_by_model(
-                    model, tokens, lengths, rows, len_list, per_position, min(memory_budget, cap), classes
+                    model, tokens, lengths, rows, len_list, reuse, mode, per_position, min(memory_budget, cap), classes
                 )
             else:
                 parts = _deletions_by_kernel(
@@ -287,9 +289,21 @@ def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_toke
             yield source[part] + s, position[part], logits
 
 
-def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, budget, classes):
+def _reuse(model, mode: str, mask_token: int | None):
+    """The model's preparation of its deletions (``deletion_logits``) or maskings
+    (``masking_logits`` with the mask token) as a callable (embedded, lengths) -> logits(rows,
+    positions), or None when the model has no such method for ``mode``."""
+    if mode == "delete":
+        method = getattr(model, "deletion_logits", None)
+        return method if callable(method) else None
+    method = getattr(model, "masking_logits", None)
+    return (lambda embedded, lengths: method(embedded, lengths, mask_token)) if callable(method) else None
+
+
+def _deletions_by_model(model, tokens, lengths, rows, len_list, reuse, mode, per_position, budget, classes):
     """Yield what :func:`_deletions_by_kernel` does, with the logits from the model's
-    ``deletion_logits``: prepared once for a block of rows (within the budget), then fed
+    ``deletion_logits`` (``masking_logits`` in mask mode; ``reuse``, from :func:`_reuse`):
+    prepared once for a block of rows (within the budget), then fed
     the deletions of rows of about one length (within :data:`DELETION_BAND`) position by
     position, so the positions of one call are close together (what a deletion changes,
     and a reusing model recomputes, depends on where it is) and its rows pad little."""
@@ -297,11 +311,12 @@ def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, bu
     for bs, be in _length_groups([1] * len(len_list), len_list, per_position, budget, same_width=False):
         idx = rows[bs:be]
         block_lengths = lengths[idx]
-        deletions = model.deletion_logits(model.embed(tokens[idx, : len_list[be - 1]]), block_lengths)
+        deletions = reuse(model.embed(tokens[idx, : len_list[be - 1]]), block_lengths)
         position_bytes = getattr(deletions, "position_bytes", per_position)
         if isinstance(position_bytes, bool) or not isinstance(position_bytes, int) or position_bytes <= 0:
+            method = "deletion_logits" if mode == "delete" else "masking_logits"
             raise ValueError(
-                "model.deletion_logits(...).position_bytes must be a positive int (bytes per "
+                f"model.{method}(...).position_bytes must be a positive int (bytes per "
                 f"position of a call's deletions), got {position_bytes!r}"
             )
         for s, e in _bands(len_list[bs:be]):
@@ -310,7 +325,8 @@ def _deletions_by_model(model, tokens, lengths, rows, len_list, per_position, bu
             position = torch.arange(local.shape[0], device=device) - (torch.cumsum(real, 0) - real)[local - s]
             order = torch.argsort(position * (e - s) + local - s)  # position-major
             local, position = local[order], position[order]
-            per_call = max(1, budget // max(1, (len_list[bs + e - 1] - 1) * position_bytes))
+            seq_width = len_list[bs + e - 1] - (mode == "delete")
+            per_call = max(1, budget // max(1, seq_width * position_bytes))
             for c in range(0, local.shape[0], per_call):
                 r, k = local[c : c + per_call], position[c : c + per_call]
                 logits = _checked_logits(deletions(r, k + lead), r.shape[0], "the deletion batch", classes)

@@ -40,6 +40,9 @@ class AttentionClassifier(Protocol):
     #   ``lengths[rows[i]] - 1``); lets a model reuse the work a deletion leaves unchanged.
     #   The returned callable may carry ``position_bytes`` (int): about what a call holds per
     #   position of its deletions, by which leave_one_out sizes the calls to its memory budget.
+    # masking_logits(embedded [G, T, E], lengths [G], mask_token: int) -> logits(rows, positions)
+    #   -> [N, C]: the same with position ``positions[i]`` replaced by ``mask_token`` (the
+    #   length unchanged), for leave_one_out(mode="mask").
 
 
 def token_mask(lengths: Tensor, width: int, lead: int = 0, trail: int = 0) -> Tensor:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnmetrics.models.deletions import BiRNNDeletions, delete_positions, tanh_by_sigmoid
+from attnmetrics.models.deletions import BiRNNDeletions, delete_positions, mask_positions, tanh_by_sigmoid
 from attnmetrics.models.text import UNK
 from attnmetrics.protocol import token_mask
 
@@ -53,11 +53,16 @@ class _BiRNNEncoder(nn.Module):
         return out
 
     def deletions(
-        self, embedded: Tensor, lengths: Tensor, feature_map: Tensor | None = None, bias: Tensor | None = None
+        self,
+        embedded: Tensor,
+        lengths: Tensor,
+        feature_map: Tensor | None = None,
+        bias: Tensor | None = None,
+        replacement: Tensor | None = None,
     ) -> BiRNNDeletions:
-        """The rows' deletions, reusing the states each leaves unchanged: their hidden states,
-        or ``feature_map @ h + bias`` (models/deletions.py)."""
-        return BiRNNDeletions(self.rnn, embedded, lengths, feature_map, bias)
+        """The rows' deletions (or, with ``replacement [E]``, maskings), reusing the states each
+        leaves unchanged: their hidden states, or ``feature_map @ h + bias`` (models/deletions.py)."""
+        return BiRNNDeletions(self.rnn, embedded, lengths, feature_map, bias, replacement)
 
 
 class LSTMEncoder(_BiRNNEncoder):
@@ -113,10 +118,16 @@ class AverageEncoder(nn.Module):
         mask = token_mask(lengths, embedded.shape[1]).unsqueeze(-1).to(embedded.dtype)
         return torch.tanh(self.proj(embedded)) * mask
 
-    def deletions(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
-        """The rows' deletions: without context, each row's own outputs less the deleted position."""
+    def deletions(
+        self, embedded: Tensor, lengths: Tensor, replacement: Tensor | None = None
+    ) -> Callable[[Tensor, Tensor], Tensor]:
+        """The rows' deletions (or, with ``replacement [E]``, maskings): without context, each
+        row's own outputs less the deleted position (or with the replacement's output there)."""
         outputs = self(embedded, lengths)
-        return partial(delete_positions, outputs, lengths)
+        if replacement is None:
+            return partial(delete_positions, outputs, lengths)
+        masked = torch.tanh(self.proj(replacement))
+        return lambda rows, positions: mask_positions(outputs, lengths, masked, rows, positions)
 
 
 def _masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
@@ -358,36 +369,56 @@ class EncoderAttentionClassifier(AttentionForward, nn.Module):
         that callable carries ``position_bytes``, what a call holds per position of its
         deletions, by which ``leave_one_out`` sizes the calls.
         """
+        return self._one_token_logits(embedded, lengths, None)
+
+    def masking_logits(self, embedded: Tensor, lengths: Tensor, mask_token: int) -> Callable[[Tensor, Tensor], Tensor]:
+        """:meth:`deletion_logits` with position ``positions[i]`` replaced by ``mask_token``
+        instead of deleted (the row keeps its length): ``leave_one_out(mode="mask")``. The same
+        reuse: masking t leaves the forward states before t and the backward ones after it."""
+        replacement = self.embed(torch.tensor([[mask_token]], device=embedded.device))[0, 0].to(embedded.dtype)
+        return self._one_token_logits(embedded, lengths, replacement)
+
+    def _one_token_logits(
+        self, embedded: Tensor, lengths: Tensor, replacement: Tensor | None
+    ) -> Callable[[Tensor, Tensor], Tensor]:
+        """deletion_logits (``replacement`` None) or masking_logits (``replacement [E]``)."""
+        kept = lengths if replacement is not None else lengths - 1  # each result's length
         # concat/residual add the embedding past the encoder: those re-encode each deletion
         plain = self.config.regulariser not in ("concat", "residual")
         if plain and isinstance(self.encoder, _BiRNNEncoder) and hasattr(self.attention, "projection"):
-            return self._spliced_deletion_logits(embedded, lengths)
+            return self._spliced_logits(embedded, lengths, kept, replacement)
         if plain and hasattr(self.encoder, "deletions"):
-            encode = self.encoder.deletions(embedded, lengths)
+            encode = self.encoder.deletions(embedded, lengths, replacement=replacement)
         else:
 
             def encode(rows: Tensor, positions: Tensor) -> Tensor:
-                return self.encode(delete_positions(embedded, lengths, rows, positions), lengths[rows] - 1)
+                if replacement is None:
+                    edited = delete_positions(embedded, lengths, rows, positions)
+                else:
+                    edited = mask_positions(embedded, lengths, replacement, rows, positions)
+                return self.encode(edited, kept[rows])
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
             hidden = encode(rows, positions)
-            attention = self.attend(hidden, lengths[rows] - 1)
+            attention = self.attend(hidden, kept[rows])
             return self.decoder(torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1))
 
         return logits
 
-    def _spliced_deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
+    def _spliced_logits(
+        self, embedded: Tensor, lengths: Tensor, kept: Tensor, replacement: Tensor | None
+    ) -> Callable[[Tensor, Tensor], Tensor]:
         # Scores and decoder inputs depend on the hidden states through linear maps only: the
         # deletions give those features directly (attention projection ⊕ decoder input).
         projection = self.attention.projection
         A = projection.out_features
         maps = torch.cat([projection.weight, self.decoder.weight])  # [A + C, H]
         bias = None if projection.bias is None else F.pad(projection.bias, (0, self.decoder.out_features))
-        deletions = self.encoder.deletions(embedded, lengths, maps, bias)
+        deletions = self.encoder.deletions(embedded, lengths, maps, bias, replacement)
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
-            mapped = deletions.features(rows, positions)  # [N, W - 1, A + C], padding masked below
-            mask = token_mask(lengths[rows] - 1, mapped.shape[1], self.lead, self.trail)
+            mapped = deletions.features(rows, positions)  # [N, W (- 1), A + C], padding masked below
+            mask = token_mask(kept[rows], mapped.shape[1], self.lead, self.trail)
             attention = _masked_softmax(self.attention.score(mapped[..., :A], tanh_by_sigmoid), mask)
             out = (attention.unsqueeze(-1) * mapped[..., A:]).sum(1)
             return out if self.decoder.bias is None else out + self.decoder.bias

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnmetrics.protocol import token_mask
+
 #: Runs of one RNN call differ in length by at most this share of the shortest (the
 #: padding a call may carry): a few large calls beat many exact ones, up to a point.
 RUN_SLACK = 1 / 8
@@ -36,15 +38,20 @@ RUN_BATCH, RUN_ROUND = 64, 16
 ROUND_CELLS = 512
 
 
-def kept_positions(lengths: Tensor, positions: Tensor, width: int) -> tuple[Tensor, Tensor, Tensor]:
+def kept_positions(
+    lengths: Tensor, positions: Tensor, width: int, masked: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
     """For deletions with row lengths ``lengths [N]`` and deleted ``positions [N]``:
     ``source [N, width - 1]``, the original position that each new position holds
     (clamped into range past the end), ``before`` (new position < deleted one) and
-    ``valid`` (new position < length - 1), both bool ``[N, width - 1]``."""
-    j = torch.arange(width - 1, device=positions.device)
+    ``valid`` (new position < length - 1), both bool ``[N, width - 1]``. With ``masked``
+    the position is replaced, not deleted: ``width`` columns, each its own source, valid
+    below the length."""
+    keep = width if masked else width - 1
+    j = torch.arange(keep, device=positions.device)
     before = j < positions[:, None]
-    valid = j < (lengths - 1)[:, None]
-    source = torch.where(before, j, j + 1).clamp(max=width - 1)
+    valid = j < (lengths - (0 if masked else 1))[:, None]
+    source = j.expand_as(before) if masked else torch.where(before, j, j + 1).clamp(max=width - 1)
     return source, before, valid
 
 
@@ -54,6 +61,15 @@ def delete_positions(x: Tensor, lengths: Tensor, rows: Tensor, positions: Tensor
     width = int(lengths[rows].max())
     source, _, valid = kept_positions(lengths[rows], positions, width)
     return x[rows[:, None], source] * valid.unsqueeze(-1).to(x.dtype)
+
+
+def mask_positions(x: Tensor, lengths: Tensor, replacement: Tensor, rows: Tensor, positions: Tensor) -> Tensor:
+    """x [G, T, D] -> [N, W, D] (W the longest of the chosen rows): row ``rows[i]`` of ``x``
+    with position ``positions[i]`` set to ``replacement [D]``, zero past its ``lengths[rows[i]]``."""
+    width = int(lengths[rows].max())
+    out = x[rows, :width] * token_mask(lengths[rows], width).unsqueeze(-1).to(x.dtype)
+    out[torch.arange(rows.shape[0], device=rows.device), positions] = replacement
+    return out
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -174,6 +190,10 @@ class BiRNNDeletions:
     is mapped once: the rows' own when the block is prepared, a deletion's recomputed ones as
     they are run. Both land in one table, and a deletion's features at each position are the
     sum of two of its rows.
+
+    With ``replacement [E]`` (an embedded mask token) each position is replaced by it instead of
+    deleted (leave-one-out's mask mode): the same reuse, the rows keep their lengths, and the
+    results are ``[N, W, D]``, zero past ``lengths[row]``.
     """
 
     def __init__(
@@ -183,22 +203,25 @@ class BiRNNDeletions:
         lengths: Tensor,
         feature_map: Tensor | None = None,
         bias: Tensor | None = None,
+        replacement: Tensor | None = None,
     ):
         if not (rnn.bidirectional and rnn.num_layers == 1 and rnn.batch_first):
             raise ValueError("BiRNNDeletions needs a one-layer, bidirectional, batch_first RNN")
-        self.rnn, self.embedded, self.lengths = rnn, embedded, lengths
+        self.rnn, self.embedded, self.lengths, self.replacement = rnn, embedded, lengths, replacement
         if feature_map is None:
             feature_map = torch.eye(2 * rnn.hidden_size, dtype=embedded.dtype, device=embedded.device)
         self.maps = [half.contiguous() for half in feature_map.chunk(2, dim=1)]  # W_f, W_b
         self.weights = [_weights(rnn, r) for r in (False, True)]
         (self.hf, self.cf), (self.hb, self.cb) = (_row_states(rnn, embedded, lengths, r) for r in (False, True))
         # the table: row (g·T + p)·2 holds the forward half's features at position p of row g,
-        # + 1 the backward half's (with the bias: each position sums one old half and one new);
+        # + 1 the backward half's (with the bias: each position sums one old half and one new,
+        # but for a masked position's two new ones, whose backward step 0 gets the bias);
         # a call's recomputed states follow
         halves = [linear(h.view(-1, h.shape[-1]), m) for h, m in zip((self.hf, self.hb), self.maps)]
         self.table = torch.stack(halves, dim=1).flatten(0, 1)
         if bias is not None:
             self.table += bias
+        self.bias = bias
         self.reused = self.table.shape[0]
 
     def _room(self, rows: int) -> Tensor:
@@ -219,11 +242,14 @@ class BiRNNDeletions:
 
     def _runs(self, rows: Tensor, positions: Tensor) -> tuple[list[tuple], int]:
         """The recomputed runs of deletions ``rows [N]``, ``positions [N]``, per direction
-        (first position read, length, start states, the RNN calls), and the table rows needed."""
+        (first position read, length, start states, the RNN calls), and the table rows needed.
+        A deletion's runs start beside the deleted position, a masking's at it (its first
+        step reads the replacement)."""
         n = self.lengths[rows]
+        gap = 0 if self.replacement is not None else 1  # how far from the position each run starts
         runs = [
-            (positions + 1, n - 1 - positions, self._start(self.hf, self.cf, rows, positions - 1)),
-            (positions - 1, positions, self._start(self.hb, self.cb, rows, positions + 1)),
+            (positions + gap, n - positions - gap, self._start(self.hf, self.cf, rows, positions - 1)),
+            (positions - gap, positions + 1 - gap, self._start(self.hb, self.cb, rows, positions + 1)),
         ]
         plans, size = [], 0
         for first, count, states in runs:
@@ -235,14 +261,17 @@ class BiRNNDeletions:
         return plans, size
 
     def features(self, rows: Tensor, positions: Tensor) -> Tensor:
-        """The deletions' features ``[N, W - 1, D]``, not zeroed past each one's length.
+        """The deletions' features ``[N, W - 1, D]`` (maskings': ``[N, W, D]``), not zeroed past
+        each one's length.
 
         Only the forward direction over the suffix after the deleted position t (from the
         state before it) and the backward direction over the prefix before it (read in
         reverse, from the state after it) are run, in calls of runs of about one length.
         Each new position j then holds one reused and one recomputed state: before t, the
         old forward state at j and the new backward one (step t - 1 - j); from t on, the new
-        forward state (step j - t) and the old backward one at j + 1.
+        forward state (step j - t) and the old backward one at j + 1. A masking keeps every
+        position: before t the new backward state is step t - j, after it the old backward
+        one is at j, and position t itself holds the two new states of step 0.
         """
         device, width = rows.device, self.embedded.shape[1]
         plans, size = self._runs(rows, positions)
@@ -257,18 +286,24 @@ class BiRNNDeletions:
                 steps = torch.arange(counts[e - 1], device=device)[:, None]
                 at = first[idx][None] - steps if backward else first[idx][None] + steps
                 x = self.embedded[rows[idx][None], at.clamp(0, width - 1)]  # [L, n, E]
+                if self.replacement is not None:
+                    x[0] = self.replacement  # every run starts at the masked position
                 out = _run(self.rnn, self.weights[backward], x, *(None if h is None else h[idx] for h in states))
                 table[base : base + out.shape[0] * n] = linear(out.view(-1, out.shape[-1]), self.maps[backward])
+                if backward and self.replacement is not None and self.bias is not None:
+                    table[base : base + n] += self.bias  # step 0 (the masked position's two new halves)
                 start[-1][idx[: e - s]] = base + torch.arange(e - s, device=device)
                 stride[-1][idx[: e - s]] = n
                 base += out.shape[0] * n
-        n = self.lengths[rows]
-        source, before, _ = kept_positions(n, positions, int(n.max()))
+        n, masked = self.lengths[rows], self.replacement is not None
+        source, before, _ = kept_positions(n, positions, int(n.max()), masked)
         j = torch.arange(source.shape[1], device=device)
         t = positions[:, None]
         old = (rows[:, None] * width + source) * 2 + (~before).long()
         ahead = start[0][:, None] + (j - t).clamp(min=0) * stride[0][:, None]
-        back = start[1][:, None] + (t - 1 - j).clamp(min=0) * stride[1][:, None]
+        back = start[1][:, None] + (t - 1 + masked - j).clamp(min=0) * stride[1][:, None]
+        if masked:  # the masked position: both its states are new
+            old = torch.where(j == t, back, old)
         new = torch.where(before, back, ahead).clamp_(max=max(base - 1, 0))  # past the end: any row
         # a fused gather-and-add of the two rows of each position
         out = F.embedding_bag(torch.stack([old.view(-1), new.view(-1)], 1), table, mode="sum")
@@ -276,5 +311,6 @@ class BiRNNDeletions:
 
     def __call__(self, rows: Tensor, positions: Tensor) -> Tensor:
         out = self.features(rows, positions)
-        valid = torch.arange(out.shape[1], device=rows.device) < (self.lengths[rows] - 1)[:, None]
+        kept = self.lengths[rows] - (0 if self.replacement is not None else 1)
+        valid = torch.arange(out.shape[1], device=rows.device) < kept[:, None]
         return out * valid.unsqueeze(-1).to(out.dtype)

@@ -222,6 +222,22 @@ class GPTClassifier(AttentionForward, nn.Module):
         position left, so they get the position embeddings of their new places), each layer's
         queries attending to the cached prefix keys and values. In eval mode (no dropout).
         """
+        return self._one_token_logits(embedded, lengths, None)
+
+    def masking_logits(self, embedded: Tensor, lengths: Tensor, mask_token: int) -> Callable[[Tensor, Tensor], Tensor]:
+        """:meth:`deletion_logits` with position ``positions[i]`` replaced by ``mask_token``
+        instead of deleted (``leave_one_out(mode="mask")``): the same prefix reuse; the tokens
+        after p keep their positions."""
+        if not 0 <= mask_token < self.gpt.config.vocab_size:
+            raise ValueError(f"mask_token must be an id in [0, {self.gpt.config.vocab_size}), got {mask_token}")
+        replacement = self.gpt.tokens(torch.tensor(mask_token, device=embedded.device)).to(embedded.dtype)
+        return self._one_token_logits(embedded, lengths, replacement)
+
+    def _one_token_logits(
+        self, embedded: Tensor, lengths: Tensor, replacement: Tensor | None
+    ) -> Callable[[Tensor, Tensor], Tensor]:
+        """deletion_logits (``replacement`` None) or masking_logits (``replacement [d]``, the mask
+        token's word embedding)."""
         G, T, _ = embedded.shape
         blocks, positions_weight = self.gpt.blocks, self.gpt.positions.weight
         word = embedded - positions_weight[:T]  # embed added the position embeddings: take them off
@@ -232,16 +248,24 @@ class GPTClassifier(AttentionForward, nn.Module):
             x, _ = block(x, mask)
         hidden = x * token_mask(lengths, T).unsqueeze(-1).to(x.dtype)
 
+        masked = replacement is not None
+        kept = lengths if masked else lengths - 1  # each result's length
+
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
             start = int(positions.min())  # the states of every deletion before it are cached
-            short = lengths[rows] - 1
+            short = kept[rows]
             W = int(short.max())
-            new = torch.arange(start, W, device=rows.device)  # recomputed positions of the shortened rows
-            # the shortened row's position j holds the original token j, or j + 1 from the deleted one on
-            old = (new.unsqueeze(0) + (new.unsqueeze(0) >= positions.unsqueeze(1))).clamp(max=T - 1)
+            new = torch.arange(start, W, device=rows.device)  # recomputed positions of the edited rows
+            # the shortened row's position j holds the original token j, or j + 1 from the deleted
+            # one on; a masked row's holds token j
+            at = new.unsqueeze(0) >= positions.unsqueeze(1)
+            old = (new.unsqueeze(0) + (0 if masked else at)).clamp(max=T - 1)
             # packed: the suffixes' real positions only, so the position-wise maps skip the padding
             where = token_mask(short - start, W - start)  # [N, W - start]
-            x = (word[rows.unsqueeze(1), old] + positions_weight[start:W])[where]  # [M, d]
+            words = word[rows.unsqueeze(1), old]
+            if masked:
+                words[new.unsqueeze(0) == positions.unsqueeze(1)] = replacement
+            x = (words + positions_weight[start:W])[where]  # [M, d]
             suffix_mask = causal_mask(short, W)[:, :, start:]  # [N, 1, W - start, W]
             for block, (k, v) in zip(blocks, cache):
                 x, _ = block(x, suffix_mask, (k[rows, :, :start], v[rows, :, :start]), where)

@@ -1,6 +1,6 @@
-"""One-token deletions with reuse (models/deletions.py, EncoderAttentionClassifier.deletion_logits)
-against running the model on each shortened row alone, and leave_one_out through them
-against the per-sequence reference."""
+"""One-token deletions and maskings with reuse (models/deletions.py,
+EncoderAttentionClassifier.deletion_logits / masking_logits) against running the model on each
+edited row alone, and leave_one_out through them against the per-sequence reference."""
 
 import pytest
 import torch
@@ -32,17 +32,25 @@ def model_for(
     return EncoderAttentionClassifier(config).to(dtype).eval()
 
 
-def each_deletion_alone(model, embedded, lengths, rows, positions):
-    """The definition: delete the position, then encode the shortened row by itself."""
-    width = int(lengths[rows].max())  # the chunk's longest row
-    out = torch.zeros(len(rows), width - 1, model.encoder.output_size, dtype=embedded.dtype)
+def each_deletion_alone(model, embedded, lengths, rows, positions, replacement=None):
+    """The definition: delete the position (or set it to ``replacement``), then encode the
+    edited row by itself."""
+    masked = replacement is not None
+    width = int(lengths[rows].max()) - (not masked)  # the chunk's longest result
+    out = torch.zeros(len(rows), width, model.encoder.output_size, dtype=embedded.dtype)
     for i, (r, t) in enumerate(zip(rows.tolist(), positions.tolist())):
         n = int(lengths[r])
-        if n == 1:
+        if n == 1 and not masked:
             continue  # nothing is left to encode
-        x = torch.cat([embedded[r, :t], embedded[r, t + 1 : n]])[None]
-        out[i, : n - 1] = model.encode(x, torch.tensor([n - 1]))[0]
+        x = embedded[r, :n].clone()
+        x = torch.cat([x[:t], replacement[None], x[t + 1 :]]) if masked else torch.cat([x[:t], x[t + 1 :]])
+        out[i, : len(x)] = model.encode(x[None], torch.tensor([len(x)]))[0]
     return out
+
+
+def replacement_for(masked, dtype=F64):
+    """An embedded mask token (or None: delete)."""
+    return torch.linspace(-1, 1, 5, dtype=dtype) if masked else None
 
 
 def every_deletion(lengths):
@@ -62,15 +70,17 @@ REUSING = ["lstm", "gru", "average"]  # encoders with a `deletions` method
 
 @pytest.mark.parametrize("encoder", REUSING)
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
-def test_every_deletion_equals_encoding_the_shortened_row(encoder, dtype):
+@pytest.mark.parametrize("masked", [False, True])
+def test_every_deletion_equals_encoding_the_shortened_row(encoder, dtype, masked):
     model = model_for(encoder, dtype)
     lengths = torch.tensor([7, 2, 5, 9, 3])
     embedded = ragged_embeddings(lengths, 10, dtype)  # one column of extra padding
     rows, positions = every_deletion(lengths)
+    replacement = replacement_for(masked, dtype)
     with torch.no_grad():
-        got = model.encoder.deletions(embedded, lengths)(rows, positions)
-        want = each_deletion_alone(model, embedded, lengths, rows, positions)
-    assert got.shape == (len(rows), 8, model.encoder.output_size)
+        got = model.encoder.deletions(embedded, lengths, replacement=replacement)(rows, positions)
+        want = each_deletion_alone(model, embedded, lengths, rows, positions, replacement)
+    assert got.shape == (len(rows), 9 if masked else 8, model.encoder.output_size)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got, want, **tol)
 
@@ -92,19 +102,21 @@ def test_a_length_one_row_leaves_nothing(encoder):
 @given(
     lengths=st.lists(st.integers(1, 8), min_size=1, max_size=5),
     encoder=st.sampled_from(["lstm", "gru"]),
+    masked=st.booleans(),
     seed=st.integers(0, 2**16),
     data=st.data(),
 )
-def test_any_subset_of_deletions_in_any_order(lengths, encoder, seed, data):
+def test_any_subset_of_deletions_in_any_order(lengths, encoder, masked, seed, data):
     model = model_for(encoder, seed=seed % 3)
+    replacement = replacement_for(masked)
     lengths = torch.tensor(lengths)
     width = int(lengths.max()) + data.draw(st.integers(0, 2))
     embedded = ragged_embeddings(lengths, width, F64, seed)
     rows, positions = every_deletion(lengths)
     pick = torch.tensor(data.draw(st.lists(st.integers(0, len(rows) - 1), min_size=1, max_size=12)))
     with torch.no_grad():
-        got = model.encoder.deletions(embedded, lengths)(rows[pick], positions[pick])
-        want = each_deletion_alone(model, embedded, lengths, rows[pick], positions[pick])
+        got = model.encoder.deletions(embedded, lengths, replacement=replacement)(rows[pick], positions[pick])
+        want = each_deletion_alone(model, embedded, lengths, rows[pick], positions[pick], replacement)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
@@ -112,29 +124,36 @@ def test_any_subset_of_deletions_in_any_order(lengths, encoder, seed, data):
 @pytest.mark.parametrize("attention", sorted(ATTENTIONS))
 @pytest.mark.parametrize("classes", [1, 3])
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
-def test_deletion_logits_equal_the_model_on_each_shortened_row(encoder, attention, classes, dtype):
-    check_deletion_logits(model_for(encoder, dtype, seed=2, classes=classes, attention=attention), dtype)
+@pytest.mark.parametrize("masked", [False, True])
+def test_deletion_logits_equal_the_model_on_each_shortened_row(encoder, attention, classes, dtype, masked):
+    check_deletion_logits(model_for(encoder, dtype, seed=2, classes=classes, attention=attention), dtype, masked)
 
 
 @pytest.mark.parametrize("encoder", ["lstm", "average"])
 @pytest.mark.parametrize("regulariser", ["concat", "residual", "tying"])
-def test_deletion_logits_with_regularisers(encoder, regulariser):
-    check_deletion_logits(model_for(encoder, seed=3, regulariser=regulariser), F64)
+@pytest.mark.parametrize("masked", [False, True])
+def test_deletion_logits_with_regularisers(encoder, regulariser, masked):
+    check_deletion_logits(model_for(encoder, seed=3, regulariser=regulariser), F64, masked)
 
 
-def check_deletion_logits(model, dtype):
+def check_deletion_logits(model, dtype, masked):
+    """deletion_logits (masking_logits with mask token 1) against the model on each edited row."""
     lengths = torch.tensor([7, 3, 5, 9, 2])  # <SOS> ... <EOS>; the last row has no real token left
     embedded = ragged_embeddings(lengths, 10, dtype)
     rows = torch.repeat_interleave(torch.arange(5), lengths - 2)
     positions = torch.cat([torch.arange(1, int(n) - 1) for n in lengths])
     rows, positions = torch.cat([rows, torch.tensor([4])]), torch.cat([positions, torch.tensor([1])])
     with torch.no_grad():
-        got = model.deletion_logits(embedded, lengths)(rows, positions)
+        prepared = model.masking_logits(embedded, lengths, 1) if masked else model.deletion_logits(embedded, lengths)
+        got = prepared(rows, positions)
+        mask = model.embed(torch.tensor([[1]]))[0]
         want = []
         for r, t in zip(rows.tolist(), positions.tolist()):
             n = int(lengths[r])
-            hidden = model.encode(torch.cat([embedded[r, :t], embedded[r, t + 1 : n]])[None], torch.tensor([n - 1]))
-            attention_ = model.attend(hidden, torch.tensor([n - 1]))
+            middle = [mask] if masked else []
+            x = torch.cat([embedded[r, :t], *middle, embedded[r, t + 1 : n]])[None]
+            hidden = model.encode(x, torch.tensor([x.shape[1]]))
+            attention_ = model.attend(hidden, torch.tensor([x.shape[1]]))
             want.append(model.decoder(attention_ @ hidden[0]))
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got, torch.cat(want), **tol)
@@ -142,7 +161,8 @@ def check_deletion_logits(model, dtype):
 
 @pytest.mark.parametrize("encoder", sorted(ENCODERS))
 @pytest.mark.parametrize("classes", [1, 3])
-def test_leave_one_out_through_reuse_matches_the_reference(encoder, classes):
+@pytest.mark.parametrize("mode", ["delete", "mask"])
+def test_leave_one_out_through_reuse_matches_the_reference(encoder, classes, mode):
     model = model_for(encoder, classes=classes, seed=1)
     g = torch.Generator().manual_seed(7)
     lengths = torch.tensor([12, 3, 8, 8, 5, 11])
@@ -151,8 +171,10 @@ def test_leave_one_out_through_reuse_matches_the_reference(encoder, classes):
     tokens[:, 0] = 2
     tokens[pos == (lengths - 1)[:, None]] = 3
     tokens[pos >= lengths[:, None]] = 0
-    got = leave_one_out(model, tokens, lengths, memory_budget=4096)  # several calls, rows split
-    torch.testing.assert_close(got, leave_one_out_reference(model, tokens, lengths), rtol=1e-10, atol=1e-13)
+    kw = dict(mode="mask", mask_token=1) if mode == "mask" else {}
+    got = leave_one_out(model, tokens, lengths, memory_budget=4096, **kw)  # several calls, rows split
+    want = leave_one_out_reference(model, tokens, lengths, **kw)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-13)
 
 
 # ---- how the runs are cut into RNN calls, the growing table, the fast forms ------------------
@@ -169,7 +191,8 @@ def test_leave_one_out_through_reuse_matches_the_reference(encoder, classes):
         (64, 16, 0.125, 512),  # the defaults
     ],
 )
-def test_any_cut_of_the_runs_into_calls(encoder, batch, round_, slack, round_cells, monkeypatch):
+@pytest.mark.parametrize("masked", [False, True])
+def test_any_cut_of_the_runs_into_calls(encoder, batch, round_, slack, round_cells, masked, monkeypatch):
     for name, value in (
         ("RUN_BATCH", batch),
         ("RUN_ROUND", round_),
@@ -182,8 +205,8 @@ def test_any_cut_of_the_runs_into_calls(encoder, batch, round_, slack, round_cel
     embedded = ragged_embeddings(lengths, 9, F64, seed=4)
     rows, positions = every_deletion(lengths)
     with torch.no_grad():
-        got = model.encoder.deletions(embedded, lengths)(rows, positions)
-        want = each_deletion_alone(model, embedded, lengths, rows, positions)
+        got = model.encoder.deletions(embedded, lengths, replacement=replacement_for(masked))(rows, positions)
+        want = each_deletion_alone(model, embedded, lengths, rows, positions, replacement_for(masked))
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 

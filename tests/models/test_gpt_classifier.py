@@ -219,17 +219,23 @@ def test_rejects_bad_arguments():
         model.embed(torch.tensor([[START, VOCAB, EXTRACT]]))
 
 
-def _deleted_and_rerun(model, tokens, lengths, row: int, position: int) -> torch.Tensor:
-    """The paper's own step (J&W sec. 4.1): drop the token, run the shortened row alone."""
+MASK = 1  # any id: the mask token of leave-one-out's mask mode
+
+
+def _edited_and_rerun(model, tokens, lengths, row: int, position: int, masked: bool) -> torch.Tensor:
+    """The paper's own step (J&W sec. 4.1): drop the token (or put the mask token in its
+    place), run the edited row alone."""
     n = int(lengths[row])
-    short = torch.cat([tokens[row, :position], tokens[row, position + 1 : n]]).unsqueeze(0)
+    middle = [torch.tensor([MASK])] if masked else []
+    edited = torch.cat([tokens[row, :position], *middle, tokens[row, position + 1 : n]]).unsqueeze(0)
     with torch.no_grad():
-        return model(short, torch.tensor([n - 1]))[0][0]
+        return model(edited, torch.tensor([edited.shape[1]]))[0][0]
 
 
 @pytest.mark.parametrize("attention", ["tanh", "dot", "uniform"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_prefix_reuse_deletions_equal_deleting_and_rerunning(attention, seed):
+@pytest.mark.parametrize("masked", [False, True])
+def test_prefix_reuse_deletions_equal_deleting_and_rerunning(attention, seed, masked):
     # one call mixes rows and positions (the cached prefix is the call's smallest position);
     # row 1 has a single real token, whose deletion leaves <start> <extract> alone
     model = model_(attention, seed=seed, num_classes=3)
@@ -237,25 +243,39 @@ def test_prefix_reuse_deletions_equal_deleting_and_rerunning(attention, seed):
     rows = torch.tensor([0, 0, 0, 0, 1, 2, 2, 3, 4, 4])
     positions = torch.tensor([1, 2, 3, 4, 1, 1, 6, 2, 5, 3])
     with torch.no_grad():
-        got = model.deletion_logits(model.embed(tokens), lengths)(rows, positions)
+        embedded = model.embed(tokens)
+        prepared = model.masking_logits(embedded, lengths, MASK) if masked else model.deletion_logits(embedded, lengths)
+        got = prepared(rows, positions)
     for i, (r, p) in enumerate(zip(rows.tolist(), positions.tolist())):
-        torch.testing.assert_close(got[i], _deleted_and_rerun(model, tokens, lengths, r, p), rtol=0, atol=1e-10)
+        want = _edited_and_rerun(model, tokens, lengths, r, p, masked)
+        torch.testing.assert_close(got[i], want, rtol=0, atol=1e-10)
 
 
-def test_leave_one_out_uses_the_prefix_reuse(monkeypatch):
+@pytest.mark.parametrize("mode", ["delete", "mask"])
+def test_leave_one_out_uses_the_prefix_reuse(mode, monkeypatch):
     model = model_(seed=2)
     tokens, lengths = batch(2)
     calls = []
-    prepare = GPTClassifier.deletion_logits
+    name = "deletion_logits" if mode == "delete" else "masking_logits"
+    prepare = getattr(GPTClassifier, name)
 
-    def spy(self, embedded, lengths):
+    def spy(self, embedded, lengths, *mask_token):
         calls.append(embedded.shape)
-        return prepare(self, embedded, lengths)
+        return prepare(self, embedded, lengths, *mask_token)
 
-    monkeypatch.setattr(GPTClassifier, "deletion_logits", spy)
-    got = attnmetrics.leave_one_out(model, tokens, lengths)
-    assert calls, "leave_one_out did not take the model's deletion_logits"
-    torch.testing.assert_close(got, leave_one_out_reference(model, tokens, lengths), rtol=0, atol=1e-10)
+    monkeypatch.setattr(GPTClassifier, name, spy)
+    kw = dict(mode="mask", mask_token=MASK) if mode == "mask" else {}
+    got = attnmetrics.leave_one_out(model, tokens, lengths, **kw)
+    assert calls, f"leave_one_out did not take the model's {name}"
+    want = leave_one_out_reference(model, tokens, lengths, **kw)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+
+
+def test_masking_logits_rejects_a_mask_token_outside_the_vocabulary():
+    model = model_()
+    tokens, lengths = batch()
+    with pytest.raises(ValueError, match="mask_token"):
+        model.masking_logits(model.embed(tokens), lengths, VOCAB)
 
 
 def test_inputs_wrap_start_and_extract_and_fit_the_context():
