@@ -69,6 +69,10 @@ def _check_real(name: str, value, *, positive: bool = False) -> float:
 
 # ---- the optimisation ---------------------------------------------------------------------
 
+#: The candidates' logits on padding: softmax gives it exactly 0 (exp underflows), and
+#: log-softmax a finite value, so no mask is needed per step and no 0 * inf arises.
+PADDING_LOGIT = -1e30
+
 
 def _row_bytes(width: int, k: int, pairs: int, out_width: int, item: int) -> int:
     """Working memory of one row of a chunk, as measured on CPU: logits, gradient and Adam
@@ -88,49 +92,92 @@ def _chunks(lens: list[int], row_bytes, budget: int):
         s = e
 
 
+def _mix(a: Tensor, feats: Tensor) -> Tensor:
+    """The contexts [n, K, F] of attention a [n, K, heads, W] over feats [n, heads, W, F],
+    the heads' contexts summed."""
+    if feats.shape[-1] == 1:  # a sigmoid's projected values: a product and a sum beat n tiny matmuls
+        return (a * feats[:, None, ..., 0]).sum((2, 3)).unsqueeze(-1)
+    if a.shape[2] == 1:  # one head: a plain batched matmul
+        return torch.bmm(a[:, :, 0], feats[:, 0])
+    return torch.einsum("nkhw,nhwf->nkf", a, feats)
+
+
+def _unmix(d_mixed: Tensor, feats: Tensor) -> Tensor:
+    """The gradient in a [n, K, heads, W] of contexts whose gradient is d_mixed [n, K, F] (:func:`_mix`)."""
+    if feats.shape[-1] == 1:
+        return d_mixed[..., None] * feats[:, None, ..., 0]
+    if feats.shape[1] == 1:
+        return torch.bmm(d_mixed, feats[:, 0].transpose(1, 2)).unsqueeze(2)
+    return torch.einsum("nkf,nhwf->nkhw", d_mixed, feats)
+
+
 def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | None, classes: list[int]) -> Tensor:
     """Output distributions [n, K, C'] for attention a [n, K, heads, W] over feats
-    [n, heads, W, F] (the heads' contexts summed): projected values plus bias (linear
-    decoder) or decoder(contexts)."""
-    if a.shape[2] == 1:  # one head: a plain batched matmul
-        mixed = torch.bmm(a[:, :, 0], feats[:, 0])
-    else:
-        mixed = torch.einsum("nkhw,nhwf->nkf", a, feats)
+    [n, heads, W, F]: projected values plus bias (linear decoder) or decoder(contexts)."""
+    return _decode(_mix(a, feats), decoder, bias, classes)
+
+
+def _log_sum(p: Tensor, q: Tensor) -> Tensor:
+    """log(p + q), clamped so it stays finite where p + q = 0 (padding, whose gradient the
+    softmax's then zeroes: a = 0 there)."""
+    return torch.add(p, q).clamp_min_(torch.finfo(p.dtype).tiny).log_()
+
+
+def _gradient(z, alpha, y0, feats, decoder, bias, classes, penalty, margin, diversity) -> Tensor:
+    """The gradient in z of the objective summed over rows (a row's terms depend on its own
+    candidates only), from candidate logits z [n, K, heads, W] (:data:`PADDING_LOGIT` on
+    padding)::
+
+        -mean_k JSD(a_k, alpha) + penalty * mean_k ReLU(TVD_k - margin) - diversity * mean_{i<j} JSD(a_i, a_j)
+
+    a = softmax(z), and a JSD between multi-head candidates the mean over heads of the
+    per-head JSDs. In closed form, not through autograd (about 2x faster on J&W's SST battery,
+    the same values up to rounding): dJSD(p, q)/dp_t = (log p_t - log m_t)/2 with
+    m = (p + q)/2, so, per head, with P = K(K-1)/2 pairs,
+
+        dL/da_k = -(log a_k - log m(a_k, alpha)) / (2 K heads)
+                  - diversity * sum_{j != k} (log a_k - log m(a_k, a_j)) / (2 P heads)
+                  + penalty / K * [TVD_k > margin] * dTVD_k/da_k,
+
+    and dL/dz = a * (dL/da - sum_t a_t dL/da_t). Only the output term goes through autograd,
+    on the [n, K, F] contexts (the decoder, or the projected values' sum)."""
+    n, k, heads, _ = z.shape
+    la = torch.log_softmax(z, -1)  # about PADDING_LOGIT on padding, where a is exactly 0
+    a = torch.softmax(z, -1)  # not la.exp(): torch's exp ran 4x slower than softmax here
+    far = -0.5 / (k * heads)  # the weights of the two distance terms
+    apart = -0.5 * diversity / (k * (k - 1) // 2 * heads) if k > 1 else 0.0
+    # log m = log(p + q) - log 2: the log 2s and log a_k of every term at once
+    grad = torch.add(la, math.log(2)).mul_(far + apart * (k - 1))
+    grad.sub_(_log_sum(a, alpha), alpha=far)
+    if apart:
+        for d in range(1, k):  # the pairs (i, i + d), as slices
+            log_m = _log_sum(a[:, : k - d], a[:, d:])
+            grad[:, : k - d].sub_(log_m, alpha=apart)
+            grad[:, d:].sub_(log_m, alpha=apart)
+    # the output hinge, through the contexts mixed = sum_h a_h @ feats_h
+    with torch.enable_grad():
+        mixed = _mix(a, feats).requires_grad_(True)
+        change = 0.5 * (_decode(mixed, decoder, bias, classes) - y0).abs().sum(-1)
+        hinge = torch.relu(change - margin).sum() * (penalty / k)
+    if hinge.requires_grad:  # else a decoder that ignores its input: the output term is inert
+        (d_mixed,) = torch.autograd.grad(hinge, [mixed])  # [n, K, F]
+        grad += _unmix(d_mixed, feats)
+    # through the softmax
+    return grad.sub_((a * grad).sum(-1, keepdim=True)).mul_(a)
+
+
+def _decode(mixed: Tensor, decoder: Decoder | None, bias: Tensor | None, classes: list[int]) -> Tensor:
+    """Output distributions [n, K, C'] from contexts mixed [n, K, F]: plus bias (linear
+    decoder, projected values) or decoder(contexts)."""
     n, k, f = mixed.shape
     if decoder is None:
         logits = (mixed + bias).reshape(n * k, f)
     else:
-        logits = check_logits(decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None, dtype=a.dtype)
+        logits = check_logits(
+            decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None, dtype=mixed.dtype
+        )
         classes[:] = [logits.shape[1]]
     return output_distribution(logits).view(n, k, -1)
-
-
-def _mixture_xlogx(p: Tensor, q: Tensor) -> Tensor:
-    """sum_t m log m with m = (p + q) / 2. The clamp keeps the log finite where m = 0
-    (padding), so the gradient there is finite too, and is then masked."""
-    m = 0.5 * (p + q)
-    return (m * m.clamp_min(torch.finfo(m.dtype).tiny).log()).sum(-1)
-
-
-def _loss(
-    z, valid, alpha, alpha_xlogx, y0, feats, decoder, bias, classes, pair_i, pair_j, penalty, margin, diversity
-) -> Tensor:
-    """Sum over rows of -mean_k JSD(a_k, alpha) + penalty * mean_k ReLU(TVD_k - margin)
-    - diversity * mean_{i<j} JSD(a_i, a_j), from candidate logits z [n, K, heads, W]; a
-    JSD between multi-head candidates is the mean over heads of the per-head JSDs.
-
-    JSD(p, q) = (sum p log p + sum q log q) / 2 - sum m log m, m = (p + q) / 2, with
-    0 log 0 = 0: log a is -inf on padding, so it is zeroed before multiplying."""
-    la = torch.log_softmax(z.masked_fill(~valid, -math.inf), -1)
-    a = la.exp()  # exactly 0 on padding
-    a_xlogx = (a * la.masked_fill(~valid, 0.0)).sum(-1)  # [n, K, heads]
-    far = (0.5 * (a_xlogx + alpha_xlogx) - _mixture_xlogx(a, alpha)).mean(-1)  # [n, K]
-    change = 0.5 * (_outputs(a, feats, decoder, bias, classes) - y0).abs().sum(-1)
-    loss = penalty * torch.relu(change - margin).mean(1) - far.mean(1)
-    if pair_i.numel() and diversity:
-        cross = 0.5 * (a_xlogx[:, pair_i] + a_xlogx[:, pair_j]) - _mixture_xlogx(a[:, pair_i], a[:, pair_j])
-        loss = loss - diversity * cross.mean(-1).mean(1)
-    return loss.sum()
 
 
 def adversarial_attention(
@@ -271,7 +318,6 @@ def adversarial_attention(
         head, out_width = None, c
     else:
         feats_all, bias, head, out_width = vals, None, decoder, 2 * hidden
-    pair_i, pair_j = torch.triu_indices(k, k, 1, device=device)
     classes: list[int] = []
 
     rows = torch.nonzero(lengths >= 2).squeeze(1)
@@ -279,7 +325,7 @@ def adversarial_attention(
     lens = lengths[rows].tolist()
 
     def row_bytes(w):
-        return heads * _row_bytes(w, k, pair_i.numel(), out_width, item)
+        return heads * _row_bytes(w, k, k * (k - 1) // 2, out_width, item)
 
     for s, e in _chunks(lens, row_bytes, budget):
         idx, w = rows[s:e], lens[e - 1]
@@ -289,32 +335,16 @@ def adversarial_attention(
         feats = feats_all[idx, :, :w].masked_fill(~mask[idx, None, :w, None], 0.0)  # [n, heads, w, F]
         if not linear:  # (projected values were checked) NaN contexts would be blamed on the decoder
             check_values_finite(feats if multi else feats[:, 0], lengths[idx], idx)
-        alpha_xlogx = torch.special.xlogy(alpha, alpha).sum(-1)  # [n, 1, heads]
         with torch.no_grad():
             y0 = _outputs(alpha, feats, head, bias, classes)  # [n, 1, C']
         start = -torch.log(lengths[idx].to(dtype))[:, None, None, None]
-        z = (start + init_std * noise[idx, :, :, :w]).masked_fill(~valid, 0.0).requires_grad_(True)
-        opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad)
-        with torch.enable_grad():
+        z = (start + init_std * noise[idx, :, :, :w]).masked_fill(~valid, PADDING_LOGIT).requires_grad_(True)
+        # fused: Adam's update in one pass over z (torch >= 2.4 on the CPU), not six
+        opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad, fused=True)
+        with torch.no_grad():
             for _ in range(steps):
-                loss = _loss(
-                    z,
-                    valid,
-                    alpha,
-                    alpha_xlogx,
-                    y0,
-                    feats,
-                    head,
-                    bias,
-                    classes,
-                    pair_i,
-                    pair_j,
-                    penalty,
-                    margin,
-                    diversity,
-                )
-                (z.grad,) = torch.autograd.grad(loss, [z])
-                opt.step()
+                z.grad = _gradient(z, alpha, y0, feats, head, bias, classes, penalty, margin, diversity)
+                opt.step()  # padding's gradient is exactly 0: its logits stay put
 
         with torch.no_grad():
             a = torch.softmax(z.detach().masked_fill(~valid, -math.inf), -1)  # [n, K, heads, w]

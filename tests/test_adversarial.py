@@ -379,3 +379,47 @@ def test_diversity_weight_changes_the_search_and_is_validated():
     assert (runs[0] - runs[1]).abs().max() > 1e-6
     with pytest.raises(ValueError, match="diversity_weight must be a finite number >= 0"):
         adversarial_attention(att, values, dec, lengths, diversity_weight=-1.0)
+
+
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("classes", [1, 3])
+@pytest.mark.parametrize("decoder", ["linear", "mlp"])
+@pytest.mark.parametrize("k, diversity", [(1, 1.0), (2, 0.0), (5, 1.0), (4, 0.16)])
+def test_closed_form_gradient_equals_autograd_of_the_objective(heads, classes, decoder, k, diversity):
+    # the objective written from the definition (docs/definitions.md §10) with the references'
+    # JSD and TVD, per row, differentiated by autograd; margin 0.01 so some hinges are active
+    from attnmetrics.adversarial import PADDING_LOGIT, _gradient, _outputs
+    from attnmetrics.reference import jsd_reference, tvd_reference
+
+    g = seeded(3)
+    n, width, hidden = 6, 7, 4
+    lengths = torch.tensor([7, 2, 5, 3, 7, 4])
+    valid = (torch.arange(width) < lengths[:, None])[:, None, None]  # [n, 1, 1, W]
+    alpha = torch.randn(n, 1, heads, width, generator=g, dtype=F64).masked_fill(~valid, -math.inf).softmax(-1)
+    values = torch.randn(n, heads, width, hidden, generator=g, dtype=F64).masked_fill(~valid[:, 0, :, :, None], 0)
+    torch.manual_seed(0)
+    if decoder == "linear":
+        linear = nn.Linear(hidden, classes).double()
+        feats, bias, dec = values @ linear.weight.T, linear.bias.detach(), None
+        decode = lambda ctx: linear(ctx)
+    else:
+        dec = nn.Sequential(nn.Linear(hidden, 5), nn.Tanh(), nn.Linear(5, classes)).double()
+        feats, bias, decode = values, None, dec
+    z = torch.randn(n, k, heads, width, generator=g, dtype=F64).masked_fill(~valid, PADDING_LOGIT)
+    y0 = _outputs(alpha, feats, dec, bias, [])
+    got = _gradient(z, alpha, y0, feats, dec, bias, [], 500.0, 0.01, diversity)
+
+    want = torch.zeros_like(z)
+    for b in range(n):
+        L = int(lengths[b])
+        zb = z[b, :, :, :L].clone().requires_grad_(True)
+        a = zb.softmax(-1)  # [K, heads, L]
+        y = output_distribution(decode(torch.einsum("khl,hlf->kf", a, values[b, :, :L])))
+        far = jsd_reference(a, alpha[b, :, :, :L]).mean(-1)
+        loss = -far.mean() + 500.0 * torch.relu(tvd_reference(y, y0[b]) - 0.01).mean()
+        if k > 1:
+            pairs = jsd_reference(a[:, None], a[None]).mean(-1)  # ordered pairs: twice the i < j ones
+            loss = loss - diversity * pairs.sum() / (k * (k - 1))
+        (want[b, :, :, :L],) = torch.autograd.grad(loss, [zb])
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+    assert (got[~valid.expand_as(got)] == 0).all()
