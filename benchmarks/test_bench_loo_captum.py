@@ -1,0 +1,130 @@
+"""Leave-one-out against Captum's ``FeatureAblation``, the peer a user reaches for today.
+
+Run: OMP_NUM_THREADS=1 python -m pytest benchmarks/test_bench_loo_captum.py --benchmark-only -q
+(skipped without Captum: ``pip install captum``).
+
+Same model and inputs as ``test_bench_loo.py`` (J&W's BiLSTM + additive attention, random
+weights, E 50, H 128 per direction, one sigmoid output; SST-like B = 1,821 with 10–55 real
+tokens, IMDB-like B = 100 with 20–400). Captum ablates one feature per real token (token k of
+every row is feature k; ``<SOS>``, ``<EOS>`` and padding share one more feature, whose
+ablation is run and ignored), replacing it with the mask token, and reports
+``p(x) − p(x with the token masked)`` for the sigmoid output, whose absolute value is the TVD
+that ``leave_one_out(mode="mask")`` returns: the two are checked equal before timing.
+
+Two Captum users:
+
+- **stock**: one ``attribute`` call over the whole padded batch, at the best
+  ``perturbations_per_eval`` of :data:`PER_EVAL` (each timed; the best is the one compared);
+- **length-bucketed**: rows grouped by length, one call per length (no padding, and each
+  call ablates only the features its rows have), ``perturbations_per_eval`` chosen so a
+  forward holds about :data:`BUCKET_ROWS` rows.
+
+Ours: ``leave_one_out`` with ``mode="mask"`` and with ``mode="delete"`` (J&W's; Captum cannot
+delete, so that ratio compares the same question asked J&W's way), from a cold start.
+``extra_info`` records every time, the ratios, threads and load.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from attnmetrics import leave_one_out
+from benchmarks.measure import median_seconds
+from benchmarks.test_bench_loo import CASES, make_batch, make_model
+
+captum_attr = pytest.importorskip("captum.attr", reason="Captum is optional: pip install captum")
+
+MASK = 1  # the mask token (id 1 is <UNK> in our vocabularies; any id works)
+#: perturbations_per_eval tried for the stock user (Captum's default is 1)
+PER_EVAL = (1, 4, 16)
+#: the length-bucketed user's forwards hold about this many rows
+BUCKET_ROWS = 1024
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def captum_loo(model, tokens, lengths, per_eval):
+    """TVD of masking each real token, the way a Captum user computes it: ``[B, T - 1]`` laid
+    out as ``leave_one_out``'s (entry k is real token k + 1)."""
+    batch, width = tokens.shape
+    positions = torch.arange(width)
+    real = (positions >= 1) & (positions < (lengths - 1)[:, None])
+    # real token k -> feature k; <SOS>, <EOS> and padding -> feature width (ablated, ignored)
+    feature_mask = torch.where(real, positions - 1, width).expand(batch, width)
+
+    def probability(tokens, lengths):
+        with torch.no_grad():
+            return torch.sigmoid(model(tokens, lengths)[0][:, 0])
+
+    ablation = captum_attr.FeatureAblation(probability)
+    attribution = ablation.attribute(
+        tokens,
+        baselines=MASK,
+        additional_forward_args=(lengths,),
+        feature_mask=feature_mask,
+        perturbations_per_eval=per_eval,
+    )
+    out = torch.zeros(batch, width - 1, dtype=torch.float32)
+    out[real[:, 1:]] = attribution[:, 1:][real[:, 1:]].abs().float()
+    return out
+
+
+def captum_loo_bucketed(model, tokens, lengths):
+    """:func:`captum_loo` per group of rows of one length, cut to that length."""
+    out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1)
+    for n in lengths.unique().tolist():
+        rows = torch.nonzero(lengths == n).squeeze(1)
+        per_eval = max(1, BUCKET_ROWS // len(rows))
+        out[rows, : n - 1] = captum_loo(model, tokens[rows, :n], lengths[rows], per_eval)
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_leave_one_out_vs_captum(benchmark, case):
+    model = make_model()
+    batch, lo, hi = CASES[case]
+    per_evals = PER_EVAL
+    if benchmark.disabled:  # CI's smoke run: the same code paths on a fraction of the work
+        batch, hi, per_evals = min(batch, 16), min(hi, lo + 10), PER_EVAL[:1]
+    tokens, lengths = make_batch(batch, lo, hi)
+    load_before = os.getloadavg()[0]
+    benchmark.group = f"loo-captum-{case}"
+    masked = benchmark.pedantic(
+        leave_one_out, args=(model, tokens, lengths), kwargs=dict(mode="mask", mask_token=MASK), rounds=1
+    )
+    mask_s = median_seconds(benchmark, lambda: leave_one_out(model, tokens, lengths, mode="mask", mask_token=MASK))
+    _, delete_s = timed(lambda: leave_one_out(model, tokens, lengths))
+    bucketed, bucketed_s = timed(lambda: captum_loo_bucketed(model, tokens, lengths))
+    # numbers first: Captum's masking equals ours (float32 BiLSTM: batch composition moves the last bits)
+    torch.testing.assert_close(masked, bucketed, rtol=1e-3, atol=1e-5)
+    stock_s = {}
+    for per_eval in per_evals:
+        stock, stock_s[per_eval] = timed(lambda: captum_loo(model, tokens, lengths, per_eval))
+        torch.testing.assert_close(masked, stock, rtol=1e-3, atol=1e-5)
+    best = min(stock_s, key=stock_s.get)
+    benchmark.extra_info.update(
+        rows=int(lengths.shape[0]),
+        mean_length=float(lengths.double().mean()),
+        maskings=int((lengths - 2).sum()),
+        threads=torch.get_num_threads(),
+        load_average_before=load_before,
+        leave_one_out_mask_s=mask_s,
+        leave_one_out_delete_s=delete_s,
+        captum_bucketed_s=bucketed_s,
+        captum_stock_s={str(k): v for k, v in stock_s.items()},
+        captum_stock_best_per_eval=best,
+        mask_speedup_vs_bucketed=bucketed_s / mask_s,
+        mask_speedup_vs_stock=stock_s[best] / mask_s,
+        delete_speedup_vs_bucketed=bucketed_s / delete_s,
+        delete_speedup_vs_stock=stock_s[best] / delete_s,
+        max_abs_diff_vs_captum=float((masked - bucketed).abs().max()),
+        load_average_after=os.getloadavg()[0],
+    )
