@@ -115,3 +115,69 @@ def test_gradient_importance_non_finite_model():
 
     with pytest.raises(ValueError, match="gradient importance is not finite in row 0"):
         gradient_importance(InfGradient(), tokens, lengths)
+
+
+def integrated_gradients_loop(model, tokens, lengths, steps):
+    """Integrated gradients from the definition (Sundararajan et al. 2017, eq. 1), one instance
+    at a time: the path from the baseline (real tokens' embeddings zeroed) to the input, the
+    integral by Gauss–Legendre on [0, 1] with ``steps`` nodes (numpy's), the gradient of the
+    predicted class's probability at each node by autograd; |sum over the embedding| per token,
+    L1-normalised over the real tokens."""
+    import numpy as np
+
+    nodes, weights = np.polynomial.legendre.leggauss(steps)
+    out = []
+    for b in range(tokens.shape[0]):
+        L = int(lengths[b])
+        lens = lengths[b : b + 1]
+        x = model.embed(tokens[b : b + 1, :L]).detach()
+        base = x.clone()
+        base[:, model.lead : L - model.trail] = 0
+
+        def probs(e):
+            h = model.encode(e, lens)
+            return output_distribution(model.decoder((model.attend(h, lens)[..., None] * h).sum(1)))[0]
+
+        with torch.no_grad():
+            target = int(probs(x).argmax())
+        total = torch.zeros_like(x)
+        for node, weight in zip(nodes, weights):
+            point = (base + (node + 1) / 2 * (x - base)).requires_grad_(True)
+            (grad,) = torch.autograd.grad(probs(point)[target], point)
+            total += weight / 2 * grad
+        score = ((x - base) * total).sum(-1)[0].abs()[model.lead : L - model.trail]
+        out.append(score / score.sum())
+    return out
+
+
+@pytest.mark.parametrize("classes", [1, 3])
+@pytest.mark.parametrize("steps", [1, 7, 50])
+def test_integrated_gradients_match_the_definition(classes, steps):
+    pytest.importorskip("captum.attr", reason="integrated gradients come from Captum (optional)")
+    from attnmetrics.importance import integrated_gradients
+
+    model = ToyClassifier(classes=classes)
+    tokens, lengths = toy_batch()
+    got = integrated_gradients(model, tokens, lengths, steps=steps)
+    want = integrated_gradients_loop(model, tokens, lengths, steps)
+    assert got.shape == (tokens.shape[0], tokens.shape[1] - 1) and got.dtype == torch.float64
+    for b, w in enumerate(want):
+        # Captum casts the quadrature weights to float32: 1e-8 apart, not 1e-15
+        torch.testing.assert_close(got[b, : w.numel()], w, rtol=1e-6, atol=1e-9)
+        assert (got[b, w.numel() :] == 0).all()
+
+
+def test_integrated_gradients_errors(monkeypatch):
+    pytest.importorskip("captum.attr", reason="integrated gradients come from Captum (optional)")
+    from attnmetrics.importance import integrated_gradients
+
+    model = ToyClassifier().train()
+    tokens, lengths = toy_batch()
+    integrated_gradients(model, tokens, lengths, steps=2)
+    assert model.training
+    for steps in (0, 2.5, True):
+        with pytest.raises(ValueError, match="steps must be an int >= 1"):
+            integrated_gradients(model, tokens, lengths, steps=steps)
+    monkeypatch.setitem(__import__("sys").modules, "captum.attr", None)  # as if Captum were absent
+    with pytest.raises(ImportError, match="pip install captum"):
+        integrated_gradients(model, tokens, lengths)

@@ -29,7 +29,7 @@ from attnmetrics.app.summaries import (
     tau_summary,
 )
 from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
-from attnmetrics.importance import gradient_importance
+from attnmetrics.importance import gradient_importance, integrated_gradients
 from attnmetrics.loo import leave_one_out
 from attnmetrics.models.tutek import single_token_test
 from attnmetrics.permutation import draw_seed
@@ -72,6 +72,7 @@ def run_battery(
     adversarial_steps: int = 500,
     progress: bool = True,
     adversarial_diversity: float = 1.0,
+    ig_steps: int = 0,
 ) -> tuple[dict, dict]:
     """Run the chosen experiments over ``batches`` of (tokens [B, T] int64, lengths [B] int64),
     special tokens included, on the model's device (each batch is moved there). The batches'
@@ -92,13 +93,14 @@ def run_battery(
         permutations=permutations,
         adversarial_steps=adversarial_steps,
         adversarial_diversity=adversarial_diversity,
+        ig_steps=ig_steps,
     )
     numbered, first = [], 0
     for tokens, lengths in batches:
         numbered.append((first, tokens, lengths))
         first += len(lengths)
     x, seconds = collect(model, numbered, progress=progress, **settings)
-    for name in ("orders", "seed", "random_samples", "never_flipped"):  # used by collect only
+    for name in ("orders", "seed", "random_samples", "never_flipped", "ig_steps"):  # used by collect only
         settings.pop(name)
     return summarise(x, seconds, class_names, **settings)
 
@@ -121,6 +123,7 @@ def collect(
     permutations: int = 100,
     adversarial_steps: int = 500,
     adversarial_diversity: float = 1.0,
+    ig_steps: int = 0,
     progress: bool = True,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The battery's per-instance values over ``batches`` of (first, tokens, lengths): ``first``
@@ -130,7 +133,9 @@ def collect(
 
     Returns (values, seconds): ``values[name]`` an array with one entry (a row of
     ``random_samples`` for the random flip order) per instance, ``values["instance"]`` the
-    global indices; ``seconds[part]`` wall time summed over the batches.
+    global indices; ``seconds[part]`` wall time summed over the batches. With ``ig_steps``,
+    integrated gradients (Captum, that many integration points) join the importances: a
+    Kendall τ partner, a flip-search and an ERASER ordering.
     """
     unknown = set(experiments) - set(EXPERIMENTS)
     if unknown:
@@ -175,12 +180,17 @@ def collect(
             if "loo" in experiments:
                 scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
                 t0 = _lap(seconds, "loo", t0)
+            extra = {}
             if hasattr(model, "rollout"):  # a transformer's attention rollout (Abnar & Zuidema 2020)
-                scores["rollout"] = model.rollout(tokens, lengths).to(out.attention.dtype)
-                t0 = _lap(seconds, "rollout", t0)
+                extra["rollout"] = lambda: model.rollout(tokens, lengths)
+            if ig_steps:  # integrated gradients (Sundararajan et al. 2017), through Captum
+                extra["ig"] = lambda: integrated_gradients(model, tokens, lengths, steps=ig_steps)
+            for name, compute in extra.items():
+                scores[name] = compute().to(out.attention.dtype)
+                t0 = _lap(seconds, name, t0)
                 if "flip" in experiments:  # an importance to remove by, never an attention to set
-                    r = attnmetrics.flip_fraction(*args, order=scores["rollout"], never_flipped=never_flipped)
-                    _keep_flip(acc, "rollout", r)
+                    r = attnmetrics.flip_fraction(*args, order=scores[name], never_flipped=never_flipped)
+                    _keep_flip(acc, name, r)
                     t0 = _lap(seconds, "flip", t0)
             for a, b in combinations(scores, 2):
                 kt = attnmetrics.kendall_tau(scores[a], scores[b], out.lengths)
@@ -193,7 +203,7 @@ def collect(
                 acc[f"heads/h{h}/max attention"].append(head.max(-1).values)
                 acc[f"heads/h{h}/JSD from the head mean"].append(attnmetrics.jsd(head, out.attention))
                 if "kendall" in experiments:
-                    for name in ("gradient", "loo"):
+                    for name in ("gradient", "loo", "ig"):
                         if name in scores:
                             tau = attnmetrics.kendall_tau(head, scores[name], out.lengths).tau
                             acc[f"heads/h{h}/tau vs {name}"].append(tau)

@@ -13,6 +13,7 @@ write a report.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -45,7 +46,7 @@ from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_f
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.app.table import run_table
 from attnmetrics.flip import removal_order
-from attnmetrics.importance import gradient_importance
+from attnmetrics.importance import gradient_importance, integrated_gradients
 from attnmetrics.loo import leave_one_out
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
@@ -293,6 +294,7 @@ def _battery(args, model, test, splits, results: dict, w: World) -> bool:
         seed=args.seed,
         random_samples=args.random_samples,
         never_flipped=float("nan") if args.never_flipped == "nan" else 1.0,
+        ig_steps=args.integrated_gradients,
         progress=w.main and not args.no_progress,
         **settings,
     )
@@ -379,6 +381,8 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
     }
     if hasattr(model, "rollout"):
         scores["rollout"] = model.rollout(tokens, lengths_t)
+    if args.integrated_gradients:
+        scores["ig"] = integrated_gradients(model, tokens, lengths_t, steps=args.integrated_gradients)
     order = removal_order(attention.double(), out.lengths)
     by_attention = inst.get("flip", {}).get("attention")
     examples = []
@@ -590,6 +594,8 @@ def _command(args, w: World) -> int:
 def _run(args, w: World) -> int:
     """train, run or evaluate (this rank's part of it under torchrun)."""
     start = time.perf_counter()
+    if getattr(args, "integrated_gradients", 0) and importlib.util.find_spec("captum") is None:  # before training
+        return _input_error(ImportError("--integrated-gradients needs Captum: pip install captum"), args)
     results = {
         "command": args.command,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

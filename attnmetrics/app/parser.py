@@ -208,6 +208,14 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--random-samples", type=positive_int, default=1, help="random permutations per instance")
     p.add_argument(
+        "--integrated-gradients",
+        type=non_negative_int,
+        default=0,
+        metavar="STEPS",
+        help="also integrated gradients (Captum, pip install captum) with STEPS integration points as a Kendall tau "
+        "partner, flip-search and ERASER ordering, and token-view row (Captum's default: 50); 0: off",
+    )
+    p.add_argument(
         "--examples",
         type=non_negative_int,
         default=6,
