@@ -74,7 +74,9 @@ def project(values: Tensor, weight: Tensor, lengths: Tensor, budget: int) -> Ten
         for s in range(0, batch, rows):
             chunk = values[s : s + rows].contiguous()
             out[s : s + rows] = ops.project_prefix(chunk, weight, lengths[s : s + rows])
-    if not torch.isfinite(out).all():  # find the cause (error path only)
+    # a NaN or inf anywhere makes the sum so (one pass, not isfinite's four); a finite sum's
+    # overflow is told apart by the exact check
+    if not torch.isfinite(out.sum()) and not torch.isfinite(out).all():  # find the cause (error path only)
         check_values_finite(values, lengths)
         if not torch.isfinite(weight).all():
             raise ValueError("decoder.weight must be finite, got NaN or infinite entries")
