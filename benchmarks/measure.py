@@ -39,6 +39,13 @@ def median_seconds(benchmark, fn):
     return time.perf_counter() - start
 
 
+def timed(fn):
+    """(fn(), its wall time in seconds), for the one-shot reference approaches."""
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
 def _status_mib(key):
     with open("/proc/self/status") as f:
         for line in f:

@@ -28,7 +28,6 @@ and tokens there), against its CPU run on the same inputs (``extra_info["speedup
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
@@ -36,7 +35,7 @@ import torch
 from attnmetrics import leave_one_out
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.reference import leave_one_out_jw
-from benchmarks.measure import median_seconds, skip_without
+from benchmarks.measure import median_seconds, skip_without, timed
 
 VOCAB = 5000
 # (batch, min real tokens, max real tokens); every row also holds <SOS> and <EOS>
@@ -62,12 +61,6 @@ def make_batch(batch, lo, hi, seed=0):
     tokens[pos == (lengths - 1)[:, None]] = 3
     tokens[pos >= lengths[:, None]] = 0
     return tokens, lengths
-
-
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
 
 
 @pytest.mark.parametrize("case", list(CASES))

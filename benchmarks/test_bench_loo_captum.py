@@ -27,13 +27,12 @@ delete, so that ratio compares the same question asked J&W's way), from a cold s
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
 
 from attnmetrics import leave_one_out
-from benchmarks.measure import median_seconds
+from benchmarks.measure import median_seconds, timed
 from benchmarks.test_bench_loo import CASES, make_batch, make_model
 
 captum_attr = pytest.importorskip("captum.attr", reason="Captum is optional: pip install captum")
@@ -43,12 +42,6 @@ MASK = 1  # the mask token (id 1 is <UNK> in our vocabularies; any id works)
 PER_EVAL = (1, 4, 16)
 #: the length-bucketed user's forwards hold about this many rows
 BUCKET_ROWS = 1024
-
-
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
 
 
 def captum_loo(model, tokens, lengths, per_eval):
