@@ -132,8 +132,9 @@ def _gradient(z, alpha, y0, feats, decoder, bias, classes, penalty, margin, dive
 
     a = softmax(z), and a JSD between multi-head candidates the mean over heads of the
     per-head JSDs. In closed form, not through autograd (with the search's other shortcuts,
-    3.3x faster on J&W's SST battery, the same values up to rounding): dJSD(p, q)/dp_t = (log p_t - log m_t)/2 with
-    m = (p + q)/2, so, per head, with P = K(K-1)/2 pairs,
+    3.3x faster on J&W's SST battery, the same values up to rounding):
+    dJSD(p, q)/dp_t = (log p_t - log m_t)/2 with m = (p + q)/2, so, per head, with
+    P = K(K-1)/2 pairs,
 
         dL/da_k = -(log a_k - log m(a_k, alpha)) / (2 K heads)
                   - diversity * sum_{j != k} (log a_k - log m(a_k, a_j)) / (2 P heads)
