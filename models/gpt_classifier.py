@@ -210,6 +210,20 @@ class GPTClassifier(AttentionForward, nn.Module):
         None for a model with an attention head (its head's attention is the tested one)."""
         return None if self.attention is not None else extract_attention(self, tokens, lengths)
 
+    @torch.no_grad()
+    def rollout(self, tokens: Tensor, lengths: Tensor, residual: float = 0.5) -> Tensor:
+        """Attention rollout's importance (Abnar & Zuidema 2020; docs/definitions.md §17): the
+        ``<extract>`` row (each row's last position) of :func:`attnmetrics.attention_rollout` over
+        every block's self-attention, at the real tokens: ``[B, T - lead]``, zero past each row's.
+        Call in eval mode (no dropout)."""
+        from attnmetrics.rollout import attention_rollout
+
+        B, T = tokens.shape
+        attentions = self.gpt(tokens, lengths, return_attention=True).attentions
+        rolled = attention_rollout(torch.stack(attentions, 1), lengths, residual)  # [B, T, T]
+        row = rolled[torch.arange(B, device=tokens.device), lengths - 1]
+        return (row * token_mask(lengths, T, self.lead, self.trail))[:, self.lead :]
+
     def deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:
         """Prepare the one-token deletions of rows ``embedded [G, T, d]`` (:meth:`embed`'s),
         ``lengths [G]``; returns ``logits(rows [N], positions [N])`` (int64) -> ``[N, C]``, the

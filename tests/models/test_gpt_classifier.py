@@ -337,3 +337,23 @@ def test_extract_readout_is_the_extract_state_alone():
     torch.testing.assert_close(logits, model.decoder(extract), rtol=0, atol=1e-12)
     assert (attention[token_mask(lengths, tokens.shape[1], 1, 1)] == 0).all()  # weighs no real token
     assert model.attention_parameters() == []
+
+
+def test_rollout_is_the_extract_row_of_the_blocks_attentions_rolled_out():
+    # against Abnar & Zuidema's steps written out per row: head mean, 0.5 A + 0.5 I, rows
+    # renormalised, the product from the first layer up, over the row's own L x L block
+    model = model_(num_classes=3)
+    tokens, lengths = batch(3)
+    got = model.rollout(tokens, lengths)
+    assert got.shape == (len(lengths), tokens.shape[1] - 1)
+    for b in range(len(lengths)):
+        n = int(lengths[b])
+        with torch.no_grad():
+            attentions = model.gpt(tokens[b : b + 1, :n], lengths[b : b + 1], return_attention=True).attentions
+        rolled = torch.eye(n, dtype=torch.float64)
+        for probs in attentions:
+            a = 0.5 * probs[0].mean(0) + 0.5 * torch.eye(n, dtype=torch.float64)
+            rolled = (a / a.sum(-1, keepdim=True)) @ rolled
+        want = rolled[n - 1, 1 : n - 1]  # the <extract> row at the real tokens
+        torch.testing.assert_close(got[b, : n - 2], want, rtol=1e-10, atol=1e-12)
+        assert (got[b, n - 2 :] == 0).all()
