@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET
-from attnmetrics.loo import CPU_CALL_BYTES, _check_loo_inputs, _length_groups, _model_logits
+from attnmetrics.flip import removal_order
+from attnmetrics.loo import CPU_CALL_BYTES, _check_loo_inputs, _grouped_logits
 from attnmetrics.outputs import decision, output_distribution
 
 #: ERASER's fractions of the tokens in the rationale (DeYoung et al. 2020, sec. 4: "bins")
@@ -134,29 +135,6 @@ def _perturbed(
     return out, keep.sum(1)
 
 
-def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classes=None):
-    """Logits [N, C] of sequences ``seqs`` [N, T] in their order, run grouped by length (no
-    padding), each call within ``budget`` bytes at ``per_position`` bytes per position (measured
-    on a first one-row call when None); also returns per_position and the model's dtype."""
-    if not len(seq_lengths):
-        return None, per_position, None
-    order = torch.argsort(seq_lengths, stable=True)
-    len_list = seq_lengths[order].tolist()
-    parts, dtype, start = [], None, 0
-    if per_position is None:
-        first, per_position, dtype = _model_logits(
-            model, seqs[order[:1], : len_list[0]], seq_lengths[order[:1]], what, classes
-        )
-        parts, start, classes = [first], 1, first.shape[1]
-    for s, e in _length_groups([1] * (len(len_list) - start), len_list[start:], per_position, budget):
-        idx = order[start + s : start + e]
-        logits, _, dtype = _model_logits(model, seqs[idx, : len_list[start + e - 1]], seq_lengths[idx], what, classes)
-        parts.append(logits)
-    out = torch.empty(len(len_list), parts[0].shape[1], dtype=parts[0].dtype, device=parts[0].device)
-    out[order] = torch.cat(parts)
-    return out, per_position, dtype
-
-
 def _effect(model, tokens, lengths, scores, fractions, keep_rationale, variant, mode, mask_token, memory_budget):
     lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
     if variant not in VARIANTS:
@@ -189,9 +167,7 @@ def _effect(model, tokens, lengths, scores, fractions, keep_rationale, variant, 
             probability = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
             probability[has] = output_distribution(logits).gather(1, predicted[has, None])[:, 0].to(torch.float64)
             # rank[b, t]: place of real token t in the descending order (ties: lower index first)
-            valid = torch.arange(scores.shape[1], device=device) < real[:, None]
-            ordered = scores.detach().to(torch.float64).masked_fill(~valid, -math.inf)
-            order = torch.sort(ordered, dim=1, descending=True, stable=True).indices
+            order = removal_order(scores.detach().to(torch.float64), real)
             places = torch.arange(order.shape[1], device=device).expand_as(order)
             rank = torch.empty_like(order).scatter_(1, order, places)
             if rank.shape[1] < width - lead:  # positions past the scores are padding: never ranked

@@ -113,6 +113,29 @@ def _length_groups(
     return groups
 
 
+def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classes=None):
+    """Logits [N, C] of sequences ``seqs`` [N, T] in their order, run grouped by length (no
+    padding), each call within ``budget`` bytes at ``per_position`` bytes per position (measured
+    on a first one-row call when None); also returns per_position and the model's dtype."""
+    if not len(seq_lengths):
+        return None, per_position, None
+    order = torch.argsort(seq_lengths, stable=True)
+    len_list = seq_lengths[order].tolist()
+    parts, dtype, start = [], None, 0
+    if per_position is None:
+        first, per_position, dtype = _model_logits(
+            model, seqs[order[:1], : len_list[0]], seq_lengths[order[:1]], what, classes
+        )
+        parts, start, classes = [first], 1, first.shape[1]
+    for s, e in _length_groups([1] * (len(len_list) - start), len_list[start:], per_position, budget):
+        idx = order[start + s : start + e]
+        logits, _, dtype = _model_logits(model, seqs[idx, : len_list[start + e - 1]], seq_lengths[idx], what, classes)
+        parts.append(logits)
+    out = torch.empty(len(len_list), parts[0].shape[1], dtype=parts[0].dtype, device=parts[0].device)
+    out[order] = torch.cat(parts)
+    return out, per_position, dtype
+
+
 def leave_one_out(
     model: AttentionClassifier,
     tokens: Tensor,
@@ -210,16 +233,11 @@ def leave_one_out(
                 return torch.zeros(batch, width - lead, dtype=model.embed(tokens[:1, :1]).dtype, device=device)
             # Output distributions of the rows, in `rows` order. The first call (one row)
             # measures the bytes per position that size every later call.
-            logits, per_position, dtype = _model_logits(
-                model, tokens[rows[:1], : len_list[0]], lengths[rows[:1]], "the input rows", None
+            logits, per_position, dtype = _grouped_logits(
+                model, tokens[rows], lengths[rows], None, budget, "the input rows"
             )
             classes = logits.shape[1]
-            original = [output_distribution(logits)]
-            for s, e in _length_groups([1] * (len(row_list) - 1), len_list[1:], per_position, budget):
-                idx = rows[1 + s : 1 + e]
-                logits, _, _ = _model_logits(model, tokens[idx, : len_list[e]], lengths[idx], "the input rows", classes)
-                original.append(output_distribution(logits))
-            original_dist = torch.cat(original)
+            original_dist = output_distribution(logits)
             out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
 
             # Deletion batches: groups of rows, each contributing its real-token count.

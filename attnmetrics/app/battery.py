@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import combinations
 
 import numpy as np
@@ -57,6 +57,18 @@ def _keep_flip(acc: dict, name: str, r) -> None:
     rows = r.removed.shape[-1]
     acc[f"flip/{name}/removed"].append(r.removed.reshape(-1, rows).T)
     acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1, rows).T)
+
+
+def extra_importances(model, tokens: Tensor, lengths: Tensor, ig_steps: int = 0) -> dict[str, Callable[[], Tensor]]:
+    """The token importances beside attention, gradient and leave-one-out, each ``[B, T - lead]``
+    when called: a transformer's attention rollout (Abnar & Zuidema 2020) where the model offers
+    it, and with ``ig_steps`` integrated gradients (Sundararajan et al. 2017, through Captum)."""
+    extra = {}
+    if hasattr(model, "rollout"):
+        extra["rollout"] = lambda: model.rollout(tokens, lengths)
+    if ig_steps:
+        extra["ig"] = lambda: integrated_gradients(model, tokens, lengths, steps=ig_steps)
+    return extra
 
 
 def run_battery(
@@ -180,12 +192,7 @@ def collect(
             if "loo" in experiments:
                 scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
                 t0 = _lap(seconds, "loo", t0)
-            extra = {}
-            if hasattr(model, "rollout"):  # a transformer's attention rollout (Abnar & Zuidema 2020)
-                extra["rollout"] = lambda: model.rollout(tokens, lengths)
-            if ig_steps:  # integrated gradients (Sundararajan et al. 2017), through Captum
-                extra["ig"] = lambda: integrated_gradients(model, tokens, lengths, steps=ig_steps)
-            for name, compute in extra.items():
+            for name, compute in extra_importances(model, tokens, lengths, ig_steps).items():
                 scores[name] = compute().to(out.attention.dtype)
                 t0 = _lap(seconds, name, t0)
                 if "flip" in experiments:  # an importance to remove by, never an attention to set

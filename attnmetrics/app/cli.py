@@ -30,7 +30,7 @@ import torch
 
 import attnmetrics
 from attnmetrics.app import distributed, sweep
-from attnmetrics.app.battery import EXPERIMENTS, collect, merge, summarise
+from attnmetrics.app.battery import EXPERIMENTS, collect, extra_importances, merge, summarise
 from attnmetrics.app.distributed import World
 from attnmetrics.app.io import (
     check_out,
@@ -46,7 +46,7 @@ from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_f
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.app.table import run_table
 from attnmetrics.flip import removal_order
-from attnmetrics.importance import gradient_importance, integrated_gradients
+from attnmetrics.importance import gradient_importance
 from attnmetrics.loo import leave_one_out
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
@@ -379,10 +379,8 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
         "gradient": gradient_importance(model, tokens, lengths_t),
         "loo": leave_one_out(model, tokens, lengths_t),
     }
-    if hasattr(model, "rollout"):
-        scores["rollout"] = model.rollout(tokens, lengths_t)
-    if args.integrated_gradients:
-        scores["ig"] = integrated_gradients(model, tokens, lengths_t, steps=args.integrated_gradients)
+    for name, compute in extra_importances(model, tokens, lengths_t, args.integrated_gradients).items():
+        scores[name] = compute()
     order = removal_order(attention.double(), out.lengths)
     by_attention = inst.get("flip", {}).get("attention")
     examples = []

@@ -101,8 +101,8 @@ def render_token_view(results: dict, folder: str | Path) -> Path | None:
         intro=(
             "Each row shades the tokens by one importance, darkest at the row's highest score: attention (the "
             "tested attention, the head mean for a transformer's own), gradient (J&W's grad x input), "
-            "leave-one-out (output TVD when the token is deleted), for a Hugging Face transformer attention "
-            "rollout, and with --integrated-gradients Captum's integrated gradients (ig). Hover a token for its score."
+            "leave-one-out (output TVD when the token is deleted), for a transformer attention rollout, and "
+            "with --integrated-gradients Captum's integrated gradients (ig). Hover a token for its score."
         ),
         examples=shown,
     )
