@@ -47,7 +47,9 @@ def evaluate(model_run, out, ranks: int) -> float:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     cmd += ["-m", "attnmetrics", "evaluate", str(model_run), "--out", str(out), "--threads", "1", "--no-progress"]
     start = time.perf_counter()
-    subprocess.run([*cmd, *SMOKE], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=True)
+    subprocess.run(
+        [*cmd, *SMOKE], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}, check=True
+    )
     return time.perf_counter() - start
 
 

@@ -574,10 +574,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     distributed.start(w, args.device)
-    try:
-        return _command(args, w)
-    finally:
+    code = _command(args, w)
+    # Only a rank that succeeded leaves the group, once every rank has: tearing down a group
+    # while another rank may still be in a collective with it can abort the process or hang.
+    # A rank that fails exits as it is, and torchrun stops the others.
+    if code == 0:
         distributed.stop()
+    return code
 
 
 def _command(args, w: World) -> int:

@@ -60,8 +60,11 @@ def start(w: World, device: str, timeout_min: float = 60.0) -> None:
 
 
 def stop() -> None:
-    """Leave the process group (if one was joined)."""
+    """Leave the process group (if one was joined) once every rank is here: no rank tears its
+    connections down while another still waits on them (rank 0 writes the run folder after the
+    gather, the others would otherwise exit first). Call it on success only."""
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

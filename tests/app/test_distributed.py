@@ -36,9 +36,9 @@ def model_run(tmp_path_factory):
 
 def torchrun(module: str, *args, ranks: int = 2) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node ranks -m module args`` from the checkout, one
-    thread per rank."""
+    thread per rank; a rank that crashes prints its Python stack (faulthandler)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     return subprocess.run([*cmd, "-m", module, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
