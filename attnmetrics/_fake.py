@@ -57,6 +57,12 @@ def _leave_one_out_batch_fake(tokens, lengths, lead, trail, mask_token=None, pad
     return tokens.new_empty(n, width), lengths.new_empty(n), lengths.new_empty(n)
 
 
+@torch.library.register_fake("attnmetrics::rationale_batch")
+def _rationale_batch_fake(tokens, lengths, rank, sizes, lead, trail, keep_rationale, mask_token=None, pad=0):
+    n = torch.library.get_ctx().new_dynamic_size()
+    return tokens.new_empty(n, tokens.shape[1]), lengths.new_empty(n), lengths.new_empty(n), lengths.new_empty(n)
+
+
 @torch.library.register_fake("attnmetrics::attention_rollout")
 def _attention_rollout_fake(attentions, lengths, residual):
     b, t = attentions.shape[0], attentions.shape[3]

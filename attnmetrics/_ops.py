@@ -59,6 +59,7 @@ _OPS = (
     "permutation_tvd_linear",
     "project_prefix",
     "leave_one_out_batch",
+    "rationale_batch",
     "attention_rollout",
 )
 

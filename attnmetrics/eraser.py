@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET
 from attnmetrics.flip import removal_order
 from attnmetrics.loo import CPU_CALL_BYTES, _check_loo_inputs, _grouped_logits
@@ -112,29 +113,6 @@ def rationale_sizes(scores: Tensor, real: Tensor, fractions: Sequence[float], va
     return counted
 
 
-def _perturbed(
-    tokens: Tensor, lengths: Tensor, rank: Tensor, k: Tensor, lead: int, trail: int, keep_rationale: bool, mask_token
-) -> tuple[Tensor, Tensor]:
-    """Sequences [N, T] and lengths [N] of rows ``tokens`` [N, T] whose real token t is in the
-    rationale when ``rank[n, t - lead] < k[n]``: it is kept alone (``keep_rationale``) or removed;
-    deleted tokens close up, masked ones become ``mask_token``."""
-    n, width = tokens.shape
-    t = torch.arange(width, device=tokens.device)
-    real = (t >= lead) & (t < (lengths - trail)[:, None])
-    in_rationale = torch.zeros_like(real)
-    in_rationale[:, lead:] = rank[:, : width - lead] < k[:, None]
-    in_rationale &= real
-    removed = real & (in_rationale != keep_rationale)
-    if mask_token is not None:
-        return torch.where(removed, mask_token, tokens), lengths
-    keep = (t < lengths[:, None]) & ~removed
-    position = keep.cumsum(1) - 1
-    out = torch.zeros_like(tokens)
-    rows, cols = keep.nonzero(as_tuple=True)
-    out[rows, position[rows, cols]] = tokens[rows, cols]
-    return out, keep.sum(1)
-
-
 def _effect(model, tokens, lengths, scores, fractions, keep_rationale, variant, mode, mask_token, memory_budget):
     lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
     if variant not in VARIANTS:
@@ -177,13 +155,19 @@ def _effect(model, tokens, lengths, scores, fractions, keep_rationale, variant, 
             # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget.
             block = max(1, budget // (len(fractions) * width * 8 * 8))
             for b0 in range(0, batch, block):
-                rows, columns = (k[b0 : b0 + block] >= 0).nonzero(as_tuple=True)
+                part = slice(b0, b0 + block)
+                # every counted fraction's perturbed row at once (kernels/loo.h), row-major
+                seqs, seq_lengths, rows, columns = ops.rationale_batch(
+                    *(t[part].contiguous() for t in (tokens, lengths, rank, k)),
+                    lead,
+                    trail,
+                    keep_rationale,
+                    mask_token,
+                    0,
+                )
                 if not len(rows):
                     continue
                 rows += b0
-                seqs, seq_lengths = _perturbed(
-                    tokens[rows], lengths[rows], rank[rows], k[rows, columns], lead, trail, keep_rationale, mask_token
-                )
                 out, _, _ = _grouped_logits(model, seqs, seq_lengths, per_position, budget, "a perturbed row", classes)
                 p = output_distribution(out).gather(1, predicted[rows, None])[:, 0]
                 values[rows, columns] = (probability[rows] - p.to(torch.float64)).to(dtype)

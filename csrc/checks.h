@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 
@@ -205,6 +206,33 @@ inline void check_loo_inputs(const at::Tensor& tokens, const at::Tensor& lengths
               ", trail = ", trail);
   TORCH_CHECK(!mask_token.has_value() || *mask_token >= 0, "mask_token must be >= 0, got ",
               mask_token.value_or(0));
+}
+
+// ---- rationale_batch -----------------------------------------------------------------------
+
+// leave_one_out_batch's tokens, lengths, lead, trail and mask_token, plus rank [B, R] int64 with
+// R >= T - lead - trail (every real position of any valid row has an entry) and sizes [B, F]
+// int64, both contiguous. Returns F.
+inline int64_t check_rationale_inputs(const at::Tensor& tokens, const at::Tensor& lengths,
+                                      const at::Tensor& rank, const at::Tensor& sizes,
+                                      int64_t lead, int64_t trail,
+                                      std::optional<int64_t> mask_token) {
+  check_loo_inputs(tokens, lengths, lead, trail, mask_token);
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  TORCH_CHECK(rank.scalar_type() == at::kLong, "rank must be int64, got ", rank.scalar_type());
+  TORCH_CHECK(sizes.scalar_type() == at::kLong, "sizes must be int64, got ", sizes.scalar_type());
+  TORCH_CHECK(rank.is_contiguous(), "rank must be contiguous");
+  TORCH_CHECK(sizes.is_contiguous(), "sizes must be contiguous");
+  const int64_t real = std::max<int64_t>(T - lead - trail, 0);
+  TORCH_CHECK(rank.dim() == 2 && rank.size(0) == B && rank.size(1) >= real,
+              "rank must have shape [B, R] = [", B, ", >= T - lead - trail = ", real, "], got ",
+              rank.sizes());
+  TORCH_CHECK(sizes.dim() == 2 && sizes.size(0) == B, "sizes must have shape [B, F] = [", B,
+              ", F], got ", sizes.sizes());
+  TORCH_CHECK(rank.device() == tokens.device() && sizes.device() == tokens.device(),
+              "rank and sizes must be on tokens' device ", tokens.device(), ", got ",
+              rank.device(), " and ", sizes.device());
+  return sizes.size(1);
 }
 
 // ---- attention_rollout ---------------------------------------------------------------------

@@ -57,6 +57,17 @@ TORCH_LIBRARY(attnmetrics, m) {
   // sequence, shorter ones padded with pad), their lengths [N] and source rows [N].
   m.def("leave_one_out_batch(Tensor tokens, Tensor lengths, int lead, int trail, "
         "int? mask_token=None, int pad=0) -> (Tensor, Tensor, Tensor)");
+  // ERASER's perturbed rows (DeYoung et al. 2020, sec. 4; kernels/loo.h): tokens, lengths,
+  // lead, trail as leave_one_out_batch; rank [B, R] int64 (R >= T - lead - trail), the place
+  // of real token lead + r in the importance order; sizes [B, F] int64, the rationale size of
+  // each row and fraction (< 0: no sequence). One sequence per (b, f) with sizes[b, f] >= 0,
+  // in row-major order: the rationale (the real tokens ranked below the size) alone when
+  // keep_rationale, else removed; removed tokens deleted, or replaced by mask_token if
+  // given. Returns sequences [N, T] int64 padded with pad, their lengths [N], and b [N] and
+  // f [N] of each.
+  m.def("rationale_batch(Tensor tokens, Tensor lengths, Tensor rank, Tensor sizes, int lead, "
+        "int trail, bool keep_rationale, int? mask_token=None, int pad=0) "
+        "-> (Tensor, Tensor, Tensor, Tensor)");
   // Attention rollout (Abnar & Zuidema 2020, sec. 3; kernels/rollout.h): attentions
   // [B, layers, heads, T, T], lengths [B] int64 in [0, T], residual in [0, 1]. Per row and
   // layer the head mean on the valid L x L block, mixed (1 - residual) * A + residual * I and

@@ -164,3 +164,105 @@ def test_bad_arguments_are_named(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         comprehensiveness(model, tokens, torch.tensor([5, 4, 2]), **args)
+
+
+# ---- the rationale_batch kernel (kernels/loo.h) against the definition, row by row --------
+
+
+def python_rationale_batch(tokens, lengths, rank, sizes, lead, trail, keep_rationale, mask_token, pad):
+    """Each counted (row, fraction), row-major: the real tokens ranked below the size are the
+    rationale, kept alone or removed; removed ones deleted or replaced by mask_token."""
+    seqs, lens, rows, fractions = [], [], [], []
+    for b in range(tokens.shape[0]):
+        row = tokens[b, : int(lengths[b])].tolist()
+        for f in range(sizes.shape[1]):
+            k = int(sizes[b, f])
+            if k < 0:
+                continue
+            seq = []
+            for t, token in enumerate(row):
+                removed = lead <= t < len(row) - trail and (int(rank[b, t - lead]) < k) != keep_rationale
+                if not removed:
+                    seq.append(token)
+                elif mask_token is not None:
+                    seq.append(mask_token)
+            seqs.append(seq + [pad] * (tokens.shape[1] - len(seq)))
+            lens.append(len(seq))
+            rows.append(b)
+            fractions.append(f)
+    out = torch.tensor(seqs, dtype=torch.int64).reshape(len(seqs), tokens.shape[1])
+    return out, *(torch.tensor(x, dtype=torch.int64) for x in (lens, rows, fractions))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    lead=st.integers(0, 2),
+    trail=st.integers(0, 2),
+    keep_rationale=st.booleans(),
+    mask_token=st.sampled_from([None, 99]),
+)
+def test_rationale_kernel_matches_the_definition(data, lead, trail, keep_rationale, mask_token):
+    """Ragged rows (rows without real tokens, L = 1 real token, full width), ranks that are
+    permutations or arbitrary (ties, out of range: only compared), sizes -1 .. beyond L."""
+    from attnmetrics._ops import ops
+
+    rows = data.draw(st.integers(0, 6))
+    width = data.draw(st.integers(lead + trail, lead + trail + 7))
+    lengths = torch.tensor(data.draw(st.lists(st.integers(lead + trail, width), min_size=rows, max_size=rows)))
+    lengths = lengths.to(torch.int64).reshape(rows)
+    tokens = torch.tensor(data.draw(st.lists(st.integers(1, 50), min_size=rows * width, max_size=rows * width)))
+    tokens = tokens.to(torch.int64).reshape(rows, width)
+    span = width - lead - trail + data.draw(st.integers(0, 2))
+    if data.draw(st.booleans()):
+        rank = torch.stack([torch.randperm(span) for _ in range(rows)]) if rows else torch.zeros(0, span)
+    else:
+        rank = torch.tensor(data.draw(st.lists(st.integers(-2, span + 2), min_size=rows * span, max_size=rows * span)))
+    rank = rank.to(torch.int64).reshape(rows, span)
+    fractions = data.draw(st.integers(0, 4))
+    sizes = torch.tensor(
+        data.draw(st.lists(st.integers(-1, width + 1), min_size=rows * fractions, max_size=rows * fractions))
+    )
+    sizes = sizes.to(torch.int64).reshape(rows, fractions)
+    got = ops.rationale_batch(tokens, lengths, rank, sizes, lead, trail, keep_rationale, mask_token, -1)
+    want = python_rationale_batch(tokens, lengths, rank, sizes, lead, trail, keep_rationale, mask_token, -1)
+    for g, w, name in zip(got, want, ("sequences", "lengths", "rows", "fractions")):
+        assert g.shape == w.shape and torch.equal(g, w), name
+
+
+@pytest.mark.parametrize("mask_token", [None, 7])
+@pytest.mark.parametrize("keep_rationale", [False, True])
+def test_rationale_kernel_opcheck(mask_token, keep_rationale):
+    from attnmetrics._ops import ops
+
+    tokens, lengths = ragged(rows=6, width=8, seed=3)
+    rank = torch.stack([torch.randperm(8) for _ in range(6)])
+    sizes = torch.tensor([[1, 2, -1]] * 6)
+    torch.library.opcheck(
+        ops.rationale_batch.default, (tokens, lengths, rank, sizes, 1, 1, keep_rationale, mask_token, 0)
+    )
+
+
+def test_rationale_kernel_rejects_bad_input():
+    from attnmetrics._ops import ops
+
+    tokens, lengths = ragged(rows=4, width=6, seed=6)
+    rank = torch.zeros(4, 4, dtype=torch.int64)
+    sizes = torch.zeros(4, 2, dtype=torch.int64)
+    cases = [
+        ((tokens.int(), lengths, rank, sizes), "tokens must be int64"),
+        ((tokens, lengths, rank.int(), sizes), "rank must be int64"),
+        ((tokens, lengths, rank, sizes.double()), "sizes must be int64"),
+        (
+            (tokens, lengths, rank[:, :3].contiguous(), sizes),
+            r"rank must have shape \[B, R\] = \[4, >= T - lead - trail = 4\]",
+        ),
+        ((tokens, lengths, rank[:3], sizes), r"rank must have shape \[B, R\]"),
+        ((tokens, lengths, rank, sizes[0]), r"sizes must have shape \[B, F\] = \[4, F\]"),
+        ((tokens, lengths, rank.t().contiguous().t(), sizes), "rank must be contiguous"),
+        ((tokens, lengths, rank, sizes.t()), "sizes must be contiguous"),
+        ((tokens, torch.full((4,), 7), rank, sizes), r"lengths\[0\] = 7 is outside"),
+    ]
+    for args, match in cases:
+        with pytest.raises(RuntimeError, match=match):
+            ops.rationale_batch(*args, 1, 1, False, None, 0)

@@ -110,6 +110,18 @@ cudaError_t leave_one_out_batch(const int64_t* tokens, const int64_t* lengths,
                                 int64_t width, int64_t* out, int64_t* out_lengths,
                                 int64_t* out_source, cudaStream_t stream);
 
+// rationale_batch of tokens [rows, T] (kernels/loo.h build_rationale_sequence): sequence i
+// of `total` is row index[i] / F with the rationale size sizes[index[i]] (index: the flat
+// indices of sizes [rows, F] that are >= 0, ascending), written to out [total, T] with its
+// length, row and fraction; lengths in [lead + trail, T] and rank [rows, R], R >= T - lead -
+// trail, checked by the caller.
+cudaError_t rationale_batch(const int64_t* tokens, const int64_t* lengths, const int64_t* rank,
+                            const int64_t* sizes, const int64_t* index, int64_t total,
+                            int64_t F, int64_t T, int64_t R, int64_t lead, int64_t trail,
+                            bool keep_rationale, bool mask, int64_t mask_token, int64_t pad,
+                            int64_t* out, int64_t* out_lengths, int64_t* out_row,
+                            int64_t* out_fraction, cudaStream_t stream);
+
 // attention_rollout of att [rows, layers, heads, width, width] into out [rows, width, width]
 // (kernels/rollout.h); lengths in [0, width], checked by the caller. scratch: slots * 3 *
 // width^2 entries (geometry.h slots_for); slots in [1, rows].

@@ -1,4 +1,5 @@
-// CUDA impl of leave_one_out_batch (schema in ops.cpp; CPU impl in cpu/loo.cpp).
+// CUDA impls of leave_one_out_batch and rationale_batch (schemas in ops.cpp; CPU impls in
+// cpu/loo.cpp).
 // Common to the glue files: glue.h. The check that needs the data, lengths in
 // [lead + trail, T], reads back the min and max length, with the output's size and
 // width, computed from the lengths on the device.
@@ -64,10 +65,50 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> leave_one_out_batch_cuda(
   return {out, out_lengths, out_source};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rationale_batch_cuda(
+    const at::Tensor& tokens, const at::Tensor& lengths, const at::Tensor& rank,
+    const at::Tensor& sizes, int64_t lead, int64_t trail, bool keep_rationale,
+    std::optional<int64_t> mask_token, int64_t pad) {
+  TORCH_CHECK(tokens.device().is_cuda(), "tokens must be a CUDA tensor, got ", tokens.device());
+  TORCH_CHECK(lengths.device() == tokens.device(), "lengths must be a CUDA tensor on ",
+              tokens.device(), " (tokens' device), got ", lengths.device());
+  const int64_t F = attnmetrics::check_rationale_inputs(tokens, lengths, rank, sizes, lead, trail,
+                                                        mask_token);
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  const c10::cuda::CUDAGuard guard(tokens.device());
+  if (B > 0) {
+    const auto [low, high] = at::aminmax(lengths);
+    const at::Tensor host = at::stack({low, high}).cpu();
+    const int64_t* h = host.const_data_ptr<int64_t>();
+    if (h[0] < lead + trail || h[1] > T) {
+      fail_on_first_bad_length(lengths, T, "", lead + trail, "lead + trail");
+    }
+  }
+  // The sequences, in row-major order of sizes: one read back (nonzero's count).
+  const at::Tensor index = sizes.ge(0).flatten().nonzero().view(-1);
+  const int64_t total = index.numel();
+  at::Tensor out = at::empty({total, T}, tokens.options());
+  at::Tensor out_lengths = at::empty({total}, lengths.options());
+  at::Tensor out_row = at::empty({total}, lengths.options());
+  at::Tensor out_fraction = at::empty({total}, lengths.options());
+  check_launch(gpu::rationale_batch(tokens.const_data_ptr<int64_t>(),
+                                    lengths.const_data_ptr<int64_t>(),
+                                    rank.const_data_ptr<int64_t>(), sizes.const_data_ptr<int64_t>(),
+                                    index.const_data_ptr<int64_t>(), total, F, T, rank.size(1),
+                                    lead, trail, keep_rationale, mask_token.has_value(),
+                                    mask_token.value_or(0), pad, out.mutable_data_ptr<int64_t>(),
+                                    out_lengths.mutable_data_ptr<int64_t>(),
+                                    out_row.mutable_data_ptr<int64_t>(),
+                                    out_fraction.mutable_data_ptr<int64_t>(), current_stream()),
+               "rationale_batch");
+  return {out, out_lengths, out_row, out_fraction};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnmetrics, CUDA, m) {
   m.impl("leave_one_out_batch", &leave_one_out_batch_cuda);
+  m.impl("rationale_batch", &rationale_batch_cuda);
 }
 
 }  // namespace attnmetrics

@@ -1,4 +1,5 @@
-// Leave-one-out input construction (J&W 2019, sec. 4.1; docs/definitions.md §7), shared by the
+// Leave-one-out input construction (J&W 2019, sec. 4.1; docs/definitions.md §7) and ERASER's
+// rationale sequences, its generalisation to many tokens at once, shared by the
 // CPU and CUDA back ends. Plain functions on raw pointers, no torch headers, so
 // that `nvcc -c` can compile-check them without a CUDA build of torch.
 //
@@ -56,6 +57,35 @@ AM_HOST_DEVICE inline void build_row(const int64_t* row, int64_t L, int64_t lead
     out_lengths[k] = len;
     out_source[k] = source;
   }
+}
+
+// ---- ERASER's rationale sequences (DeYoung et al. 2020, sec. 4; docs/definitions.md §18) ----
+//
+// One perturbed row: its real positions t (lead <= t < L - trail) with rank[t - lead] < k form
+// the rationale. Sufficiency (keep_rationale) keeps them alone, comprehensiveness removes them;
+// a removed token is deleted (the rest close up, special tokens stay) or, with `mask`, replaced
+// by `mask_token`. Writes out[0 .. width), padded with `pad`, and returns the sequence's length
+// (<= L <= width). rank is only compared, never used as an index, so any values are safe; it
+// must hold L - lead - trail entries. One thread writes a whole sequence: a deletion's place in
+// the output depends on every earlier position.
+AM_HOST_DEVICE inline int64_t build_rationale_sequence(const int64_t* row, int64_t L,
+                                                       const int64_t* rank, int64_t lead,
+                                                       int64_t trail, int64_t k,
+                                                       bool keep_rationale, bool mask,
+                                                       int64_t mask_token, int64_t pad,
+                                                       int64_t width, int64_t* out) {
+  int64_t j = 0;
+  for (int64_t t = 0; t < L; ++t) {
+    const bool real = t >= lead && t < L - trail;
+    if (!real || (rank[t - lead] < k) == keep_rationale) {
+      out[j++] = row[t];
+    } else if (mask) {
+      out[j++] = mask_token;
+    }
+  }
+  const int64_t length = j;
+  for (; j < width; ++j) out[j] = pad;
+  return length;
 }
 
 }  // namespace loo
