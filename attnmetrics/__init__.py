@@ -9,7 +9,7 @@ from attnmetrics.adversarial import AdversarialResult, adversarial_attention
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.eraser import EraserResult, comprehensiveness, sufficiency
 from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
-from attnmetrics.importance import gradient_importance, integrated_gradients
+from attnmetrics.importance import gradient_importance, input_x_gradient, integrated_gradients
 from attnmetrics.kendall import KendallTau, kendall_tau
 from attnmetrics.keyed import KeyedRows
 from attnmetrics.loo import leave_one_out
@@ -32,6 +32,7 @@ __all__ = [
     "EraserResult",
     "flip_fraction",
     "gradient_importance",
+    "input_x_gradient",
     "integrated_gradients",
     "FlipResult",
     "jsd",

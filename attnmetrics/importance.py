@@ -1,7 +1,7 @@
 """Gradient-based token importance: Jain & Wallace 2019's (sec. 4.1), grad x input of the
-output distribution with respect to the input embeddings, the attention held fixed; and
-integrated gradients (Sundararajan et al. 2017) through Captum, for comparisons with
-published attribution studies.
+output distribution with respect to the input embeddings, the attention held fixed; and,
+through Captum, integrated gradients (Sundararajan et al. 2017) and the whole model's
+gradient x input (Shrikumar et al. 2016), for comparisons with published attribution studies.
 
 Model-agnostic, over the protocol (:class:`attnmetrics.AttentionClassifier`); per-token
 results cover the real tokens only, non-negative and summing to 1 over each row's.
@@ -107,9 +107,59 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
         from captum.attr import IntegratedGradients
     except ImportError as e:
         raise ImportError("integrated_gradients needs Captum: pip install captum") from e
-    lengths = check_model_inputs(model, tokens, lengths)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+
+    def attribute(probability, embedded, real, target, lengths):
+        return IntegratedGradients(probability).attribute(
+            embedded,
+            baselines=embedded.masked_fill(real.unsqueeze(-1), 0),
+            target=target,
+            additional_forward_args=(lengths,),
+            n_steps=steps,
+            internal_batch_size=embedded.shape[0],  # one batch per forward: memory as for one gradient
+        )
+
+    return _captum_importance(model, tokens, lengths, attribute, "integrated gradients")
+
+
+def input_x_gradient(model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> Tensor:
+    """Gradient × input token importance of the whole model (Shrikumar et al. 2016), through
+    Captum's ``InputXGradient``.
+
+    ``x * ∂p_ŷ(x) / ∂x`` per embedding entry, for the predicted class ŷ, with the whole model
+    differentiated: unlike :func:`gradient_importance` (J&W's, every class, attention held
+    fixed), the gradient also flows through the attention. A token's score is ``|sum_e|``,
+    L1-normalised over the row's real tokens: a further Kendall τ partner and ordering, as
+    in attribution studies that compare it with attention (e.g. Neely et al. 2022).
+
+    Args:
+        model, tokens, lengths: as :func:`gradient_importance`.
+
+    Returns:
+        [B, T - lead] importance laid out as :func:`gradient_importance`'s.
+
+    Raises:
+        ImportError: Captum is not installed (``pip install captum``).
+        TypeError, ValueError: as :func:`gradient_importance`.
+    """
+    try:
+        from captum.attr import InputXGradient
+    except ImportError as e:
+        raise ImportError("input_x_gradient needs Captum: pip install captum") from e
+
+    def attribute(probability, embedded, real, target, lengths):
+        x = embedded.requires_grad_(True)  # a leaf of its own (Captum would warn and set it)
+        return InputXGradient(probability).attribute(x, target=target, additional_forward_args=(lengths,))
+
+    return _captum_importance(model, tokens, lengths, attribute, "gradient x input")
+
+
+def _captum_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, attribute, name: str) -> Tensor:
+    """|sum_e attribution| per token of the predicted class's probability, L1-normalised over
+    the real tokens; ``attribute(probability, embedded, real, target, lengths)`` runs a Captum
+    method on the embeddings (``probability(x, lengths)``: the model's output distribution)."""
+    lengths = check_model_inputs(model, tokens, lengths)
     was_training = model.training if hasattr(model, "training") else False
     if hasattr(model, "eval"):
         model.eval()
@@ -120,8 +170,6 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
             "model.embed returned NaN or infinite embeddings in row {row}",
         )
         real = token_mask(lengths, tokens.shape[1], model.lead, model.trail)
-        baseline = embedded.masked_fill(real.unsqueeze(-1), 0)
-
         with torch.no_grad():
             logits = check_logits(
                 _logits(model, embedded, lengths),
@@ -131,19 +179,14 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
                 on=" on the input rows",
             )
         with torch.enable_grad():
-            attribution = IntegratedGradients(lambda x, n: output_distribution(_logits(model, x, n))).attribute(
-                embedded,
-                baselines=baseline,
-                target=decision(logits),
-                additional_forward_args=(lengths,),
-                n_steps=steps,
-                internal_batch_size=tokens.shape[0],  # one batch per forward: memory as for one gradient
+            attribution = attribute(
+                lambda x, n: output_distribution(_logits(model, x, n)), embedded, real, decision(logits), lengths
             )
     finally:
         if was_training:
             model.train()
     score = attribution.detach().sum(-1).abs().to(embedded.dtype)
-    return _normalised(score, lengths, model, "integrated gradients", "attributions")
+    return _normalised(score, lengths, model, name, "attributions")
 
 
 def _logits(model: AttentionClassifier, embedded: Tensor, lengths: Tensor) -> Tensor:

@@ -167,6 +167,49 @@ def test_integrated_gradients_match_the_definition(classes, steps):
         assert (got[b, w.numel() :] == 0).all()
 
 
+def input_x_gradient_loop(model, tokens, lengths):
+    """Gradient x input from the definition, one instance at a time: the predicted class's
+    probability differentiated by autograd through the whole model (attention included), times
+    the embeddings, |sum over the embedding| per token, L1-normalised over the real tokens."""
+    out = []
+    for b in range(tokens.shape[0]):
+        L = int(lengths[b])
+        lens = lengths[b : b + 1]
+        x = model.embed(tokens[b : b + 1, :L]).detach().requires_grad_(True)
+        h = model.encode(x, lens)
+        p = output_distribution(model.decoder((model.attend(h, lens)[..., None] * h).sum(1)))[0]
+        (grad,) = torch.autograd.grad(p[int(p.argmax())], x)
+        score = (x * grad).sum(-1)[0].abs()[model.lead : L - model.trail]
+        out.append(score / score.sum())
+    return out
+
+
+@pytest.mark.parametrize("classes", [1, 3])
+def test_input_x_gradient_matches_the_definition(classes):
+    pytest.importorskip("captum.attr", reason="gradient x input comes from Captum (optional)")
+    from attnmetrics.importance import gradient_importance, input_x_gradient
+
+    model = ToyClassifier(classes=classes).train()
+    tokens, lengths = toy_batch()
+    got = input_x_gradient(model, tokens, lengths)
+    assert model.training  # restored
+    want = input_x_gradient_loop(model.eval(), tokens, lengths)
+    assert got.shape == (tokens.shape[0], tokens.shape[1] - 1) and got.dtype == torch.float64
+    for b, w in enumerate(want):
+        torch.testing.assert_close(got[b, : w.numel()], w, rtol=1e-10, atol=1e-12)
+        assert (got[b, w.numel() :] == 0).all()
+    # not J&W's gradient importance: that holds the attention fixed and sums every class
+    assert not torch.allclose(got, gradient_importance(model, tokens, lengths))
+
+
+def test_input_x_gradient_without_captum(monkeypatch):
+    from attnmetrics.importance import input_x_gradient
+
+    monkeypatch.setitem(__import__("sys").modules, "captum.attr", None)
+    with pytest.raises(ImportError, match="input_x_gradient needs Captum: pip install captum"):
+        input_x_gradient(ToyClassifier(), *toy_batch())
+
+
 def test_integrated_gradients_errors(monkeypatch):
     pytest.importorskip("captum.attr", reason="integrated gradients come from Captum (optional)")
     from attnmetrics.importance import integrated_gradients

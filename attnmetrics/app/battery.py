@@ -30,6 +30,7 @@ from attnmetrics.app.summaries import (
 )
 from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
 from attnmetrics.importance import gradient_importance, integrated_gradients
+from attnmetrics.importance import input_x_gradient as _input_x_gradient
 from attnmetrics.loo import leave_one_out
 from attnmetrics.models.tutek import single_token_test
 from attnmetrics.permutation import draw_seed
@@ -59,15 +60,21 @@ def _keep_flip(acc: dict, name: str, r) -> None:
     acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1, rows).T)
 
 
-def extra_importances(model, tokens: Tensor, lengths: Tensor, ig_steps: int = 0) -> dict[str, Callable[[], Tensor]]:
+def extra_importances(
+    model, tokens: Tensor, lengths: Tensor, ig_steps: int = 0, input_x_gradient: bool = False
+) -> dict[str, Callable[[], Tensor]]:
     """The token importances beside attention, gradient and leave-one-out, each ``[B, T - lead]``
     when called: a transformer's attention rollout (Abnar & Zuidema 2020) where the model offers
-    it, and with ``ig_steps`` integrated gradients (Sundararajan et al. 2017, through Captum)."""
+    it, with ``ig_steps`` integrated gradients (Sundararajan et al. 2017) and with
+    ``input_x_gradient`` the whole model's gradient x input (Shrikumar et al. 2016), both
+    through Captum."""
     extra = {}
     if hasattr(model, "rollout"):
         extra["rollout"] = lambda: model.rollout(tokens, lengths)
     if ig_steps:
         extra["ig"] = lambda: integrated_gradients(model, tokens, lengths, steps=ig_steps)
+    if input_x_gradient:
+        extra["input_x_gradient"] = lambda: _input_x_gradient(model, tokens, lengths)
     return extra
 
 
@@ -85,6 +92,7 @@ def run_battery(
     progress: bool = True,
     adversarial_diversity: float = 1.0,
     ig_steps: int = 0,
+    input_x_gradient: bool = False,
 ) -> tuple[dict, dict]:
     """Run the chosen experiments over ``batches`` of (tokens [B, T] int64, lengths [B] int64),
     special tokens included, on the model's device (each batch is moved there). The batches'
@@ -106,13 +114,21 @@ def run_battery(
         adversarial_steps=adversarial_steps,
         adversarial_diversity=adversarial_diversity,
         ig_steps=ig_steps,
+        input_x_gradient=input_x_gradient,
     )
     numbered, first = [], 0
     for tokens, lengths in batches:
         numbered.append((first, tokens, lengths))
         first += len(lengths)
     x, seconds = collect(model, numbered, progress=progress, **settings)
-    for name in ("orders", "seed", "random_samples", "never_flipped", "ig_steps"):  # used by collect only
+    for name in (
+        "orders",
+        "seed",
+        "random_samples",
+        "never_flipped",
+        "ig_steps",
+        "input_x_gradient",
+    ):  # used by collect only
         settings.pop(name)
     return summarise(x, seconds, class_names, **settings)
 
@@ -136,6 +152,7 @@ def collect(
     adversarial_steps: int = 500,
     adversarial_diversity: float = 1.0,
     ig_steps: int = 0,
+    input_x_gradient: bool = False,
     progress: bool = True,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The battery's per-instance values over ``batches`` of (first, tokens, lengths): ``first``
@@ -146,8 +163,9 @@ def collect(
     Returns (values, seconds): ``values[name]`` an array with one entry (a row of
     ``random_samples`` for the random flip order) per instance, ``values["instance"]`` the
     global indices; ``seconds[part]`` wall time summed over the batches. With ``ig_steps``,
-    integrated gradients (Captum, that many integration points) join the importances: a
-    Kendall τ partner, a flip-search and an ERASER ordering.
+    integrated gradients (Captum, that many integration points), and with ``input_x_gradient``
+    the whole model's gradient x input, join the importances: each a Kendall τ partner, a
+    flip-search and an ERASER ordering.
     """
     unknown = set(experiments) - set(EXPERIMENTS)
     if unknown:
@@ -192,7 +210,7 @@ def collect(
             if "loo" in experiments:
                 scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
                 t0 = _lap(seconds, "loo", t0)
-            for name, compute in extra_importances(model, tokens, lengths, ig_steps).items():
+            for name, compute in extra_importances(model, tokens, lengths, ig_steps, input_x_gradient).items():
                 scores[name] = compute().to(out.attention.dtype)
                 t0 = _lap(seconds, name, t0)
                 if "flip" in experiments:  # an importance to remove by, never an attention to set
@@ -210,7 +228,7 @@ def collect(
                 acc[f"heads/h{h}/max attention"].append(head.max(-1).values)
                 acc[f"heads/h{h}/JSD from the head mean"].append(attnmetrics.jsd(head, out.attention))
                 if "kendall" in experiments:
-                    for name in ("gradient", "loo", "ig"):
+                    for name in ("gradient", "loo", "ig", "input_x_gradient"):
                         if name in scores:
                             tau = attnmetrics.kendall_tau(head, scores[name], out.lengths).tau
                             acc[f"heads/h{h}/tau vs {name}"].append(tau)

@@ -295,6 +295,7 @@ def _battery(args, model, test, splits, results: dict, w: World) -> bool:
         random_samples=args.random_samples,
         never_flipped=float("nan") if args.never_flipped == "nan" else 1.0,
         ig_steps=args.integrated_gradients,
+        input_x_gradient=args.input_x_gradient,
         progress=w.main and not args.no_progress,
         **settings,
     )
@@ -379,7 +380,9 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
         "gradient": gradient_importance(model, tokens, lengths_t),
         "loo": leave_one_out(model, tokens, lengths_t),
     }
-    for name, compute in extra_importances(model, tokens, lengths_t, args.integrated_gradients).items():
+    for name, compute in extra_importances(
+        model, tokens, lengths_t, args.integrated_gradients, args.input_x_gradient
+    ).items():
         scores[name] = compute()
     order = removal_order(attention.double(), out.lengths)
     by_attention = inst.get("flip", {}).get("attention")
@@ -595,8 +598,9 @@ def _command(args, w: World) -> int:
 def _run(args, w: World) -> int:
     """train, run or evaluate (this rank's part of it under torchrun)."""
     start = time.perf_counter()
-    if getattr(args, "integrated_gradients", 0) and importlib.util.find_spec("captum") is None:  # before training
-        return _input_error(ImportError("--integrated-gradients needs Captum: pip install captum"), args)
+    for flag in ("integrated_gradients", "input_x_gradient"):  # before training
+        if getattr(args, flag, 0) and importlib.util.find_spec("captum") is None:
+            return _input_error(ImportError(f"--{flag.replace('_', '-')} needs Captum: pip install captum"), args)
     results = {
         "command": args.command,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},

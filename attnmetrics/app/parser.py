@@ -216,6 +216,12 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
         "partner, flip-search and ERASER ordering, and token-view row (Captum's default: 50); 0: off",
     )
     p.add_argument(
+        "--input-x-gradient",
+        action="store_true",
+        help="also the whole model's gradient x input of the predicted class (Captum) as a Kendall tau partner, "
+        "flip-search and ERASER ordering, and token-view row",
+    )
+    p.add_argument(
         "--examples",
         type=non_negative_int,
         default=6,

@@ -102,7 +102,8 @@ def render_token_view(results: dict, folder: str | Path) -> Path | None:
             "Each row shades the tokens by one importance, darkest at the row's highest score: attention (the "
             "tested attention, the head mean for a transformer's own), gradient (J&W's grad x input), "
             "leave-one-out (output TVD when the token is deleted), for a transformer attention rollout, and "
-            "with --integrated-gradients Captum's integrated gradients (ig). Hover a token for its score."
+            "with --integrated-gradients and --input-x-gradient Captum's integrated gradients (ig) and the whole "
+            "model's gradient x input. Hover a token for its score."
         ),
         examples=shown,
     )

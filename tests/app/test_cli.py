@@ -293,18 +293,22 @@ def test_one_thread_by_default(tmp_path):
     assert build_parser().parse_args(["run"]).threads == 1
 
 
-def test_integrated_gradients_join_every_importance(tmp_path):
-    pytest.importorskip("captum.attr", reason="integrated gradients come from Captum (optional)")
+def test_captum_importances_join_every_importance(tmp_path):
+    pytest.importorskip("captum.attr", reason="integrated gradients and gradient x input come from Captum (optional)")
     out = tmp_path / "ig"
     skip = ["permutation", "adversarial", "single_removal", "single_token"]
-    assert main(["run", *QUICK, *FAST, "--integrated-gradients", "4", "--skip", *skip, "--out", str(out)]) == 0
+    flags = ["--integrated-gradients", "4", "--input-x-gradient"]
+    assert main(["run", *QUICK, *FAST, *flags, "--skip", *skip, "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert {"attention vs ig", "gradient vs ig", "loo vs ig"} <= set(results["kendall"])
-    assert results["kendall"]["gradient vs ig"]["overall"]["n"] > 100
-    assert "ig" in results["flip"] and results["flip"]["ig"]["rows"] == 160
-    assert "ig" in results["eraser"] and "ig" in results["wall_time_s"]["per_experiment"]
-    for e in results["examples"]:
-        assert len(e["scores"]["ig"]) == len(e["tokens"]) and math.isclose(sum(e["scores"]["ig"]), 1.0, rel_tol=1e-5)
+    for name in ("ig", "input_x_gradient"):
+        assert {f"attention vs {name}", f"gradient vs {name}", f"loo vs {name}"} <= set(results["kendall"])
+        assert results["kendall"][f"gradient vs {name}"]["overall"]["n"] > 100
+        assert name in results["flip"] and results["flip"][name]["rows"] == 160
+        assert name in results["eraser"] and name in results["wall_time_s"]["per_experiment"]
+        for e in results["examples"]:
+            scores = e["scores"][name]
+            assert len(scores) == len(e["tokens"]) and math.isclose(sum(scores), 1.0, rel_tol=1e-5)
+    assert "ig vs input_x_gradient" in results["kendall"]
 
 
 def test_integrated_gradients_without_captum_fail_before_training(tmp_path, monkeypatch, capsys):
@@ -314,5 +318,7 @@ def test_integrated_gradients_without_captum_fail_before_training(tmp_path, monk
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "captum" else real(name, *a))
     out = tmp_path / "r"
     assert main(["run", *QUICK, "--integrated-gradients", "4", "--out", str(out)]) == 2
-    assert "needs Captum: pip install captum" in capsys.readouterr().err
+    assert "--integrated-gradients needs Captum: pip install captum" in capsys.readouterr().err
+    assert main(["run", *QUICK, "--input-x-gradient", "--out", str(out)]) == 2
+    assert "--input-x-gradient needs Captum: pip install captum" in capsys.readouterr().err
     assert not out.exists()
