@@ -78,6 +78,18 @@ def extra_importances(
     return extra
 
 
+def tested_forward(model, tokens: Tensor, lengths: Tensor):
+    """The model's forward output and the attention the battery tests: a transformer's own
+    (``model.tested_attention``: ``[B, heads, T]``, docs/definitions.md §15) where the model
+    offers it, else None and the attention head's (``out.attention``, ``[B, T]``). With its
+    own attention, ``out.attention`` is their head mean, which every token-level view uses."""
+    out = forward(model, tokens, lengths)
+    own = model.tested_attention(tokens, lengths) if hasattr(model, "tested_attention") else None
+    if own is not None:
+        out = out._replace(attention=own.attention.mean(1))
+    return out, own
+
+
 def run_battery(
     model: torch.nn.Module,
     batches: Iterable[tuple[Tensor, Tensor]],
@@ -180,13 +192,9 @@ def collect(
         tokens, lengths = tokens.to(device), lengths.to(device)
         keyed = {name: KeyedRows(s, first) for name, s in seeds.items()}
         acc["instance"].append(torch.arange(first, first + len(lengths)))
-        out = forward(model, tokens, lengths)
-        # A transformer's own attention ([B, heads, T], docs/definitions.md §15) where the model
-        # offers it; else its attention head's ([B, T]). Token-level views use the head mean.
-        own = model.tested_attention(tokens, lengths) if hasattr(model, "tested_attention") else None
+        out, own = tested_forward(model, tokens, lengths)
         if own is not None:
             args = (own.attention, own.values, own.decoder, own.lengths)
-            out = out._replace(attention=own.attention.mean(1))
         else:
             args = (out.attention, out.hidden, model.decoder, out.lengths)
         acc["predicted"].append(attnmetrics.decision(out.logits))

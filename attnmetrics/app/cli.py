@@ -30,7 +30,7 @@ import torch
 
 import attnmetrics
 from attnmetrics.app import distributed, sweep
-from attnmetrics.app.battery import EXPERIMENTS, collect, extra_importances, merge, summarise
+from attnmetrics.app.battery import EXPERIMENTS, collect, extra_importances, merge, summarise, tested_forward
 from attnmetrics.app.distributed import World
 from attnmetrics.app.io import (
     check_out,
@@ -67,7 +67,6 @@ from attnmetrics.models.training import (
 )
 from attnmetrics.models.wiegreffe import consistent_adversaries, diagnostic_mlps, jain_wallace_point
 from attnmetrics.outputs import output_distribution
-from attnmetrics.protocol import forward
 
 CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.json
 #: results["battery"] of GPT-1's extract read-out: the procedures test the model's own attention
@@ -372,9 +371,8 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
     tokens, lengths_t = collate([test.ids[i] for i in index])
     device = next(model.parameters()).device
     tokens, lengths_t = tokens.to(device), lengths_t.to(device)
-    out = forward(model, tokens, lengths_t)
-    own = model.tested_attention(tokens, lengths_t) if hasattr(model, "tested_attention") else None
-    attention = own.attention.mean(1) if own is not None else out.attention
+    out, _ = tested_forward(model, tokens, lengths_t)
+    attention = out.attention
     scores = {
         "attention": attention,
         "gradient": gradient_importance(model, tokens, lengths_t),
