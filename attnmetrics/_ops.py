@@ -126,7 +126,7 @@ def _register_cuda_stubs(why: str) -> None:
 
 
 @contextlib.contextmanager
-def _build_lock(name: str) -> Iterator[None]:
+def _build_lock(name: str, with_cuda: bool = False) -> Iterator[None]:
     """Hold an exclusive flock on ``TORCH_EXTENSIONS_DIR/<name>.build-lock`` around the build.
 
     torch serialises builds with a plain lock file (``<name>/lock``) that a killed build (kill -9,
@@ -156,7 +156,11 @@ def _build_lock(name: str) -> Iterator[None]:
             )
             stale.unlink(missing_ok=True)
         built = [p.stat().st_mtime for p in build_dir.glob(f"{name}*.so")]
-        if not built or max(p.stat().st_mtime for p in _CSRC.rglob("*") if p.is_file()) > max(built):
+        # what this build compiles: csrc/cuda only with the CUDA kernels
+        inputs = [
+            p for p in _CSRC.rglob("*") if p.is_file() and (with_cuda or "cuda" not in p.relative_to(_CSRC).parts)
+        ]
+        if not built or max(p.stat().st_mtime for p in inputs) > max(built):
             print(
                 f"attnmetrics: compiling the C++ kernels (once; about a minute on 2 cores; cached in {build_dir})",
                 file=sys.stderr,
@@ -182,7 +186,7 @@ def load() -> None:
         warnings.warn(f"attnmetrics: building the CPU kernels only: {why_not}", RuntimeWarning, stacklevel=2)
     name = "attnmetrics_C_cuda" if with_cuda else "attnmetrics_C"
     sources = _sources(with_cuda)
-    with _build_lock(name):
+    with _build_lock(name, with_cuda):
         cpp_extension.load(
             name=name,
             sources=sources,

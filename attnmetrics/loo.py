@@ -27,10 +27,11 @@ LOO_MODES = ("delete", "mask")
 #: ran about twice as fast per token as calls of ~30k, whose activations leave the cache.
 CPU_CALL_BYTES = 32 * 2**20
 
-#: The same cap for calls to a model's ``deletion_logits``, sized by the ``position_bytes``
-#: the model gives (else by the full-forward estimate): with J&W's BiLSTM, 16, 32 and 64 MiB
-#: ran within the machine's noise of each other, 128 MiB about 10 % slower.
-CPU_DELETION_CALL_BYTES = 32 * 2**20
+#: The cap for calls to a model's ``deletion_logits``, sized by the ``position_bytes`` the
+#: model gives (else by the full-forward estimate): with J&W's BiLSTM (the LSTM's gate-table
+#: recurrence, models/deletions.py), 64 MiB ran 16 % faster than 32 on IMDB-like rows (more
+#: runs per step) and as fast on SST-like ones, where 128 and 256 MiB were 10-20 % slower.
+CPU_DELETION_CALL_BYTES = 64 * 2**20
 
 _ONLY_SPECIALS = (
     "; after deleting the only real token of a row only the special tokens are left, which the "
@@ -179,7 +180,7 @@ def leave_one_out(
     ``L·(L−1)`` token ids never exist at once), or, for ``deletion_logits`` and
     ``masking_logits``, as ``sequences * width * position_bytes`` when the callable they
     return has that attribute; on CPU calls are also capped at :data:`CPU_CALL_BYTES`
-    (32 MiB; also 32 MiB, :data:`CPU_DELETION_CALL_BYTES`, for the model's own), which ran faster per
+    (32 MiB; 64 MiB, :data:`CPU_DELETION_CALL_BYTES`, for the model's own), which ran faster per
     token than larger ones. The model must treat rows independently.
 
     Args:

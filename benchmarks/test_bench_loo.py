@@ -45,9 +45,9 @@ CASES = {
 }
 
 
-def make_model(seed=0):
+def make_model(seed=0, embed_dim=50):
     torch.manual_seed(seed)
-    return EncoderAttentionClassifier(ModelConfig(VOCAB, embed_dim=50, hidden_size=128, num_classes=1)).eval()
+    return EncoderAttentionClassifier(ModelConfig(VOCAB, embed_dim=embed_dim, hidden_size=128, num_classes=1)).eval()
 
 
 def make_batch(batch, lo, hi, seed=0):

@@ -11,12 +11,17 @@ re-encoding the shortened row from scratch, with the same result.
 The states are computed once for a block of rows (:class:`BiRNNDeletions`), then any
 chunk of their deletions is encoded from them: a deletion is a pair (row, position);
 ``rows [N]`` index the block's rows and ``positions [N]`` the deleted position in that
-row. Each direction's runs are sorted by length and run in fused RNN calls of runs of
-about one length and of a few shapes (:func:`_run_pieces`), so the calls carry little
-padding; what the caller needs of their states (any linear map: for J&W's classifier the
+row. What the caller needs of their states (any linear map: for J&W's classifier the
 attention projection and the decoder) lands in one table after that of the rows' own
 states, and a fused gather-add of two table rows builds each of a deletion's
 ``lengths[row] - 1`` positions.
+
+An LSTM's runs read their inputs' gates (``W_ih x + b``) from a table computed once per row
+position (:func:`_gate_tables`): every run of an edit reads only the row's own tokens (and a
+mask token), so a step is left with the recurrent product, all runs of a direction go in one
+pass longest first (:func:`_lstm_over_gates`), and no step of a finished run is computed.
+A GRU's runs are sorted by length and go through torch's fused RNN in calls of runs of
+about one length and of a few shapes (:func:`_run_pieces`).
 """
 
 from __future__ import annotations
@@ -227,6 +232,19 @@ def _doubled_g(weight: Tensor) -> Tensor:
     return out
 
 
+def _gate_tables(rnn: nn.LSTM, embedded: Tensor, replacement: Tensor | None) -> tuple[list[Tensor], list[Tensor]]:
+    """Per direction of a one-layer bidirectional ``rnn``: the input gates ``W_ih x + b_ih +
+    b_hh`` of every position of the rows embedded [G, T, E] (row g·T + t), then of the
+    ``replacement`` [E] if given (row G·T), [G·T (+ 1), 4·hidden]; and ``W_hh.T``. The g
+    gate's columns of both are doubled, as :func:`_lstm_over_gates` takes them."""
+    weights = [_weights(rnn, r) for r in (False, True)]
+    x = embedded.reshape(-1, embedded.shape[-1])
+    if replacement is not None:
+        x = torch.cat([x, replacement[None].to(x.dtype)])
+    gates = [linear(x, _doubled_g(w[0]), _doubled_g(w[2] + w[3]) if rnn.bias else None) for w in weights]
+    return gates, [_doubled_g(w[1]).t().contiguous() for w in weights]
+
+
 class BiRNNDeletions:
     """The deletions of a block of rows through a one-layer bidirectional ``nn.LSTM``/``nn.GRU``
     (batch_first), as features of their hidden states h: ``W h + bias``.
@@ -275,17 +293,11 @@ class BiRNNDeletions:
             self.table += bias
         self.bias = bias
         self.reused = self.table.shape[0]
-        # An LSTM's runs read their inputs' gates from a table: every position of every row,
-        # then the replacement (models read it at a masking's first step), per direction.
-        self.gates = None
-        if isinstance(rnn, nn.LSTM):
-            x = embedded.reshape(-1, embedded.shape[-1])
-            if replacement is not None:
-                x = torch.cat([x, replacement[None].to(x.dtype)])
-            self.gates = [
-                linear(x, _doubled_g(w[0]), _doubled_g(w[2] + w[3]) if rnn.bias else None) for w in self.weights
-            ]
-            self.recurrent = [_doubled_g(w[1]).t().contiguous() for w in self.weights]
+        # An LSTM's runs read their inputs' gates from a table (the masked position's first
+        # step, the replacement's).
+        self.gates, self.recurrent = (
+            _gate_tables(rnn, embedded, replacement) if isinstance(rnn, nn.LSTM) else (None, None)
+        )
 
     def _room(self, rows: int) -> Tensor:
         """The table with room for ``rows`` recomputed rows after the reused ones (the room grown
