@@ -341,6 +341,23 @@ class BiRNNDeletions:
             size += sum(counts[e - 1] * width for _, e, width in pieces)
         return plans, size
 
+    def _lstm_pass(self, table, base, backward, rows, first, states, order, counts) -> None:
+        """One direction's runs (``order``, longest first, ``counts`` steps each) through
+        :func:`_lstm_over_gates`, their features into ``table[base : base + steps * n]``, step s
+        of the k-th run at row base + s·n + k."""
+        n, steps, width = len(counts), counts[0], self.embedded.shape[1]
+        at = first[order][None] + torch.arange(steps, device=rows.device)[:, None] * (-1 if backward else 1)
+        index = rows[order][None] * width + at.clamp(0, width - 1)  # [steps, n]
+        if self.replacement is not None:
+            index[0] = self.gates[backward].shape[0] - 1  # every run starts at the masked position
+        h0, c0 = (x[order] for x in states)
+        region = table[base : base + steps * n].view(steps, n, -1)
+        _lstm_over_gates(
+            self.gates[backward], index, counts, h0, c0, self.recurrent[backward], self.maps[backward], region
+        )
+        if backward and self.replacement is not None and self.bias is not None:
+            table[base : base + n] += self.bias  # step 0 (the masked position's two new halves)
+
     def features(self, rows: Tensor, positions: Tensor) -> Tensor:
         """The deletions' features ``[N, W - 1, D]`` (maskings': ``[N, W, D]``), not zeroed past
         each one's length.
@@ -363,23 +380,11 @@ class BiRNNDeletions:
             start.append(torch.zeros(rows.shape[0], dtype=torch.int64, device=device))
             stride.append(torch.zeros_like(start[-1]))
             if pieces is None:  # an LSTM: every run at once over the gate table
-                n, steps = len(counts), (counts[0] if counts else 0)
-                if steps == 0:
-                    continue
-                at = first[order][None] + torch.arange(steps, device=device)[:, None] * (-1 if backward else 1)
-                index = rows[order][None] * width + at.clamp(0, width - 1)  # [steps, n]
-                if self.replacement is not None:
-                    index[0] = self.gates[backward].shape[0] - 1  # every run starts at the masked position
-                region = table[base : base + steps * n].view(steps, n, -1)
-                h0, c0 = (x[order] for x in states)
-                _lstm_over_gates(
-                    self.gates[backward], index, counts, h0, c0, self.recurrent[backward], self.maps[backward], region
-                )
-                if backward and self.replacement is not None and self.bias is not None:
-                    table[base : base + n] += self.bias  # step 0 (the masked position's two new halves)
-                start[-1][order] = base + torch.arange(n, device=device)
-                stride[-1][order] = n
-                base += steps * n
+                if counts and counts[0]:
+                    self._lstm_pass(table, base, backward, rows, first, states, order, counts)
+                    start[-1][order] = base + torch.arange(len(counts), device=device)
+                    stride[-1][order] = len(counts)
+                    base += counts[0] * len(counts)
                 continue
             for s, e, n in pieces:
                 idx = order[torch.arange(s, s + n, device=device).clamp_(max=e - 1)]  # padded with the last run

@@ -90,6 +90,10 @@ def tested_forward(model, tokens: Tensor, lengths: Tensor):
     return out, own
 
 
+#: run_battery's settings that collect uses and summarise does not take
+_COLLECT_ONLY = ("orders", "seed", "random_samples", "never_flipped", "ig_steps", "input_x_gradient")
+
+
 def run_battery(
     model: torch.nn.Module,
     batches: Iterable[tuple[Tensor, Tensor]],
@@ -133,14 +137,7 @@ def run_battery(
         numbered.append((first, tokens, lengths))
         first += len(lengths)
     x, seconds = collect(model, numbered, progress=progress, **settings)
-    for name in (
-        "orders",
-        "seed",
-        "random_samples",
-        "never_flipped",
-        "ig_steps",
-        "input_x_gradient",
-    ):  # used by collect only
+    for name in _COLLECT_ONLY:
         settings.pop(name)
     return summarise(x, seconds, class_names, **settings)
 

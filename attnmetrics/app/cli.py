@@ -372,9 +372,8 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
     device = next(model.parameters()).device
     tokens, lengths_t = tokens.to(device), lengths_t.to(device)
     out, _ = tested_forward(model, tokens, lengths_t)
-    attention = out.attention
     scores = {
-        "attention": attention,
+        "attention": out.attention,
         "gradient": gradient_importance(model, tokens, lengths_t),
         "loo": leave_one_out(model, tokens, lengths_t),
     }
@@ -382,7 +381,7 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
         model, tokens, lengths_t, args.integrated_gradients, args.input_x_gradient
     ).items():
         scores[name] = compute()
-    order = removal_order(attention.double(), out.lengths)
+    order = removal_order(out.attention.double(), out.lengths)
     by_attention = inst.get("flip", {}).get("attention")
     examples = []
     for row, i in enumerate(index):
