@@ -67,3 +67,8 @@ def _rationale_batch_fake(tokens, lengths, rank, sizes, lead, trail, keep_ration
 def _attention_rollout_fake(attentions, lengths, residual):
     b, t = attentions.shape[0], attentions.shape[3]
     return attentions.new_empty(b, t, t)
+
+
+@torch.library.register_fake("attnmetrics::lstm_runs")
+def _lstm_runs_fake(gates, index, counts, h0, c0, weight, out):
+    return None  # writes into out

@@ -61,6 +61,7 @@ _OPS = (
     "leave_one_out_batch",
     "rationale_batch",
     "attention_rollout",
+    "lstm_runs",
 )
 
 

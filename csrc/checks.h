@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "kernels/rollout.h"
 
@@ -274,6 +275,71 @@ inline void check_rollout_values(const at::Tensor& attentions, const at::Tensor&
                   "); attention probabilities must be finite and non-negative");
     }
   });
+}
+
+// ---- lstm_runs -------------------------------------------------------------------------------
+
+struct LstmRunsSizes {
+  int64_t steps, runs, hidden, features;
+};
+
+// lstm_runs' shapes and dtypes (schema in ops.cpp), every tensor contiguous. Returns S, N, H, D.
+inline LstmRunsSizes check_lstm_runs_inputs(const at::Tensor& gates, const at::Tensor& index,
+                                            const at::Tensor& counts, const at::Tensor& h0,
+                                            const at::Tensor& c0, const at::Tensor& weight,
+                                            const at::Tensor& out) {
+  check_floating(gates, "gates");
+  TORCH_CHECK(gates.dim() == 2 && gates.size(1) % 4 == 0 && gates.size(1) > 0,
+              "gates must have shape [R, 4 * hidden], got ", gates.sizes());
+  const int64_t H = gates.size(1) / 4;
+  TORCH_CHECK(index.dim() == 2, "index must have shape [S, N], got ", index.sizes());
+  const int64_t S = index.size(0), N = index.size(1);
+  TORCH_CHECK(index.scalar_type() == at::kLong, "index must be int64, got ", index.scalar_type());
+  TORCH_CHECK(counts.scalar_type() == at::kLong, "counts must be int64, got ",
+              counts.scalar_type());
+  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == N, "counts must have shape [N] = [", N,
+              "], got ", counts.sizes());
+  for (const auto& [t, name] : {std::pair{&h0, "h0"}, {&c0, "c0"}}) {
+    TORCH_CHECK(t->dim() == 2 && t->size(0) == N && t->size(1) == H, name,
+                " must have shape [N, hidden] = [", N, ", ", H, "], got ", t->sizes());
+  }
+  TORCH_CHECK(weight.dim() == 2 && weight.size(0) == H && weight.size(1) >= 4 * H,
+              "weight must have shape [hidden, 4 * hidden + D] = [", H, ", ", 4 * H,
+              " + D], got ", weight.sizes());
+  const int64_t D = weight.size(1) - 4 * H;
+  TORCH_CHECK(out.dim() == 3 && out.size(0) == S && out.size(1) == N && out.size(2) == D,
+              "out must have shape [S, N, D] = [", S, ", ", N, ", ", D, "], got ", out.sizes());
+  for (const auto& [t, name] : {std::pair{&h0, "h0"}, {&c0, "c0"}, {&weight, "weight"},
+                                {&out, "out"}}) {
+    TORCH_CHECK(t->scalar_type() == gates.scalar_type(), name, " dtype ", t->scalar_type(),
+                " must match gates dtype ", gates.scalar_type());
+  }
+  for (const auto& [t, name] : {std::pair{&gates, "gates"}, {&index, "index"},
+                                {&counts, "counts"}, {&h0, "h0"}, {&c0, "c0"},
+                                {&weight, "weight"}, {&out, "out"}}) {
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+  }
+  return {S, N, H, D};
+}
+
+// lstm_runs' counts and index in host memory: counts non-increasing in [0, S], and every
+// index a run reads (s < counts[k]) in [0, R).
+inline void check_lstm_runs_values(const int64_t* counts, const int64_t* index, int64_t S,
+                                   int64_t N, int64_t R) {
+  for (int64_t k = 0; k < N; ++k) {
+    TORCH_CHECK(counts[k] >= 0 && counts[k] <= S, "counts[", k, "] = ", counts[k],
+                " is outside [0, S] = [0, ", S, "]");
+    TORCH_CHECK(k == 0 || counts[k] <= counts[k - 1], "counts must be non-increasing (runs "
+                "longest first), got counts[", k - 1, "] = ", counts[k - 1], " < counts[", k,
+                "] = ", counts[k]);
+  }
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t k = 0; k < N && counts[k] > s; ++k) {
+      const int64_t i = index[s * N + k];
+      TORCH_CHECK(i >= 0 && i < R, "index[", s, ", ", k, "] = ", i,
+                  " is outside the gate table's rows [0, R) = [0, ", R, ")");
+    }
+  }
 }
 
 }  // namespace attnmetrics

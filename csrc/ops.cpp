@@ -68,6 +68,16 @@ TORCH_LIBRARY(attnmetrics, m) {
   m.def("rationale_batch(Tensor tokens, Tensor lengths, Tensor rank, Tensor sizes, int lead, "
         "int trail, bool keep_rationale, int? mask_token=None, int pad=0) "
         "-> (Tensor, Tensor, Tensor, Tensor)");
+  // One LSTM direction over runs whose inputs' gates are rows of a table (leave-one-out's
+  // re-encoded runs of a bidirectional LSTM, models/deletions.py; kernels/lstm.h): gates
+  // [R, 4H] float32/float64 (W_ih x + b_ih + b_hh of each input, torch's gate order i, f, g,
+  // o); index [S, N] int64, step s of run k reads gates[index[s, k]]; counts [N] int64,
+  // non-increasing, in [0, S], each run's steps; h0, c0 [N, H] the start states; weight
+  // [H, 4H + D] = [W_hh.T | M.T], the recurrent weights and a feature map M [D, H]. Writes
+  // M h of step s of run k to out [S, N, D], zero past counts[k]; no step of a finished run
+  // is computed.
+  m.def("lstm_runs(Tensor gates, Tensor index, Tensor counts, Tensor h0, Tensor c0, "
+        "Tensor weight, Tensor(a!) out) -> ()");
   // Attention rollout (Abnar & Zuidema 2020, sec. 3; kernels/rollout.h): attentions
   // [B, layers, heads, T, T], lengths [B] int64 in [0, T], residual in [0, 1]. Per row and
   // layer the head mean on the valid L x L block, mixed (1 - residual) * A + residual * I and

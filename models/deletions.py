@@ -18,8 +18,10 @@ states, and a fused gather-add of two table rows builds each of a deletion's
 
 An LSTM's runs read their inputs' gates (``W_ih x + b``) from a table computed once per row
 position (:func:`_gate_tables`): every run of an edit reads only the row's own tokens (and a
-mask token), so a step is left with the recurrent product, all runs of a direction go in one
-pass longest first (:func:`_lstm_over_gates`), and no step of a finished run is computed.
+mask token), so a step is left with the recurrent product. All runs of a direction go in one
+pass longest first through the compiled ``attnmetrics::lstm_runs`` (one product per step for
+the gates and the features, then one fused pass over the cells), and no step of a finished
+run is computed.
 A GRU's runs are sorted by length and go through torch's fused RNN in calls of runs of
 about one length and of a few shapes (:func:`_run_pieces`).
 """
@@ -30,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnmetrics._ops import ops
 from attnmetrics.protocol import token_mask
 
 #: Runs of one RNN call differ in length by at most this share of the shortest (the
@@ -180,69 +183,15 @@ def _run_pieces(counts: list[int], batch: int) -> list[tuple[int, int, int]]:
     return pieces
 
 
-def _lstm_over_gates(
-    gates: Tensor,
-    index: Tensor,
-    counts: list[int],
-    h: Tensor,
-    c: Tensor,
-    recurrent: Tensor,
-    feature_map: Tensor,
-    out: Tensor,
-) -> None:
-    """One LSTM direction over runs whose input gates are rows of a table: step s of run k
-    reads ``gates[index[s, k]]`` (``W_ih x + b_ih + b_hh`` of its input, [4·hidden], torch's
-    gate order i, f, g, o) and adds ``h @ recurrent`` (``recurrent = W_hh.T``, [hidden,
-    4·hidden]), from the states h, c [N, hidden]. The cell input g's columns of both come
-    doubled (:func:`_doubled_g`), so one sigmoid serves every gate: tanh(g) = 2·σ(2g) − 1, as
-    :func:`tanh_by_sigmoid`. Runs are sorted by their step ``counts`` (descending), so the
-    runs still going at step s are a prefix, and no step of a finished run is computed.
-    Writes ``feature_map [D, hidden] @ h`` of step s of run k to ``out[s, k]`` (out [S, N, D];
-    zero past a run's count).
-
-    A deletion or masking runs over the row's own tokens (and one replacement), whose input
-    gates are computed once per row position: per step only the recurrent product is left,
-    which for J&W's sizes (E 300, hidden 128) is 30 % of an LSTM step's multiply-adds.
-    """
-    steps, runs = index.shape
-    m = feature_map.t()
-    c = c.clone()
-    hidden = c.shape[1]
-    g = gates.new_empty(runs, 4 * hidden)
-    going = runs
-    for s in range(steps):
-        while going and counts[going - 1] <= s:
-            going -= 1
-        gs = g[:going]
-        torch.index_select(gates, 0, index[s, :going], out=gs)
-        gs.addmm_(h[:going], recurrent).sigmoid_()
-        i, f, u, o = gs.chunk(4, 1)
-        u.mul_(2).sub_(1)
-        cs = c[:going].mul_(f).addcmul_(i, u)
-        h = tanh_by_sigmoid(cs).mul_(o)
-        torch.mm(h, m, out=out[s, :going])
-        out[s, going:] = 0  # finished runs: read only past a deletion's end, where masked out
-
-
-def _doubled_g(weight: Tensor) -> Tensor:
-    """``weight`` [4·hidden, ...] (an LSTM's, gates i, f, g, o) with the g rows doubled (exact)."""
-    hidden = weight.shape[0] // 4
-    out = weight.clone()
-    out[2 * hidden : 3 * hidden] *= 2
-    return out
-
-
-def _gate_tables(rnn: nn.LSTM, embedded: Tensor, replacement: Tensor | None) -> tuple[list[Tensor], list[Tensor]]:
+def _gate_tables(rnn: nn.LSTM, embedded: Tensor, replacement: Tensor | None) -> list[Tensor]:
     """Per direction of a one-layer bidirectional ``rnn``: the input gates ``W_ih x + b_ih +
     b_hh`` of every position of the rows embedded [G, T, E] (row g·T + t), then of the
-    ``replacement`` [E] if given (row G·T), [G·T (+ 1), 4·hidden]; and ``W_hh.T``. The g
-    gate's columns of both are doubled, as :func:`_lstm_over_gates` takes them."""
-    weights = [_weights(rnn, r) for r in (False, True)]
+    ``replacement`` [E] if given (row G·T): [G·T (+ 1), 4·hidden], as ``lstm_runs`` reads them."""
     x = embedded.reshape(-1, embedded.shape[-1])
     if replacement is not None:
         x = torch.cat([x, replacement[None].to(x.dtype)])
-    gates = [linear(x, _doubled_g(w[0]), _doubled_g(w[2] + w[3]) if rnn.bias else None) for w in weights]
-    return gates, [_doubled_g(w[1]).t().contiguous() for w in weights]
+    weights = [_weights(rnn, r) for r in (False, True)]
+    return [linear(x, w[0], w[2] + w[3] if rnn.bias else None) for w in weights]
 
 
 class BiRNNDeletions:
@@ -294,10 +243,12 @@ class BiRNNDeletions:
         self.bias = bias
         self.reused = self.table.shape[0]
         # An LSTM's runs read their inputs' gates from a table (the masked position's first
-        # step, the replacement's).
-        self.gates, self.recurrent = (
-            _gate_tables(rnn, embedded, replacement) if isinstance(rnn, nn.LSTM) else (None, None)
-        )
+        # step, the replacement's) and, per step, multiply h by W_hh.T and the feature map
+        # at once (attnmetrics::lstm_runs).
+        self.gates, self.recurrent = None, None
+        if isinstance(rnn, nn.LSTM):
+            self.gates = _gate_tables(rnn, embedded, replacement)
+            self.recurrent = [torch.cat([w[1].t(), m.t()], 1).contiguous() for w, m in zip(self.weights, self.maps)]
 
     def _room(self, rows: int) -> Tensor:
         """The table with room for ``rows`` recomputed rows after the reused ones (the room grown
@@ -343,18 +294,17 @@ class BiRNNDeletions:
 
     def _lstm_pass(self, table, base, backward, rows, first, states, order, counts) -> None:
         """One direction's runs (``order``, longest first, ``counts`` steps each) through
-        :func:`_lstm_over_gates`, their features into ``table[base : base + steps * n]``, step s
-        of the k-th run at row base + s·n + k."""
+        ``attnmetrics::lstm_runs``, their features into ``table[base : base + steps * n]``,
+        step s of the k-th run at row base + s·n + k."""
         n, steps, width = len(counts), counts[0], self.embedded.shape[1]
         at = first[order][None] + torch.arange(steps, device=rows.device)[:, None] * (-1 if backward else 1)
         index = rows[order][None] * width + at.clamp(0, width - 1)  # [steps, n]
         if self.replacement is not None:
             index[0] = self.gates[backward].shape[0] - 1  # every run starts at the masked position
-        h0, c0 = (x[order] for x in states)
+        h0, c0 = (x[order].contiguous() for x in states)
         region = table[base : base + steps * n].view(steps, n, -1)
-        _lstm_over_gates(
-            self.gates[backward], index, counts, h0, c0, self.recurrent[backward], self.maps[backward], region
-        )
+        count = torch.tensor(counts, dtype=torch.int64, device=rows.device)
+        ops.lstm_runs(self.gates[backward], index, count, h0, c0, self.recurrent[backward], region)
         if backward and self.replacement is not None and self.bias is not None:
             table[base : base + n] += self.bias  # step 0 (the masked position's two new halves)
 
