@@ -70,5 +70,5 @@ def _attention_rollout_fake(attentions, lengths, residual):
 
 
 @torch.library.register_fake("attnmetrics::lstm_runs")
-def _lstm_runs_fake(gates, index, counts, h0, c0, weight, out):
-    return None  # writes into out
+def _lstm_runs_fake(gates, index, counts, h0, c0, weight, out, states=None):
+    return None  # writes into out (and states)

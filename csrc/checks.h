@@ -287,7 +287,8 @@ struct LstmRunsSizes {
 inline LstmRunsSizes check_lstm_runs_inputs(const at::Tensor& gates, const at::Tensor& index,
                                             const at::Tensor& counts, const at::Tensor& h0,
                                             const at::Tensor& c0, const at::Tensor& weight,
-                                            const at::Tensor& out) {
+                                            const at::Tensor& out,
+                                            const std::optional<at::Tensor>& states) {
   check_floating(gates, "gates");
   TORCH_CHECK(gates.dim() == 2 && gates.size(1) % 4 == 0 && gates.size(1) > 0,
               "gates must have shape [R, 4 * hidden], got ", gates.sizes());
@@ -309,6 +310,15 @@ inline LstmRunsSizes check_lstm_runs_inputs(const at::Tensor& gates, const at::T
   const int64_t D = weight.size(1) - 4 * H;
   TORCH_CHECK(out.dim() == 3 && out.size(0) == S && out.size(1) == N && out.size(2) == D,
               "out must have shape [S, N, D] = [", S, ", ", N, ", ", D, "], got ", out.sizes());
+  if (states) {
+    TORCH_CHECK(states->dim() == 4 && states->size(0) == 2 && states->size(1) == S &&
+                    states->size(2) == N && states->size(3) == H,
+                "states must have shape [2, S, N, hidden] = [2, ", S, ", ", N, ", ", H, "], got ",
+                states->sizes());
+    TORCH_CHECK(states->scalar_type() == gates.scalar_type(), "states dtype ",
+                states->scalar_type(), " must match gates dtype ", gates.scalar_type());
+    TORCH_CHECK(states->is_contiguous(), "states must be contiguous");
+  }
   for (const auto& [t, name] : {std::pair{&h0, "h0"}, {&c0, "c0"}, {&weight, "weight"},
                                 {&out, "out"}}) {
     TORCH_CHECK(t->scalar_type() == gates.scalar_type(), name, " dtype ", t->scalar_type(),

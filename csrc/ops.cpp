@@ -75,9 +75,10 @@ TORCH_LIBRARY(attnmetrics, m) {
   // non-increasing, in [0, S], each run's steps; h0, c0 [N, H] the start states; weight
   // [H, 4H + D] = [W_hh.T | M.T], the recurrent weights and a feature map M [D, H]. Writes
   // M h of step s of run k to out [S, N, D], zero past counts[k]; no step of a finished run
-  // is computed.
+  // is computed. With states [2, S, N, H] also its h (states[0]) and c (states[1]), zero past
+  // counts[k].
   m.def("lstm_runs(Tensor gates, Tensor index, Tensor counts, Tensor h0, Tensor c0, "
-        "Tensor weight, Tensor(a!) out) -> ()");
+        "Tensor weight, Tensor(a!) out, Tensor(b!)? states=None) -> ()");
   // Attention rollout (Abnar & Zuidema 2020, sec. 3; kernels/rollout.h): attentions
   // [B, layers, heads, T, T], lengths [B] int64 in [0, T], residual in [0, 1]. Per row and
   // layer the head mean on the valid L x L block, mixed (1 - residual) * A + residual * I and

@@ -120,45 +120,20 @@ def _run(rnn: nn.RNNBase, weights: list[Tensor], x: Tensor, h0: Tensor, c0: Tens
     return torch.gru(x, h0[None], weights, rnn.bias, 1, 0.0, False, False, False)[0]
 
 
-def _row_states(rnn: nn.RNNBase, embedded: Tensor, lengths: Tensor, reverse: bool) -> tuple[Tensor, Tensor | None]:
-    """One direction over the rows x [G, T, E]: (h, c), each [G, T, hidden], the states after
-    each position, in position order (the backward direction runs from each row's last
-    position); c is None for a GRU. Past a row's length the values are meaningless.
-
-    The hidden states come from one fused call; an LSTM's cell states, which it does not
-    return, follow from them: with every h_{s-1} known, all gates are one matmul, and
-    c_s = σ(f_s) c_{s-1} + σ(i_s) tanh(g_s) is a scan of one fused op per step.
-    """
+def _row_states(rnn: nn.GRU, embedded: Tensor, lengths: Tensor, reverse: bool) -> tuple[Tensor, None]:
+    """One direction of a GRU over the rows x [G, T, E] in one fused call: (h [G, T, hidden],
+    None), the states after each position, in position order (the backward direction runs
+    from each row's last position). Past a row's length the values are meaningless. (An
+    LSTM's rows run through :meth:`BiRNNDeletions._own_lstm`.)"""
     G, T, _ = embedded.shape
     steps = torch.arange(T, device=embedded.device)
     # Step s reads position s, or, backwards, position length - 1 - s of each row.
     order = (lengths[:, None] - 1 - steps).clamp(min=0) if reverse else steps.expand(G, T)
     x = embedded[torch.arange(G, device=embedded.device)[None], order.t()]  # [T, G, E]
-    weights = _weights(rnn, reverse)
-    zeros = x.new_zeros(G, rnn.hidden_size)
-    is_lstm = isinstance(rnn, nn.LSTM)
-    h = _run(rnn, weights, x, zeros, zeros if is_lstm else None)  # [T, G, hidden]
-    c = None
-    if is_lstm:
-        # gates i, f, g (torch's order i, f, g, o; o is not needed) of every step at once
-        rows = slice(0, 3 * rnn.hidden_size)
-        h_prev = torch.cat([zeros[None], h[:-1]])
-        gates = linear(
-            torch.cat([x, h_prev], -1).view(T * G, -1),
-            torch.cat([weights[0][rows], weights[1][rows]], 1),
-            weights[2][rows] + weights[3][rows] if rnn.bias else None,
-        )
-        i, f, g = gates.view(T, G, -1).chunk(3, dim=-1)
-        u = torch.sigmoid(i).mul_(tanh_by_sigmoid(g))
-        f = torch.sigmoid(f)
-        c = torch.empty_like(h)
-        prev = zeros
-        for s in range(T):
-            prev = torch.addcmul(u[s], f[s], prev, out=c[s])
+    h = _run(rnn, _weights(rnn, reverse), x, x.new_zeros(G, rnn.hidden_size), None)  # [T, G, hidden]
     if reverse:  # back to position order: position p < length is step length - 1 - p (the same map)
-        index = order.t().unsqueeze(-1).expand_as(h)
-        h, c = h.gather(0, index), None if c is None else c.gather(0, index)
-    return h.transpose(0, 1).contiguous(), None if c is None else c.transpose(0, 1).contiguous()
+        h = h.gather(0, order.t().unsqueeze(-1).expand_as(h))
+    return h.transpose(0, 1).contiguous(), None
 
 
 def _run_pieces(counts: list[int], batch: int) -> list[tuple[int, int, int]]:
@@ -231,24 +206,52 @@ class BiRNNDeletions:
             feature_map = torch.eye(2 * rnn.hidden_size, dtype=embedded.dtype, device=embedded.device)
         self.maps = [half.contiguous() for half in feature_map.chunk(2, dim=1)]  # W_f, W_b
         self.weights = [_weights(rnn, r) for r in (False, True)]
-        (self.hf, self.cf), (self.hb, self.cb) = (_row_states(rnn, embedded, lengths, r) for r in (False, True))
+        # An LSTM's runs (the rows' own too) read their inputs' gates from a table (a masking's
+        # first step, the replacement's) and, per step, multiply h by W_hh.T and the feature
+        # map at once (attnmetrics::lstm_runs); a GRU's go through torch's fused GRU.
+        self.gates, self.recurrent = None, None
+        if isinstance(rnn, nn.LSTM):
+            self.gates = _gate_tables(rnn, embedded, replacement)
+            self.recurrent = [torch.cat([w[1].t(), m.t()], 1).contiguous() for w, m in zip(self.weights, self.maps)]
+            (self.hf, self.cf, forward), (self.hb, self.cb, backward) = (self._own_lstm(r) for r in (0, 1))
+            halves = [forward.flatten(0, 1), backward.flatten(0, 1)]
+        else:
+            (self.hf, self.cf), (self.hb, self.cb) = (_row_states(rnn, embedded, lengths, r) for r in (False, True))
+            halves = [linear(h.view(-1, h.shape[-1]), m) for h, m in zip((self.hf, self.hb), self.maps)]
         # the table: row (g·T + p)·2 holds the forward half's features at position p of row g,
         # + 1 the backward half's (with the bias: each position sums one old half and one new,
         # but for a masked position's two new ones, whose backward step 0 gets the bias);
         # a call's recomputed states follow
-        halves = [linear(h.view(-1, h.shape[-1]), m) for h, m in zip((self.hf, self.hb), self.maps)]
         self.table = torch.stack(halves, dim=1).flatten(0, 1)
         if bias is not None:
             self.table += bias
         self.bias = bias
         self.reused = self.table.shape[0]
-        # An LSTM's runs read their inputs' gates from a table (the masked position's first
-        # step, the replacement's) and, per step, multiply h by W_hh.T and the feature map
-        # at once (attnmetrics::lstm_runs).
-        self.gates, self.recurrent = None, None
-        if isinstance(rnn, nn.LSTM):
-            self.gates = _gate_tables(rnn, embedded, replacement)
-            self.recurrent = [torch.cat([w[1].t(), m.t()], 1).contiguous() for w, m in zip(self.weights, self.maps)]
+
+    def _own_lstm(self, backward: int) -> tuple[Tensor, Tensor, Tensor]:
+        """One LSTM direction over the rows themselves, each a run from zero states through
+        ``attnmetrics::lstm_runs``: (h, c, features), each [G, T, ·] in position order, zero
+        past each row's length."""
+        (G, T, _), device = self.embedded.shape, self.embedded.device
+        order = torch.argsort(self.lengths, descending=True, stable=True)
+        counts = self.lengths[order]
+        steps = torch.arange(int(counts[0]) if G else 0, device=device)[:, None]
+        # step s of run k reads (and its states belong to) position at[s, k] of row order[k]
+        at = (counts - 1 - steps).clamp(min=0) if backward else steps.expand(-1, G)
+        zeros = self.embedded.new_zeros(G, self.rnn.hidden_size)
+        out = self.embedded.new_empty(steps.shape[0], G, self.maps[backward].shape[0])
+        states = self.embedded.new_empty(2, *out.shape[:2], self.rnn.hidden_size)
+        ops.lstm_runs(
+            self.gates[backward], order * T + at, counts, zeros, zeros, self.recurrent[backward], out, states
+        )
+        inside = steps < counts
+        rows, at = order.expand_as(at)[inside], at[inside]
+        placed = []
+        for x in (states[0], states[1], out):
+            y = x.new_zeros(G, T, x.shape[-1])
+            y[rows, at] = x[inside]
+            placed.append(y)
+        return tuple(placed)
 
     def _room(self, rows: int) -> Tensor:
         """The table with room for ``rows`` recomputed rows after the reused ones (the room grown

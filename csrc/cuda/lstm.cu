@@ -15,7 +15,8 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kBlock)
     cell_kernel(const scalar_t* __restrict__ gates, const int64_t* __restrict__ index,
                 const scalar_t* __restrict__ pre, int64_t now, int64_t hidden, int64_t width,
-                scalar_t* __restrict__ c, scalar_t* __restrict__ h) {
+                scalar_t* __restrict__ c, scalar_t* __restrict__ h, scalar_t* __restrict__ states,
+                int64_t cell_offset) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        item < now * hidden; item += stride) {
@@ -24,6 +25,10 @@ __global__ void __launch_bounds__(kBlock)
     const scalar_t* p = pre + k * width + j;
     h[item] = lstm::cell(in[0] + p[0], in[hidden] + p[hidden], in[2 * hidden] + p[2 * hidden],
                          in[3 * hidden] + p[3 * hidden], c[item]);
+    if (states != nullptr) {
+      states[item] = h[item];
+      states[cell_offset + item] = c[item];
+    }
   }
 }
 
@@ -42,7 +47,8 @@ __global__ void __launch_bounds__(kBlock)
 template <typename scalar_t>
 cudaError_t launch(const scalar_t* gates, const int64_t* index, const scalar_t* pre,
                    int64_t runs, int64_t now, int64_t done, int64_t hidden, int64_t features,
-                   scalar_t* c, scalar_t* h, scalar_t* out, cudaStream_t stream) {
+                   scalar_t* c, scalar_t* h, scalar_t* out, scalar_t* states,
+                   int64_t cell_offset, cudaStream_t stream) {
   if (out != nullptr && runs * features > 0) {  // before the cells: pre stays unchanged anyway
     const dim3 grid(static_cast<unsigned int>(blocks_for(runs * features, kBlock)));
     features_kernel<scalar_t><<<grid, kBlock, 0, stream>>>(pre, runs, done, hidden, features, out);
@@ -50,7 +56,8 @@ cudaError_t launch(const scalar_t* gates, const int64_t* index, const scalar_t* 
   if (now * hidden > 0) {
     const dim3 grid(static_cast<unsigned int>(blocks_for(now * hidden, kBlock)));
     cell_kernel<scalar_t><<<grid, kBlock, 0, stream>>>(gates, index, pre, now, hidden,
-                                                        4 * hidden + features, c, h);
+                                                        4 * hidden + features, c, h, states,
+                                                        cell_offset);
   }
   return cudaGetLastError();
 }
@@ -59,13 +66,17 @@ cudaError_t launch(const scalar_t* gates, const int64_t* index, const scalar_t* 
 
 cudaError_t lstm_step(const float* gates, const int64_t* index, const float* pre, int64_t runs,
                       int64_t now, int64_t done, int64_t hidden, int64_t features, float* c,
-                      float* h, float* out, cudaStream_t stream) {
-  return launch(gates, index, pre, runs, now, done, hidden, features, c, h, out, stream);
+                      float* h, float* out, float* states, int64_t cell_offset,
+                      cudaStream_t stream) {
+  return launch(gates, index, pre, runs, now, done, hidden, features, c, h, out, states,
+                cell_offset, stream);
 }
 cudaError_t lstm_step(const double* gates, const int64_t* index, const double* pre, int64_t runs,
                       int64_t now, int64_t done, int64_t hidden, int64_t features, double* c,
-                      double* h, double* out, cudaStream_t stream) {
-  return launch(gates, index, pre, runs, now, done, hidden, features, c, h, out, stream);
+                      double* h, double* out, double* states, int64_t cell_offset,
+                      cudaStream_t stream) {
+  return launch(gates, index, pre, runs, now, done, hidden, features, c, h, out, states,
+                cell_offset, stream);
 }
 
 }  // namespace gpu
