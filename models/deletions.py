@@ -111,12 +111,10 @@ def _weights(rnn: nn.RNNBase, reverse: bool) -> list[Tensor]:
     return [getattr(rnn, f"{n}_l0{'_reverse' if reverse else ''}") for n in names]
 
 
-def _run(rnn: nn.RNNBase, weights: list[Tensor], x: Tensor, h0: Tensor, c0: Tensor | None) -> Tensor:
+def _gru(rnn: nn.GRU, weights: list[Tensor], x: Tensor, h0: Tensor) -> Tensor:
     """One direction of ``rnn`` (its ``weights``) over x [L, N, E] (sequence first) from the
-    states h0 (and c0, an LSTM's) [N, hidden]: outputs [L, N, hidden], contiguous. torch's
-    fused RNN ops take uniform lengths only (oneDNN's LSTM on the CPU)."""
-    if c0 is not None:
-        return torch.lstm(x, (h0[None], c0[None]), weights, rnn.bias, 1, 0.0, False, False, False)[0]
+    states h0 [N, hidden]: outputs [L, N, hidden], contiguous. torch's fused GRU takes uniform
+    lengths only."""
     return torch.gru(x, h0[None], weights, rnn.bias, 1, 0.0, False, False, False)[0]
 
 
@@ -130,7 +128,7 @@ def _row_states(rnn: nn.GRU, embedded: Tensor, lengths: Tensor, reverse: bool) -
     # Step s reads position s, or, backwards, position length - 1 - s of each row.
     order = (lengths[:, None] - 1 - steps).clamp(min=0) if reverse else steps.expand(G, T)
     x = embedded[torch.arange(G, device=embedded.device)[None], order.t()]  # [T, G, E]
-    h = _run(rnn, _weights(rnn, reverse), x, x.new_zeros(G, rnn.hidden_size), None)  # [T, G, hidden]
+    h = _gru(rnn, _weights(rnn, reverse), x, x.new_zeros(G, rnn.hidden_size))  # [T, G, hidden]
     if reverse:  # back to position order: position p < length is step length - 1 - p (the same map)
         h = h.gather(0, order.t().unsqueeze(-1).expand_as(h))
     return h.transpose(0, 1).contiguous(), None
@@ -241,9 +239,7 @@ class BiRNNDeletions:
         zeros = self.embedded.new_zeros(G, self.rnn.hidden_size)
         out = self.embedded.new_empty(steps.shape[0], G, self.maps[backward].shape[0])
         states = self.embedded.new_empty(2, *out.shape[:2], self.rnn.hidden_size)
-        ops.lstm_runs(
-            self.gates[backward], order * T + at, counts, zeros, zeros, self.recurrent[backward], out, states
-        )
+        ops.lstm_runs(self.gates[backward], order * T + at, counts, zeros, zeros, self.recurrent[backward], out, states)
         inside = steps < counts
         rows, at = order.expand_as(at)[inside], at[inside]
         placed = []
@@ -346,7 +342,7 @@ class BiRNNDeletions:
                 x = self.embedded[rows[idx][None], at.clamp(0, width - 1)]  # [L, n, E]
                 if self.replacement is not None:
                     x[0] = self.replacement  # every run starts at the masked position
-                out = _run(self.rnn, self.weights[backward], x, *(None if h is None else h[idx] for h in states))
+                out = _gru(self.rnn, self.weights[backward], x, states[0][idx])
                 table[base : base + out.shape[0] * n] = linear(out.view(-1, out.shape[-1]), self.maps[backward])
                 if backward and self.replacement is not None and self.bias is not None:
                     table[base : base + n] += self.bias  # step 0 (the masked position's two new halves)

@@ -319,6 +319,42 @@ def test_leave_one_out_batch_matches_cpu(mask_token):
     assert all(x.shape == w.shape for w, x in zip(want, got))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_lstm_runs_matches_cpu(dtype):
+    """Leave-one-out's LSTM runs: the CPU's vector exp and the GPU's expf round apart, and
+    cuBLAS sums in its own order: equal to tolerance; zero past each run's count on both."""
+    g = torch.Generator().manual_seed(4)
+    for runs, steps, hidden, features, rows in (
+        (1, 1, 1, 1, 1),
+        (300, 12, 128, 129, 50),
+        (7, 5, 13, 0, 4),
+        (0, 3, 8, 2, 2),
+    ):
+        gates = torch.randn(rows, 4 * hidden, generator=g, dtype=F64).to(dtype)
+        index = torch.randint(0, rows, (steps, runs), generator=g)
+        counts = torch.sort(torch.randint(0, steps + 1, (runs,), generator=g), descending=True).values
+        h0, c0 = (torch.randn(runs, hidden, generator=g, dtype=F64).to(dtype) for _ in range(2))
+        weight = (torch.randn(hidden, 4 * hidden + features, generator=g, dtype=F64) / hidden**0.5).to(dtype)
+        results = []
+        for on in (torch.device("cpu"), DEVICE):
+            out = torch.full((steps, runs, features), float("nan"), dtype=dtype, device=on)
+            states = torch.full((2, steps, runs, hidden), float("nan"), dtype=dtype, device=on)
+            args = (gates, index, counts, h0, c0, weight)
+            ops.lstm_runs(*(t.to(on) for t in args), out, states)
+            results.append((out.cpu(), states.cpu()))
+        (want_out, want_states), (got_out, got_states) = results
+        tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got_out, want_out, **tol)
+        torch.testing.assert_close(got_states, want_states, **tol)
+    gates, h0 = torch.randn(3, 8, dtype=dtype), torch.zeros(2, 2, dtype=dtype)
+    weight, index = torch.randn(2, 9, dtype=dtype), torch.zeros(3, 2, dtype=torch.int64)
+    args = (gates, index, torch.tensor([3, 1]), h0, h0, weight, torch.empty(3, 2, 1, dtype=dtype))
+    torch.library.opcheck(ops.lstm_runs.default, dev(*args))
+    for counts, message in ((torch.tensor([1, 3]), "counts must be non-increasing"), (torch.tensor([4, 1]), "outside")):
+        with pytest.raises(RuntimeError, match=message):
+            ops.lstm_runs(*dev(*args[:2], counts, *args[3:]))
+
+
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
 def test_permutation_test_on_device(kind):
     """The public function on device tensors: the same permutations as on the CPU, so the
