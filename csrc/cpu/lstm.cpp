@@ -107,8 +107,6 @@ void run_cells(const double* in, const double* pre, double* c, double* h, int64_
   cells(in, pre, c, h, H);
 }
 
-constexpr int64_t kTile = 128;  // runs per product
-
 void lstm_runs_cpu(const at::Tensor& gates, const at::Tensor& index, const at::Tensor& counts,
                    const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& weight,
                    at::Tensor out, const std::optional<at::Tensor>& states) {
@@ -141,20 +139,18 @@ void lstm_runs_cpu(const at::Tensor& gates, const at::Tensor& index, const at::T
       while (now > 0 && (s == S || cnt[now - 1] <= s)) --now;
       const int64_t rows = std::max(done, now);
       scalar_t* features = s > 0 ? dst + (s - 1) * N * D : nullptr;
-      // Tiles of runs: each tile's product is used while it is still in cache.
-      at::parallel_for(0, (rows + kTile - 1) / kTile, 1, [&](int64_t first, int64_t last) {
-        for (int64_t begin = first * kTile; begin < std::min(rows, last * kTile); begin += kTile) {
-          const int64_t end = std::min(rows, begin + kTile);
-          at::Tensor into = pre.narrow(0, begin, end - begin);
-          at::mm_out(into, h.narrow(0, begin, end - begin), weight);
-          for (int64_t k = begin; k < end; ++k) {
-            if (k < done) std::memcpy(features + k * D, p + k * W + 4 * H, D * sizeof(scalar_t));
-            if (k >= now) continue;
-            run_cells(table + idx[s * N + k] * 4 * H, p + k * W, cs + k * H, hs + k * H, H);
-            if (kept != nullptr) {
-              std::memcpy(kept + (s * N + k) * H, hs + k * H, H * sizeof(scalar_t));
-              std::memcpy(kept + ((S + s) * N + k) * H, cs + k * H, H * sizeof(scalar_t));
-            }
+      if (rows > 0) {
+        at::Tensor into = pre.narrow(0, 0, rows);
+        at::mm_out(into, h.narrow(0, 0, rows), weight);
+      }
+      at::parallel_for(0, rows, std::max<int64_t>(1, 4096 / W), [&](int64_t begin, int64_t end) {
+        for (int64_t k = begin; k < end; ++k) {
+          if (k < done) std::memcpy(features + k * D, p + k * W + 4 * H, D * sizeof(scalar_t));
+          if (k >= now) continue;
+          run_cells(table + idx[s * N + k] * 4 * H, p + k * W, cs + k * H, hs + k * H, H);
+          if (kept != nullptr) {
+            std::memcpy(kept + (s * N + k) * H, hs + k * H, H * sizeof(scalar_t));
+            std::memcpy(kept + ((S + s) * N + k) * H, cs + k * H, H * sizeof(scalar_t));
           }
         }
       });
