@@ -137,7 +137,8 @@ cudaError_t attention_rollout(const double* att, const int64_t* lengths, int64_t
 // out [runs, features] (the step before's features) takes pre[k, 4 hidden:] for k < done,
 // zero after. pre: [runs, 4 hidden + features], rows of index checked by the caller; out
 // may be null when features are not written (the first step). states, if not null, takes the
-// new h of run k at states[k, :] and its c at states[k + cell_offset, :].
+// new h of unit j of run k at states[k * hidden + j] and its c at states[cell_offset + k *
+// hidden + j].
 cudaError_t lstm_step(const float* gates, const int64_t* index, const float* pre, int64_t runs,
                       int64_t now, int64_t done, int64_t hidden, int64_t features, float* c,
                       float* h, float* out, float* states, int64_t cell_offset,
