@@ -11,9 +11,8 @@ each fraction's perturbed sequence in Python (``np.delete`` / fancy indexing on 
 run the instance's sequences through the model 8 at a time, padded (its
 ``_get_class_predicted_probabilities_texts`` batches), after one call on the full instance. ferret
 also decodes the ids to text and re-tokenises it; that is left out here, in its favour. Ours:
-every perturbation of a block of rows built at once (``rationale_batch``), as sequences of the
-rows' positions, which the BiLSTM runs from a table of each position's LSTM input gates
-(``edited_logits``, models/deletions.py).
+every perturbation of a block of rows built at once (``rationale_batch``), the sequences run
+through the whole model grouped by length.
 The values are checked equal first; ``extra_info["speedup"]`` is ferret's time over ours.
 """
 

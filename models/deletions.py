@@ -278,7 +278,7 @@ class BiRNNDeletions:
         ]
         plans, size = [], 0
         for first, count, states in runs:
-            if self.gates is not None:  # one pass over every run, longest first (_lstm_over_gates)
+            if self.gates is not None:  # one lstm_runs pass over every run, longest first
                 order = torch.argsort(count, descending=True, stable=True)
                 counts = count[order].tolist()
                 plans.append((first, states, order, counts, None))
