@@ -170,7 +170,10 @@ def leave_one_out(
     :class:`attnmetrics.AttentionClassifier`) computes the deletions' logits itself with
     ``mode="delete"``, and one with ``masking_logits`` the maskings' with ``mode="mask"``, so
     it can reuse what the edit leaves unchanged (J&W's BiLSTM: the forward states before
-    the token and the backward states after it; GPT-1: the states before it).
+    the token and the backward states after it; GPT-1: the states before it). When the
+    callable it returns has ``unedited_logits``, the rows' original logits come from it
+    (J&W's BiLSTM: from the states it ran for the reuse) and the model is not run on the
+    rows themselves, except on one row that sizes the calls.
     Rows are grouped by length, so each call holds sequences of a single length and
     carries no padding (packed RNNs then also take their faster uniform-length path).
     Each call holds at most about ``memory_budget`` bytes, estimated as
@@ -232,28 +235,30 @@ def leave_one_out(
         with torch.no_grad():
             if not row_list:
                 return torch.zeros(batch, width - lead, dtype=model.embed(tokens[:1, :1]).dtype, device=device)
-            # Output distributions of the rows, in `rows` order. The first call (one row)
-            # measures the bytes per position that size every later call.
-            logits, per_position, dtype = _grouped_logits(
-                model, tokens[rows], lengths[rows], None, budget, "the input rows"
-            )
-            classes = logits.shape[1]
-            original_dist = output_distribution(logits)
-            out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
-
-            # Deletion batches: groups of rows, each contributing its real-token count.
             reuse = _reuse(model, mode, mask_token)
             if reuse is not None:
+                # A one-row call measures the bytes per position that size the blocks; the rows'
+                # original logits come block by block, from the model's reuse when it gives them.
+                first, per_position, dtype = _model_logits(
+                    model, tokens[rows[:1], : len_list[0]], lengths[rows[:1]], "the input rows", None
+                )
+                original = first.new_empty(len(row_list), first.shape[1])
                 cap = CPU_DELETION_CALL_BYTES if device.type == "cpu" else memory_budget
                 parts = _deletions_by_model(
-                    model, tokens, lengths, rows, len_list, reuse, mode, per_position, min(memory_budget, cap), classes
+                    model, tokens, lengths, rows, len_list, reuse, mode, per_position, min(memory_budget, cap), original
                 )
             else:
-                parts = _deletions_by_kernel(
-                    model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, classes
+                # The rows' original logits, in `rows` order. The first call (one row)
+                # measures the bytes per position that size every later call.
+                original, per_position, dtype = _grouped_logits(
+                    model, tokens[rows], lengths[rows], None, budget, "the input rows"
                 )
+                parts = _deletions_by_kernel(
+                    model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, original.shape[1]
+                )
+            out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
             for src, position, logits in parts:  # src indexes `rows`, position the row's real tokens
-                p = original_dist[src].contiguous()
+                p = output_distribution(original[src]).contiguous()
                 q = output_distribution(logits).to(p.dtype).contiguous()
                 out[rows[src], position] = ops.tvd(p, q).to(dtype)
     finally:
@@ -319,25 +324,44 @@ def _reuse(model, mode: str, mask_token: int | None):
     return (lambda embedded, lengths: method(embedded, lengths, mask_token)) if callable(method) else None
 
 
-def _deletions_by_model(model, tokens, lengths, rows, len_list, reuse, mode, per_position, budget, classes):
+def _deletions_by_model(model, tokens, lengths, rows, len_list, reuse, mode, per_position, budget, original):
     """Yield what :func:`_deletions_by_kernel` does, with the logits from the model's
     ``deletion_logits`` (``masking_logits`` in mask mode; ``reuse``, from :func:`_reuse`):
     prepared once for a block of rows (within the budget), then fed
     the deletions of rows of about one length (within :data:`DELETION_BAND`) position by
     position, so the positions of one call are close together (what a deletion changes,
-    and a reusing model recomputes, depends on where it is) and its rows pad little."""
+    and a reusing model recomputes, depends on where it is) and its rows pad little.
+
+    Before a block's first yield, its rows' original logits are written to ``original``
+    ([len(rows), C], in ``rows`` order): the prepared callable's ``unedited_logits()`` when it
+    has one (the states it already ran), else the model run on the block's rows."""
     lead, trail, device = model.lead, model.trail, tokens.device
+    classes = original.shape[1]
+    method = "deletion_logits" if mode == "delete" else "masking_logits"
     for bs, be in _length_groups([1] * len(len_list), len_list, per_position, budget, same_width=False):
         idx = rows[bs:be]
         block_lengths = lengths[idx]
-        deletions = reuse(model.embed(tokens[idx, : len_list[be - 1]]), block_lengths)
+        block_tokens = tokens[idx, : len_list[be - 1]]
+        deletions = reuse(model.embed(block_tokens), block_lengths)
         position_bytes = getattr(deletions, "position_bytes", per_position)
         if isinstance(position_bytes, bool) or not isinstance(position_bytes, int) or position_bytes <= 0:
-            method = "deletion_logits" if mode == "delete" else "masking_logits"
             raise ValueError(
                 f"model.{method}(...).position_bytes must be a positive int (bytes per "
                 f"position of a call's deletions), got {position_bytes!r}"
             )
+        unedited = getattr(deletions, "unedited_logits", None)
+        if unedited is not None:
+            if not callable(unedited):
+                raise ValueError(
+                    f"model.{method}(...).unedited_logits must be a callable () -> [G, C] logits "
+                    f"of the rows themselves, got {type(unedited).__name__}"
+                )
+            logits = _checked_logits(unedited(), be - bs, "the input rows", classes)
+        else:
+            logits, _, _ = _grouped_logits(
+                model, block_tokens, block_lengths, per_position, budget, "the input rows", classes
+            )
+        original[bs:be] = logits
         for s, e in _bands(len_list[bs:be]):
             real = block_lengths[s:e] - lead - trail
             local = torch.repeat_interleave(torch.arange(s, e, device=device), real)

@@ -39,7 +39,10 @@ class AttentionClassifier(Protocol):
     #   -> [N, C]: the logits on row ``rows[i]`` with position ``positions[i]`` deleted (length
     #   ``lengths[rows[i]] - 1``); lets a model reuse the work a deletion leaves unchanged.
     #   The returned callable may carry ``position_bytes`` (int): about what a call holds per
-    #   position of its deletions, by which leave_one_out sizes the calls to its memory budget.
+    #   position of its deletions, by which leave_one_out sizes the calls to its memory budget,
+    #   and ``unedited_logits``, a callable () -> [G, C]: the logits of the rows themselves (as
+    #   the model gives them, up to rounding), which leave_one_out then takes as the original
+    #   outputs instead of running the model on the rows (the reuse has their states already).
     # masking_logits(embedded [G, T, E], lengths [G], mask_token: int) -> logits(rows, positions)
     #   -> [N, C]: the same with position ``positions[i]`` replaced by ``mask_token`` (the
     #   length unchanged), for leave_one_out(mode="mask").

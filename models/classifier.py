@@ -416,13 +416,18 @@ class EncoderAttentionClassifier(AttentionForward, nn.Module):
         bias = None if projection.bias is None else F.pad(projection.bias, (0, self.decoder.out_features))
         deletions = self.encoder.deletions(embedded, lengths, maps, bias, replacement)
 
-        def logits(rows: Tensor, positions: Tensor) -> Tensor:
-            mapped = deletions.features(rows, positions)  # [N, W (- 1), A + C], padding masked below
-            mask = token_mask(kept[rows], mapped.shape[1], self.lead, self.trail)
+        def head(mapped: Tensor, lengths: Tensor) -> Tensor:
+            """features [N, W, A + C] of sequences of ``lengths`` [N] -> logits [N, C]"""
+            mask = token_mask(lengths, mapped.shape[1], self.lead, self.trail)
             attention = _masked_softmax(self.attention.score(mapped[..., :A], tanh_by_sigmoid), mask)
             out = (attention.unsqueeze(-1) * mapped[..., A:]).sum(1)
             return out if self.decoder.bias is None else out + self.decoder.bias
 
+        def logits(rows: Tensor, positions: Tensor) -> Tensor:
+            return head(deletions.features(rows, positions), kept[rows])  # padding masked in head
+
+        # the rows' own logits from the states already run (leave_one_out's original outputs)
+        logits.unedited_logits = lambda: head(deletions.own_features(), lengths)
         # what a call holds per position of its deletions (leave_one_out sizes calls by it): the
         # features of the recomputed states and the spliced ones, A + C each, and the scores'
         # temporary, A

@@ -226,6 +226,16 @@ class BiRNNDeletions:
         self.bias = bias
         self.reused = self.table.shape[0]
 
+    def own_features(self) -> Tensor:
+        """The rows' own (unedited) features ``[G, T, D]``: ``feature_map @ h + bias`` of the
+        states of ``rnn`` on the rows themselves, from the table (one position's two halves
+        each hold the bias once, so it is taken off one of them); zero past each row's length."""
+        (G, T, _), D = self.embedded.shape, self.table.shape[1]
+        halves = self.table[: self.reused].view(G, T, 2, D)
+        own = halves[:, :, 0] + (halves[:, :, 1] if self.bias is None else halves[:, :, 1] - self.bias)
+        inside = torch.arange(T, device=own.device) < self.lengths[:, None]
+        return own * inside.unsqueeze(-1).to(own.dtype)
+
     def _own_lstm(self, backward: int) -> tuple[Tensor, Tensor, Tensor]:
         """One LSTM direction over the rows themselves, each a run from zero states through
         ``attnmetrics::lstm_runs``: (h, c, features), each [G, T, ·] in position order, zero

@@ -263,6 +263,61 @@ def test_deletion_calls_sized_by_position_bytes():
             leave_one_out(DeletionSpy(bad, classes=2), tokens, lengths)
 
 
+class UneditedSpy(DeletionSpy):
+    """DeletionSpy whose prepared callable also gives the rows' own logits (``unedited_logits``,
+    from ``unedited``: the model on the block's rows, or a stand-in); records every encode's
+    batch size."""
+
+    def __init__(self, unedited=None, **kw):
+        super().__init__(64, **kw)
+        self.unedited, self.encoded = unedited, []
+
+    def encode(self, embedded, lengths):
+        self.encoded.append(embedded.shape[0])
+        return super().encode(embedded, lengths)
+
+    def deletion_logits(self, embedded, lengths):
+        logits = super().deletion_logits(embedded, lengths)
+
+        def own():
+            hidden = self.encode(embedded, lengths)
+            return self.decoder(torch.einsum("nt,nth->nh", self.attend(hidden, lengths), hidden))
+
+        logits.unedited_logits = own if self.unedited is None else self.unedited(own)
+        return logits
+
+
+def test_original_outputs_from_unedited_logits():
+    tokens, lengths = ragged(rows=20, width=15, seed=4)
+    want = leave_one_out_reference(Toy(classes=3, seed=4), tokens, lengths)
+    model = UneditedSpy(classes=3, seed=4)
+    got = leave_one_out(model, tokens, lengths, memory_budget=3000)  # several blocks
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    # the rows are encoded once each (besides a one-row call that sizes the blocks), by own():
+    # no separate forward over the rows
+    deletions = int(real_counts(lengths, model).sum())
+    assert sum(model.encoded) == 1 + 20 + deletions
+    # and the originals are the callable's: a stand-in that scales them changes every TVD
+    scaled = leave_one_out(UneditedSpy(lambda own: lambda: own() * 2, classes=3, seed=4), tokens, lengths)
+    real = torch.arange(got.shape[1]) < real_counts(lengths, model)[:, None]
+    assert (scaled[real] != got[real]).all()
+
+
+@pytest.mark.parametrize(
+    "unedited, match",
+    [
+        (lambda own: 3, r"unedited_logits must be a callable \(\) -> \[G, C\] .* got int"),
+        (lambda own: lambda: own()[:-1], r"the input rows"),
+        (lambda own: lambda: own()[:, :2], r"the input rows"),
+        (lambda own: lambda: own() * float("nan"), r"finite.*the input rows|the input rows.*finite"),
+    ],
+)
+def test_unedited_logits_checked(unedited, match):
+    tokens, lengths = ragged(rows=6, width=9, seed=5)
+    with pytest.raises(ValueError, match=match):
+        leave_one_out(UneditedSpy(unedited, classes=3, seed=5), tokens, lengths)
+
+
 def test_row_alone_equals_row_in_batch():
     model = real_model(3, seed=11)
     tokens, lengths = ragged(rows=9, width=12, vocab=50, seed=11)

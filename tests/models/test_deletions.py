@@ -159,6 +159,46 @@ def check_deletion_logits(model, dtype, masked):
     torch.testing.assert_close(got, torch.cat(want), **tol)
 
 
+@pytest.mark.parametrize("encoder", ["lstm", "gru"])
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_own_features_are_the_rows_encoded(encoder, dtype, masked, with_bias):
+    model = model_for(encoder, dtype, seed=4)
+    lengths = torch.tensor([7, 1, 5, 9, 3])
+    embedded = ragged_embeddings(lengths, 11, dtype, seed=4)  # two columns of extra padding
+    g = torch.Generator().manual_seed(4)
+    feature_map = torch.randn(6, 16, generator=g, dtype=dtype)
+    bias = torch.randn(6, generator=g, dtype=dtype) if with_bias else None
+    with torch.no_grad():
+        prepared = model.encoder.deletions(embedded, lengths, feature_map, bias, replacement_for(masked, dtype))
+        got = prepared.own_features()
+        want = model.encode(embedded, lengths) @ feature_map.T  # zero states on padding
+    if with_bias:
+        want = want + bias * (torch.arange(11) < lengths[:, None]).unsqueeze(-1).to(dtype)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, want, **tol)
+    assert (got[1, 1:] == 0).all() and (got[:, 9:] == 0).all()
+
+
+@pytest.mark.parametrize("encoder", ["lstm", "gru"])
+@pytest.mark.parametrize("attention", ["tanh", "dot"])
+@pytest.mark.parametrize("classes", [1, 3])
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+@pytest.mark.parametrize("masked", [False, True])
+def test_unedited_logits_equal_the_model_on_the_rows(encoder, attention, classes, dtype, masked):
+    model = model_for(encoder, dtype, seed=5, classes=classes, attention=attention)
+    lengths = torch.tensor([7, 3, 5, 9, 2])  # <SOS> ... <EOS>; the last row has no real token
+    embedded = ragged_embeddings(lengths, 10, dtype, seed=5)
+    with torch.no_grad():
+        prepared = model.masking_logits(embedded, lengths, 1) if masked else model.deletion_logits(embedded, lengths)
+        got = prepared.unedited_logits()
+        hidden = model.encode(embedded, lengths)
+        want = model.decoder(torch.einsum("bt,bth->bh", model.attend(hidden, lengths).nan_to_num(0.0), hidden))
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == F64 else dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, want, **tol)
+
+
 @pytest.mark.parametrize("encoder", sorted(ENCODERS))
 @pytest.mark.parametrize("classes", [1, 3])
 @pytest.mark.parametrize("mode", ["delete", "mask"])
