@@ -72,3 +72,8 @@ def _attention_rollout_fake(attentions, lengths, residual):
 @torch.library.register_fake("attnmetrics::lstm_runs")
 def _lstm_runs_fake(gates, index, counts, h0, c0, weight, out, states=None):
     return None  # writes into out (and states)
+
+
+@torch.library.register_fake("attnmetrics::spliced_attention")
+def _spliced_attention_fake(table, pairs, lengths, v, lead, trail, tanh):
+    return table.new_empty(pairs.shape[0], table.shape[1] - v.shape[0])

@@ -62,6 +62,7 @@ _OPS = (
     "rationale_batch",
     "attention_rollout",
     "lstm_runs",
+    "spliced_attention",
 )
 
 

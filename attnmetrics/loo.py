@@ -28,10 +28,11 @@ LOO_MODES = ("delete", "mask")
 CPU_CALL_BYTES = 32 * 2**20
 
 #: The cap for calls to a model's ``deletion_logits``, sized by the ``position_bytes`` the
-#: model gives (else by the full-forward estimate): with J&W's BiLSTM (the LSTM's gate-table
-#: recurrence, models/deletions.py), 64 MiB ran 16 % faster than 32 on IMDB-like rows (more
-#: runs per step) and as fast on SST-like ones, where 128 and 256 MiB were 10-20 % slower.
-CPU_DELETION_CALL_BYTES = 64 * 2**20
+#: model gives (else by the full-forward estimate): with J&W's BiLSTM (models/deletions.py,
+#: 532 bytes per position) on a 2-core machine, SST-like rows at E 300 ran in 8.1-9.0 s at
+#: 10-14 MiB against 10-11.5 s at 20-32 and 13.6 s at 64 (the recurrence's products leave the
+#: cache); IMDB-like rows in 19.8 s at 12 MiB, 18.2-18.9 at 16-24, 22.5 at 4.
+CPU_DELETION_CALL_BYTES = 12 * 2**20
 
 _ONLY_SPECIALS = (
     "; after deleting the only real token of a row only the special tokens are left, which the "
@@ -183,7 +184,7 @@ def leave_one_out(
     ``L·(L−1)`` token ids never exist at once), or, for ``deletion_logits`` and
     ``masking_logits``, as ``sequences * width * position_bytes`` when the callable they
     return has that attribute; on CPU calls are also capped at :data:`CPU_CALL_BYTES`
-    (32 MiB; 64 MiB, :data:`CPU_DELETION_CALL_BYTES`, for the model's own), which ran faster per
+    (32 MiB; 12 MiB, :data:`CPU_DELETION_CALL_BYTES`, for the model's own), which ran faster per
     token than larger ones. The model must treat rows independently.
 
     Args:

@@ -352,4 +352,55 @@ inline void check_lstm_runs_values(const int64_t* counts, const int64_t* index, 
   }
 }
 
+// ---- spliced_attention -----------------------------------------------------------------------
+
+struct SplicedSizes {
+  int64_t N, W, D, A;
+};
+
+// spliced_attention's shapes and dtypes (schema in ops.cpp), every tensor contiguous. Returns
+// N, W, D, A.
+inline SplicedSizes check_spliced_attention_inputs(const at::Tensor& table, const at::Tensor& pairs,
+                                                   const at::Tensor& lengths, const at::Tensor& v,
+                                                   int64_t lead, int64_t trail) {
+  check_floating(table, "table");
+  TORCH_CHECK(table.dim() == 2, "table must have shape [R, D], got ", table.sizes());
+  const int64_t D = table.size(1);
+  TORCH_CHECK(pairs.scalar_type() == at::kLong, "pairs must be int64, got ", pairs.scalar_type());
+  TORCH_CHECK(pairs.dim() == 3 && pairs.size(2) == 2, "pairs must have shape [N, W, 2], got ",
+              pairs.sizes());
+  const int64_t N = pairs.size(0), W = pairs.size(1);
+  TORCH_CHECK(lengths.scalar_type() == at::kLong, "lengths must be int64, got ",
+              lengths.scalar_type());
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == N, "lengths must have shape [N] = [", N,
+              "], got ", lengths.sizes());
+  TORCH_CHECK(v.scalar_type() == table.scalar_type(), "v dtype ", v.scalar_type(),
+              " must match table dtype ", table.scalar_type());
+  TORCH_CHECK(v.dim() == 1 && v.size(0) >= 1 && v.size(0) <= D,
+              "v must have shape [A] with 1 <= A <= D = ", D, ", got ", v.sizes());
+  TORCH_CHECK(lead >= 0 && trail >= 0, "lead and trail must be >= 0, got lead = ", lead,
+              ", trail = ", trail);
+  for (const auto& [t, name] : {std::pair{&table, "table"}, {&pairs, "pairs"},
+                                {&lengths, "lengths"}, {&v, "v"}}) {
+    TORCH_CHECK(t->is_contiguous(), name, " must be contiguous");
+  }
+  return {N, W, D, v.size(0)};
+}
+
+// spliced_attention's lengths and pairs in host memory: lengths in [0, W], and both rows of
+// every position that gets attention (lead <= j < lengths[i] - trail) in [0, R).
+inline void check_spliced_attention_values(const int64_t* len, const int64_t* pairs, int64_t N,
+                                           int64_t W, int64_t R, int64_t lead, int64_t trail) {
+  check_length_range(len, N, 0, "0", W);
+  for (int64_t i = 0; i < N; ++i) {
+    for (int64_t j = lead; j < len[i] - trail; ++j) {
+      for (int64_t k = 0; k < 2; ++k) {
+        const int64_t r = pairs[(i * W + j) * 2 + k];
+        TORCH_CHECK(r >= 0 && r < R, "pairs[", i, ", ", j, ", ", k, "] = ", r,
+                    " is outside the table's rows [0, R) = [0, ", R, ")");
+      }
+    }
+  }
+}
+
 }  // namespace attnmetrics

@@ -85,4 +85,13 @@ TORCH_LIBRARY(attnmetrics, m) {
   // renormalised by rows, multiplied through the layers (last layer leftmost). Returns
   // [B, T, T], zero outside each row's L x L block.
   m.def("attention_rollout(Tensor attentions, Tensor lengths, float residual) -> Tensor");
+  // Attention pooling over spliced features (leave-one-out's reused states, models/deletions.py):
+  // table [R, D] float32/float64; pairs [N, W, 2] int64, position j of sequence i has the
+  // features f = table[pairs[i, j, 0]] + table[pairs[i, j, 1]]; lengths [N] int64 in [0, W],
+  // positions lead <= j < lengths[i] - trail get attention (no other pair is read); v [A],
+  // 1 <= A <= D. Scores v . act(f[:A]), act tanh if `tanh` else the identity; returns [N, D - A],
+  // the sum of the positions' f[A:] weighted by the softmax of their scores (zero for a
+  // sequence where no position gets attention).
+  m.def("spliced_attention(Tensor table, Tensor pairs, Tensor lengths, Tensor v, int lead, "
+        "int trail, bool tanh) -> Tensor");
 }

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnmetrics.models.deletions import BiRNNDeletions, delete_positions, mask_positions, tanh_by_sigmoid
+from attnmetrics._ops import ops
+from attnmetrics.models.deletions import BiRNNDeletions, delete_positions, mask_positions
 from attnmetrics.models.text import UNK
 from attnmetrics.protocol import token_mask
 
@@ -148,12 +149,16 @@ class TanhAttention(nn.Module):
 
     @property
     def projection(self) -> nn.Linear:
-        """The linear map through which the scores depend on h_t (see :meth:`score`)."""
+        """The linear map through which the scores depend on h_t (see :meth:`scorer`)."""
         return self.proj
 
-    def score(self, projected: Tensor, tanh: Callable[[Tensor], Tensor] = torch.tanh) -> Tensor:
-        """projection(hidden) [..., T, A] -> scores [..., T]; ``tanh`` may be any equal form."""
-        return self.v(tanh(projected)).squeeze(-1)
+    def scorer(self) -> tuple[Tensor, bool]:
+        """``(v [A], True)``: score_t = v · tanh(projection(h_t)), as ``attnmetrics::spliced_attention`` takes it."""
+        return self.v.weight[0], True
+
+    def score(self, projected: Tensor) -> Tensor:
+        """projection(hidden) [..., T, A] -> scores [..., T]."""
+        return self.v(torch.tanh(projected)).squeeze(-1)
 
     def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
         """hidden [B, T, H], mask [B, T] bool -> attention [B, T]."""
@@ -172,11 +177,15 @@ class DotAttention(nn.Module):
 
     @property
     def projection(self) -> nn.Linear:
-        """The linear map through which the scores depend on h_t (see :meth:`score`)."""
+        """The linear map through which the scores depend on h_t (see :meth:`scorer`)."""
         return self.w
 
-    def score(self, projected: Tensor, tanh: Callable[[Tensor], Tensor] | None = None) -> Tensor:
-        """projection(hidden) [..., T, 1] -> scores [..., T] (``tanh``, unused, as for TanhAttention)."""
+    def scorer(self) -> tuple[Tensor, bool]:
+        """``([1 / √H], False)``: score_t = projection(h_t) / √H, as ``attnmetrics::spliced_attention`` takes it."""
+        return torch.full((1,), self.scale, dtype=self.w.weight.dtype, device=self.w.weight.device), False
+
+    def score(self, projected: Tensor) -> Tensor:
+        """projection(hidden) [..., T, 1] -> scores [..., T]."""
         return projected.squeeze(-1) * self.scale
 
     def forward(self, hidden: Tensor, mask: Tensor) -> Tensor:
@@ -385,7 +394,7 @@ class EncoderAttentionClassifier(AttentionForward, nn.Module):
         kept = lengths if replacement is not None else lengths - 1  # each result's length
         # concat/residual add the embedding past the encoder: those re-encode each deletion
         plain = self.config.regulariser not in ("concat", "residual")
-        if plain and isinstance(self.encoder, _BiRNNEncoder) and hasattr(self.attention, "projection"):
+        if plain and isinstance(self.encoder, _BiRNNEncoder) and hasattr(self.attention, "scorer"):
             return self._spliced_logits(embedded, lengths, kept, replacement)
         if plain and hasattr(self.encoder, "deletions"):
             encode = self.encoder.deletions(embedded, lengths, replacement=replacement)
@@ -409,29 +418,32 @@ class EncoderAttentionClassifier(AttentionForward, nn.Module):
         self, embedded: Tensor, lengths: Tensor, kept: Tensor, replacement: Tensor | None
     ) -> Callable[[Tensor, Tensor], Tensor]:
         # Scores and decoder inputs depend on the hidden states through linear maps only: the
-        # deletions give those features directly (attention projection ⊕ decoder input).
+        # deletions give those features directly (attention projection ⊕ decoder input), as
+        # pairs of table rows that attnmetrics::spliced_attention adds, scores and pools.
         projection = self.attention.projection
-        A = projection.out_features
-        maps = torch.cat([projection.weight, self.decoder.weight])  # [A + C, H]
+        maps = torch.cat([projection.weight, self.decoder.weight])  # [A + C, H], A the scorer's
         bias = None if projection.bias is None else F.pad(projection.bias, (0, self.decoder.out_features))
         deletions = self.encoder.deletions(embedded, lengths, maps, bias, replacement)
+        v, tanh = self.attention.scorer()
 
-        def head(mapped: Tensor, lengths: Tensor) -> Tensor:
-            """features [N, W, A + C] of sequences of ``lengths`` [N] -> logits [N, C]"""
-            mask = token_mask(lengths, mapped.shape[1], self.lead, self.trail)
-            attention = _masked_softmax(self.attention.score(mapped[..., :A], tanh_by_sigmoid), mask)
-            out = (attention.unsqueeze(-1) * mapped[..., A:]).sum(1)
+        def head(table: Tensor, pairs: Tensor, lengths: Tensor) -> Tensor:
+            out = ops.spliced_attention(table, pairs, lengths, v.contiguous(), self.lead, self.trail, tanh)
             return out if self.decoder.bias is None else out + self.decoder.bias
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
-            return head(deletions.features(rows, positions), kept[rows])  # padding masked in head
+            return head(*deletions.spliced(rows, positions), kept[rows])
 
-        # the rows' own logits from the states already run (leave_one_out's original outputs)
-        logits.unedited_logits = lambda: head(deletions.own_features(), lengths)
+        def unedited_logits() -> Tensor:  # the rows' own, from the states already run
+            own = deletions.own_features()
+            (G, T, D), device = own.shape, own.device
+            table = torch.cat([own.view(G * T, D), own.new_zeros(1, D)])  # a zero row to pair with
+            pairs = torch.stack([torch.arange(G * T, device=device), torch.full((G * T,), G * T, device=device)], 1)
+            return head(table, pairs.view(G, T, 2), lengths)
+
+        logits.unedited_logits = unedited_logits
         # what a call holds per position of its deletions (leave_one_out sizes calls by it): the
-        # features of the recomputed states and the spliced ones, A + C each, and the scores'
-        # temporary, A
-        logits.position_bytes = (2 * maps.shape[0] + A) * embedded.element_size()
+        # features of the recomputed states, A + C, and the pairs of table rows, 16 bytes
+        logits.position_bytes = maps.shape[0] * embedded.element_size() + 16
         return logits
 
     def attend(self, hidden: Tensor, lengths: Tensor) -> Tensor:
