@@ -355,6 +355,40 @@ def test_lstm_runs_matches_cpu(dtype):
             ops.lstm_runs(*dev(*args[:2], counts, *args[3:]))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_spliced_attention_matches_cpu(dtype):
+    """Leave-one-out's attention head: the CPU's vector tanh and the GPU's expf round apart,
+    and the warp sums in its own order: equal to tolerance; zero where no position gets
+    attention on both."""
+    g = torch.Generator().manual_seed(5)
+    for rows, width, dim, att, lead, trail, tanh in (
+        (1, 1, 2, 1, 0, 0, True),
+        (500, 40, 129, 128, 1, 1, True),  # J&W's head, SST-like deletions
+        (9, 300, 40, 1, 1, 1, False),  # dot attention, long sequences
+        (6, 7, 70, 33, 2, 0, True),  # more classes than a warp's lanes
+        (0, 5, 4, 2, 0, 0, True),
+    ):
+        table = torch.randn(50, dim, generator=g, dtype=F64).to(dtype)
+        pairs = torch.randint(0, 50, (rows, width, 2), generator=g)
+        lengths = torch.randint(0, width + 1, (rows,), generator=g)
+        v = torch.randn(att, generator=g, dtype=F64).to(dtype)
+        args = (table, pairs, lengths, v, lead, trail, tanh)
+        want = ops.spliced_attention(*args)
+        got = ops.spliced_attention(*dev(*args)).cpu()
+        tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(got, want, **tol)
+    args = dev(table[:, :4].contiguous(), torch.zeros(3, 5, 2, dtype=torch.int64), torch.tensor([5, 1, 0]), v[:2])
+    torch.library.opcheck(ops.spliced_attention.default, (*args, 1, 1, True))
+    bad = args[1].clone()
+    bad[1, 0, 1] = 50
+    with pytest.raises(RuntimeError, match=r"pairs\[1, 0, 1\] = 50 is outside the table's rows"):
+        ops.spliced_attention(args[0], bad, args[2], args[3], 0, 0, True)
+    bad[1, 0, 1] = 50 - 100  # not read: past the length less trail
+    ops.spliced_attention(args[0], bad, args[2], args[3], 0, 1, True)
+    with pytest.raises(RuntimeError, match=r"lengths\[0\] = 6 is outside \[0, T\] = \[0, 5\]"):
+        ops.spliced_attention(args[0], args[1], dev(torch.tensor([6, 1, 0])), args[3], 0, 0, True)
+
+
 @pytest.mark.parametrize("kind", ["linear", "mlp"])
 def test_permutation_test_on_device(kind):
     """The public function on device tensors: the same permutations as on the CPU, so the

@@ -156,7 +156,7 @@ def _check(results, name):
     assert res.returncode == 0, f"{name} failed to compile:\n{res.stdout}\n{res.stderr}"
 
 
-FAMILIES = ("distances", "kendall", "flip", "permutation", "projection", "loo", "rollout", "lstm")
+FAMILIES = ("distances", "kendall", "flip", "permutation", "projection", "loo", "rollout", "lstm", "spliced")
 
 
 def test_kernels_found():

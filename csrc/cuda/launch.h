@@ -148,5 +148,18 @@ cudaError_t lstm_step(const double* gates, const int64_t* index, const double* p
                       double* h, double* out, double* states, int64_t cell_offset,
                       cudaStream_t stream);
 
+// spliced_attention (schema in ops.cpp) into out [rows, dim - att]: a warp per sequence, the
+// scores of its positions lead <= j < lengths[i] - trail into scores [rows, width] (scratch),
+// then their softmax's weights applied to the features past att. pairs [rows, width, 2] and
+// lengths checked by the caller.
+cudaError_t spliced_attention(const float* table, const int64_t* pairs, const int64_t* lengths,
+                              const float* v, int64_t rows, int64_t width, int64_t dim,
+                              int64_t att, int64_t lead, int64_t trail, bool tanh, float* scores,
+                              float* out, cudaStream_t stream);
+cudaError_t spliced_attention(const double* table, const int64_t* pairs, const int64_t* lengths,
+                              const double* v, int64_t rows, int64_t width, int64_t dim,
+                              int64_t att, int64_t lead, int64_t trail, bool tanh,
+                              double* scores, double* out, cudaStream_t stream);
+
 }  // namespace gpu
 }  // namespace attnmetrics
