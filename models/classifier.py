@@ -425,9 +425,10 @@ class EncoderAttentionClassifier(AttentionForward, nn.Module):
         bias = None if projection.bias is None else F.pad(projection.bias, (0, self.decoder.out_features))
         deletions = self.encoder.deletions(embedded, lengths, maps, bias, replacement)
         v, tanh = self.attention.scorer()
+        v = v.contiguous()
 
         def head(table: Tensor, pairs: Tensor, lengths: Tensor) -> Tensor:
-            out = ops.spliced_attention(table, pairs, lengths, v.contiguous(), self.lead, self.trail, tanh)
+            out = ops.spliced_attention(table, pairs, lengths, v, self.lead, self.trail, tanh)
             return out if self.decoder.bias is None else out + self.decoder.bias
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:

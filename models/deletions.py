@@ -13,8 +13,9 @@ chunk of their deletions is encoded from them: a deletion is a pair (row, positi
 ``rows [N]`` index the block's rows and ``positions [N]`` the deleted position in that
 row. What the caller needs of their states (any linear map: for J&W's classifier the
 attention projection and the decoder) lands in one table after that of the rows' own
-states, and a fused gather-add of two table rows builds each of a deletion's
-``lengths[row] - 1`` positions.
+states, and each of a deletion's ``lengths[row] - 1`` positions is the sum of two table rows
+(:meth:`BiRNNDeletions.spliced` gives the pairs, which J&W's classifier hands to the compiled
+``attnmetrics::spliced_attention``; :meth:`BiRNNDeletions.features` adds them).
 
 An LSTM's runs read their inputs' gates (``W_ih x + b``) from a table computed once per row
 position (:func:`_gate_tables`): every run of an edit reads only the row's own tokens (and a
