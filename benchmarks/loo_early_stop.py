@@ -9,7 +9,7 @@ tolerance, is counted.
 
 Run: ``python -m benchmarks.loo_early_stop`` (the benchmarks' random-weight model on 60
 SST-like rows) or ``python -m benchmarks.loo_early_stop --run runs/sst --data-dir
-../shared/data/sst`` (a trained model from ``attnmetrics run``, on the first 60 test sentences).
+path/to/sst`` (a trained model from ``attnmetrics run``, on the first 60 test sentences).
 """
 
 from __future__ import annotations
