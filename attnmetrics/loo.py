@@ -239,27 +239,28 @@ def leave_one_out(
             reuse = _reuse(model, mode, mask_token)
             if reuse is not None:
                 # A one-row call measures the bytes per position that size the blocks; the rows'
-                # original logits come block by block, from the model's reuse when it gives them.
+                # output distributions come block by block, from the model's reuse when it gives them.
                 first, per_position, dtype = _model_logits(
                     model, tokens[rows[:1], : len_list[0]], lengths[rows[:1]], "the input rows", None
                 )
-                original = first.new_empty(len(row_list), first.shape[1])
-                cap = CPU_DELETION_CALL_BYTES if device.type == "cpu" else memory_budget
+                original = first.new_empty(len(row_list), max(first.shape[1], 2))
+                cap = min(memory_budget, CPU_DELETION_CALL_BYTES if device.type == "cpu" else memory_budget)
                 parts = _deletions_by_model(
-                    model, tokens, lengths, rows, len_list, reuse, mode, per_position, min(memory_budget, cap), original
+                    model, tokens, lengths, rows, len_list, reuse, mode, per_position, cap, first.shape[1], original
                 )
             else:
                 # The rows' original logits, in `rows` order. The first call (one row)
                 # measures the bytes per position that size every later call.
-                original, per_position, dtype = _grouped_logits(
+                own, per_position, dtype = _grouped_logits(
                     model, tokens[rows], lengths[rows], None, budget, "the input rows"
                 )
+                original = output_distribution(own)
                 parts = _deletions_by_kernel(
-                    model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, original.shape[1]
+                    model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, own.shape[1]
                 )
             out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
             for src, position, logits in parts:  # src indexes `rows`, position the row's real tokens
-                p = output_distribution(original[src]).contiguous()
+                p = original[src].contiguous()
                 q = output_distribution(logits).to(p.dtype).contiguous()
                 out[rows[src], position] = ops.tvd(p, q).to(dtype)
     finally:
@@ -325,7 +326,7 @@ def _reuse(model, mode: str, mask_token: int | None):
     return (lambda embedded, lengths: method(embedded, lengths, mask_token)) if callable(method) else None
 
 
-def _deletions_by_model(model, tokens, lengths, rows, len_list, reuse, mode, per_position, budget, original):
+def _deletions_by_model(model, tokens, lengths, rows, len_list, reuse, mode, per_position, budget, classes, original):
     """Yield what :func:`_deletions_by_kernel` does, with the logits from the model's
     ``deletion_logits`` (``masking_logits`` in mask mode; ``reuse``, from :func:`_reuse`):
     prepared once for a block of rows (within the budget), then fed
@@ -333,11 +334,11 @@ def _deletions_by_model(model, tokens, lengths, rows, len_list, reuse, mode, per
     position, so the positions of one call are close together (what a deletion changes,
     and a reusing model recomputes, depends on where it is) and its rows pad little.
 
-    Before a block's first yield, its rows' original logits are written to ``original``
-    ([len(rows), C], in ``rows`` order): the prepared callable's ``unedited_logits()`` when it
-    has one (the states it already ran), else the model run on the block's rows."""
+    Before a block's first yield, the output distributions of its rows' original logits ([·,
+    ``classes``]) are written to ``original`` ([len(rows), max(classes, 2)], in ``rows`` order):
+    from the prepared callable's ``unedited_logits()`` when it has one (the states it already
+    ran), else from the model run on the block's rows."""
     lead, trail, device = model.lead, model.trail, tokens.device
-    classes = original.shape[1]
     method = "deletion_logits" if mode == "delete" else "masking_logits"
     for bs, be in _length_groups([1] * len(len_list), len_list, per_position, budget, same_width=False):
         idx = rows[bs:be]
@@ -362,7 +363,7 @@ def _deletions_by_model(model, tokens, lengths, rows, len_list, reuse, mode, per
             logits, _, _ = _grouped_logits(
                 model, block_tokens, block_lengths, per_position, budget, "the input rows", classes
             )
-        original[bs:be] = logits
+        original[bs:be] = output_distribution(logits)
         for s, e in _bands(len_list[bs:be]):
             real = block_lengths[s:e] - lead - trail
             local = torch.repeat_interleave(torch.arange(s, e, device=device), real)

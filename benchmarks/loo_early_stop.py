@@ -39,7 +39,10 @@ def first_match(rnn, embedded, mask, tol):
     """Per masking of the real tokens of one row ``embedded [n, E]``: the steps after the mask
     until the forward states equal the row's own bit for bit, and until they are within ``tol``
     (None where they never are before the row ends)."""
-    step = lambda x, state: rnn(x[None, None], state)[1]  # noqa: E731 - one LSTM step
+
+    def step(x, state):  # one LSTM step from state (None: zeros) -> the new (h, c)
+        return rnn(x[None, None], state)[1]
+
     own, state = [], None
     for x in embedded:
         state = step(x, state)
