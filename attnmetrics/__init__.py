@@ -15,7 +15,7 @@ from attnmetrics.keyed import KeyedRows
 from attnmetrics.loo import leave_one_out
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.permutation import PermutationResult, permutation_test
-from attnmetrics.protocol import AttentionClassifier
+from attnmetrics.protocol import AttentionClassifier, is_attention_classifier
 from attnmetrics.rollout import attention_rollout
 from attnmetrics.single_removal import SingleRemovalResult, single_removal
 
@@ -34,6 +34,7 @@ __all__ = [
     "gradient_importance",
     "input_x_gradient",
     "integrated_gradients",
+    "is_attention_classifier",
     "FlipResult",
     "jsd",
     "kendall_tau",

@@ -32,8 +32,25 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+import logging
+import threading
+import time
+
 import torch
-from torch.utils import cpp_extension
+
+
+class _NoCudaRuntimeNotice(logging.Filter):
+    """Drops torch's import-time "No CUDA runtime is found, using CUDA_HOME=..." warning, which
+    a CUDA build of torch (pip's default on Python >= 3.12) prints on every machine without a GPU
+    where a CUDA toolkit is installed: there, attnmetrics builds its CPU kernels only and never
+    needs a CUDA runtime."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+logging.getLogger("torch.utils.cpp_extension").addFilter(_NoCudaRuntimeNotice())
+from torch.utils import cpp_extension  # noqa: E402  (after the filter: the warning is logged at import)
 
 _CSRC = Path(__file__).resolve().parent / "csrc"
 _loaded = False
@@ -163,14 +180,56 @@ def _build_lock(name: str, with_cuda: bool = False) -> Iterator[None]:
             p for p in _CSRC.rglob("*") if p.is_file() and (with_cuda or "cuda" not in p.relative_to(_CSRC).parts)
         ]
         if not built or max(p.stat().st_mtime for p in inputs) > max(built):
+            sources = len(_sources(with_cuda))
             print(
-                f"attnmetrics: compiling the C++ kernels (once; about a minute on 2 cores; cached in {build_dir})",
+                f"attnmetrics: compiling the {'C++/CUDA' if with_cuda else 'C++'} kernels once, {sources} source "
+                f"files with {os.environ.get('CXX', 'c++')} on {os.environ.get('MAX_JOBS', 'all')} jobs "
+                f"(1-3 minutes on 2 cores), cached in {build_dir}",
                 file=sys.stderr,
                 flush=True,
             )
-        yield
+            with _build_progress(build_dir, sources):
+                yield
+        else:
+            yield
     finally:
         os.close(fd)  # releases the flock
+
+
+@contextlib.contextmanager
+def _build_progress(build_dir: Path, sources: int, every: float = 15.0) -> Iterator[None]:
+    """While the build runs, print to stderr every ``every`` seconds how many of the ``sources``
+    object files ninja has written and the time so far, then the total time: a build of one to
+    three minutes is never silent."""
+    start, done = time.monotonic(), threading.Event()
+
+    def compiled() -> int:
+        return sum(1 for p in build_dir.glob("*.o") if p.stat().st_mtime >= wall_start)
+
+    def report() -> None:
+        while not done.wait(every):
+            print(
+                f"attnmetrics: compiling: {min(compiled(), sources)}/{sources} files, "
+                f"{time.monotonic() - start:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    wall_start = time.time() - 1.0  # object files written from now on (mtime granularity)
+    thread = threading.Thread(target=report, name="attnmetrics-build-progress", daemon=True)
+    thread.start()
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        done.set()
+        thread.join()
+        print(
+            f"attnmetrics: {'compiled' if ok else 'build failed after'} {time.monotonic() - start:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def load() -> None:

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from attnmetrics._decoder import is_plain_linear
 from attnmetrics.keyed import check_keyed
-from attnmetrics.protocol import AttentionClassifier, token_mask
+from attnmetrics.protocol import missing_members, token_mask
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
 
@@ -53,9 +53,29 @@ def check_generator(generator, device: torch.device | None = None):
         raise TypeError(
             f"generator must be a torch.Generator, an attnmetrics.KeyedRows or None, got {type(generator).__name__} {shown}"
         )
-    if device is not None and generator.device != device:
+    if device is not None and not same_device(generator.device, device):
         raise ValueError(f"generator is on {generator.device}, attention on {device}; they must match")
     return generator
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two devices are one, a device without an index meaning the current one of its
+    type (``torch.Generator("cuda").device`` is ``cuda``, a tensor's is ``cuda:0``)."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.index == b.index or a.type == "cpu":
+        return True
+    return _device_index(a) == _device_index(b)
+
+
+def _device_index(device: torch.device) -> int | None:
+    """device's index, the current device's of its type when it has none."""
+    if device.index is not None:
+        return device.index
+    if device.type == "cuda":
+        return torch.cuda.current_device()
+    return None
 
 
 def check_lengths(lengths: Tensor | None, batch: int, width: int, device: torch.device) -> Tensor:
@@ -240,10 +260,11 @@ def check_model_inputs(model, tokens: Tensor, lengths: Tensor) -> Tensor:
     ``lead``/``trail`` >= 0, ``tokens`` are [B, T] int64 ids (B >= 1, non-negative within
     each row's length) and ``lengths`` [B] integers in ``[lead + trail, T]`` on the tokens'
     device. Returns lengths as int64."""
-    if not isinstance(model, AttentionClassifier):
+    missing = missing_members(model)
+    if missing:
         raise TypeError(
             "model must implement attnmetrics.AttentionClassifier (embed, encode, attend, decoder, "
-            f"lead, trail), got {type(model).__name__}"
+            f"lead, trail), got {type(model).__name__} without {', '.join(missing)}"
         )
     lead, trail = model.lead, model.trail
     for name, v in (("lead", lead), ("trail", trail)):

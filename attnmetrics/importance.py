@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnmetrics._cudnn import eval_mode_backward
 from attnmetrics._validation import check_logits, check_model_inputs
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import AttentionClassifier, real_tokens, token_mask
@@ -56,7 +57,7 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
             torch.isfinite(embedded.detach()).flatten(2).all(2) | ~valid,
             "model.embed returned NaN or infinite embeddings in row {row}",
         )
-        with torch.enable_grad():
+        with torch.enable_grad(), eval_mode_backward(model, embedded.device):
             hidden = model.encode(embedded, lengths)
             attention = model.attend(hidden, lengths).detach()
             logits = model.decoder(torch.einsum("bt,bth->bh", attention, hidden))
@@ -178,7 +179,7 @@ def _captum_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tens
                 inputs="the input rows",
                 on=" on the input rows",
             )
-        with torch.enable_grad():
+        with torch.enable_grad(), eval_mode_backward(model, embedded.device):
             attribution = attribute(
                 lambda x, n: output_distribution(_logits(model, x, n)), embedded, real, decision(logits), lengths
             )

@@ -11,14 +11,17 @@ special positions (``<SOS>``/``<EOS>``) at each end.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
 
-@runtime_checkable
 class AttentionClassifier(Protocol):
+    """What the procedures need of a model (typing only: check an object with
+    :func:`is_attention_classifier`, not ``isinstance``, which Python >= 3.12 answers wrongly
+    for an ``nn.Module`` whose ``decoder`` is a submodule)."""
+
     #: maps contexts [N, H] to logits [N, C]; an ``nn.Linear`` enables the closed-form kernels
     decoder: Callable[[Tensor], Tensor]
     #: special positions at the start and end of every row (``<SOS>``, ``<EOS>``)
@@ -46,6 +49,31 @@ class AttentionClassifier(Protocol):
     # masking_logits(embedded [G, T, E], lengths [G], mask_token: int) -> logits(rows, positions)
     #   -> [N, C]: the same with position ``positions[i]`` replaced by ``mask_token`` (the
     #   length unchanged), for leave_one_out(mode="mask").
+
+
+#: the members every AttentionClassifier has: callables, then plain attributes
+CALLABLE_MEMBERS = ("embed", "encode", "attend", "decoder")
+ATTRIBUTE_MEMBERS = ("lead", "trail")
+
+
+def missing_members(obj: object) -> list[str]:
+    """The :class:`AttentionClassifier` members ``obj`` lacks (a callable member that is not
+    callable counts as missing), in the protocol's order; ``[]`` when it implements the protocol.
+
+    Looked up with ``getattr``, which sees an ``nn.Module``'s submodules and parameters (held in
+    ``_modules``/``_parameters``). ``isinstance`` against a runtime-checkable Protocol does not
+    since Python 3.12 (it uses ``inspect.getattr_static``), which is why the protocol is not
+    runtime-checkable and this function exists.
+    """
+    missing = [name for name in CALLABLE_MEMBERS if not callable(getattr(obj, name, None))]
+    return missing + [name for name in ATTRIBUTE_MEMBERS if not hasattr(obj, name)]
+
+
+def is_attention_classifier(obj: object) -> bool:
+    """True when ``obj`` has every member of :class:`AttentionClassifier` (``embed``,
+    ``encode``, ``attend`` and ``decoder`` callable; ``lead`` and ``trail`` present), the same
+    answer on every supported Python (see :func:`missing_members`)."""
+    return not missing_members(obj)
 
 
 def token_mask(lengths: Tensor, width: int, lead: int = 0, trail: int = 0) -> Tensor:

@@ -37,6 +37,9 @@ def attention_rollout(attentions: Tensor, lengths: Tensor | None = None, residua
     Returns:
         ``[B, T, T]`` in attentions' dtype and device: each row's rollout on its
         ``L × L`` block (its rows sum to 1 unless a mixed row summed to 0), zero elsewhere.
+        The CPU and CUDA results agree to rounding, not bit for bit: the layers' products
+        run through BLAS on the CPU and cuBLAS on the GPU, which sum in different orders
+        (one layer multiplies nothing and is the same bits on both).
 
     Raises:
         TypeError: ``attentions`` is not a tensor.

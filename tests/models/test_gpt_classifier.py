@@ -42,7 +42,7 @@ def batch(seed: int = 0):
 @pytest.mark.parametrize("attention", ["tanh", "dot", "uniform"])
 def test_implements_the_protocol(attention):
     model = model_(attention)
-    assert isinstance(model, attnmetrics.AttentionClassifier)
+    assert attnmetrics.is_attention_classifier(model)
     assert model.lead == model.trail == 1
     assert isinstance(model.decoder, torch.nn.Linear) and model.decoder.out_features == 1
 
