@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import shutil
 import sys
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-
-import logging
-import threading
-import time
 
 import torch
 
@@ -209,8 +208,7 @@ def _build_progress(build_dir: Path, sources: int, every: float = 15.0) -> Itera
     def report() -> None:
         while not done.wait(every):
             print(
-                f"attnmetrics: compiling: {min(compiled(), sources)}/{sources} files, "
-                f"{time.monotonic() - start:.0f} s",
+                f"attnmetrics: compiling: {min(compiled(), sources)}/{sources} files, {time.monotonic() - start:.0f} s",
                 file=sys.stderr,
                 flush=True,
             )
