@@ -61,6 +61,7 @@ def _plain_loop(model: GPT, tokens, steps: int, batch_size: int, lr: float) -> f
     return time.perf_counter() - start
 
 
+@pytest.mark.sst
 def test_pretraining_throughput_vs_plain_loop(benchmark, corpus, tmp_path):
     texts, tokenizer = corpus
     steps = 2 if benchmark.disabled else STEPS

@@ -23,7 +23,7 @@ import pytest
 from attnmetrics.app.cli import main
 from tests.inputs import ROOT, SST_DIR
 
-pytestmark = pytest.mark.skipif(not SST_DIR.is_dir(), reason=f"real SST not found at {SST_DIR}")
+pytestmark = pytest.mark.sst
 
 SMOKE = ["--limit", "300", "--permutations", "10", "--adversarial-steps", "10"] if os.environ.get("CI") else []
 TIMES: dict[int, tuple[float, float]] = {}

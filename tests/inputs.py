@@ -1,8 +1,10 @@
-"""Shared inputs of the tests and benchmarks: the checkout's paths (the real SST beside it),
-ragged attention batches and small decoders (float64 unless asked)."""
+"""Shared inputs of the tests and benchmarks: the checkout's paths, the real SST (when
+ATTNMETRICS_SST_DIR names it) and a small SST-format sample the tests write themselves, ragged
+attention batches and small decoders (float64 unless asked)."""
 
 import math
 import os
+import random
 from pathlib import Path
 
 import torch
@@ -12,15 +14,53 @@ F64 = torch.float64
 
 #: the checkout's root
 ROOT = Path(__file__).resolve().parents[1]
-#: the real Stanford Sentiment Treebank (train/dev/test.txt), kept beside the checkout, never in it
-SST_DIR = Path(os.environ.get("ATTNMETRICS_SST_DIR", ROOT.parent / "shared" / "data" / "sst"))
+#: the real Stanford Sentiment Treebank (train/dev/test.txt), never in the checkout: the folder
+#: that ATTNMETRICS_SST_DIR names (CI sets it), else None. Tests that read it carry the ``sst``
+#: mark and skip without it (conftest.py); the rest run on SST_SAMPLE.
+SST_DIR = Path(os.environ["ATTNMETRICS_SST_DIR"]) if os.environ.get("ATTNMETRICS_SST_DIR") else None
 
-#: command-line flags of a quick run on a slice of the real SST (a tiny model, one epoch)
+
+def _sample_tree(rng: random.Random) -> str:
+    """One PTB-format sentence: filler words and sentiment words, the root label the sign of
+    their balance (0-1 negative, 3-4 positive, 2 neutral: dropped by the binary loader)."""
+    good, bad = ("good", "great", "moving", "funny", "fine", "warm"), ("bad", "dull", "awful", "flat", "weak", "cold")
+    filler = ("the", "film", "a", "story", "is", "and", "its", "cast", "plot", "very", "with", "of", "this", "movie")
+    words = [rng.choice(filler) for _ in range(rng.randint(3, 14))]
+    score = 0
+    for _ in range(rng.randint(1, 3)):
+        polarity = rng.choice((1, -1))
+        score += polarity
+        words.insert(rng.randrange(len(words) + 1), rng.choice(good if polarity > 0 else bad))
+    label = 2 if score == 0 else (4 if score > 1 else 3) if score > 0 else (0 if score < -1 else 1)
+    return f"({label} " + " ".join(f"(2 {w})" for w in words) + " (2 .))"
+
+
+def write_sst_sample(folder: Path, sizes=(400, 260, 1000), seed: int = 0) -> Path:
+    """A small SST in the real files' format (PTB trees, train/dev/test.txt) written into
+    ``folder``, for tests that need some data in SST's format rather than the real SST: the same
+    files for a seed, each written atomically (concurrent test processes may write it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    for name, size in zip(("train", "dev", "test"), sizes):
+        text = "\n".join(_sample_tree(rng) for _ in range(size)) + "\n"
+        path = folder / f"{name}.txt"
+        if path.is_file() and path.read_text() == text:
+            continue
+        partial = folder / f".{name}.txt.{os.getpid()}"
+        partial.write_text(text)
+        os.replace(partial, path)
+    return folder
+
+
+#: a small SST-format sample (write_sst_sample), in the checkout's ignored build folder
+SST_SAMPLE = write_sst_sample(ROOT / "build" / "test-data" / "sst-sample")
+
+#: command-line flags of a quick run on the SST-format sample (a tiny model, one epoch)
 QUICK_SST = [
     "--dataset",
     "sst",
     "--data-dir",
-    str(SST_DIR),
+    str(SST_SAMPLE),
     "--limit",
     "160",
     "--epochs",

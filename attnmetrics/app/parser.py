@@ -27,6 +27,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def dataset_folder(text: str) -> tuple[str, Path]:
+    """An argparse type: ``DATASET=FOLDER`` -> (dataset, folder)."""
+    dataset, sep, folder = text.partition("=")
+    if not sep or not dataset or not folder:
+        raise argparse.ArgumentTypeError(f"must be DATASET=FOLDER (e.g. sst=path/to/sst), got {text!r}")
+    return dataset, Path(folder)
+
+
 def positive_float(text: str) -> float:
     """An argparse type: a finite float > 0."""
     value = float(text)
@@ -318,6 +326,13 @@ def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path, help="sweep config (TOML; see configs/sweep.toml)")
     p.add_argument("--out", type=Path, help="sweep folder (default: [sweep] out of the config)")
     p.add_argument("--jobs", type=int, help="cells run at once (default: [sweep] jobs, else 1)")
+    p.add_argument(
+        "--data-dir",
+        type=dataset_folder,
+        action="append",
+        metavar="DATASET=FOLDER",
+        help="a dataset's folder, e.g. sst=path/to/sst (repeatable; overrides the config's [sweep] data_dirs)",
+    )
     p.add_argument(
         "--executor",
         choices=("local", "slurm", "submitit-local"),

@@ -6,7 +6,7 @@ Config (TOML; relative paths resolve against the config file's folder; see confi
     [sweep]
     out = "runs/sweep"                        # sweep folder (--out overrides, relative to the cwd)
     jobs = 2                                  # cells run at once (--jobs overrides)
-    data_dirs = { sst = "path/to/sst" }       # --data-dir per dataset
+    data_dirs = { sst = "path/to/sst" }       # --data-dir per dataset (the sweep's --data-dir sst=DIR overrides)
 
     [defaults]                                # run flags for every cell
     epochs = 8
@@ -88,6 +88,8 @@ RESERVED = {"out", "overwrite", "no_progress", "debug", "data_dir", *AXES.values
 EXECUTORS = ("local", "slurm", "submitit-local")
 #: the [sweep.slurm] table (and the sweep command's flags of the same names): job resources
 SLURM_KEYS = {"partition": str, "time_min": int, "gpus": int, "cpus": int, "mem_gb": int}
+#: datasets read from a local folder (run's --data-dir), and the files that folder must hold
+LOCAL_DATASETS = {"sst": ("train.txt", "dev.txt", "test.txt")}
 #: results.json "config" keys that may differ without making a finished cell stale
 IGNORED_CONFIG = {"out", "overwrite", "no_progress", "command", "debug"}
 
@@ -128,6 +130,29 @@ class Sweep:
     text: str  # the config file's text
     executor: str = "local"  # EXECUTORS: where the cells run
     slurm: dict = field(default_factory=dict)  # the [sweep.slurm] table: SLURM_KEYS
+    data_dirs: dict = field(default_factory=dict)  # dataset -> folder (absolute), config and --data-dir
+
+    def missing_data(self) -> list[str]:
+        """What keeps cells from finding their data, one line per dataset read from a local
+        folder (LOCAL_DATASETS): no folder given, a folder that does not exist, or one without
+        the dataset's files. Empty when every cell's data is there."""
+        problems = []
+        for dataset, files in LOCAL_DATASETS.items():
+            n = sum(1 for c in self.cells if c.axes["dataset"] == dataset)
+            if not n:
+                continue
+            cells = f"{n} cell{'s' if n > 1 else ''}"
+            folder = self.data_dirs.get(dataset)
+            if folder is None:
+                problems.append(
+                    f"dataset {dataset!r} ({cells}) needs its folder: pass --data-dir {dataset}=FOLDER "
+                    f"(the folder holding {', '.join(files)}) or set [sweep] data_dirs"
+                )
+            elif not folder.is_dir():
+                problems.append(f"dataset {dataset!r} ({cells}): data folder {folder} does not exist")
+            elif lacking := [f for f in files if not (folder / f).is_file()]:
+                problems.append(f"dataset {dataset!r} ({cells}): data folder {folder} lacks {', '.join(lacking)}")
+        return problems
 
 
 def _run_options() -> dict[str, argparse.Action]:
@@ -183,8 +208,11 @@ def load_config(
     jobs: int | None = None,
     executor: str | None = None,
     slurm: dict | None = None,
+    given_dirs: dict[str, Path] | None = None,
 ) -> Sweep:
     """Read a sweep config (format in the module docstring) and expand its grids into cells.
+    ``given_dirs`` (dataset -> folder, relative to the cwd: the sweep's ``--data-dir``) add to
+    and override the config's ``data_dirs``.
 
     Raises:
         FileNotFoundError: no such config file.
@@ -227,6 +255,7 @@ def load_config(
     if not isinstance(data_dirs, dict) or not all(isinstance(v, str) for v in data_dirs.values()):
         raise ValueError(f'[sweep]: data_dirs must be a table of dataset = "folder", got {data_dirs!r}')
     data_dirs = {k: _resolve(base, v) for k, v in data_dirs.items()}
+    data_dirs |= {k: Path(v).expanduser().resolve() for k, v in (given_dirs or {}).items()}
 
     options = _run_options()
     defaults = conf.get("defaults", {})
@@ -281,7 +310,7 @@ def load_config(
         if (c.grid, c.name) in seen:
             raise ValueError(f"[[grid]] {c.grid!r}: two cells share the folder name {c.name!r}")
         seen.add((c.grid, c.name))
-    return Sweep(out, jobs, cells, text, executor, slurm)
+    return Sweep(out, jobs, cells, text, executor, slurm, data_dirs)
 
 
 def cell_command(cell: Cell, out: Path, overwrite: bool = False) -> list[str]:
@@ -467,9 +496,14 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k, None) is not None}
-        sweep = load_config(args.config, args.out, args.jobs, args.executor, slurm)
+        sweep = load_config(args.config, args.out, args.jobs, args.executor, slurm, dict(args.data_dir or ()))
     except (ValueError, FileNotFoundError) as e:
         print(f"attnmetrics sweep: {e}", file=sys.stderr)
+        return 2
+    missing = [] if args.report_only else sweep.missing_data()
+    if missing:  # before any cell starts, not as a failure in each cell's log
+        for line in missing:
+            print(f"attnmetrics sweep: {line}", file=sys.stderr)
         return 2
     if args.dry_run:
         for c in sweep.cells:

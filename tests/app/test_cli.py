@@ -8,9 +8,7 @@ import pytest
 from attnmetrics.app.cli import main
 from tests.inputs import FAST_BATTERY as FAST
 from tests.inputs import QUICK_SST as QUICK
-from tests.inputs import SST_DIR
-
-pytestmark = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason="real SST not found beside the project")
+from tests.inputs import SST_SAMPLE
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +231,7 @@ def test_empty_split_fails_before_training_in_one_line(tmp_path, capsys):
     data = tmp_path / "sst"
     data.mkdir()
     for name in ("train", "dev"):
-        (data / f"{name}.txt").write_text((SST_DIR / f"{name}.txt").read_text()[:5000].rsplit("\n", 1)[0] + "\n")
+        (data / f"{name}.txt").write_text((SST_SAMPLE / f"{name}.txt").read_text()[:5000].rsplit("\n", 1)[0] + "\n")
     (data / "test.txt").write_text("(2 (2 neutral))\n")  # only a neutral root: binary SST drops it
     args = ["run", "--dataset", "sst", "--data-dir", str(data), "--embeddings", "random", "--out", str(tmp_path / "r")]
     assert main(args) == 2

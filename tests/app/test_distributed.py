@@ -18,9 +18,7 @@ from hypothesis import strategies as st
 
 from attnmetrics.app.cli import main
 from attnmetrics.app.distributed import World, share
-from tests.inputs import FAST_BATTERY, QUICK_SST, ROOT, SST_DIR
-
-pytestmark = pytest.mark.skipif(not SST_DIR.is_dir(), reason=f"real SST not found at {SST_DIR}")
+from tests.inputs import FAST_BATTERY, QUICK_SST, ROOT
 
 #: what differs between two runs of the same battery: times, the command line, the ranks
 RUN_ONLY = {"wall_time_s", "config", "distributed", "machine"}

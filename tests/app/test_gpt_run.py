@@ -12,7 +12,7 @@ from attnmetrics.app.cli import main
 from attnmetrics.models.data import load_sst
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.pretraining import PretrainConfig, pretrain
-from tests.inputs import FAST_BATTERY, QUICK_SST, SST_DIR
+from tests.inputs import FAST_BATTERY, QUICK_SST, SST_SAMPLE
 
 QUICK_GPT = [*QUICK_SST, "--encoder", "gpt", *FAST_BATTERY, "--skip", "single_token", "adversarial"]
 
@@ -20,7 +20,7 @@ QUICK_GPT = [*QUICK_SST, "--encoder", "gpt", *FAST_BATTERY, "--skip", "single_to
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
     """A two-block GPT pre-trained for a few steps on SST training sentences (no network)."""
-    texts = [text for text, _ in load_sst(SST_DIR).train[:400]]
+    texts = [text for text, _ in load_sst(SST_SAMPLE).train[:400]]
     out = tmp_path_factory.mktemp("gpt-pre")
     config = PretrainConfig(steps=3, batch_size=4, warmup=1, vocab_size=400, eval_every=3, progress=False)
     model = GPTConfig(vocab_size=1, n_layer=2, d_model=16, n_head=2, context=64)  # vocab_size: the tokenizer's

@@ -12,16 +12,15 @@ transformers = pytest.importorskip("transformers")
 
 from attnmetrics.app.cli import main  # noqa: E402
 from attnmetrics.models.data import load_dataset  # noqa: E402
-from tests.inputs import FAST_BATTERY, SST_DIR  # noqa: E402
+from tests.inputs import FAST_BATTERY, SST_SAMPLE  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not SST_DIR.is_dir(), reason=f"real SST not found at {SST_DIR}")
-FLAGS = ["--dataset", "sst", "--data-dir", str(SST_DIR), "--limit", "120", "--threads", "1", "--no-progress"]
+FLAGS = ["--dataset", "sst", "--data-dir", str(SST_SAMPLE), "--limit", "120", "--threads", "1", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-bert")
-    splits = load_dataset("sst", data_dir=SST_DIR)
+    splits = load_dataset("sst", data_dir=SST_SAMPLE)
     words = sorted({w for text, _ in splits.train[:400] for w in text.lower().split()})
     (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
     tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)

@@ -15,7 +15,7 @@ from attnmetrics.models.text import EncodedSplit, tokenize
 from attnmetrics.models.training import balanced_pos_weight, loss_fn
 from tests.inputs import SST_DIR
 
-needs_sst = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason="real SST not found beside the project")
+needs_sst = pytest.mark.sst
 
 
 @needs_sst

@@ -1,5 +1,5 @@
-"""`attnmetrics sweep`: config parsing and grid expansion, and an interrupted sweep resumed on a
-slice of the real SST (skipped when the treebank is absent)."""
+"""`attnmetrics sweep`: config parsing and grid expansion, the data folders checked before any
+cell starts, and an interrupted sweep resumed on the SST-format sample the tests write."""
 
 import json
 import os
@@ -14,7 +14,7 @@ import pytest
 
 from attnmetrics.app.cli import build_parser, main
 from attnmetrics.app.sweep import load_config
-from tests.inputs import ROOT, SST_DIR
+from tests.inputs import ROOT, SST_SAMPLE
 
 
 def _config(tmp_path, text, name="sweep.toml"):
@@ -157,7 +157,7 @@ def test_shipped_configs_parse():
 
 TINY = f"""
 [sweep]
-data_dirs = {{ sst = "{SST_DIR}" }}
+data_dirs = {{ sst = "{SST_SAMPLE}" }}
 [defaults]
 limit = 60
 epochs = 1
@@ -181,7 +181,6 @@ def _recorded_done(out, cell: str) -> bool:
         return False
 
 
-@pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason="real SST not found beside the project")
 def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, capsys):
     config, out = _config(tmp_path, TINY), tmp_path / "sweep"
     first = out / "g" / "sst-lstm-tanh-s0" / "results.json"
@@ -268,3 +267,35 @@ def test_executor_and_slurm_settings_are_checked(tmp_path):
         load_config(_config(tmp_path, TINY.replace("[defaults]", 'executor = "sge"\n[defaults]')))
     with pytest.raises(ValueError, match=r"\[sweep.slurm\]: bad keys or values \{'gpus': '1'\}"):
         load_config(_config(tmp_path, TINY.replace("[defaults]", 'slurm = { gpus = "1" }\n[defaults]')))
+
+
+def test_missing_data_folders_fail_before_any_cell_naming_them(tmp_path, capsys):
+    bare = _config(tmp_path, TINY.replace(f'data_dirs = {{ sst = "{SST_SAMPLE}" }}', ""), "bare.toml")
+    out = tmp_path / "sweep"
+    for extra in ([], ["--dry-run"]):
+        assert main(["sweep", str(bare), "--out", str(out), *extra]) == 2
+        err = capsys.readouterr().err
+        assert "dataset 'sst' (2 cells) needs its folder: pass --data-dir sst=FOLDER" in err
+    nowhere = tmp_path / "no-such-folder"
+    assert main(["sweep", str(bare), "--out", str(out), "--data-dir", f"sst={nowhere}"]) == 2
+    assert f"data folder {nowhere} does not exist" in capsys.readouterr().err
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "train.txt").write_text((SST_SAMPLE / "train.txt").read_text())
+    assert main(["sweep", str(bare), "--out", str(out), "--data-dir", f"sst={half}"]) == 2
+    assert f"data folder {half} lacks dev.txt, test.txt" in capsys.readouterr().err
+    assert not out.exists()  # refused before the sweep folder was made
+    # --data-dir fills in (and overrides) the config's folder; a listing then shows it in every cell
+    assert main(["sweep", str(bare), "--out", str(out), "--data-dir", f"sst={SST_SAMPLE}", "--dry-run"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert len(listed) == 2 and all(f"--data-dir {SST_SAMPLE}" in line for line in listed)
+    with pytest.raises(SystemExit):
+        main(["sweep", str(bare), "--data-dir", "sst"])
+    assert "must be DATASET=FOLDER" in capsys.readouterr().err
+
+
+def test_shipped_configs_name_no_folder_outside_the_repository():
+    for config in sorted((ROOT / "configs").glob("*.toml")):
+        sweep = load_config(config)
+        assert sweep.data_dirs == {}, config
+        assert sweep.out.is_relative_to(ROOT), config

@@ -233,6 +233,7 @@ def test_zoo_imposed_attention_and_gradients(encoder, attention):
 
 
 @pytest.mark.parametrize("encoder, attention", ZOO)
+@pytest.mark.sst
 def test_zoo_training_on_sst_lowers_loss(encoder, attention, sst_slice):
     vocab, tr, dv = sst_slice
     seed_everything(0)
@@ -276,8 +277,7 @@ def test_predict_keeps_split_order():
 
 @pytest.fixture(scope="module")
 def sst_slice():
-    if not (SST_DIR / "train.txt").is_file():
-        pytest.skip(f"SST not found at {SST_DIR}")
+    assert SST_DIR is not None, "a test using sst_slice must carry the sst mark"
     splits = load_sst(SST_DIR)
     vocab = Vocabulary.build([t for t, _ in splits.train[:400]])
     return vocab, vocab.encode_split(splits.train[:400]), vocab.encode_split(splits.dev[:100])
@@ -288,6 +288,7 @@ def fresh(vocab, seed=0):
     return EncoderAttentionClassifier(ModelConfig(len(vocab), embed_dim=32, hidden_size=16))
 
 
+@pytest.mark.sst
 def test_one_epoch_lowers_loss_and_is_deterministic(sst_slice):
     vocab, tr, dv = sst_slice
     config = TrainConfig(epochs=1, progress=False)
@@ -302,6 +303,7 @@ def test_one_epoch_lowers_loss_and_is_deterministic(sst_slice):
     assert torch.equal(predict(model, dv).logits, predict(again, dv).logits)
 
 
+@pytest.mark.sst
 def test_keeps_best_dev_epoch_and_checkpoint_round_trip(sst_slice, tmp_path):
     vocab, tr, dv = sst_slice
     model = fresh(vocab, seed=1)
@@ -319,6 +321,7 @@ def test_keeps_best_dev_epoch_and_checkpoint_round_trip(sst_slice, tmp_path):
         load_checkpoint(tmp_path)
 
 
+@pytest.mark.sst
 def test_ties_on_dev_roc_auc_go_to_the_lower_dev_loss(sst_slice, monkeypatch):
     """A saturated dev set (ROC-AUC 1.0 from the first epoch, as two BBC topics give): the epoch
     kept is the tied one with the lowest dev loss; a higher ROC-AUC still wins over any loss."""
@@ -357,6 +360,7 @@ def test_token_ids_outside_the_vocabulary_are_named():
             model.embed(torch.tensor([[2, bad, 3]]))
 
 
+@pytest.mark.sst
 def test_linear_schedule_warms_up_then_decays_to_zero(sst_slice, monkeypatch):
     # GPT-1 sec. 4.1: "a linear learning rate decay schedule with warmup over 0.2% of training"
     vocab, tr, dv = sst_slice

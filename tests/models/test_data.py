@@ -36,7 +36,7 @@ from attnmetrics.models.text import (
 )
 from tests.inputs import SST_DIR
 
-needs_sst = pytest.mark.skipif(not (SST_DIR / "train.txt").is_file(), reason=f"SST not found at {SST_DIR}")
+needs_sst = pytest.mark.sst
 offline = pytest.mark.skipif(os.environ.get("ATTNMETRICS_OFFLINE") == "1", reason="ATTNMETRICS_OFFLINE=1")
 
 

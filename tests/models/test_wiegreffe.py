@@ -31,8 +31,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def sst():
-    if not (SST_DIR / "train.txt").is_file():
-        pytest.skip(f"SST not found at {SST_DIR}")
+    assert SST_DIR is not None, "a test using the sst fixture must carry the sst mark"
     splits = load_sst(SST_DIR)
     rows = {"train": splits.train[::20][:400], "dev": splits.dev[::10][:80], "test": splits.test[::20][:100]}
     vocab = Vocabulary.build(t for t, _ in rows["train"])
@@ -60,6 +59,7 @@ def uniform_over_real(tokens, lengths):
     return real / real.sum(1, keepdim=True)
 
 
+@pytest.mark.sst
 def test_uniform_attention_is_parameter_free_and_stays_uniform(sst):
     assert "uniform" in ATTENTIONS
     vocab, tr, dv, te = sst
@@ -76,6 +76,7 @@ def test_uniform_attention_is_parameter_free_and_stays_uniform(sst):
         assert torch.equal(attention, uniform_over_real(tokens, lengths))  # exactly 1/L, exactly 0 at specials
 
 
+@pytest.mark.sst
 def test_imposed_attention_is_used_in_training_and_prediction(sst, base):
     vocab, tr, dv, te = sst
     mlp = ModelConfig(len(vocab), embed_dim=32, hidden_size=16, encoder="average", attention="uniform")
@@ -110,6 +111,7 @@ def test_attention_kl_matches_scipy():
         assert kl[i].item() == pytest.approx(scipy.stats.entropy(p[i, m].numpy(), q[i, m].numpy()), rel=1e-12)
 
 
+@pytest.mark.sst
 def test_consistent_adversary(sst, base):
     vocab, tr, dv, te = sst
     with pytest.raises(ValueError, match="lambda"):
@@ -132,6 +134,7 @@ def test_consistent_adversary(sst, base):
     assert np.allclose(jsd, jsd_reference(p.attention.double(), ref.attention.double()).numpy(), atol=1e-5)
 
 
+@pytest.mark.sst
 def test_diagnostic_mlps(sst, base):
     vocab, tr, dv, te = sst
     summary, instances = diagnostic_mlps(base, make, tr, dv, te, TrainConfig(epochs=2, progress=False, lr=3e-3))
@@ -151,8 +154,6 @@ def test_diagnostic_mlps(sst, base):
 
 
 def test_cli_with_uniform_tying_adversary_and_diagnostic(tmp_path):
-    if not (SST_DIR / "train.txt").is_file():
-        pytest.skip(f"SST not found at {SST_DIR}")
     quick = [*QUICK_SST, *FAST_BATTERY]
     out = tmp_path / "run"
     assert (
