@@ -7,6 +7,7 @@ the batch size whatever the size of the test set.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -51,6 +52,37 @@ def _lap(seconds: dict, name: str, start: float) -> float:
     now = time.perf_counter()
     seconds[name] += now - start
     return now
+
+
+class _Progress:
+    """One bar over every (instance block, experiment) step of the battery: it moves as each
+    experiment of each block finishes and names the one running, e.g. ``block 3/8: loo``."""
+
+    def __init__(self, blocks: int, parts: Sequence[str], enabled: bool):
+        self.blocks, self.block, self.running = blocks, 0, None
+        self.bar = tqdm(total=blocks * len(parts), desc="faithfulness", unit="step", disable=not enabled, leave=False)
+
+    def start(self, block: int, part: str) -> None:
+        """Block ``block`` (0-based) starts ``part``, one of ``parts``: the step before it is done."""
+        if self.running is not None:
+            self.bar.update()
+        self.block, self.running = block, part
+        self.show(part)
+
+    def show(self, label: str) -> None:
+        """Name what the running step is doing now (e.g. an importance within Kendall's step)."""
+        self.bar.set_postfix_str(f"block {self.block + 1}/{self.blocks}: {label}")
+
+    def close(self) -> None:
+        if self.running is not None:
+            self.bar.update()
+        self.bar.close()
+
+
+def battery_parts(experiments: Sequence[str]) -> list[str]:
+    """The steps the battery runs on each instance block: the forward pass, then each chosen
+    experiment in :data:`EXPERIMENTS`' order (leave-one-out only as a Kendall τ partner)."""
+    return ["forward"] + [e for e in EXPERIMENTS if e in experiments and (e != "loo" or "kendall" in experiments)]
 
 
 def _keep_flip(acc: dict, name: str, r) -> None:
@@ -184,98 +216,113 @@ def collect(
     seeds = experiment_seeds(seed)
     acc: dict[str, list[Tensor]] = defaultdict(list)  # per-instance tensors, concatenated at the end
     seconds: dict[str, float] = defaultdict(float)  # wall time of each experiment, over all batches
-    for first, tokens, lengths in tqdm(list(batches), desc="faithfulness", disable=not progress, leave=False):
-        t0 = time.perf_counter()
-        tokens, lengths = tokens.to(device), lengths.to(device)
-        keyed = {name: KeyedRows(s, first) for name, s in seeds.items()}
-        acc["instance"].append(torch.arange(first, first + len(lengths)))
-        out, own = tested_forward(model, tokens, lengths)
-        if own is not None:
-            args = (own.attention, own.values, own.decoder, own.lengths)
-        else:
-            args = (out.attention, out.hidden, model.decoder, out.lengths)
-        acc["predicted"].append(attnmetrics.decision(out.logits))
-        acc["lengths"].append(out.lengths)
-        acc["max_attention"].append(out.attention.max(1).values)
-        t0 = _lap(seconds, "forward", t0)
-        if "flip" in experiments:
-            for name in orders:
-                samples = random_samples if name == "random" else 1
-                r = attnmetrics.flip_fraction(
-                    *args, order=name, samples=samples, generator=keyed["flip"], never_flipped=never_flipped
-                )
-                _keep_flip(acc, name, r)
-            t0 = _lap(seconds, "flip", t0)
-        if "kendall" in experiments:
-            scores = {
-                "attention": out.attention,
-                "gradient": gradient_importance(model, tokens, lengths).to(out.attention.dtype),
-            }
-            t0 = _lap(seconds, "gradient", t0)
-            if "loo" in experiments:
-                scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
-                t0 = _lap(seconds, "loo", t0)
-            for name, compute in extra_importances(model, tokens, lengths, ig_steps, input_x_gradient).items():
-                scores[name] = compute().to(out.attention.dtype)
-                t0 = _lap(seconds, name, t0)
-                if "flip" in experiments:  # an importance to remove by, never an attention to set
-                    r = attnmetrics.flip_fraction(*args, order=scores[name], never_flipped=never_flipped)
+    batches = list(batches)
+    with contextlib.closing(_Progress(len(batches), battery_parts(experiments), progress)) as bar:
+        for block, (first, tokens, lengths) in enumerate(batches):
+            bar.start(block, "forward")
+            t0 = time.perf_counter()
+            tokens, lengths = tokens.to(device), lengths.to(device)
+            keyed = {name: KeyedRows(s, first) for name, s in seeds.items()}
+            acc["instance"].append(torch.arange(first, first + len(lengths)))
+            out, own = tested_forward(model, tokens, lengths)
+            if own is not None:
+                args = (own.attention, own.values, own.decoder, own.lengths)
+            else:
+                args = (out.attention, out.hidden, model.decoder, out.lengths)
+            acc["predicted"].append(attnmetrics.decision(out.logits))
+            acc["lengths"].append(out.lengths)
+            acc["max_attention"].append(out.attention.max(1).values)
+            t0 = _lap(seconds, "forward", t0)
+            if "flip" in experiments:
+                bar.start(block, "flip")
+                for name in orders:
+                    samples = random_samples if name == "random" else 1
+                    r = attnmetrics.flip_fraction(
+                        *args, order=name, samples=samples, generator=keyed["flip"], never_flipped=never_flipped
+                    )
                     _keep_flip(acc, name, r)
-                    t0 = _lap(seconds, "flip", t0)
-            for a, b in combinations(scores, 2):
-                kt = attnmetrics.kendall_tau(scores[a], scores[b], out.lengths)
-                acc[f"kendall/{a} vs {b}/tau"].append(kt.tau)
-                acc[f"kendall/{a} vs {b}/pvalue"].append(kt.pvalue)
-            t0 = _lap(seconds, "kendall", t0)
-        if own is not None:  # each head on its own: how it differs from the others, how it ranks tokens
-            for h in range(own.attention.shape[1]):
-                head = own.attention[:, h]
-                acc[f"heads/h{h}/max attention"].append(head.max(-1).values)
-                acc[f"heads/h{h}/JSD from the head mean"].append(attnmetrics.jsd(head, out.attention))
-                if "kendall" in experiments:
-                    for name in ("gradient", "loo", "ig", "input_x_gradient"):
-                        if name in scores:
-                            tau = attnmetrics.kendall_tau(head, scores[name], out.lengths).tau
-                            acc[f"heads/h{h}/tau vs {name}"].append(tau)
-            t0 = _lap(seconds, "heads", t0)
-        if "permutation" in experiments:
-            r = attnmetrics.permutation_test(*args, permutations=permutations, generator=keyed["permutation"])
-            acc["permutation/median_tvd"].append(r.median_tvd)
-            t0 = _lap(seconds, "permutation", t0)
-        if "adversarial" in experiments:
-            r = attnmetrics.adversarial_attention(
-                *args, steps=adversarial_steps, diversity_weight=adversarial_diversity, generator=keyed["adversarial"]
-            )
-            acc["adversarial/max_jsd"].append(r.max_jsd)
-            acc["adversarial/output_tvd"].append(r.output_tvd)
-            t0 = _lap(seconds, "adversarial", t0)
-        if "single_removal" in experiments:
-            for which in SINGLE_REMOVALS:
-                r = attnmetrics.single_removal(*args, which=which, generator=keyed["single_removal"])
-                acc[f"single_removal/{which}/jsd"].append(r.jsd)
-                acc[f"single_removal/{which}/flipped"].append(r.flipped)
-            t0 = _lap(seconds, "single_removal", t0)
-        if "single_token" in experiments:
-            r = single_token_test(model, tokens, lengths, full=out)
-            acc["single_token/tau"].append(r.tau)
-            acc["single_token/pvalue"].append(r.pvalue)
-            acc["single_token/top_agrees"].append(r.top_agrees)
-            t0 = _lap(seconds, "single_token", t0)
-
-        if "eraser" in experiments:
-            # every importance the battery has for these rows, against a random ordering
-            ranked = {
-                "attention": out.attention,
-                "random": keyed["eraser"].uniform(len(lengths), out.attention.shape[1:]),
-            }
+                t0 = _lap(seconds, "flip", t0)
             if "kendall" in experiments:
-                ranked.update((k, v) for k, v in scores.items() if k != "attention")
-            for name, ranking in ranked.items():
-                for metric, fn in ERASER_METRICS.items():
-                    r = fn(model, tokens, lengths, ranking.to(device))
-                    acc[f"eraser/{name}/{metric}/aopc"].append(r.aopc)
-                    acc[f"eraser/{name}/{metric}/values"].append(r.values)
-            t0 = _lap(seconds, "eraser", t0)
+                bar.start(block, "kendall")
+                scores = {
+                    "attention": out.attention,
+                    "gradient": gradient_importance(model, tokens, lengths).to(out.attention.dtype),
+                }
+                t0 = _lap(seconds, "gradient", t0)
+                if "loo" in experiments:
+                    bar.start(block, "loo")
+                    scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
+                    t0 = _lap(seconds, "loo", t0)
+                for name, compute in extra_importances(model, tokens, lengths, ig_steps, input_x_gradient).items():
+                    bar.show(name)
+                    scores[name] = compute().to(out.attention.dtype)
+                    t0 = _lap(seconds, name, t0)
+                    if "flip" in experiments:  # an importance to remove by, never an attention to set
+                        r = attnmetrics.flip_fraction(*args, order=scores[name], never_flipped=never_flipped)
+                        _keep_flip(acc, name, r)
+                        t0 = _lap(seconds, "flip", t0)
+                for a, b in combinations(scores, 2):
+                    kt = attnmetrics.kendall_tau(scores[a], scores[b], out.lengths)
+                    acc[f"kendall/{a} vs {b}/tau"].append(kt.tau)
+                    acc[f"kendall/{a} vs {b}/pvalue"].append(kt.pvalue)
+                t0 = _lap(seconds, "kendall", t0)
+            if own is not None:  # each head on its own: how it differs from the others, how it ranks tokens
+                for h in range(own.attention.shape[1]):
+                    head = own.attention[:, h]
+                    acc[f"heads/h{h}/max attention"].append(head.max(-1).values)
+                    acc[f"heads/h{h}/JSD from the head mean"].append(attnmetrics.jsd(head, out.attention))
+                    if "kendall" in experiments:
+                        for name in ("gradient", "loo", "ig", "input_x_gradient"):
+                            if name in scores:
+                                tau = attnmetrics.kendall_tau(head, scores[name], out.lengths).tau
+                                acc[f"heads/h{h}/tau vs {name}"].append(tau)
+                t0 = _lap(seconds, "heads", t0)
+            if "permutation" in experiments:
+                bar.start(block, "permutation")
+                r = attnmetrics.permutation_test(*args, permutations=permutations, generator=keyed["permutation"])
+                acc["permutation/median_tvd"].append(r.median_tvd)
+                t0 = _lap(seconds, "permutation", t0)
+            if "adversarial" in experiments:
+                bar.start(block, "adversarial")
+                r = attnmetrics.adversarial_attention(
+                    *args,
+                    steps=adversarial_steps,
+                    diversity_weight=adversarial_diversity,
+                    generator=keyed["adversarial"],
+                )
+                acc["adversarial/max_jsd"].append(r.max_jsd)
+                acc["adversarial/output_tvd"].append(r.output_tvd)
+                t0 = _lap(seconds, "adversarial", t0)
+            if "single_removal" in experiments:
+                bar.start(block, "single_removal")
+                for which in SINGLE_REMOVALS:
+                    r = attnmetrics.single_removal(*args, which=which, generator=keyed["single_removal"])
+                    acc[f"single_removal/{which}/jsd"].append(r.jsd)
+                    acc[f"single_removal/{which}/flipped"].append(r.flipped)
+                t0 = _lap(seconds, "single_removal", t0)
+            if "single_token" in experiments:
+                bar.start(block, "single_token")
+                r = single_token_test(model, tokens, lengths, full=out)
+                acc["single_token/tau"].append(r.tau)
+                acc["single_token/pvalue"].append(r.pvalue)
+                acc["single_token/top_agrees"].append(r.top_agrees)
+                t0 = _lap(seconds, "single_token", t0)
+
+            if "eraser" in experiments:
+                bar.start(block, "eraser")
+                # every importance the battery has for these rows, against a random ordering
+                ranked = {
+                    "attention": out.attention,
+                    "random": keyed["eraser"].uniform(len(lengths), out.attention.shape[1:]),
+                }
+                if "kendall" in experiments:
+                    ranked.update((k, v) for k, v in scores.items() if k != "attention")
+                for name, ranking in ranked.items():
+                    for metric, fn in ERASER_METRICS.items():
+                        r = fn(model, tokens, lengths, ranking.to(device))
+                        acc[f"eraser/{name}/{metric}/aopc"].append(r.aopc)
+                        acc[f"eraser/{name}/{metric}/values"].append(r.values)
+                t0 = _lap(seconds, "eraser", t0)
     return {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}, dict(seconds)
 
 

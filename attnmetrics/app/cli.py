@@ -609,6 +609,7 @@ def _run(args, w: World) -> int:
         results["distributed"] = {"ranks": w.size, "backend": "gloo"}
     if args.command in ("run", "train") and args.out is None:
         args.out = Path("runs") / f"{args.dataset.replace(':', '_')}-{args.encoder}"
+    trained_in = None  # the staging folder once it holds the trained model
     try:
         protect = (args.model_run,) if args.command == "evaluate" else ()
         # under torchrun rank 0 alone claims and writes the run folder
@@ -646,6 +647,7 @@ def _run(args, w: World) -> int:
                 results["split_seed"] = args.split_seed
                 data_dir = str(args.data_dir.resolve()) if args.data_dir else None
                 if w.main:
+                    trained_in = folder
                     save_checkpoint(
                         folder / CHECKPOINT,
                         model,
@@ -678,8 +680,21 @@ def _run(args, w: World) -> int:
                 _examples(args, model, test, vocab, splits, results)
             _write_predictions(model, predictions, folder)
             _finish(results, folder, start)
-    except INPUT_ERRORS as e:
-        return _input_error(e, args)
+    except BaseException as e:
+        if trained_in is not None and (trained_in / CHECKPOINT).exists():
+            e.add_note(
+                f"the trained model is kept in {trained_in}: `attnmetrics evaluate {trained_in} --out DIR` "
+                "runs the battery on it without training again (move the folder to keep it)"
+            )
+        if isinstance(e, INPUT_ERRORS):
+            return _input_error(e, args)
+        raise
+    test = results["test"]
+    print(
+        f"test: accuracy {test['accuracy']:.3f}, macro F1 {test['macro_f1']:.3f}, ROC-AUC {test['roc_auc']:.3f} "
+        f"on {results['data']['sizes']['test']} instances ({time.perf_counter() - start:.0f} s in all)",
+        file=sys.stderr,
+    )
     print(f"wrote {args.out / 'report.md'}", file=sys.stderr)
     return 0
 

@@ -171,7 +171,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         help="units per direction for lstm/gru; the whole H for cnn (a multiple of 4) and average",
     )
     p.add_argument("--epochs", type=positive_int, help="default: 8 (J&W), 3 for gpt (GPT-1)")
-    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=32, help="training batch size (default: 32, J&W's)")
     p.add_argument("--lr", type=positive_float, help="default: 1e-3 (J&W), 6.25e-5 for gpt (GPT-1)")
     p.add_argument("--weight-decay", type=float, help="default: 1e-5 (J&W), 0.01 for gpt (GPT-1)")
     p.add_argument(
@@ -244,14 +244,17 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> None:
-    p.add_argument("--out", type=Path, required=out_required, help="run folder to write")
+    where = "required" if out_required else "default: runs/DATASET-ENCODER, e.g. runs/mr-lstm"
+    p.add_argument("--out", type=Path, required=out_required, help=f"run folder to write ({where})")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
     _add_runtime_args(p)
 
 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     """Seed, threads, device, progress and error display: every command that trains."""
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the weights' initialisation, batches and the battery (default: 0)"
+    )
     p.add_argument("--debug", action="store_true", help="on an input error, show the traceback, not one line")
     p.add_argument(
         "--threads",
@@ -312,8 +315,15 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dropout", type=float, help="override the config's residual, embedding and attention dropout (GPT-1: 0.1)"
     )
-    p.add_argument("--steps", type=positive_int, default=defaults.steps)
-    p.add_argument("--batch-size", type=positive_int, default=defaults.batch_size)
+    p.add_argument(
+        "--steps", type=positive_int, default=defaults.steps, help=f"optimiser steps (default: {defaults.steps})"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=defaults.batch_size,
+        help=f"context windows per step (default: {defaults.batch_size})",
+    )
     p.add_argument("--lr", type=positive_float, default=defaults.lr, help="max learning rate (GPT-1: 2.5e-4)")
     p.add_argument("--warmup", type=int, default=defaults.warmup, help="linear warm-up steps, then cosine decay")
     p.add_argument("--vocab-size", type=positive_int, default=defaults.vocab_size, help="BPE vocabulary size")

@@ -1,7 +1,9 @@
-"""The command line end to end on a slice of the real SST (skipped when the treebank is absent)."""
+"""The command line end to end on the SST-format sample the tests write (tests/inputs.py)."""
 
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -182,10 +184,33 @@ def test_run_writes_test_predictions(run_dir):
     assert all((attention[i, n:] == 0).all() for i, n in enumerate(lengths))
 
 
-def test_device_cpu_is_recorded(tmp_path):
+def test_device_cpu_is_recorded_and_the_test_accuracy_printed(tmp_path, capsys):
     out = tmp_path / "cpu"
     assert main(["train", *QUICK, "--device", "cpu", "--out", str(out)]) == 0
-    assert json.loads((out / "results.json").read_text())["device"] == "cpu"
+    results = json.loads((out / "results.json").read_text())
+    assert results["device"] == "cpu"
+    test, n = results["test"], results["data"]["sizes"]["test"]
+    printed = f"test: accuracy {test['accuracy']:.3f}, macro F1 {test['macro_f1']:.3f}, ROC-AUC {test['roc_auc']:.3f} on {n} instances"
+    assert printed in capsys.readouterr().err
+
+
+def test_a_run_failing_after_training_names_the_model_it_kept(tmp_path, monkeypatch):
+    import attnmetrics.app.cli as cli
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the battery broke")
+
+    monkeypatch.setattr(cli, "_battery", broken)
+    out = tmp_path / "r"
+    with pytest.raises(RuntimeError, match="the battery broke") as failed:
+        main(["run", *QUICK, *FAST, "--out", str(out)])
+    notes = "\n".join(failed.value.__notes__)
+    kept = Path(re.search(r"the trained model is kept in (\S+): `attnmetrics evaluate", notes).group(1))
+    assert not out.exists() and (kept / "model" / "model.pt").is_file() and kept.parent == tmp_path
+    monkeypatch.undo()
+    evaluated = tmp_path / "evaluated"
+    assert main(["evaluate", str(kept), "--out", str(evaluated), *FAST, "--limit", "20", "--no-progress"]) == 0
+    assert (evaluated / "report.md").is_file()
 
 
 def test_device_cuda_without_a_gpu_fails_before_any_work(tmp_path, monkeypatch, capsys):
@@ -320,3 +345,20 @@ def test_integrated_gradients_without_captum_fail_before_training(tmp_path, monk
     assert main(["run", *QUICK, "--input-x-gradient", "--out", str(out)]) == 2
     assert "--input-x-gradient needs Captum: pip install captum" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_every_flag_of_every_command_has_help():
+    import argparse
+
+    from attnmetrics.app.parser import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    silent = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, parser in commands.items()
+        for action in parser._actions
+        if not isinstance(action, argparse._HelpAction) and not action.help
+    ]
+    assert silent == []
+    for name in ("run", "train"):
+        assert "default: runs/DATASET-ENCODER" in commands[name].format_help()
