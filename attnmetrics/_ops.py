@@ -59,11 +59,13 @@ CUDA_KERNELS = False
 #: The loaded build's name: ``attnmetrics_C`` or ``attnmetrics_C_cuda`` (set by :func:`load`).
 EXTENSION_NAME = None
 
-CXX_FLAGS = ["-O3", "-fopenmp", "-std=c++17"]  # -fopenmp: at::parallel_for runs in parallel
+# -fopenmp: at::parallel_for runs in parallel. No -std: torch's build passes its own (C++20), which
+# its headers need from torch 2.14 on (std::strong_ordering); a -std=c++17 here would override it.
+CXX_FLAGS = ["-O3", "-fopenmp"]
 # --fmad=false: no fused multiply-adds, so the GPU rounds every product and sum as the CPU
 # build does (x86-64 without -march has no FMA): the shared per-row code then gives the
 # same bits on both (flip decisions, tau) up to the math library (log, erf/erfc).
-NVCC_FLAGS = ["-O3", "-std=c++17", "--fmad=false"]
+NVCC_FLAGS = ["-O3", "--fmad=false"]
 
 _OPS = (
     "tvd",

@@ -84,6 +84,7 @@ def _jobs(tmp: Path) -> dict[str, list[str]]:
                 str(tmp / f"{name}.o"),
                 *ARCHS,
                 *_ops.NVCC_FLAGS,
+                "-std=c++20",  # the standard torch's extension build compiles with
                 "-I",
                 str(CSRC),
                 "--Werror",
@@ -101,7 +102,7 @@ def _jobs(tmp: Path) -> dict[str, list[str]]:
             for name in GLUE:
                 jobs[name] = [
                     CXX,
-                    "-std=c++17",
+                    "-std=c++20",
                     "-c",
                     "-O0",
                     "-Wall",
@@ -120,7 +121,7 @@ def _jobs(tmp: Path) -> dict[str, list[str]]:
     if shutil.which(CXX):
         jobs["host_harness"] = [
             CXX,
-            "-std=c++17",
+            "-std=c++20",
             "-O1",
             "-Wall",
             "-Wextra",

@@ -16,7 +16,7 @@
 // in DIR/manifest.txt), which the test compares with the CPU ops on the same inputs.
 // It does not run device code: warp scheduling, memory coalescing, atomics and the
 // device math library are untested here. Built and run by tests/test_cuda_compile.py:
-//   g++ -std=c++17 -O1 -I csrc tests/cuda/host_harness.cpp -o harness && ./harness
+//   g++ -std=c++20 -O1 -I csrc tests/cuda/host_harness.cpp -o harness && ./harness
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
