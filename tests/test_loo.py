@@ -170,7 +170,10 @@ def test_masking_a_token_with_itself_changes_nothing():
     tokens, lengths = ragged(rows=6, seed=4)
     tokens[:, 1:] = torch.where(tokens[:, 1:] >= 5, MASK, tokens[:, 1:])  # every real token is MASK
     got = leave_one_out(model, tokens, lengths, mode="mask", mask_token=MASK)
-    assert (got == 0).all()
+    # The same rows, in a model call of another shape than the originals': zero up to the
+    # rounding of the probabilities (torch 2.14's float64 matmul differs by an ulp across batch
+    # shapes, 2.8e-17 here; 2.13's is exact). Masking with any other token moves them by ~1e-2.
+    assert got.abs().max() <= 4 * torch.finfo(F64).eps
 
 
 # ---- batching, chunking, layouts -------------------------------------------------------------
