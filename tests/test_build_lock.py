@@ -1,10 +1,13 @@
 """The extension's build lock: a lock file left by a killed build never hangs an import."""
 
+import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 from torch.utils import cpp_extension
 
 from attnmetrics import _ops
@@ -39,3 +42,27 @@ def test_build_lock_is_released_with_its_holder():
     assert lock.is_file()  # the import that built or loaded this process's kernels held it
     with _ops._build_lock(_ops.EXTENSION_NAME):  # free again: this process's import released it
         pass
+
+
+def test_build_progress_counts_the_object_files_written(tmp_path, capsys):
+    (tmp_path / "old.o").touch()
+    os.utime(tmp_path / "old.o", (0, 0))  # from an earlier build: not counted
+    with _ops._build_progress(tmp_path, 3, every=0.05):
+        (tmp_path / "ops.o").touch()
+        time.sleep(0.3)
+    err = capsys.readouterr().err
+    assert "attnmetrics: compiling: 1/3 files" in err and "attnmetrics: compiled " in err
+    with pytest.raises(RuntimeError), _ops._build_progress(tmp_path, 3, every=10):
+        raise RuntimeError("the compiler failed")
+    assert "attnmetrics: build failed after " in capsys.readouterr().err
+
+
+def test_torch_no_cuda_runtime_notice_is_dropped_and_nothing_else():
+    logger = logging.getLogger("torch.utils.cpp_extension")
+
+    def shown(message: str) -> bool:
+        record = logging.LogRecord(logger.name, logging.WARNING, __file__, 1, message, ("/usr/local",), None)
+        return all(f.filter(record) for f in logger.filters)
+
+    assert not shown("No CUDA runtime is found, using CUDA_HOME='%s'")
+    assert shown("Error checking compiler version for %s")
