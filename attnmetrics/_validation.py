@@ -30,9 +30,11 @@ def check_float(name: str, x: Tensor) -> None:
         raise ValueError(f"{name} must be float32 or float64, got {x.dtype}")
 
 
-def check_finite(name: str, x: Tensor) -> None:
-    if not torch.isfinite(x).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
+def check_int(name: str, value, low: int) -> int:
+    """``value`` if it is an int (not a bool) >= ``low``, else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
 
 
 def check_same_device(**tensors: Tensor) -> None:

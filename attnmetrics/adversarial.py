@@ -24,6 +24,7 @@ from attnmetrics._validation import (
     check_decoder,
     check_generator,
     check_inputs,
+    check_int,
     check_logits,
 )
 from attnmetrics.distances import jsd, tvd
@@ -49,12 +50,6 @@ class AdversarialResult(NamedTuple):
 
 
 # ---- validation ---------------------------------------------------------------------------
-
-
-def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
 
 
 def _check_real(name: str, value, *, positive: bool = False) -> float:
@@ -284,8 +279,8 @@ def adversarial_attention(
     lengths = check_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
-    k = _check_int("candidates", candidates, 1)
-    steps = _check_int("steps", steps, 0)
+    k = check_int("candidates", candidates, 1)
+    steps = check_int("steps", steps, 0)
     lr = _check_real("lr", lr, positive=True)
     penalty = _check_real("tvd_penalty", tvd_penalty)
     diversity = _check_real("diversity_weight", diversity_weight)

@@ -28,6 +28,7 @@ from attnmetrics._validation import DEFAULT_MEMORY_BUDGET
 from attnmetrics.flip import removal_order
 from attnmetrics.loo import CPU_CALL_BYTES, _check_loo_inputs, _grouped_logits
 from attnmetrics.outputs import decision, output_distribution
+from attnmetrics.protocol import eval_mode
 
 #: ERASER's fractions of the tokens in the rationale (DeYoung et al. 2020, sec. 4: "bins")
 ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
@@ -125,10 +126,7 @@ def _effect(model, tokens, lengths, scores, fractions, keep_rationale, variant, 
     scores = _check_scores(scores, batch, real)
     budget = min(memory_budget, CPU_CALL_BYTES) if device.type == "cpu" else memory_budget
 
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
+    with eval_mode(model):
         with torch.no_grad():
             # The full rows' decisions; rows without a real token have nothing to remove.
             has = (real > 0).nonzero()[:, 0]
@@ -172,9 +170,6 @@ def _effect(model, tokens, lengths, scores, fractions, keep_rationale, variant, 
                 p = output_distribution(out).gather(1, predicted[rows, None])[:, 0]
                 values[rows, columns] = (probability[rows] - p.to(torch.float64)).to(dtype)
             aopc = values.nanmean(1)
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
     return EraserResult(values, aopc, k, probability.to(dtype), predicted)
 
 

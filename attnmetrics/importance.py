@@ -15,7 +15,7 @@ from torch import Tensor
 from attnmetrics._cudnn import eval_mode_backward
 from attnmetrics._validation import check_logits, check_model_inputs
 from attnmetrics.outputs import decision, output_distribution
-from attnmetrics.protocol import AttentionClassifier, real_tokens, token_mask
+from attnmetrics.protocol import AttentionClassifier, eval_mode, real_tokens, token_mask
 
 
 def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> Tensor:
@@ -47,10 +47,7 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
             gradients w.r.t. the embeddings), each naming the first bad row.
     """
     lengths = check_model_inputs(model, tokens, lengths)
-    was_training = model.training if hasattr(model, "training") else False
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
+    with eval_mode(model):
         embedded = model.embed(tokens).detach().requires_grad_(True)
         valid = token_mask(lengths, tokens.shape[1])
         _check_rows(
@@ -69,9 +66,6 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
             for c in range(probs.shape[1]):
                 (grad,) = torch.autograd.grad(probs[:, c].sum(), embedded, retain_graph=c + 1 < probs.shape[1])
                 score += (grad * embedded).sum(-1).abs()
-    finally:
-        if was_training:
-            model.train()
     return _normalised(score.detach(), lengths, model, "gradient importance", "gradients of the output probabilities")
 
 
@@ -161,10 +155,7 @@ def _captum_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tens
     the real tokens; ``attribute(probability, embedded, real, target, lengths)`` runs a Captum
     method on the embeddings (``probability(x, lengths)``: the model's output distribution)."""
     lengths = check_model_inputs(model, tokens, lengths)
-    was_training = model.training if hasattr(model, "training") else False
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
+    with eval_mode(model):
         embedded = model.embed(tokens).detach()
         _check_rows(
             torch.isfinite(embedded).flatten(2).all(2) | ~token_mask(lengths, tokens.shape[1]),
@@ -183,9 +174,6 @@ def _captum_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tens
             attribution = attribute(
                 lambda x, n: output_distribution(_logits(model, x, n)), embedded, real, decision(logits), lengths
             )
-    finally:
-        if was_training:
-            model.train()
     score = attribution.detach().sum(-1).abs().to(embedded.dtype)
     return _normalised(score, lengths, model, name, "attributions")
 

@@ -17,7 +17,7 @@ from torch import Tensor
 from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
 from attnmetrics.outputs import output_distribution
-from attnmetrics.protocol import AttentionClassifier
+from attnmetrics.protocol import AttentionClassifier, eval_mode
 
 #: leave_one_out modes: delete the token (J&W) or replace it with a mask token
 LOO_MODES = ("delete", "mask")
@@ -229,10 +229,7 @@ def leave_one_out(
     rows = rows[torch.argsort(lengths[rows], stable=True)]
     row_list, len_list = rows.tolist(), lengths[rows].tolist()
 
-    was_training = getattr(model, "training", False)
-    if hasattr(model, "eval"):
-        model.eval()
-    try:
+    with eval_mode(model):
         with torch.no_grad():
             if not row_list:
                 return torch.zeros(batch, width - lead, dtype=model.embed(tokens[:1, :1]).dtype, device=device)
@@ -263,9 +260,6 @@ def leave_one_out(
                 p = original[src].contiguous()
                 q = output_distribution(logits).to(p.dtype).contiguous()
                 out[rows[src], position] = ops.tvd(p, q).to(dtype)
-    finally:
-        if was_training and hasattr(model, "train"):
-            model.train()
     return out
 
 

@@ -27,6 +27,7 @@ from attnmetrics._validation import (
     check_decoder,
     check_generator,
     check_inputs,
+    check_int,
     check_lengths,
     check_logits,
 )
@@ -57,12 +58,6 @@ def draw_seed(generator: torch.Generator | KeyedRows | None = None) -> int:
     return int(torch.empty((), dtype=torch.int64, device=device).random_(generator=generator))
 
 
-def _check_int(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
-
-
 def attention_permutations(
     lengths: Tensor, width: int, permutations: int, seed: int, *, row_offset: int = 0, permutation_offset: int = 0
 ) -> Tensor:
@@ -85,12 +80,12 @@ def attention_permutations(
     Raises:
         ValueError: bad lengths, ``permutations < 1`` or negative offsets.
     """
-    _check_int("width", width, 0)
+    check_int("width", width, 0)
     if width >= 2**32:
         raise ValueError(f"width must be < 2**32, got {width}")
-    _check_int("permutations", permutations, 1)
-    _check_int("row_offset", row_offset, 0)
-    _check_int("permutation_offset", permutation_offset, 0)
+    check_int("permutations", permutations, 1)
+    check_int("row_offset", row_offset, 0)
+    check_int("permutation_offset", permutation_offset, 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or not -(2**63) <= seed < 2**63:
         raise ValueError(f"seed must be an int64, got {seed!r}")
     if not isinstance(lengths, Tensor) or lengths.dim() != 1:
@@ -249,7 +244,7 @@ def permutation_test(
     lengths = check_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
-    permutations = _check_int("permutations", permutations, 1)
+    permutations = check_int("permutations", permutations, 1)
     if not isinstance(return_all, bool):
         raise ValueError(f"return_all must be a bool, got {return_all!r}")
     check_generator(generator)  # any device: the seed is drawn on the generator's

@@ -10,7 +10,8 @@ special positions (``<SOS>``/``<EOS>``) at each end.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import NamedTuple, Protocol
 
 import torch
@@ -74,6 +75,21 @@ def is_attention_classifier(obj: object) -> bool:
     ``encode``, ``attend`` and ``decoder`` callable; ``lead`` and ``trail`` present), the same
     answer on every supported Python (see :func:`missing_members`)."""
     return not missing_members(obj)
+
+
+@contextlib.contextmanager
+def eval_mode(model: object) -> Iterator[object]:
+    """``model.eval()`` for the block, its ``training`` flag restored after (also when the block
+    raises): every procedure tests the model as it predicts, without dropout. An object without
+    ``eval``/``train`` (a plain protocol object) is left alone."""
+    was_training = getattr(model, "training", False)
+    if hasattr(model, "eval"):
+        model.eval()
+    try:
+        yield model
+    finally:
+        if was_training and hasattr(model, "train"):
+            model.train()
 
 
 def token_mask(lengths: Tensor, width: int, lead: int = 0, trail: int = 0) -> Tensor:

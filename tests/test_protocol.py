@@ -172,3 +172,24 @@ def test_the_guard_leaves_models_without_rnns_and_other_devices_alone():
             assert not torch.backends.cudnn.enabled
         assert torch.backends.cudnn.enabled
     assert not _cudnn.has_recurrent_module(PlainObject())
+
+
+# ---- eval mode -------------------------------------------------------------------------------------
+
+
+def test_eval_mode_restores_the_training_flag_even_when_the_block_raises():
+    from attnmetrics.protocol import eval_mode
+
+    model = rnn_model().train()
+    with eval_mode(model) as inside:
+        assert inside is model and not model.training
+    assert model.training
+    with pytest.raises(RuntimeError, match="inside"), eval_mode(model):
+        raise RuntimeError("inside")
+    assert model.training
+    model.eval()
+    with eval_mode(model):
+        pass
+    assert not model.training  # left as it was
+    with eval_mode(PlainObject()):  # no eval/train: nothing to do
+        pass

@@ -36,6 +36,7 @@ from attnmetrics.loo import leave_one_out
 from attnmetrics.models.tutek import single_token_test
 from attnmetrics.permutation import draw_seed
 from attnmetrics.protocol import forward
+from attnmetrics.single_removal import WHICH
 
 #: S&S 2019's orderings (sec. 4): attention, random, gradient w.r.t. attention, attention x gradient; plus reverse.
 DEFAULT_ORDERS = ("attention", "random", "gradient", "attn_grad", "reverse")
@@ -44,7 +45,7 @@ EXPERIMENTS = ("flip", "kendall", "loo", "permutation", "adversarial", "single_r
 #: ERASER's metrics (DeYoung et al. 2020, sec. 4), over every importance ordering the battery has
 ERASER_METRICS = {"comprehensiveness": comprehensiveness, "sufficiency": sufficiency}
 #: S&S 2019 (sec. 3): which single weight is removed
-SINGLE_REMOVALS = ("top", "second", "lowest", "random")
+SINGLE_REMOVALS = WHICH
 
 
 def _lap(seconds: dict, name: str, start: float) -> float:

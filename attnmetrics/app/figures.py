@@ -7,21 +7,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # files only, never a window
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from attnmetrics.app.summaries import MAX_ATTENTION_BINS  # noqa: E402
+from attnmetrics.app.summaries import MAX_ATTENTION_BINS
 
 
-def _save(fig, path: Path) -> str:
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **kwargs):
+    """``(figure, axes)`` like ``pyplot.subplots``, on a bare ``matplotlib.figure.Figure``: no
+    pyplot state, no GUI backend to choose, nothing to close (files only, never a window)."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(nrows, ncols, **kwargs)
+
+
+def save_figure(fig: Figure, path: Path) -> str:
+    """Write ``fig`` to ``path`` as a PNG, atomically (a re-rendered report never leaves a
+    half-written figure); returns the file name."""
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.tight_layout()
     fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)  # atomic: a re-rendered report never leaves a half-written figure
+    tmp.replace(path)
     return path.name
 
 
@@ -29,7 +34,9 @@ def _array(values) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
-def _violins(ax, data: list[np.ndarray], positions, width=0.8, color=None):
+def violins(ax, data: list[np.ndarray], positions, width=0.8, color=None):
+    """One violin (with its median) per array of ``data`` at ``positions`` on ``ax``; NaNs
+    dropped, arrays with fewer than two finite values left out."""
     keep = [(d[np.isfinite(d)], p) for d, p in zip(data, positions) if np.isfinite(d).sum() > 1]
     if keep:
         parts = ax.violinplot([d for d, _ in keep], positions=[p for _, p in keep], widths=width, showmedians=True)
@@ -38,7 +45,8 @@ def _violins(ax, data: list[np.ndarray], positions, width=0.8, color=None):
                 body.set_facecolor(color)
 
 
-def _by_bins(values: np.ndarray, max_attention: np.ndarray) -> list[np.ndarray]:
+def by_bins(values: np.ndarray, max_attention: np.ndarray) -> list[np.ndarray]:
+    """``values`` split by their instance's max attention into J&W's bins (MAX_ATTENTION_BINS)."""
     edges = MAX_ATTENTION_BINS
     return [
         values[(max_attention >= lo) & ((max_attention < hi) if hi < 1 else (max_attention <= hi))]
@@ -46,7 +54,8 @@ def _by_bins(values: np.ndarray, max_attention: np.ndarray) -> list[np.ndarray]:
     ]
 
 
-def _bin_labels() -> list[str]:
+def bin_labels() -> list[str]:
+    """The max-attention bins' labels, ``"0.00–0.25"`` and so on."""
     e = MAX_ATTENTION_BINS
     return [f"{lo:.2f}–{hi:.2f}" for lo, hi in zip(e[:-1], e[1:])]
 
@@ -59,9 +68,9 @@ def _per_class_by_bins(ax, values, inst, classes, ylabel):
     for c, name in enumerate(classes):
         sel = pred == c
         pos = [i + (c - (k - 1) / 2) * width for i in range(len(MAX_ATTENTION_BINS) - 1)]
-        _violins(ax, _by_bins(values[sel], max_att[sel]), pos, width=width * 0.9, color=f"C{c}")
+        violins(ax, by_bins(values[sel], max_att[sel]), pos, width=width * 0.9, color=f"C{c}")
         ax.plot([], [], color=f"C{c}", lw=6, label=f"predicted {name}")
-    ax.set_xticks(range(len(MAX_ATTENTION_BINS) - 1), _bin_labels())
+    ax.set_xticks(range(len(MAX_ATTENTION_BINS) - 1), bin_labels())
     ax.set_xlabel("max attention of the instance")
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
@@ -72,8 +81,8 @@ def flips(results: dict, folder: Path) -> str | None:
     if not inst:
         return None
     names = list(inst)
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1.4]})
-    _violins(ax, [_array(inst[k]["fraction"]) for k in names], range(len(names)))
+    fig, (ax, bx) = subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 1.4]})
+    violins(ax, [_array(inst[k]["fraction"]) for k in names], range(len(names)))
     ax.set_xticks(range(len(names)), names, rotation=20)
     ax.set_ylabel("fraction of attention items removed\nbefore the decision flips")
     ax.set_ylim(0, 1)
@@ -83,7 +92,7 @@ def flips(results: dict, folder: Path) -> str | None:
     bx.set_xticks(range(len(names)), names, rotation=45, ha="right")
     bx.set_ylim(0, 1)
     bx.set_title("never flips")
-    return _save(fig, folder / "flip_fraction.png")
+    return save_figure(fig, folder / "flip_fraction.png")
 
 
 def kendall(results: dict, folder: Path) -> str | None:
@@ -92,7 +101,7 @@ def kendall(results: dict, folder: Path) -> str | None:
     if not pairs:
         return None
     pred = np.array(inst["predicted"])
-    fig, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(pairs), figsize=(5 * len(pairs), 3.8), squeeze=False)
     for ax, (pair, v) in zip(axes[0], pairs.items()):
         tau = _array(v["tau"])
         for c, name in enumerate(results["data"]["classes"]):
@@ -103,14 +112,14 @@ def kendall(results: dict, folder: Path) -> str | None:
         ax.set_ylabel("instances")
         if ax.get_legend_handles_labels()[0]:  # no histogram when τ is undefined everywhere (uniform attention)
             ax.legend(fontsize=8)
-    return _save(fig, folder / "kendall_tau.png")
+    return save_figure(fig, folder / "kendall_tau.png")
 
 
 def permutation(results: dict, folder: Path) -> str | None:
     inst = results.get("instances", {})
     if "permutation" not in inst:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     _per_class_by_bins(
         ax,
         _array(inst["permutation"]["median_tvd"]),
@@ -119,7 +128,7 @@ def permutation(results: dict, folder: Path) -> str | None:
         "median output TVD over permutations",
     )
     ax.set_title("Permuted attention (J&W 2019)")
-    return _save(fig, folder / "permutation.png")
+    return save_figure(fig, folder / "permutation.png")
 
 
 def adversarial(results: dict, folder: Path) -> str | None:
@@ -128,7 +137,7 @@ def adversarial(results: dict, folder: Path) -> str | None:
         return None
     jsd = _array(inst["adversarial"]["max_jsd"])
     pred = np.array(inst["predicted"])
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4))
+    fig, (ax, bx) = subplots(1, 2, figsize=(12, 4))
     for c, name in enumerate(results["data"]["classes"]):
         j = jsd[(pred == c) & np.isfinite(jsd)]
         if j.size:
@@ -138,7 +147,7 @@ def adversarial(results: dict, folder: Path) -> str | None:
     ax.legend(fontsize=8)
     ax.set_title("Adversarial attention (J&W 2019)")
     _per_class_by_bins(bx, jsd, inst, results["data"]["classes"], "max JSD within the output bound")
-    return _save(fig, folder / "adversarial.png")
+    return save_figure(fig, folder / "adversarial.png")
 
 
 def tvd_vs_jsd(
@@ -172,7 +181,7 @@ def consistent_adversary(results: dict, folder: Path) -> str | None:
     if not c or not c.get("per_lambda"):
         return None
     jw = c.get("jain_wallace")
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = subplots(figsize=(6, 4))
     tvd_vs_jsd(
         ax,
         [(r["lambda"], r["jsd_mean"], r["tvd_mean"]) for r in c["per_lambda"]],
@@ -182,7 +191,7 @@ def consistent_adversary(results: dict, folder: Path) -> str | None:
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
-    return _save(fig, folder / "consistent_adversary.png")
+    return save_figure(fig, folder / "consistent_adversary.png")
 
 
 def heads(results: dict, folder: Path) -> str | None:
@@ -192,7 +201,7 @@ def heads(results: dict, folder: Path) -> str | None:
         return None
     metrics = list(per_head)
     values = np.array([_array(per_head[m]) for m in metrics]).T  # [heads, metrics]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(metrics), 0.9 + 0.45 * values.shape[0]))
+    fig, ax = subplots(figsize=(1.6 + 1.5 * len(metrics), 0.9 + 0.45 * values.shape[0]))
     # each column on its own colour scale: the metrics have different ranges
     finite = np.where(np.isfinite(values), values, np.nan)
     low = np.array([np.min(c[np.isfinite(c)], initial=0.0) for c in finite.T])
@@ -204,4 +213,4 @@ def heads(results: dict, folder: Path) -> str | None:
     ax.set_xticks(range(len(metrics)), metrics, rotation=20, ha="right")
     ax.set_yticks(range(values.shape[0]), [f"head {h}" for h in range(values.shape[0])])
     ax.set_title("tested attention, per head (mean over instances; colour per column)")
-    return _save(fig, folder / "heads.png")
+    return save_figure(fig, folder / "heads.png")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attnmetrics.app.figures import _bin_labels, _by_bins, _save, _violins, plt, tvd_vs_jsd
+from attnmetrics.app.figures import bin_labels, by_bins, save_figure, subplots, tvd_vs_jsd, violins
 from attnmetrics.app.io import write_text_atomic
 from attnmetrics.app.report import _fmt, _table
 
@@ -109,7 +109,7 @@ def transfer_figure(agg: dict, folder: Path) -> str | None:
         points.setdefault(key, []).append((x, acc["mean"], *acc["ci95"]))
     if not any(len({x for x, *_ in v}) > 2 for v in points.values()):
         return None  # no transfer curve: fewer than three settings on any line
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = subplots(figsize=(5, 3.5))
     for (dataset, lm, lr), pts in sorted(points.items(), key=str):
         x, y, lo, hi = np.array(sorted(pts)).T
         label = f"{dataset}, λ = {lm:g}" + (f", lr {lr:g}" if lr is not None else "")
@@ -117,7 +117,7 @@ def transfer_figure(agg: dict, folder: Path) -> str | None:
     ax.set_xlabel("pre-trained blocks transferred (-1: no pre-training)")
     ax.set_ylabel("test accuracy")
     ax.legend(fontsize=8)
-    return _save(fig, folder / "gpt_transfer.png")
+    return save_figure(fig, folder / "gpt_transfer.png")
 
 
 GPT_HEADERS = [
@@ -145,16 +145,16 @@ def seed_variance_figure(group: str, sv: dict, folder: Path) -> str | None:
     jsd, tvd, base = (np.array(inst[k], dtype=float) for k in ("median_jsd", "mean_tvd", "base_max_attention"))
     if not np.any(jsd > 0):  # uniform attention: nothing to see
         return None
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
-    _violins(ax, _by_bins(jsd, base), range(len(_bin_labels())))
-    ax.set_xticks(range(len(_bin_labels())), _bin_labels())
+    fig, (ax, bx) = subplots(1, 2, figsize=(11, 4))
+    violins(ax, by_bins(jsd, base), range(len(bin_labels())))
+    ax.set_xticks(range(len(bin_labels())), bin_labels())
     ax.set_xlabel("max attention of the base model")
     ax.set_ylabel("median JSD(base, other seeds), nats")
     ax.set_title(f"Seed variance (W&P 2019): {group}", fontsize=9)
     bx.scatter(jsd, tvd, s=6, alpha=0.5)
     bx.set_xlabel("median attention JSD across seeds, nats")
     bx.set_ylabel("mean output TVD across seeds")
-    return _save(fig, folder / f"seed_variance_{_slug(group)}.png")
+    return save_figure(fig, folder / f"seed_variance_{_slug(group)}.png")
 
 
 def consistent_adversary_figure(agg: dict, folder: Path) -> str | None:
@@ -163,7 +163,7 @@ def consistent_adversary_figure(agg: dict, folder: Path) -> str | None:
     groups = {g: v["consistent_adversary"] for g, v in agg["groups"].items() if "consistent_adversary" in v}
     if not groups:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = subplots(figsize=(9, 4.5))
     for i, (g, ca) in enumerate(groups.items()):
         jw = ca.get("jain_wallace")
         tvd_vs_jsd(
@@ -175,7 +175,7 @@ def consistent_adversary_figure(agg: dict, folder: Path) -> str | None:
             f"{g}: J&W adversary",
         )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
-    return _save(fig, folder / "consistent_adversary.png")
+    return save_figure(fig, folder / "consistent_adversary.png")
 
 
 def render_sweep(agg: dict, folder: str | Path) -> Path:
