@@ -14,7 +14,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from attnmetrics.app.sweep import Cell, _Runner
+from attnmetrics.app.sweep.config import Cell
+from attnmetrics.app.sweep.runner import Runner
 
 
 def run_logged(cmd: list[str], log: str) -> int:
@@ -43,8 +44,8 @@ def make_executor(folder: Path, cluster: str, slurm: dict):
     return executor
 
 
-class SubmititRunner(_Runner):
-    """:class:`attnmetrics.app.sweep._Runner` whose cells run as submitit jobs."""
+class SubmititRunner(Runner):
+    """:class:`attnmetrics.app.sweep.runner.Runner` whose cells run as submitit jobs."""
 
     def __init__(self, sweep, status: dict, progress: bool):
         super().__init__(sweep, status, progress)

@@ -1,5 +1,5 @@
-"""``attnmetrics sweep CONFIG.toml``: run a grid of ``attnmetrics run`` cells, resumably, then
-aggregate them into one report (attnmetrics/app/aggregate.py).
+"""A sweep's config: the TOML format, its checks, and its expansion into cells (one
+``attnmetrics run`` each).
 
 Config (TOML; relative paths resolve against the config file's folder; see configs/sweep.toml)::
 
@@ -30,48 +30,20 @@ Each cell runs ``python -m attnmetrics run ... --out OUT/GRID/CELL --no-progress
 its own process, CELL = ``DATASET-ENCODER-ATTENTION[-REGULARISER]-sSEED`` (``:`` -> ``_``), its
 output appended to ``OUT/GRID/CELL.log``.
 
-Resume and safety:
-- a cell whose folder holds ``results.json`` run with the same flags is done and skipped; the
-  staging folders (``.CELL.partial-*``) an interrupted run leaves are removed and the cell rerun;
-- a finished cell whose recorded flags (``results.json`` "config") differ from the config's is
-  *stale*: the sweep refuses to start unless ``--overwrite``, which reruns exactly the stale cells
-  (each old folder is replaced only once its new run succeeds). Adding or removing cells is fine;
-- failed cells are recorded in ``OUT/status.json`` (atomic) and the others go on; the exit status
-  is 1 if any cell failed; one sweep at a time per folder (a lock file);
-- ``OUT/sweep.toml`` keeps the config text of the last sweep started in the folder.
-
-Executors (``[sweep] executor`` or ``--executor``): ``local`` runs each cell as a subprocess
-here, ``jobs`` at a time. ``slurm`` submits each cell as a Slurm job through submitit
-(attnmetrics/app/cluster.py; ``pip install submitit``), ``jobs`` in flight, with the resources of
-``[sweep.slurm]`` (``partition``, ``time_min``, ``gpus``, ``cpus``, ``mem_gb``; flags of the same
-names override them) and submitit's files in ``OUT/.submitit``; ``submitit-local`` is that path
-on this machine (submitit's local executor). Resume, status, stale cells and the report are the
-same for all three.
+How the cells run, resume and are recorded: :mod:`attnmetrics.app.sweep.runner`.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
-import contextlib
-import fcntl
 import itertools
-import json
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import threading
-import time
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
-from attnmetrics.app.io import remove_abandoned_claim, write_json_atomic, write_text_atomic
-from attnmetrics.app.parser import build_parser, recipe_defaults
+from attnmetrics.app.parser import build_parser
 
 #: grid axis -> the run option it sets
 AXES = {
@@ -326,200 +298,3 @@ def cell_command(cell: Cell, out: Path, overwrite: bool = False) -> list[str]:
         "--no-progress",
         *(["--overwrite"] if overwrite else []),
     ]
-
-
-def _config_of(argv: list[str]) -> dict:
-    args = build_parser().parse_args(argv)
-    recipe_defaults(args)  # as the run itself records them
-    return json.loads(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}))
-
-
-def is_stale(cell: Cell, out: Path) -> bool:
-    """Whether the finished cell's results.json was run with flags other than the config's
-    (options unknown to the older run are not compared)."""
-    recorded = json.loads((cell.folder(out) / "results.json").read_text()).get("config", {})
-    wanted = _config_of(cell_command(cell, out)[3:])
-    return any(recorded[k] != v for k, v in wanted.items() if k in recorded and k not in IGNORED_CONFIG)
-
-
-def clean_partial(cell: Cell, out: Path) -> list[Path]:
-    """Remove the staging folders an interrupted run of ``cell`` left behind; returns them."""
-    leftovers = sorted((out / cell.grid).glob(f".{cell.name}.partial-*"))
-    for p in leftovers:
-        shutil.rmtree(p)
-    if remove_abandoned_claim(cell.folder(out)):  # claimed by a run killed before it finished
-        leftovers.append(cell.folder(out))
-    return leftovers
-
-
-class _Runner:
-    """Runs cells as subprocesses on a thread pool; records each outcome in status.json."""
-
-    def __init__(self, sweep: Sweep, status: dict, progress: bool):
-        self.sweep, self.status, self.progress = sweep, status, progress
-        self.lock = threading.Lock()
-        self.procs: set[subprocess.Popen] = set()
-        self.stopping = False
-
-    def record(self, cell: Cell, **entry) -> None:
-        with self.lock:
-            self.status["cells"][f"{cell.grid}/{cell.name}"] = entry
-            write_json_atomic(self.sweep.out / "status.json", self.status)
-
-    def run(self, cell: Cell, overwrite: bool) -> bool:
-        out = self.sweep.out
-        for p in clean_partial(cell, out):
-            tqdm.write(f"removed the leftovers of an interrupted run: {p}", file=sys.stderr)
-        cmd = cell_command(cell, out, overwrite)
-        log = out / cell.grid / f"{cell.name}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        start = time.time()
-        self.record(cell, state="running", command=cmd, log=str(log), started=start)
-        with open(log, "a", encoding="utf-8") as f:
-            f.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
-        rc = self.execute(cell, cmd, log)
-        if rc is None:  # stopped before it started
-            return False
-        state = "done" if rc == 0 else ("interrupted" if self.stopping else "failed")
-        self.record(cell, state=state, returncode=rc, command=cmd, log=str(log), seconds=time.time() - start)
-        return rc == 0
-
-    def execute(self, cell: Cell, cmd: list[str], log: Path) -> int | None:
-        """Run ``cmd`` with its output appended to ``log``; its exit status (None: stopping)."""
-        with open(log, "a", encoding="utf-8") as f:
-            with self.lock:
-                if self.stopping:
-                    return None
-                # own session: a Ctrl-C reaches the sweep, which stops its cells itself
-                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-                self.procs.add(proc)
-            rc = proc.wait()
-            with self.lock:
-                self.procs.discard(proc)
-        return rc
-
-    def stop(self) -> None:
-        with self.lock:
-            self.stopping = True
-            procs = list(self.procs)
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextlib.contextmanager
-def _folder_lock(out: Path):
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".sweep.lock", "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FileExistsError(f"another sweep is running in {out}") from None
-        yield
-
-
-def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> int:
-    """Run every cell not yet done; returns 0, 1 if a cell failed, 2 if refused (stale cells)."""
-    out = sweep.out
-    done = [c for c in sweep.cells if c.is_done(out)]
-    stale = {c for c in done if is_stale(c, out)}
-    if stale and not overwrite:
-        names = ", ".join(f"{c.grid}/{c.name}" for c in sorted(stale, key=lambda c: (c.grid, c.name))[:5])
-        print(
-            f"attnmetrics sweep: {len(stale)} finished cell(s) in {out} were run with other flags than this "
-            f"config ({names}{', ...' if len(stale) > 5 else ''}); pass --overwrite to rerun them",
-            file=sys.stderr,
-        )
-        return 2
-    with _folder_lock(out):
-        write_text_atomic(out / "sweep.toml", sweep.text)
-        status_path = out / "status.json"
-        status = json.loads(status_path.read_text()) if status_path.is_file() else {"cells": {}}
-        if sweep.executor == "local":
-            runner = _Runner(sweep, status, progress)
-        else:
-            from attnmetrics.app.cluster import SubmititRunner  # submitit: an optional extra
-
-            runner = SubmititRunner(sweep, status, progress)
-        todo = [c for c in sweep.cells if c not in done or c in stale]
-        for c in sweep.cells:
-            if c in done and c not in stale:
-                print(f"skip {c.grid}/{c.name}: done (results.json present)", file=sys.stderr)
-                runner.record(c, state="done", log=str(out / c.grid / f"{c.name}.log"))
-        failed = 0
-        handlers = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
-        bar = tqdm(
-            total=len(sweep.cells),
-            initial=len(sweep.cells) - len(todo),
-            desc="sweep",
-            unit="cell",
-            disable=not progress,
-        )
-        pool = cf.ThreadPoolExecutor(sweep.jobs)
-        try:
-            futures = {pool.submit(runner.run, c, c in stale): c for c in todo}
-            for fut in cf.as_completed(futures):
-                c = futures[fut]
-                if not fut.result():
-                    failed += 1
-                    tqdm.write(f"FAILED {c.grid}/{c.name}: see {out / c.grid / (c.name + '.log')}", file=sys.stderr)
-                bar.update()
-                bar.set_postfix(failed=failed)
-        except KeyboardInterrupt:
-            print("attnmetrics sweep: interrupted; stopping the running cells (rerun to resume)", file=sys.stderr)
-            runner.stop()
-            return 130
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            bar.close()
-            for s, h in handlers.items():
-                signal.signal(s, h)
-    print(
-        f"attnmetrics sweep: {len(sweep.cells) - failed}/{len(sweep.cells)} cells done, {failed} failed",
-        file=sys.stderr,
-    )
-    return 1 if failed else 0
-
-
-def main(args: argparse.Namespace) -> int:
-    """The ``sweep`` subcommand: run (or list, or only aggregate) a config's cells, then write
-    OUT/report.md, OUT/aggregate.json and the figures."""
-    from attnmetrics.app.aggregate import aggregate_sweep
-
-    try:
-        slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k, None) is not None}
-        sweep = load_config(args.config, args.out, args.jobs, args.executor, slurm, dict(args.data_dir or ()))
-    except (ValueError, FileNotFoundError) as e:
-        print(f"attnmetrics sweep: {e}", file=sys.stderr)
-        return 2
-    missing = [] if args.report_only else sweep.missing_data()
-    if missing:  # before any cell starts, not as a failure in each cell's log
-        for line in missing:
-            print(f"attnmetrics sweep: {line}", file=sys.stderr)
-        return 2
-    if args.dry_run:
-        for c in sweep.cells:
-            state = "done" if c.is_done(sweep.out) else "todo"
-            print(f"{state}\t{c.grid}/{c.name}\t{' '.join(cell_command(c, sweep.out)[3:])}")
-        print(f"{len(sweep.cells)} cells in {sweep.out}", file=sys.stderr)
-        return 0
-    rc = 0
-    if not args.report_only:
-        try:
-            rc = run_sweep(sweep, args.overwrite, progress=not args.no_progress)
-        except FileExistsError as e:
-            print(f"attnmetrics sweep: {e}", file=sys.stderr)
-            return 2
-        if rc in (2, 130):
-            return rc
-    path = aggregate_sweep(sweep)
-    print(f"wrote {path}", file=sys.stderr)
-    return rc
