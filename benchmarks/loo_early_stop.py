@@ -1,5 +1,5 @@
 """Could leave-one-out stop a masking's runs early? How close a masked row's forward LSTM states
-come to the row's own, step by step (README, "Speed": why the runs are not stopped early).
+come to the row's own, step by step (docs/speed.md: why the runs are not stopped early).
 
 Masking token t changes the forward states from t on. If they came back to the row's own bit
 for bit, the rest of the run could be skipped with the same answer. Each masking's forward run

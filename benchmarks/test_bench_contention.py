@@ -7,7 +7,7 @@ never waits for another. The command line's default (``--threads 1``) follows fr
 
 Each case times ``STEPS`` steps (forward, backward, Adam; batch 32 of SST-like rows) on a quiet
 machine and with a busy-looping second process, in one run; ``extra_info`` holds both medians and
-their ratio (the slowdown). Not a pass/fail test: the numbers go in the README.
+their ratio (the slowdown). Not a pass/fail test: the numbers go in docs/speed.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""kendall_tau against the per-row scipy.stats.kendalltau loop that J&W's code runs (README, "Speed").
+"""kendall_tau against the per-row scipy.stats.kendalltau loop that J&W's code runs (docs/speed.md).
 
 Each case is one benchmark group holding both, on the same inputs, so pytest-benchmark's
 table shows the ratio in its "(x)" factors; the kernel's entry also records

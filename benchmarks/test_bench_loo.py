@@ -9,7 +9,7 @@ batches of 32 rows, which is timed too for the SST-like case (``batch_size=32``)
 Each approach runs once per case (they take seconds to minutes on 2 cores), ours from a
 cold start (oneDNN builds a primitive for each new call shape, about 0.2 s in all on 2
 cores); the ratio is in ``extra_info["speedup"]``. The SST-like case has SST's 1,821 test
-sentences (README, "Speed"); the IMDB-like case B = 100 rather than 1,000, to keep the run to a
+sentences (docs/speed.md); the IMDB-like case B = 100 rather than 1,000, to keep the run to a
 few minutes (about 4 on one thread; J&W's loop takes nine tenths of it).
 
 Both sides are bound by the BiLSTM itself. J&W's loop re-encodes every shortened row from

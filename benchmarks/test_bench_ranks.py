@@ -7,7 +7,7 @@ One J&W BiLSTM is trained once (`attnmetrics train`, the real SST), then `torchr
 command's wall time and the battery's (``results.json`` ``wall_time_s.experiments``, which leaves
 out starting the processes and loading the data), and the speedup of 2 ranks over 1. The two run
 folders are checked equal first (every number). Under ``CI`` (the smoke run) the split is cut to
-300 rows and the battery shortened. Not a pass/fail test: the numbers go in the README.
+300 rows and the battery shortened. Not a pass/fail test: the numbers go in docs/speed.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """attention_rollout against the two ways users compute it today, same inputs, one run
-(README, "Speed"):
+(docs/speed.md):
 
 - the torch matmul chain over the padded batch (head mean, residual, row renormalisation,
   one batched matmul per layer: what Inseq-style code and most notebooks do);

@@ -1,4 +1,4 @@
-"""benchmarks/loo_early_stop.py, the README's check that leave-one-out's runs cannot stop early:
+"""benchmarks/loo_early_stop.py, docs/speed.md's check that leave-one-out's runs cannot stop early:
 it must see a masking that changes nothing as equal from its first step, and one that changes
 a token as different there."""
 

@@ -217,7 +217,7 @@ def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, caps
     assert group["statistics"]["test accuracy"]["seeds"] == 2
     report = (out / "report.md").read_text()
     assert "Jain & Wallace" in report and "Seed variance" in report
-    # one table of every cell's instances; the README's pandas query gives the report's per-seed τ
+    # one table of every cell's instances; docs/usage.md's pandas query gives the report's per-seed τ
     pd = pytest.importorskip("pandas")
     t = pd.read_parquet(out / "instances.parquet")
     assert set(t.cell) == {"g/sst-lstm-tanh-s0", "g/sst-lstm-tanh-s1"} and {"dataset", "encoder", "seed"} <= set(t)
