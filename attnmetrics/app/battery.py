@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import combinations
 
 import numpy as np
@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 import attnmetrics
 from attnmetrics import KeyedRows
+from attnmetrics.app.importances import Settings, chosen
 from attnmetrics.app.summaries import (
     adversarial_summary,
     eraser_summary,
@@ -30,9 +31,6 @@ from attnmetrics.app.summaries import (
     tau_summary,
 )
 from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
-from attnmetrics.importance import gradient_importance, integrated_gradients
-from attnmetrics.importance import input_x_gradient as _input_x_gradient
-from attnmetrics.loo import leave_one_out
 from attnmetrics.models.tutek import single_token_test
 from attnmetrics.permutation import draw_seed
 from attnmetrics.protocol import forward
@@ -91,24 +89,6 @@ def _keep_flip(acc: dict, name: str, r) -> None:
     rows = r.removed.shape[-1]
     acc[f"flip/{name}/removed"].append(r.removed.reshape(-1, rows).T)
     acc[f"flip/{name}/fraction"].append(r.fraction.reshape(-1, rows).T)
-
-
-def extra_importances(
-    model, tokens: Tensor, lengths: Tensor, ig_steps: int = 0, input_x_gradient: bool = False
-) -> dict[str, Callable[[], Tensor]]:
-    """The token importances beside attention, gradient and leave-one-out, each ``[B, T - lead]``
-    when called: a transformer's attention rollout (Abnar & Zuidema 2020) where the model offers
-    it, with ``ig_steps`` integrated gradients (Sundararajan et al. 2017) and with
-    ``input_x_gradient`` the whole model's gradient x input (Shrikumar et al. 2016), both
-    through Captum."""
-    extra = {}
-    if hasattr(model, "rollout"):
-        extra["rollout"] = lambda: model.rollout(tokens, lengths)
-    if ig_steps:
-        extra["ig"] = lambda: integrated_gradients(model, tokens, lengths, steps=ig_steps)
-    if input_x_gradient:
-        extra["input_x_gradient"] = lambda: _input_x_gradient(model, tokens, lengths)
-    return extra
 
 
 def tested_forward(model, tokens: Tensor, lengths: Tensor):
@@ -215,6 +195,8 @@ def collect(
     model.eval()
     device = next(model.parameters()).device  # batches run where the model is
     seeds = experiment_seeds(seed)
+    chosen_by = Settings(tuple(experiments), ig_steps, input_x_gradient)
+    importances = chosen(model, chosen_by)  # beside attention: Kendall partners, flip and ERASER orders
     acc: dict[str, list[Tensor]] = defaultdict(list)  # per-instance tensors, concatenated at the end
     seconds: dict[str, float] = defaultdict(float)  # wall time of each experiment, over all batches
     batches = list(batches)
@@ -245,20 +227,16 @@ def collect(
                 t0 = _lap(seconds, "flip", t0)
             if "kendall" in experiments:
                 bar.start(block, "kendall")
-                scores = {
-                    "attention": out.attention,
-                    "gradient": gradient_importance(model, tokens, lengths).to(out.attention.dtype),
-                }
-                t0 = _lap(seconds, "gradient", t0)
-                if "loo" in experiments:
-                    bar.start(block, "loo")
-                    scores["loo"] = leave_one_out(model, tokens, lengths).to(out.attention.dtype)
-                    t0 = _lap(seconds, "loo", t0)
-                for name, compute in extra_importances(model, tokens, lengths, ig_steps, input_x_gradient).items():
-                    bar.show(name)
-                    scores[name] = compute().to(out.attention.dtype)
+                scores = {"attention": out.attention}
+                for importance in importances:
+                    if importance.experiment:
+                        bar.start(block, importance.experiment)
+                    else:
+                        bar.show(importance.name)
+                    name = importance.name
+                    scores[name] = importance.compute(model, tokens, lengths, chosen_by).to(out.attention.dtype)
                     t0 = _lap(seconds, name, t0)
-                    if "flip" in experiments:  # an importance to remove by, never an attention to set
+                    if importance.flip_order and "flip" in experiments:  # an order to remove by, never an attention
                         r = attnmetrics.flip_fraction(*args, order=scores[name], never_flipped=never_flipped)
                         _keep_flip(acc, name, r)
                         t0 = _lap(seconds, "flip", t0)
@@ -273,10 +251,10 @@ def collect(
                     acc[f"heads/h{h}/max attention"].append(head.max(-1).values)
                     acc[f"heads/h{h}/JSD from the head mean"].append(attnmetrics.jsd(head, out.attention))
                     if "kendall" in experiments:
-                        for name in ("gradient", "loo", "ig", "input_x_gradient"):
-                            if name in scores:
-                                tau = attnmetrics.kendall_tau(head, scores[name], out.lengths).tau
-                                acc[f"heads/h{h}/tau vs {name}"].append(tau)
+                        for importance in importances:
+                            if importance.head_partner:
+                                tau = attnmetrics.kendall_tau(head, scores[importance.name], out.lengths).tau
+                                acc[f"heads/h{h}/tau vs {importance.name}"].append(tau)
                 t0 = _lap(seconds, "heads", t0)
             if "permutation" in experiments:
                 bar.start(block, "permutation")

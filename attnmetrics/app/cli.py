@@ -13,7 +13,6 @@ write a report.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -29,8 +28,8 @@ import scipy
 import torch
 
 import attnmetrics
-from attnmetrics.app import distributed, sweep
-from attnmetrics.app.battery import EXPERIMENTS, collect, extra_importances, merge, summarise, tested_forward
+from attnmetrics.app import distributed, importances, sweep
+from attnmetrics.app.battery import EXPERIMENTS, collect, merge, summarise, tested_forward
 from attnmetrics.app.distributed import World
 from attnmetrics.app.io import (
     check_out,
@@ -46,8 +45,6 @@ from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_f
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.app.table import run_table
 from attnmetrics.flip import removal_order
-from attnmetrics.importance import gradient_importance
-from attnmetrics.loo import leave_one_out
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.data import GUTENBERG_HELD_OUT, ArtifactError, load_dataset, load_gutenberg, load_minilm
@@ -372,15 +369,11 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
     device = next(model.parameters()).device
     tokens, lengths_t = tokens.to(device), lengths_t.to(device)
     out, _ = tested_forward(model, tokens, lengths_t)
-    scores = {
-        "attention": out.attention,
-        "gradient": gradient_importance(model, tokens, lengths_t),
-        "loo": leave_one_out(model, tokens, lengths_t),
-    }
-    for name, compute in extra_importances(
-        model, tokens, lengths_t, args.integrated_gradients, args.input_x_gradient
-    ).items():
-        scores[name] = compute()
+    scores = {"attention": out.attention}
+    # every importance of the run (leave-one-out even where the battery skipped it)
+    chosen_by = importances.Settings(("loo",), args.integrated_gradients, args.input_x_gradient)
+    for importance in importances.chosen(model, chosen_by):
+        scores[importance.name] = importance.compute(model, tokens, lengths_t, chosen_by)
     order = removal_order(out.attention.double(), out.lengths)
     by_attention = inst.get("flip", {}).get("attention")
     examples = []
@@ -595,9 +588,13 @@ def _command(args, w: World) -> int:
 def _run(args, w: World) -> int:
     """train, run or evaluate (this rank's part of it under torchrun)."""
     start = time.perf_counter()
-    for flag in ("integrated_gradients", "input_x_gradient"):  # before training
-        if getattr(args, flag, 0) and importlib.util.find_spec("captum") is None:
-            return _input_error(ImportError(f"--{flag.replace('_', '-')} needs Captum: pip install captum"), args)
+    asked = importances.Settings(
+        ig_steps=getattr(args, "integrated_gradients", 0) or 0,
+        input_x_gradient=getattr(args, "input_x_gradient", False),
+    )
+    missing = importances.missing_package(asked)  # before training
+    if missing:
+        return _input_error(ImportError(missing), args)
     results = {
         "command": args.command,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
