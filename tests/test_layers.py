@@ -51,3 +51,64 @@ def test_the_rule_catches_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from attnmetrics.app.cli import main\n")
     assert _under(imported(bad), "attnmetrics.app") == {"attnmetrics.app.cli", "attnmetrics.app.cli.main"}
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Every module of the package (models/ as attnmetrics.models) -> the package's modules it
+    imports, at module level or inside functions. An import of an enclosing package is left out:
+    Python runs a package's __init__ before any of its modules, so it cannot close a loop."""
+    files = {}
+    for path in [*(ROOT / "attnmetrics").rglob("*.py"), *(ROOT / "models").glob("*.py")]:
+        relative = path.relative_to(ROOT).with_suffix("")
+        if relative.parts[:2] in (("attnmetrics", "models"), ("attnmetrics", "csrc")):
+            continue  # the links to models/ and csrc/
+        parts = ["attnmetrics", *relative.parts] if relative.parts[0] == "models" else list(relative.parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for module, path in files.items():
+        deps = set()
+        for name in imported(path):
+            while name and name not in files:
+                name = name.rpartition(".")[0]
+            if name and name != module and not module.startswith(name + "."):
+                deps.add(name)
+        graph[module] = deps
+    return graph
+
+
+def loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import loops: strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_has_no_loop():
+    graph = module_graph()
+    assert {"attnmetrics.app.sweep.runner", "attnmetrics.models.data", "attnmetrics.loo"} <= set(graph)
+    assert loops(graph) == []
+
+
+def test_the_loop_check_finds_a_loop():
+    assert loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

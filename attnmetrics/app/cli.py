@@ -47,11 +47,18 @@ from attnmetrics.app.table import run_table
 from attnmetrics.flip import removal_order
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import GUTENBERG_HELD_OUT, ArtifactError, load_dataset, load_gutenberg, load_minilm
+from attnmetrics.models.data import (
+    GUTENBERG_HELD_OUT,
+    ArtifactError,
+    glove_matrix,
+    load_dataset,
+    load_gutenberg,
+    load_minilm,
+)
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier, GPTInputs
 from attnmetrics.models.pretraining import PretrainConfig, load_gpt, pretrain
-from attnmetrics.models.text import Vocabulary, collate, glove_matrix
+from attnmetrics.models.text import Vocabulary, collate
 from attnmetrics.models.training import (
     Predictions,
     TrainConfig,

@@ -30,7 +30,6 @@ from attnmetrics.models.text import (
     EncodedSplit,
     Vocabulary,
     collate,
-    glove_matrix,
     tokenize,
     truncate,
 )
@@ -330,11 +329,11 @@ def test_glove_index_and_matrix():
     assert vectors.shape == (400000, 50) and vectors.dtype == np.float32
     assert words[:6] == ["the", ",", ".", "of", "to", "and"] and len(set(words)) == 400000
     vocab = Vocabulary(["the", "good", "zzzqqqnotaword"])
-    matrix, found = glove_matrix(vocab, seed=0)
+    matrix, found = D.glove_matrix(vocab, seed=0)
     assert matrix.shape == (7, 50) and found == 2
     assert torch.equal(matrix[PAD], torch.zeros(50))
     assert torch.equal(matrix[4], torch.from_numpy(vectors[0]))
-    assert torch.equal(matrix, glove_matrix(vocab, seed=0)[0])
+    assert torch.equal(matrix, D.glove_matrix(vocab, seed=0)[0])
 
 
 # The counts after deduplication (docstrings of the loaders); documented sizes before it.

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from attnmetrics.app.sweep.config import SLURM_KEYS, Cell, Sweep, cell_command, load_config
-from attnmetrics.app.sweep.runner import run_sweep
+from attnmetrics.app.sweep.runner import Runner, run_sweep
 
 __all__ = ["Cell", "Sweep", "cell_command", "load_config", "main", "run_sweep"]
 
@@ -42,7 +42,12 @@ def main(args: argparse.Namespace) -> int:
     rc = 0
     if not args.report_only:
         try:
-            rc = run_sweep(sweep, args.overwrite, progress=not args.no_progress)
+            runner = Runner
+            if sweep.executor != "local":
+                from attnmetrics.app.sweep.slurm import SubmititRunner  # submitit: an optional extra
+
+                runner = SubmititRunner
+            rc = run_sweep(sweep, args.overwrite, progress=not args.no_progress, runner_type=runner)
         except FileExistsError as e:
             print(f"attnmetrics sweep: {e}", file=sys.stderr)
             return 2

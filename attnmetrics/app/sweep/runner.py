@@ -139,8 +139,10 @@ def _folder_lock(out: Path):
         yield
 
 
-def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> int:
-    """Run every cell not yet done; returns 0, 1 if a cell failed, 2 if refused (stale cells)."""
+def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True, runner_type: type[Runner] = Runner) -> int:
+    """Run every cell not yet done with ``runner_type`` (:class:`Runner`: local processes; the caller
+    passes :class:`attnmetrics.app.sweep.slurm.SubmititRunner` for the cluster executors, so this
+    module never imports that one); returns 0, 1 if a cell failed, 2 if refused (stale cells)."""
     out = sweep.out
     done = [c for c in sweep.cells if c.is_done(out)]
     stale = {c for c in done if is_stale(c, out)}
@@ -156,12 +158,7 @@ def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True) -> i
         write_text_atomic(out / "sweep.toml", sweep.text)
         status_path = out / "status.json"
         status = json.loads(status_path.read_text()) if status_path.is_file() else {"cells": {}}
-        if sweep.executor == "local":
-            runner = Runner(sweep, status, progress)
-        else:
-            from attnmetrics.app.sweep.slurm import SubmititRunner  # submitit: an optional extra
-
-            runner = SubmititRunner(sweep, status, progress)
+        runner = runner_type(sweep, status, progress)
         todo = [c for c in sweep.cells if c not in done or c in stale]
         for c in sweep.cells:
             if c in done and c not in stale:
