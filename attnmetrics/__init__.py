@@ -18,6 +18,7 @@ from attnmetrics.permutation import PermutationResult, permutation_test
 from attnmetrics.protocol import AttentionClassifier, is_attention_classifier
 from attnmetrics.rollout import attention_rollout
 from attnmetrics.single_removal import SingleRemovalResult, single_removal
+from attnmetrics.single_token import SingleTokenResult, single_token_test
 
 __version__ = "0.1.0"
 
@@ -46,6 +47,8 @@ __all__ = [
     "PermutationResult",
     "single_removal",
     "SingleRemovalResult",
+    "single_token_test",
+    "SingleTokenResult",
     "sufficiency",
     "tvd",
 ]

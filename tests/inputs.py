@@ -79,6 +79,19 @@ QUICK_SST = [
 FAST_BATTERY = ["--permutations", "20", "--adversarial-steps", "20"]
 
 
+def sentence_rows(seed: int = 0, rows: int = 6):
+    """Rows of 1-8 random word ids (4..29) between <SOS>=2 and <EOS>=3, as the bundled classifiers
+    take them: (ids as lists, tokens [B, T], lengths [B]) through ``models.text.collate``."""
+    from attnmetrics.models.text import collate
+
+    g = torch.Generator().manual_seed(seed)
+    ids = [
+        [2] + torch.randint(4, 30, (int(n),), generator=g).tolist() + [3]
+        for n in torch.randint(1, 9, (rows,), generator=g)
+    ]
+    return ids, *collate(ids)
+
+
 def batch(b=40, t=12, h=6, dtype=F64, seed=0, temperature=2.0, min_len=0):
     """Ragged batch: softmax attention over each prefix (zero on padding), random values."""
     g = torch.Generator().manual_seed(seed)

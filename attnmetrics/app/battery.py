@@ -31,10 +31,10 @@ from attnmetrics.app.summaries import (
     tau_summary,
 )
 from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
-from attnmetrics.models.tutek import single_token_test
 from attnmetrics.permutation import draw_seed
 from attnmetrics.protocol import forward
 from attnmetrics.single_removal import WHICH
+from attnmetrics.single_token import single_token_test
 
 #: S&S 2019's orderings (sec. 4): attention, random, gradient w.r.t. attention, attention x gradient; plus reverse.
 DEFAULT_ORDERS = ("attention", "random", "gradient", "attn_grad", "reverse")

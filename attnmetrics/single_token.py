@@ -5,7 +5,8 @@ tokens as the model ranks them alone: each real token t is fed on its own, betwe
 own special tokens (``lead`` tokens + t + ``trail`` tokens, so any model of the protocol
 works), and its alone-probability of the full input's predicted class is compared with the
 attention (Kendall τ-b); and the top-attention token alone should give the full input's
-decision. (The regularisers themselves are ``ModelConfig.regulariser`` options of
+decision. A procedure over the protocol, like :func:`attnmetrics.leave_one_out`. (T&Š's
+regularisers themselves are ``ModelConfig.regulariser`` options of
 :mod:`attnmetrics.models.classifier`.)
 """
 
@@ -16,8 +17,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-import attnmetrics
-from attnmetrics.outputs import output_distribution
+from attnmetrics.kendall import kendall_tau
+from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import AttentionClassifier, Forward, forward
 
 #: single-token inputs per model call (all have length lead + 1 + trail, so this bounds memory)
@@ -72,12 +73,12 @@ def single_token_test(
         tokens: [B, T] int64, lengths: [B] int64, special tokens included.
         max_rows: single-token inputs per model call (they all have one length, so every
             call is one dense batch; never one call per token).
-        full: :func:`attnmetrics.loo.forward` on these rows, if the caller has it.
+        full: :func:`attnmetrics.protocol.forward` on these rows, if the caller has it.
 
     Returns: :class:`SingleTokenResult`. Raises ValueError for lengths below lead + trail.
     """
     full = forward(model, tokens, lengths) if full is None else full
-    predicted = attnmetrics.decision(full.logits)  # [B]
+    predicted = decision(full.logits)  # [B]
     inputs, rows, positions = single_token_inputs(tokens, lengths, model.lead, model.trail)
     width = full.attention.shape[1]
     alone = torch.zeros(len(lengths), width, dtype=full.attention.dtype, device=tokens.device)
@@ -88,8 +89,8 @@ def single_token_test(
         logits = forward(model, inputs[chunk], one[: len(inputs[chunk])]).logits
         r, p = rows[chunk], positions[chunk]
         alone[r, p] = output_distribution(logits).gather(1, predicted[r, None])[:, 0].to(alone.dtype)
-        alone_decision[r, p] = attnmetrics.decision(logits)
-    kt = attnmetrics.kendall_tau(full.attention, alone, full.lengths)
+        alone_decision[r, p] = decision(logits)
+    kt = kendall_tau(full.attention, alone, full.lengths)
     has_tokens = full.lengths > 0
     top = full.attention.argmax(1)  # ties: the lower index
     top_agrees = has_tokens & (alone_decision.gather(1, top[:, None])[:, 0] == predicted)
