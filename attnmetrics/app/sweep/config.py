@@ -174,24 +174,8 @@ def _resolve(base: Path, path: str) -> Path:
     return (p if p.is_absolute() else base / p).resolve()
 
 
-def load_config(
-    path: str | Path,
-    out: Path | None = None,
-    jobs: int | None = None,
-    executor: str | None = None,
-    slurm: dict | None = None,
-    given_dirs: dict[str, Path] | None = None,
-) -> Sweep:
-    """Read a sweep config (format in the module docstring) and expand its grids into cells.
-    ``given_dirs`` (dataset -> folder, relative to the cwd: the sweep's ``--data-dir``) add to
-    and override the config's ``data_dirs``.
-
-    Raises:
-        FileNotFoundError: no such config file.
-        ValueError: malformed TOML, unknown sections or keys, empty or ill-typed axes, duplicate
-            grid names or cells; each message names the grid and key.
-    """
-    path = Path(path)
+def _read(path: Path) -> tuple[str, dict]:
+    """The config's text and its TOML tables, the sections and their kinds checked."""
     if path.is_dir():
         raise ValueError(f"{path} is a folder; give the sweep's TOML config file")
     text = path.read_text(encoding="utf-8")
@@ -206,8 +190,11 @@ def load_config(
         if not isinstance(conf.get(section, kind()), kind):
             shape = "a table [" + section + "]" if kind is dict else "tables [[grid]]"
             raise ValueError(f"{path}: {section} must be {shape}, got {conf[section]!r}")
-    base = path.resolve().parent
-    head = dict(conf.get("sweep", {}))
+    return text, conf
+
+
+def _head(head: dict, base: Path, out, jobs, executor, slurm, given_dirs) -> tuple[Path, int, str, dict, dict]:
+    """The [sweep] table, overridden by the command's flags: (out, jobs, executor, slurm, data_dirs)."""
     extra = set(head) - {"out", "jobs", "data_dirs", "executor", "slurm"}
     if extra:
         raise ValueError(f"[sweep]: unknown keys {sorted(extra)}; expected out, jobs, data_dirs, executor, slurm")
@@ -228,55 +215,99 @@ def load_config(
         raise ValueError(f'[sweep]: data_dirs must be a table of dataset = "folder", got {data_dirs!r}')
     data_dirs = {k: _resolve(base, v) for k, v in data_dirs.items()}
     data_dirs |= {k: Path(v).expanduser().resolve() for k, v in (given_dirs or {}).items()}
+    return out, jobs, executor, slurm, data_dirs
 
+
+def _grid_name(i: int, grid, names: set[str]) -> str:
+    """[[grid]] number ``i``'s name, checked: a folder name, not one of ``names`` (those before it)."""
+    if not isinstance(grid, dict):
+        raise ValueError(f"[[grid]] #{i + 1}: must be a table of axes and flags, got {grid!r}")
+    name = grid.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name) or set(name) == {"."}:
+        raise ValueError(f"[[grid]] #{i + 1}: 'name' must be a folder name (letters, digits, . _ -), got {name!r}")
+    if name in names:
+        raise ValueError(f"[[grid]] {name!r}: duplicate grid name")
+    if "datasets" not in grid:
+        raise ValueError(f"[[grid]] {name!r}: missing axis 'datasets'")
+    return name
+
+
+def _axes(name: str, grid: dict, options: dict[str, argparse.Action]) -> dict[str, list]:
+    """A grid's axes (run option -> its values), each checked; a missing axis takes run's default
+    (the seed 0; the regulariser is then left out)."""
+    axes = {}
+    for axis, dest in AXES.items():
+        values = grid.get(axis)
+        if values is None:
+            if dest == "regulariser":
+                continue
+            values = [0] if dest == "seed" else [options[dest].default]
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"[[grid]] {name!r}: axis {axis!r} must be a non-empty list, got {values!r}")
+        if len(set(map(str, values))) != len(values):
+            raise ValueError(f"[[grid]] {name!r}: axis {axis!r} repeats a value: {values!r}")
+        choices = options[dest].choices
+        bad = [v for v in values if choices is not None and v not in choices]
+        if dest == "seed":
+            bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool)]
+        if bad:
+            raise ValueError(
+                f"[[grid]] {name!r}: axis {axis!r} has invalid values {bad}"
+                + (f"; choose from {sorted(choices)}" if choices and dest != "seed" else "")
+            )
+        axes[dest] = values
+    return axes
+
+
+def _grid_cells(
+    name: str, grid: dict, defaults: dict, options: dict[str, argparse.Action], data_dirs: dict
+) -> list[Cell]:
+    """The cells of one grid: the product of its axes, each with the grid's flags over [defaults]."""
+    axes = _axes(name, grid, options)
+    flags = {k: v for k, v in {**defaults, **grid}.items() if k not in AXES and k != "name"}
+    common = [f for k, v in flags.items() for f in _flag(k, v, options, f"[[grid]] {name!r}")]
+    cells = []
+    for values in itertools.product(*axes.values()):
+        ax = dict(zip(axes, values))
+        argv = []
+        for dest, v in ax.items():
+            argv += [options[dest].option_strings[-1], str(v)]
+        if ax["dataset"] in data_dirs:
+            argv += ["--data-dir", str(data_dirs[ax["dataset"]])]
+        cells.append(Cell(name, ax, tuple(argv + common)))
+    return cells
+
+
+def load_config(
+    path: str | Path,
+    out: Path | None = None,
+    jobs: int | None = None,
+    executor: str | None = None,
+    slurm: dict | None = None,
+    given_dirs: dict[str, Path] | None = None,
+) -> Sweep:
+    """Read a sweep config (format in the module docstring) and expand its grids into cells.
+    ``given_dirs`` (dataset -> folder, relative to the cwd: the sweep's ``--data-dir``) add to
+    and override the config's ``data_dirs``.
+
+    Raises:
+        FileNotFoundError: no such config file.
+        ValueError: malformed TOML, unknown sections or keys, empty or ill-typed axes, duplicate
+            grid names or cells; each message names the grid and key.
+    """
+    path = Path(path)
+    text, conf = _read(path)
+    head = dict(conf.get("sweep", {}))
+    out, jobs, executor, slurm, data_dirs = _head(head, path.resolve().parent, out, jobs, executor, slurm, given_dirs)
     options = _run_options()
-    defaults = conf.get("defaults", {})
     grids = conf.get("grid", [])
     if not isinstance(grids, list) or not grids:
         raise ValueError(f"{path}: no [[grid]] tables")
     cells, names = [], set()
     for i, grid in enumerate(grids):
-        if not isinstance(grid, dict):
-            raise ValueError(f"[[grid]] #{i + 1}: must be a table of axes and flags, got {grid!r}")
-        name = grid.get("name")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", name) or set(name) == {"."}:
-            raise ValueError(f"[[grid]] #{i + 1}: 'name' must be a folder name (letters, digits, . _ -), got {name!r}")
-        if name in names:
-            raise ValueError(f"[[grid]] {name!r}: duplicate grid name")
+        name = _grid_name(i, grid, names)
         names.add(name)
-        if "datasets" not in grid:
-            raise ValueError(f"[[grid]] {name!r}: missing axis 'datasets'")
-        axes = {}
-        for axis, dest in AXES.items():
-            values = grid.get(axis)
-            if values is None:
-                if dest == "regulariser":
-                    continue
-                values = [0] if dest == "seed" else [options[dest].default]
-            if not isinstance(values, list) or not values:
-                raise ValueError(f"[[grid]] {name!r}: axis {axis!r} must be a non-empty list, got {values!r}")
-            if len(set(map(str, values))) != len(values):
-                raise ValueError(f"[[grid]] {name!r}: axis {axis!r} repeats a value: {values!r}")
-            choices = options[dest].choices
-            bad = [v for v in values if choices is not None and v not in choices]
-            if dest == "seed":
-                bad = [v for v in values if not isinstance(v, int) or isinstance(v, bool)]
-            if bad:
-                raise ValueError(
-                    f"[[grid]] {name!r}: axis {axis!r} has invalid values {bad}"
-                    + (f"; choose from {sorted(choices)}" if choices and dest != "seed" else "")
-                )
-            axes[dest] = values
-        flags = {k: v for k, v in {**defaults, **grid}.items() if k not in AXES and k != "name"}
-        common = [f for k, v in flags.items() for f in _flag(k, v, options, f"[[grid]] {name!r}")]
-        for values in itertools.product(*axes.values()):
-            ax = dict(zip(axes, values))
-            argv = []
-            for dest, v in ax.items():
-                argv += [options[dest].option_strings[-1], str(v)]
-            if ax["dataset"] in data_dirs:
-                argv += ["--data-dir", str(data_dirs[ax["dataset"]])]
-            cells.append(Cell(name, ax, tuple(argv + common)))
+        cells += _grid_cells(name, grid, conf.get("defaults", {}), options, data_dirs)
     seen = set()
     for c in cells:
         if (c.grid, c.name) in seen:
