@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from itertools import combinations
 
 import numpy as np
@@ -32,7 +33,7 @@ from attnmetrics.app.summaries import (
 )
 from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
 from attnmetrics.permutation import draw_seed
-from attnmetrics.protocol import forward
+from attnmetrics.protocol import Forward, TestedAttention, forward
 from attnmetrics.single_removal import WHICH
 from attnmetrics.single_token import single_token_test
 
@@ -194,115 +195,216 @@ def collect(
         raise ValueError(f"unknown experiments {sorted(unknown)}; choose from {EXPERIMENTS}")
     model.eval()
     device = next(model.parameters()).device  # batches run where the model is
-    seeds = experiment_seeds(seed)
     chosen_by = Settings(tuple(experiments), ig_steps, input_x_gradient)
-    importances = chosen(model, chosen_by)  # beside attention: Kendall partners, flip and ERASER orders
+    run = _Run(
+        tuple(experiments),
+        tuple(orders),
+        random_samples,
+        never_flipped,
+        permutations,
+        adversarial_steps,
+        adversarial_diversity,
+        chosen_by,
+        chosen(model, chosen_by),  # beside attention: Kendall partners, flip and ERASER orders
+        experiment_seeds(seed),
+    )
     acc: dict[str, list[Tensor]] = defaultdict(list)  # per-instance tensors, concatenated at the end
     seconds: dict[str, float] = defaultdict(float)  # wall time of each experiment, over all batches
     batches = list(batches)
     with contextlib.closing(_Progress(len(batches), battery_parts(experiments), progress)) as bar:
-        for block, (first, tokens, lengths) in enumerate(batches):
-            bar.start(block, "forward")
-            t0 = time.perf_counter()
-            tokens, lengths = tokens.to(device), lengths.to(device)
-            keyed = {name: KeyedRows(s, first) for name, s in seeds.items()}
-            acc["instance"].append(torch.arange(first, first + len(lengths)))
-            out, own = tested_forward(model, tokens, lengths)
-            if own is not None:
-                args = (own.attention, own.values, own.decoder, own.lengths)
-            else:
-                args = (out.attention, out.hidden, model.decoder, out.lengths)
-            acc["predicted"].append(attnmetrics.decision(out.logits))
-            acc["lengths"].append(out.lengths)
-            acc["max_attention"].append(out.attention.max(1).values)
-            t0 = _lap(seconds, "forward", t0)
-            if "flip" in experiments:
-                bar.start(block, "flip")
-                for name in orders:
-                    samples = random_samples if name == "random" else 1
-                    r = attnmetrics.flip_fraction(
-                        *args, order=name, samples=samples, generator=keyed["flip"], never_flipped=never_flipped
-                    )
-                    _keep_flip(acc, name, r)
-                t0 = _lap(seconds, "flip", t0)
-            if "kendall" in experiments:
-                bar.start(block, "kendall")
-                scores = {"attention": out.attention}
-                for importance in importances:
-                    if importance.experiment:
-                        bar.start(block, importance.experiment)
-                    else:
-                        bar.show(importance.name)
-                    name = importance.name
-                    scores[name] = importance.compute(model, tokens, lengths, chosen_by).to(out.attention.dtype)
-                    t0 = _lap(seconds, name, t0)
-                    if importance.flip_order and "flip" in experiments:  # an order to remove by, never an attention
-                        r = attnmetrics.flip_fraction(*args, order=scores[name], never_flipped=never_flipped)
-                        _keep_flip(acc, name, r)
-                        t0 = _lap(seconds, "flip", t0)
-                for a, b in combinations(scores, 2):
-                    kt = attnmetrics.kendall_tau(scores[a], scores[b], out.lengths)
-                    acc[f"kendall/{a} vs {b}/tau"].append(kt.tau)
-                    acc[f"kendall/{a} vs {b}/pvalue"].append(kt.pvalue)
-                t0 = _lap(seconds, "kendall", t0)
-            if own is not None:  # each head on its own: how it differs from the others, how it ranks tokens
-                for h in range(own.attention.shape[1]):
-                    head = own.attention[:, h]
-                    acc[f"heads/h{h}/max attention"].append(head.max(-1).values)
-                    acc[f"heads/h{h}/JSD from the head mean"].append(attnmetrics.jsd(head, out.attention))
-                    if "kendall" in experiments:
-                        for importance in importances:
-                            if importance.head_partner:
-                                tau = attnmetrics.kendall_tau(head, scores[importance.name], out.lengths).tau
-                                acc[f"heads/h{h}/tau vs {importance.name}"].append(tau)
-                t0 = _lap(seconds, "heads", t0)
-            if "permutation" in experiments:
-                bar.start(block, "permutation")
-                r = attnmetrics.permutation_test(*args, permutations=permutations, generator=keyed["permutation"])
-                acc["permutation/median_tvd"].append(r.median_tvd)
-                t0 = _lap(seconds, "permutation", t0)
-            if "adversarial" in experiments:
-                bar.start(block, "adversarial")
-                r = attnmetrics.adversarial_attention(
-                    *args,
-                    steps=adversarial_steps,
-                    diversity_weight=adversarial_diversity,
-                    generator=keyed["adversarial"],
-                )
-                acc["adversarial/max_jsd"].append(r.max_jsd)
-                acc["adversarial/output_tvd"].append(r.output_tvd)
-                t0 = _lap(seconds, "adversarial", t0)
-            if "single_removal" in experiments:
-                bar.start(block, "single_removal")
-                for which in SINGLE_REMOVALS:
-                    r = attnmetrics.single_removal(*args, which=which, generator=keyed["single_removal"])
-                    acc[f"single_removal/{which}/jsd"].append(r.jsd)
-                    acc[f"single_removal/{which}/flipped"].append(r.flipped)
-                t0 = _lap(seconds, "single_removal", t0)
-            if "single_token" in experiments:
-                bar.start(block, "single_token")
-                r = single_token_test(model, tokens, lengths, full=out)
-                acc["single_token/tau"].append(r.tau)
-                acc["single_token/pvalue"].append(r.pvalue)
-                acc["single_token/top_agrees"].append(r.top_agrees)
-                t0 = _lap(seconds, "single_token", t0)
-
-            if "eraser" in experiments:
-                bar.start(block, "eraser")
-                # every importance the battery has for these rows, against a random ordering
-                ranked = {
-                    "attention": out.attention,
-                    "random": keyed["eraser"].uniform(len(lengths), out.attention.shape[1:]),
-                }
-                if "kendall" in experiments:
-                    ranked.update((k, v) for k, v in scores.items() if k != "attention")
-                for name, ranking in ranked.items():
-                    for metric, fn in ERASER_METRICS.items():
-                        r = fn(model, tokens, lengths, ranking.to(device))
-                        acc[f"eraser/{name}/{metric}/aopc"].append(r.aopc)
-                        acc[f"eraser/{name}/{metric}/values"].append(r.values)
-                t0 = _lap(seconds, "eraser", t0)
+        for index, (first, tokens, lengths) in enumerate(batches):
+            b = _Block(run, model, acc, seconds, bar, index)
+            b.forward(first, tokens.to(device), lengths.to(device))
+            for name, step in _STEPS:
+                if name in experiments:
+                    b.start(name)
+                    step(b)
+                if name == "kendall" and b.own is not None:
+                    _heads(b)  # each head on its own, once the importances are in
     return {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}, dict(seconds)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """collect's settings, for every block."""
+
+    experiments: tuple[str, ...]
+    orders: tuple[str, ...]
+    random_samples: int
+    never_flipped: float
+    permutations: int
+    adversarial_steps: int
+    adversarial_diversity: float
+    chosen_by: Settings
+    importances: list
+    seeds: dict[str, int]
+
+
+@dataclass
+class _Block:
+    """One instance block as the battery runs on it: its forward pass, the attention the
+    procedures test, its keyed random draws, the importances found so far, and where every
+    per-instance value and wall time goes."""
+
+    run: _Run
+    model: torch.nn.Module
+    acc: dict[str, list[Tensor]]
+    seconds: dict[str, float]
+    bar: _Progress
+    index: int
+    scores: dict[str, Tensor] = field(default_factory=dict)  # attention and every importance, [B, T_real]
+    # set by forward():
+    tokens: Tensor = field(init=False)
+    lengths: Tensor = field(init=False)
+    out: Forward = field(init=False)  # the forward pass, real tokens (attention: the head mean if own)
+    own: TestedAttention | None = field(init=False)  # a transformer's own attention, or None
+    args: tuple = field(init=False)  # (attention, values, decoder, lengths): what the procedures test
+    keyed: dict[str, KeyedRows] = field(init=False)  # each experiment's draws, keyed by instance
+    t0: float = field(init=False)  # the last lap's time
+
+    def start(self, part: str) -> None:
+        self.bar.start(self.index, part)
+
+    def lap(self, part: str) -> None:
+        """Add the time since the last lap to ``part``'s wall time."""
+        self.t0 = _lap(self.seconds, part, self.t0)
+
+    def keep(self, key: str, value: Tensor) -> None:
+        self.acc[key].append(value)
+
+    def forward(self, first: int, tokens: Tensor, lengths: Tensor) -> None:
+        """The block's forward pass and the attention the procedures test (``self.args``:
+        attention, values, decoder, lengths), its draws keyed by instance from ``first``."""
+        self.start("forward")
+        self.t0 = time.perf_counter()
+        self.tokens, self.lengths = tokens, lengths
+        self.keyed = {name: KeyedRows(s, first) for name, s in self.run.seeds.items()}
+        self.keep("instance", torch.arange(first, first + len(lengths)))
+        self.out, self.own = out, own = tested_forward(self.model, tokens, lengths)
+        if own is not None:
+            self.args = (own.attention, own.values, own.decoder, own.lengths)
+        else:
+            self.args = (out.attention, out.hidden, self.model.decoder, out.lengths)
+        self.keep("predicted", attnmetrics.decision(out.logits))
+        self.keep("lengths", out.lengths)
+        self.keep("max_attention", out.attention.max(1).values)
+        self.scores = {"attention": out.attention}
+        self.lap("forward")
+
+    def flip(self, name: str, order, samples: int = 1, generator=None) -> None:
+        r = attnmetrics.flip_fraction(
+            *self.args, order=order, samples=samples, generator=generator, never_flipped=self.run.never_flipped
+        )
+        _keep_flip(self.acc, name, r)
+
+
+def _flip(b: _Block) -> None:
+    """S&S's decision-flip search in each removal order."""
+    for name in b.run.orders:
+        b.flip(name, name, b.run.random_samples if name == "random" else 1, b.keyed["flip"])
+    b.lap("flip")
+
+
+def _kendall(b: _Block) -> None:
+    """Every importance (importances.py), then Kendall τ between each pair with attention (J&W)."""
+    for importance in b.run.importances:
+        if importance.experiment:
+            b.start(importance.experiment)
+        else:
+            b.bar.show(importance.name)
+        name = importance.name
+        score = importance.compute(b.model, b.tokens, b.lengths, b.run.chosen_by)
+        b.scores[name] = score.to(b.out.attention.dtype)
+        b.lap(name)
+        if importance.flip_order and "flip" in b.run.experiments:  # an order to remove by, never an attention
+            b.flip(name, b.scores[name])
+            b.lap("flip")
+    for x, y in combinations(b.scores, 2):
+        kt = attnmetrics.kendall_tau(b.scores[x], b.scores[y], b.out.lengths)
+        b.keep(f"kendall/{x} vs {y}/tau", kt.tau)
+        b.keep(f"kendall/{x} vs {y}/pvalue", kt.pvalue)
+    b.lap("kendall")
+
+
+def _heads(b: _Block) -> None:
+    """A transformer's own attention, each head on its own: how it differs from the head mean,
+    and (with the Kendall experiment) how it ranks tokens against each importance."""
+    for h in range(b.own.attention.shape[1]):
+        head = b.own.attention[:, h]
+        b.keep(f"heads/h{h}/max attention", head.max(-1).values)
+        b.keep(f"heads/h{h}/JSD from the head mean", attnmetrics.jsd(head, b.out.attention))
+        if "kendall" in b.run.experiments:
+            for importance in b.run.importances:
+                if importance.head_partner:
+                    tau = attnmetrics.kendall_tau(head, b.scores[importance.name], b.out.lengths).tau
+                    b.keep(f"heads/h{h}/tau vs {importance.name}", tau)
+    b.lap("heads")
+
+
+def _permutation(b: _Block) -> None:
+    """J&W's permutation test."""
+    r = attnmetrics.permutation_test(*b.args, permutations=b.run.permutations, generator=b.keyed["permutation"])
+    b.keep("permutation/median_tvd", r.median_tvd)
+    b.lap("permutation")
+
+
+def _adversarial(b: _Block) -> None:
+    """J&W's adversarial attention search."""
+    r = attnmetrics.adversarial_attention(
+        *b.args,
+        steps=b.run.adversarial_steps,
+        diversity_weight=b.run.adversarial_diversity,
+        generator=b.keyed["adversarial"],
+    )
+    b.keep("adversarial/max_jsd", r.max_jsd)
+    b.keep("adversarial/output_tvd", r.output_tvd)
+    b.lap("adversarial")
+
+
+def _single_removal(b: _Block) -> None:
+    """S&S's single-weight removal, of each kind."""
+    for which in SINGLE_REMOVALS:
+        r = attnmetrics.single_removal(*b.args, which=which, generator=b.keyed["single_removal"])
+        b.keep(f"single_removal/{which}/jsd", r.jsd)
+        b.keep(f"single_removal/{which}/flipped", r.flipped)
+    b.lap("single_removal")
+
+
+def _single_token(b: _Block) -> None:
+    """T&Š's single-token-input test."""
+    r = single_token_test(b.model, b.tokens, b.lengths, full=b.out)
+    b.keep("single_token/tau", r.tau)
+    b.keep("single_token/pvalue", r.pvalue)
+    b.keep("single_token/top_agrees", r.top_agrees)
+    b.lap("single_token")
+
+
+def _eraser(b: _Block) -> None:
+    """ERASER's comprehensiveness and sufficiency of every importance the battery has for these
+    rows (attention, and the others with the Kendall experiment), against a random ordering."""
+    ranked = {
+        "attention": b.out.attention,
+        "random": b.keyed["eraser"].uniform(len(b.lengths), b.out.attention.shape[1:]),
+    }
+    ranked.update((k, v) for k, v in b.scores.items() if k != "attention")
+    for name, ranking in ranked.items():
+        for metric, fn in ERASER_METRICS.items():
+            r = fn(b.model, b.tokens, b.lengths, ranking.to(b.tokens.device))
+            b.keep(f"eraser/{name}/{metric}/aopc", r.aopc)
+            b.keep(f"eraser/{name}/{metric}/values", r.values)
+    b.lap("eraser")
+
+
+#: the battery's experiments in the order they run on a block (leave-one-out runs within Kendall's)
+_STEPS = (
+    ("flip", _flip),
+    ("kendall", _kendall),
+    ("permutation", _permutation),
+    ("adversarial", _adversarial),
+    ("single_removal", _single_removal),
+    ("single_token", _single_token),
+    ("eraser", _eraser),
+)
 
 
 def merge(parts: Sequence[tuple[dict[str, np.ndarray], dict[str, float]]]) -> tuple[dict, dict]:
