@@ -179,8 +179,18 @@ def consistent_adversary_figure(agg: dict, folder: Path) -> str | None:
 
 
 def render_sweep(agg: dict, folder: str | Path) -> Path:
-    """Write ``report.md`` and its figures for a sweep's aggregate into ``folder``."""
+    """Write ``report.md`` and its figures for a sweep's aggregate into ``folder``: the cells,
+    then one section per paper (each left out when the sweep has nothing for it)."""
     folder = Path(folder)
+    lines = _overview(agg)
+    for section in (_models_section, _gpt_section, _jw_section, _ss_section, _wp_section, _ts_section):
+        lines += section(agg, folder)
+    path = folder / "report.md"
+    write_text_atomic(path, "\n".join(lines))
+    return path
+
+
+def _overview(agg: dict) -> list[str]:
     cells = agg.get("cells", {})
     done = sum(c["state"] == "done" for c in cells.values())
     lines = [
@@ -192,40 +202,62 @@ def render_sweep(agg: dict, folder: str | Path) -> Path:
     not_done = [[name, c["state"]] for name, c in cells.items() if c["state"] != "done"]
     if not_done:
         lines += [_table(not_done, ["cell not finished", "state"]), ""]
-    lines += [
+    return lines + [
         "Mean, std (ddof = 1), min and max over the seeds' own numbers; 95% CI: percentile bootstrap over",
         "test instances of the per-instance values averaged over seeds (fixed seed). See aggregate.json.",
         "",
     ]
-    if rows := _stat_rows(agg, "model"):
-        lines += ["## Models", "", _table(rows, STAT_HEADERS), ""]
-    if rows := _gpt_rows(agg):
-        lines += [
-            "## GPT-1's ablations (Radford et al. 2018, sec. 5, Figure 2 left)",
-            "",
-            "Pre-training vs none, the auxiliary language-model loss on (λ = 0.5) vs off, the number of "
-            "pre-trained blocks transferred (the embeddings always are), and J&W's BiLSTM on the same splits.",
-            "",
-            _table(rows, GPT_HEADERS),
-            "",
-        ]
-        if name := transfer_figure(agg, folder):
-            lines += [f"![accuracy against the blocks transferred]({name})", ""]
-    if rows := _stat_rows(agg, "jw"):
-        lines += [
-            "## Jain & Wallace 2019: do attention and other importance measures agree; do other attentions "
-            "give the same output?",
-            "",
-            _table(rows, STAT_HEADERS),
-            "",
-        ]
-    if rows := _stat_rows(agg, "ss"):
-        lines += [
-            "## Serrano & Smith 2019: does removing the highest attention flip the decision first?",
-            "",
-            _table(rows, STAT_HEADERS),
-            "",
-        ]
+
+
+def _models_section(agg: dict, folder: Path) -> list[str]:
+    rows = _stat_rows(agg, "model")
+    return ["## Models", "", _table(rows, STAT_HEADERS), ""] if rows else []
+
+
+def _gpt_section(agg: dict, folder: Path) -> list[str]:
+    rows = _gpt_rows(agg)
+    if not rows:
+        return []
+    lines = [
+        "## GPT-1's ablations (Radford et al. 2018, sec. 5, Figure 2 left)",
+        "",
+        "Pre-training vs none, the auxiliary language-model loss on (λ = 0.5) vs off, the number of "
+        "pre-trained blocks transferred (the embeddings always are), and J&W's BiLSTM on the same splits.",
+        "",
+        _table(rows, GPT_HEADERS),
+        "",
+    ]
+    if name := transfer_figure(agg, folder):
+        lines += [f"![accuracy against the blocks transferred]({name})", ""]
+    return lines
+
+
+def _jw_section(agg: dict, folder: Path) -> list[str]:
+    rows = _stat_rows(agg, "jw")
+    if not rows:
+        return []
+    return [
+        "## Jain & Wallace 2019: do attention and other importance measures agree; do other attentions "
+        "give the same output?",
+        "",
+        _table(rows, STAT_HEADERS),
+        "",
+    ]
+
+
+def _ss_section(agg: dict, folder: Path) -> list[str]:
+    rows = _stat_rows(agg, "ss")
+    if not rows:
+        return []
+    return [
+        "## Serrano & Smith 2019: does removing the highest attention flip the decision first?",
+        "",
+        _table(rows, STAT_HEADERS),
+        "",
+    ]
+
+
+def _wp_section(agg: dict, folder: Path) -> list[str]:
     wp = []
     if rows := _mcnemar_rows(agg, "attention"):
         wp += [
@@ -234,6 +266,18 @@ def render_sweep(agg: dict, folder: str | Path) -> Path:
             _table(rows, MCNEMAR_HEADERS),
             "",
         ]
+    wp += _seed_variance_part(agg, folder) + _consistent_adversary_part(agg, folder) + _diagnostic_part(agg)
+    if not wp:
+        return []
+    return [
+        "## Wiegreffe & Pinter 2019: is attention necessary, stable across seeds, and hard to replace "
+        "while keeping the model consistent?",
+        "",
+        *wp,
+    ]
+
+
+def _seed_variance_part(agg: dict, folder: Path) -> list[str]:
     sv_rows, figs = [], []
     for g, v in agg["groups"].items():
         if "seed_variance" in v:
@@ -251,15 +295,19 @@ def render_sweep(agg: dict, folder: str | Path) -> Path:
             )
             if name := seed_variance_figure(g, sv, folder):
                 figs.append(f"![seed variance {g}]({name})")
-    if sv_rows:
-        wp += [
-            "**Seed variance**: per instance, the median JSD between the base (smallest seed) and the other "
-            "seeds' attention, and the mean output TVD.",
-            "",
-            _table(sv_rows, ["group", "seeds", "mean median JSD", "median", "q3", "mean output TVD", "q3"]),
-            "",
-            *(f + "\n" for f in figs),
-        ]
+    if not sv_rows:
+        return []
+    return [
+        "**Seed variance**: per instance, the median JSD between the base (smallest seed) and the other "
+        "seeds' attention, and the mean output TVD.",
+        "",
+        _table(sv_rows, ["group", "seeds", "mean median JSD", "median", "q3", "mean output TVD", "q3"]),
+        "",
+        *(f + "\n" for f in figs),
+    ]
+
+
+def _consistent_adversary_part(agg: dict, folder: Path) -> list[str]:
     ca_rows = [
         [
             g,
@@ -278,34 +326,36 @@ def render_sweep(agg: dict, folder: str | Path) -> Path:
         for g, v in agg["groups"].items()
         if (jw := v.get("consistent_adversary", {}).get("jain_wallace"))
     ]
-    if ca_rows:
-        wp += [
-            "**Model-consistent adversary** (mean over seeds)",
-            "",
-            _table(ca_rows, ["group", "λ", "output TVD", "attention JSD", "accuracy", "macro F1"]),
-            "",
-        ]
-        if name := consistent_adversary_figure(agg, folder):
-            wp += [f"![consistent adversary]({name})", ""]
+    if not ca_rows:
+        return []
+    lines = [
+        "**Model-consistent adversary** (mean over seeds)",
+        "",
+        _table(ca_rows, ["group", "λ", "output TVD", "attention JSD", "accuracy", "macro F1"]),
+        "",
+    ]
+    if name := consistent_adversary_figure(agg, folder):
+        lines += [f"![consistent adversary]({name})", ""]
+    return lines
+
+
+def _diagnostic_part(agg: dict) -> list[str]:
     diag_rows = [
         [g, variant, _fmt(m["macro_f1"]["mean"]), _fmt(m["accuracy"]["mean"])]
         for g, v in agg["groups"].items()
         for variant, m in v.get("diagnostic", {}).items()
     ]
-    if diag_rows:
-        wp += [
-            "**Diagnostic MLP** with imposed attention (mean over seeds)",
-            "",
-            _table(diag_rows, ["group", "attention imposed", "macro F1", "accuracy"]),
-            "",
-        ]
-    if wp:
-        lines += [
-            "## Wiegreffe & Pinter 2019: is attention necessary, stable across seeds, and hard to replace "
-            "while keeping the model consistent?",
-            "",
-            *wp,
-        ]
+    if not diag_rows:
+        return []
+    return [
+        "**Diagnostic MLP** with imposed attention (mean over seeds)",
+        "",
+        _table(diag_rows, ["group", "attention imposed", "macro F1", "accuracy"]),
+        "",
+    ]
+
+
+def _ts_section(agg: dict, folder: Path) -> list[str]:
     ts = []
     reg_rows = []
     for g, v in agg["groups"].items():
@@ -334,12 +384,10 @@ def render_sweep(agg: dict, folder: str | Path) -> Path:
         ts += ["Each regulariser vs none (McNemar, per seed)", "", _table(rows, MCNEMAR_HEADERS), ""]
     if rows := _stat_rows(agg, "ts"):
         ts += [_table(rows, STAT_HEADERS), ""]
-    if ts:
-        lines += [
-            "## Tutek & Šnajder 2020: do regularisers that tie hidden states to their tokens make attention faithful?",
-            "",
-            *ts,
-        ]
-    path = folder / "report.md"
-    write_text_atomic(path, "\n".join(lines))
-    return path
+    if not ts:
+        return []
+    return [
+        "## Tutek & Šnajder 2020: do regularisers that tie hidden states to their tokens make attention faithful?",
+        "",
+        *ts,
+    ]
