@@ -360,6 +360,45 @@ def _corpus(cache_dir) -> tuple[list[str], str]:
     return [t for n, t in books.items() if n != GUTENBERG_HELD_OUT], books[GUTENBERG_HELD_OUT]
 
 
+def _starting_point(out_dir: Path, model_config, config, train_texts, tokenizer, resume: bool):
+    """(model, tokenizer, config, training state or None, checkpoint metadata or None): the
+    latest checkpoint's when resuming, else a fresh model seeded by ``config.seed`` (the
+    tokenizer trained on ``train_texts`` unless given)."""
+    if resume:
+        if not (out_dir / _LATEST).is_file():
+            raise ValueError(f"{out_dir}: nothing to resume (no {_LATEST} checkpoint)")
+        model, tokenizer, meta = load_gpt(out_dir)
+        return model, tokenizer, PretrainConfig.from_dict(meta["pretraining"]), load_training_state(out_dir), meta
+    config = config or PretrainConfig()
+    torch.manual_seed(config.seed)  # the initial weights
+    tokenizer = tokenizer or BPETokenizer.train(train_texts, config.vocab_size)
+    if isinstance(model_config, str):
+        model_config = GPTConfig.named(model_config, tokenizer.vocab_size)
+    if model_config.vocab_size != tokenizer.vocab_size:
+        raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {tokenizer.vocab_size}")
+    return GPT(model_config), tokenizer, config, None, None
+
+
+def _step(model, optimizer, windows: Tensor, rank: int, world: int, device, grad_clip: float) -> Tensor:
+    """One optimiser step on this rank's slice of ``windows`` (every rank draws the same ones),
+    the gradient summed over the ranks weighted by their windows; returns the batch's loss (the
+    mean over every rank's windows)."""
+    mine = windows[rank::world].to(device)
+    optimizer.zero_grad(set_to_none=True)
+    loss = lm_loss(model, mine) if len(mine) else torch.zeros((), device=device)
+    if len(mine):
+        loss.backward()
+    if world > 1:
+        all_reduce_gradients(model, len(mine) / len(windows))
+        summed = (loss.detach() * len(mine)).reshape(1).to(torch.float64)
+        dist.all_reduce(summed)
+        loss = summed[0] / len(windows)
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss
+
+
 def pretrain(
     out_dir: str | os.PathLike,
     model_config: str | GPTConfig = "small",
@@ -397,21 +436,9 @@ def pretrain(
         corpus_train, corpus_valid = _corpus(cache_dir)
         train_texts = corpus_train if train_texts is None else train_texts
         valid_text = corpus_valid if valid_text is None else valid_text
-    if resume:
-        if not (out_dir / _LATEST).is_file():
-            raise ValueError(f"{out_dir}: nothing to resume (no {_LATEST} checkpoint)")
-        model, tokenizer, meta = load_gpt(out_dir)
-        config = PretrainConfig.from_dict(meta["pretraining"])
-        state = load_training_state(out_dir)
-    else:
-        config = config or PretrainConfig()
-        torch.manual_seed(config.seed)  # the initial weights
-        tokenizer = tokenizer or BPETokenizer.train(train_texts, config.vocab_size)
-        if isinstance(model_config, str):
-            model_config = GPTConfig.named(model_config, tokenizer.vocab_size)
-        if model_config.vocab_size != tokenizer.vocab_size:
-            raise ValueError(f"model vocab_size {model_config.vocab_size} != tokenizer's {tokenizer.vocab_size}")
-        model, state = GPT(model_config), None
+    model, tokenizer, config, state, meta = _starting_point(
+        out_dir, model_config, config, train_texts, tokenizer, resume
+    )
     model.to(device).train()
     optimizer = make_optimizer(model, config)
     scheduler = make_scheduler(optimizer, config)
@@ -469,19 +496,7 @@ def pretrain(
         # Data-parallel (torchrun): every rank draws the same windows, runs its slice of them and
         # steps on the gradient summed over ranks, weighted by windows (models/training.py).
         windows = sample_windows(train_tokens, config.batch_size, context, generator)
-        mine = windows[rank::world].to(device)
-        optimizer.zero_grad(set_to_none=True)
-        loss = lm_loss(model, mine) if len(mine) else torch.zeros((), device=device)
-        if len(mine):
-            loss.backward()
-        if world > 1:
-            all_reduce_gradients(model, len(mine) / len(windows))
-            summed = (loss.detach() * len(mine)).reshape(1).to(torch.float64)
-            dist.all_reduce(summed)
-            loss = summed[0] / len(windows)
-        if config.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
+        loss = _step(model, optimizer, windows, rank, world, device, config.grad_clip)
         scheduler.step()
         step += 1
         running += loss.item()
