@@ -592,6 +592,60 @@ def _command(args, w: World) -> int:
     return _run(args, w)
 
 
+def _saved_model(args, results: dict):
+    """evaluate's model, vocabulary and data splits, from the run folder it names (the split,
+    data folder and protocol it was trained with, unless the flags say otherwise)."""
+    ckpt = load_checkpoint(args.model_run / CHECKPOINT)
+    saved = ckpt.extra
+    if ckpt.vocab is None or "dataset" not in saved:
+        raise ValueError(
+            f"{args.model_run / CHECKPOINT} was not saved by 'attnmetrics train' or 'run' "
+            "(no vocab.json, or no dataset in model.json); it cannot be evaluated here"
+        )
+    data_dir = args.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
+    # Checkpoints from before --split-seed split with the model seed.
+    split_seed = saved.get("split_seed", saved.get("seed", 0))
+    args.protocol = saved.get("protocol", "attnmetrics")  # the test split and battery it was trained for
+    splits = _load_data(
+        saved["dataset"], data_dir, args.limit, split_seed, saved.get("max_tokens"), PROTOCOLS[args.protocol]
+    )
+    results["split_seed"] = split_seed
+    results["config"]["dataset"] = saved["dataset"]
+    results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
+    results["model"] = ckpt.model.config.to_dict()
+    return ckpt.model.to(args.device), ckpt.vocab, splits
+
+
+def _train_and_save(args, results: dict, folder: Path | None):
+    """train and run's model, vocabulary, splits and recipe, the model saved into ``folder``
+    (None: not this rank's to write)."""
+    # CUDA has no deterministic kernel for a few ops (e.g. embedding backward): warn there
+    torch.use_deterministic_algorithms(True, warn_only=args.device == "cuda")
+    model, vocab, splits, recipe = _train(args, results)
+    results["split_seed"] = args.split_seed
+    if folder is not None:
+        extra = {
+            "dataset": args.dataset,
+            "data_dir": str(args.data_dir.resolve()) if args.data_dir else None,
+            "seed": args.seed,
+            "split_seed": args.split_seed,
+            "max_tokens": args.max_tokens,
+            "protocol": args.protocol,
+        }
+        save_checkpoint(folder / CHECKPOINT, model, vocab, extra=extra)
+    return model, vocab, splits, recipe
+
+
+def _tested_attention(model) -> str | None:
+    """What the battery tests when it is not the model's attention head, for results["battery"]:
+    GPT-1's own attention (the extract read-out), a Hugging Face classifier's (``model.battery``)."""
+    if getattr(model, "attention_name", None) == EXTRACT_READOUT:
+        return OWN_ATTENTION
+    if isinstance(getattr(model, "battery", None), str):
+        return model.battery
+    return None
+
+
 def _run(args, w: World) -> int:
     """train, run or evaluate (this rank's part of it under torchrun)."""
     start = time.perf_counter()
@@ -620,60 +674,17 @@ def _run(args, w: World) -> int:
         claim = run_folder(args.out, args.overwrite, protect) if w.main else contextlib.nullcontext()
         with claim as folder:
             if args.command == "evaluate":
-                ckpt = load_checkpoint(args.model_run / CHECKPOINT)
-                saved = ckpt.extra
-                if ckpt.vocab is None or "dataset" not in saved:
-                    raise ValueError(
-                        f"{args.model_run / CHECKPOINT} was not saved by 'attnmetrics train' or 'run' "
-                        "(no vocab.json, or no dataset in model.json); it cannot be evaluated here"
-                    )
-                data_dir = args.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
-                # Checkpoints from before --split-seed split with the model seed.
-                split_seed = saved.get("split_seed", saved.get("seed", 0))
-                args.protocol = saved.get("protocol", "attnmetrics")  # the test split and battery it was trained for
-                splits = _load_data(
-                    saved["dataset"],
-                    data_dir,
-                    args.limit,
-                    split_seed,
-                    saved.get("max_tokens"),
-                    PROTOCOLS[args.protocol],
-                )
-                results["split_seed"] = split_seed
-                results["config"]["dataset"] = saved["dataset"]
-                results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
-                results["model"] = ckpt.model.config.to_dict()
-                model, vocab = ckpt.model.to(args.device), ckpt.vocab
+                model, vocab, splits = _saved_model(args, results)
             else:
-                # CUDA has no deterministic kernel for a few ops (e.g. embedding backward): warn there
-                torch.use_deterministic_algorithms(True, warn_only=args.device == "cuda")
-                model, vocab, splits, recipe = _train(args, results)
-                results["split_seed"] = args.split_seed
-                data_dir = str(args.data_dir.resolve()) if args.data_dir else None
-                if w.main:
-                    trained_in = folder
-                    save_checkpoint(
-                        folder / CHECKPOINT,
-                        model,
-                        vocab,
-                        extra={
-                            "dataset": args.dataset,
-                            "data_dir": data_dir,
-                            "seed": args.seed,
-                            "split_seed": args.split_seed,
-                            "max_tokens": args.max_tokens,
-                            "protocol": args.protocol,
-                        },
-                    )
+                model, vocab, splits, recipe = _train_and_save(args, results, folder if w.main else None)
+                trained_in = folder
             results["protocol"] = PROTOCOLS[args.protocol].to_dict()
             test = vocab.encode_split(splits.test)
             predictions = predict(model, test) if w.main else None
             results["test"] = prediction_metrics(predictions) if w.main else None
             if args.command != "train":
-                if getattr(model, "attention_name", None) == EXTRACT_READOUT:
-                    results["battery"] = OWN_ATTENTION
-                elif isinstance(getattr(model, "battery", None), str):  # e.g. a Hugging Face model's own attention
-                    results["battery"] = model.battery
+                if tested := _tested_attention(model):
+                    results["battery"] = tested
                 if not _battery(args, model, test, splits, results, w):
                     return 0  # rank 0 writes
                 if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
