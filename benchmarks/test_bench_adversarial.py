@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from attnmetrics.adversarial import _row_bytes, adversarial_attention
-from attnmetrics.reference import adversarial_attention_reference
+from attnmetrics.testing.reference import adversarial_attention_reference
 from benchmarks.measure import median_seconds, peak_extra_mib
 from tests.inputs import bench_decoder, ragged_batch
 

@@ -1,4 +1,4 @@
-"""tvd / jsd kernels against the plain torch formula (attnmetrics.reference), same inputs.
+"""tvd / jsd kernels against the plain torch formula (attnmetrics.testing.reference), same inputs.
 
 One group per (function, case): pytest-benchmark's "(x)" factors give the ratio. The
 100,000-row cases include one broadcasting a single distribution against the batch,
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from attnmetrics import jsd, tvd
-from attnmetrics.reference import jsd_reference, tvd_reference
+from attnmetrics.testing.reference import jsd_reference, tvd_reference
 from benchmarks.measure import skip_without, synchronised
 
 FUNCTIONS = {"tvd": (tvd, tvd_reference), "jsd": (jsd, jsd_reference)}

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from attnmetrics.flip import flip_fraction
-from attnmetrics.reference import flip_search_sequential
+from attnmetrics.testing.reference import flip_search_sequential
 from benchmarks.measure import median_seconds, peak_extra_mib, skip_without, synchronised, timed
 from tests.inputs import bench_decoder, ragged_batch
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from attnmetrics import kendall_tau
-from attnmetrics.reference import kendall_tau_reference
+from attnmetrics.testing.reference import kendall_tau_reference
 from benchmarks.measure import skip_without
 
 # Row counts and lengths of J&W's test sets: SST (1,821 sentences) and IMDB (reviews

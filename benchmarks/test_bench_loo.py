@@ -3,7 +3,7 @@
 Run: python -m pytest benchmarks/test_bench_loo.py --benchmark-only -q
 Model: J&W's BiLSTM + additive attention (``attnmetrics.models.classifier``) with random
 weights, embedding 50 (GloVe-50 sized; J&W used 300), hidden 128 per direction, one
-sigmoid output. J&W's loop (:func:`attnmetrics.reference.leave_one_out_jw`) runs one
+sigmoid output. J&W's loop (:func:`attnmetrics.testing.reference.leave_one_out_jw`) runs one
 forward over the whole batch per deleted position; their code ran it on length-sorted
 batches of 32 rows, which is timed too for the SST-like case (``batch_size=32``).
 Each approach runs once per case (they take seconds to minutes on 2 cores), ours from a
@@ -34,7 +34,7 @@ import torch
 
 from attnmetrics import leave_one_out
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
-from attnmetrics.reference import leave_one_out_jw
+from attnmetrics.testing.reference import leave_one_out_jw
 from benchmarks.measure import median_seconds, skip_without, timed
 
 VOCAB = 5000

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from attnmetrics.permutation import draw_seed, permutation_test
-from attnmetrics.reference import permutation_test_reference
+from attnmetrics.testing.reference import permutation_test_reference
 from benchmarks.measure import median_seconds, peak_extra_mib, skip_without
 from tests.inputs import bench_decoder, ragged_batch
 

@@ -4,7 +4,7 @@
 - the torch matmul chain over the padded batch (head mean, residual, row renormalisation,
   one batched matmul per layer: what Inseq-style code and most notebooks do);
 - Abnar & Zuidema's own approach, one example at a time
-  (:func:`attnmetrics.reference.attention_rollout_reference`).
+  (:func:`attnmetrics.testing.reference.attention_rollout_reference`).
 
     python -m pytest benchmarks/test_bench_rollout.py --benchmark-only
 
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from attnmetrics import attention_rollout
-from attnmetrics.reference import attention_rollout_reference
+from attnmetrics.testing.reference import attention_rollout_reference
 from benchmarks.measure import median_seconds, skip_without
 
 LAYERS, HEADS = 6, 12

@@ -19,7 +19,7 @@ from torch import nn
 import attnmetrics
 from attnmetrics import AdversarialResult, adversarial_attention, jsd, tvd
 from attnmetrics.outputs import output_distribution
-from attnmetrics.reference import adversarial_attention_reference
+from attnmetrics.testing.reference import adversarial_attention_reference
 
 F64 = torch.float64
 LN2 = math.log(2.0)
@@ -389,7 +389,7 @@ def test_closed_form_gradient_equals_autograd_of_the_objective(heads, classes, d
     # the objective written from the definition (docs/definitions.md §10) with the references'
     # JSD and TVD, per row, differentiated by autograd; margin 0.01 so some hinges are active
     from attnmetrics.adversarial import PADDING_LOGIT, _gradient, _outputs
-    from attnmetrics.reference import jsd_reference, tvd_reference
+    from attnmetrics.testing.reference import jsd_reference, tvd_reference
 
     g = seeded(3)
     n, width, hidden = 6, 7, 4

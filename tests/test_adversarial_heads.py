@@ -9,7 +9,7 @@ import torch
 
 from attnmetrics import adversarial_attention
 from attnmetrics.adversarial import AdversarialResult
-from attnmetrics.reference import adversarial_attention_reference
+from attnmetrics.testing.reference import adversarial_attention_reference
 from tests.inputs import gen, heads_batch, make_decoder, wrapped
 
 F64 = torch.float64

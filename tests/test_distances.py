@@ -11,7 +11,7 @@ from scipy.spatial.distance import jensenshannon
 
 from attnmetrics import jsd, tvd
 from attnmetrics._ops import ops
-from attnmetrics.reference import jsd_reference, tvd_reference
+from attnmetrics.testing.reference import jsd_reference, tvd_reference
 
 LN2 = math.log(2.0)
 

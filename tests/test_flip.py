@@ -21,7 +21,7 @@ from attnmetrics.flip import (
     removal_order,
 )
 from attnmetrics.outputs import decision
-from attnmetrics.reference import flip_fraction_reference, flip_search_sequential
+from attnmetrics.testing.reference import flip_fraction_reference, flip_search_sequential
 from tests.inputs import batch, linear, make_decoder, mlp
 
 F64 = torch.float64

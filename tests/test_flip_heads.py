@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from attnmetrics import attention_gradient, flip_fraction
 from attnmetrics.flip import random_scores
 from attnmetrics.outputs import decision, output_distribution
-from attnmetrics.reference import flip_fraction_reference
+from attnmetrics.testing.reference import flip_fraction_reference
 from tests.inputs import gen, heads_batch, make_decoder, wrapped
 
 F64 = torch.float64

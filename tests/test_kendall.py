@@ -11,7 +11,7 @@ from scipy import stats
 
 from attnmetrics import kendall_tau
 from attnmetrics._ops import ops
-from attnmetrics.reference import kendall_tau_reference
+from attnmetrics.testing.reference import kendall_tau_reference
 
 
 def scipy_rows(x, y, lengths):

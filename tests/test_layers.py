@@ -8,9 +8,13 @@ import pytest
 
 from tests.inputs import ROOT
 
-CORE = sorted(p for p in (ROOT / "attnmetrics").glob("*.py") if p.name != "__main__.py")
+CORE = sorted(
+    p
+    for p in [*(ROOT / "attnmetrics").glob("*.py"), *(ROOT / "attnmetrics" / "testing").glob("*.py")]
+    if p.name != "__main__.py"
+)
 MODELS = sorted((ROOT / "models").glob("*.py"))
-APP = sorted((ROOT / "attnmetrics" / "app").glob("*.py"))
+APP = sorted((ROOT / "attnmetrics" / "app").rglob("*.py"))
 
 
 def imported(path) -> set[str]:
@@ -112,3 +116,18 @@ def test_the_import_graph_has_no_loop():
 
 def test_the_loop_check_finds_a_loop():
     assert loops({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_package_folder_is_installed():
+    """pyproject.toml lists the packages (the links to models/ and csrc/ rule out discovery): a
+    package folder left out would work in an editable install and be missing from a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "attnmetrics").rglob("__init__.py")
+        if not p.parent.relative_to(ROOT / "attnmetrics").parts[:1] == ("models",)
+    }
+    assert folders <= listed, sorted(folders - listed)
+    assert {"attnmetrics.models", "attnmetrics.csrc"} <= listed

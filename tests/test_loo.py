@@ -16,7 +16,7 @@ from attnmetrics import leave_one_out
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.deletions import delete_positions
 from attnmetrics.outputs import output_distribution
-from attnmetrics.reference import leave_one_out_jw, leave_one_out_reference, tvd_reference
+from attnmetrics.testing.reference import leave_one_out_jw, leave_one_out_reference, tvd_reference
 from tests.toy import ToyClassifier
 
 F64 = torch.float64

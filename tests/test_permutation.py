@@ -21,7 +21,7 @@ from attnmetrics.permutation import (
     draw_seed,
     permutation_test,
 )
-from attnmetrics.reference import permutation_test_reference
+from attnmetrics.testing.reference import permutation_test_reference
 from tests.inputs import batch, gen, linear, make_decoder, mlp, wrapped
 
 F64 = torch.float64

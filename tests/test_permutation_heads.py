@@ -9,7 +9,7 @@ import torch
 
 from attnmetrics import permutation_test
 from attnmetrics.permutation import draw_seed
-from attnmetrics.reference import permutation_test_reference
+from attnmetrics.testing.reference import permutation_test_reference
 from tests.inputs import gen, heads_batch, make_decoder, wrapped
 
 F64 = torch.float64

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from attnmetrics import attention_rollout
 from attnmetrics._ops import ops
-from attnmetrics.reference import attention_rollout_reference
+from attnmetrics.testing.reference import attention_rollout_reference
 
 F64 = torch.float64
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), F64: dict(rtol=1e-12, atol=1e-14)}

@@ -14,9 +14,9 @@ from scipy import stats as scipy_stats
 from torch import nn
 
 import attnmetrics
-from attnmetrics.reference import single_removal_reference
 from attnmetrics.single_removal import SingleRemovalResult, single_removal
 from attnmetrics.stats import McNemar, mcnemar
+from attnmetrics.testing.reference import single_removal_reference
 from tests.inputs import batch, gen, linear, make_decoder, mlp, wrapped
 
 F64 = torch.float64

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnmetrics import single_removal
-from attnmetrics.reference import single_removal_reference
+from attnmetrics.testing.reference import single_removal_reference
 from tests.inputs import gen, heads_batch, make_decoder, wrapped
 
 F64 = torch.float64

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from attnmetrics import leave_one_out
 from attnmetrics.models import deletions as deletions_module
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, EncoderAttentionClassifier, ModelConfig
-from attnmetrics.reference import leave_one_out_reference
+from attnmetrics.testing.reference import leave_one_out_reference
 
 F64 = torch.float64
 

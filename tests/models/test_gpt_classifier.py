@@ -10,7 +10,7 @@ import attnmetrics
 from attnmetrics.models.gpt import GPT, GPTConfig
 from attnmetrics.models.gpt_classifier import EXTRACT, PAD, START, GPTClassifier
 from attnmetrics.protocol import forward, token_mask
-from attnmetrics.reference import leave_one_out_reference
+from attnmetrics.testing.reference import leave_one_out_reference
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

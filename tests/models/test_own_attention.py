@@ -102,7 +102,7 @@ def test_a_padded_row_equals_the_row_alone():
 
 def test_the_procedures_run_on_it():
     """The multi-head ops take the decomposition as it is, and agree with their references."""
-    from attnmetrics.reference import flip_fraction_reference
+    from attnmetrics.testing.reference import flip_fraction_reference
 
     model, tokens, lengths = model_and_batch(seed=3)
     t = extract_attention(model, tokens, lengths)

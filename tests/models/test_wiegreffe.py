@@ -23,7 +23,7 @@ from attnmetrics.models.wiegreffe import (
 )
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import token_mask
-from attnmetrics.reference import jsd_reference
+from attnmetrics.testing.reference import jsd_reference
 from tests.inputs import FAST_BATTERY, QUICK_SST, SST_DIR
 
 torch.set_num_threads(1)
