@@ -23,7 +23,7 @@ from torch import nn
 from attnmetrics.models.data import load_sst
 from attnmetrics.models.text import collate
 from attnmetrics.models.training import load_checkpoint
-from benchmarks.test_bench_loo import CASES, make_batch, make_model
+from benchmarks.jw_inputs import CASES, make_batch, make_model
 
 MASK = 1  # <UNK>, leave-one-out's default mask token
 

@@ -3,7 +3,7 @@ same model, same inputs, one run.
 
 Run: python -m pytest benchmarks/test_bench_eraser.py --benchmark-only -q
 Model and inputs: J&W's BiLSTM + additive attention with random weights (as in
-``test_bench_loo.py``; embedding 50, and J&W's 300) on SST-like rows (SST's 1,821 test sentences,
+``jw_inputs.py``; embedding 50, and J&W's 300) on SST-like rows (SST's 1,821 test sentences,
 10–55 real tokens), one random score per token, ERASER's five fractions, both metrics.
 
 ferret's approach (``ferret/evaluators/faithfulness_measures.py``): per instance and metric, build
@@ -29,7 +29,7 @@ import torch
 from attnmetrics import comprehensiveness, sufficiency
 from attnmetrics.eraser import ERASER_FRACTIONS
 from attnmetrics.outputs import decision, output_distribution
-from benchmarks.test_bench_loo import make_batch, make_model
+from benchmarks.jw_inputs import make_batch, make_model
 
 FERRET_BATCH = 8
 TIMES: dict[tuple[str, int], float] = {}

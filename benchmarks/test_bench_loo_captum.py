@@ -34,8 +34,8 @@ import pytest
 import torch
 
 from attnmetrics import leave_one_out
+from benchmarks.jw_inputs import CASES, make_batch, make_model
 from benchmarks.measure import median_seconds, timed
-from benchmarks.test_bench_loo import CASES, make_batch, make_model
 
 captum_attr = pytest.importorskip("captum.attr", reason="Captum is optional: pip install captum")
 
