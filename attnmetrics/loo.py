@@ -17,7 +17,7 @@ from torch import Tensor
 from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
 from attnmetrics.outputs import output_distribution
-from attnmetrics.protocol import AttentionClassifier, eval_mode
+from attnmetrics.protocol import AttentionClassifier, capability, eval_mode
 
 #: leave_one_out modes: delete the token (J&W) or replace it with a mask token
 LOO_MODES = ("delete", "mask")
@@ -314,10 +314,9 @@ def _reuse(model, mode: str, mask_token: int | None):
     (``masking_logits`` with the mask token) as a callable (embedded, lengths) -> logits(rows,
     positions), or None when the model has no such method for ``mode``."""
     if mode == "delete":
-        method = getattr(model, "deletion_logits", None)
-        return method if callable(method) else None
-    method = getattr(model, "masking_logits", None)
-    return (lambda embedded, lengths: method(embedded, lengths, mask_token)) if callable(method) else None
+        return capability(model, "deletion_logits")
+    method = capability(model, "masking_logits")
+    return (lambda embedded, lengths: method(embedded, lengths, mask_token)) if method else None
 
 
 def _deletions_by_model(model, tokens, lengths, rows, len_list, reuse, mode, per_position, budget, classes, original):

@@ -38,18 +38,74 @@ class AttentionClassifier(Protocol):
     def attend(self, hidden: Tensor, lengths: Tensor) -> Tensor:
         """hidden [B, T, H] -> attention [B, T], summing to 1 over the real tokens."""
 
-    # Optional, not part of the runtime check: leave_one_out uses it when present.
-    # deletion_logits(embedded [G, T, E], lengths [G]) -> logits(rows [N], positions [N] int64)
-    #   -> [N, C]: the logits on row ``rows[i]`` with position ``positions[i]`` deleted (length
-    #   ``lengths[rows[i]] - 1``); lets a model reuse the work a deletion leaves unchanged.
-    #   The returned callable may carry ``position_bytes`` (int): about what a call holds per
-    #   position of its deletions, by which leave_one_out sizes the calls to its memory budget,
-    #   and ``unedited_logits``, a callable () -> [G, C]: the logits of the rows themselves (as
-    #   the model gives them, up to rounding), which leave_one_out then takes as the original
-    #   outputs instead of running the model on the rows (the reuse has their states already).
-    # masking_logits(embedded [G, T, E], lengths [G], mask_token: int) -> logits(rows, positions)
-    #   -> [N, C]: the same with position ``positions[i]`` replaced by ``mask_token`` (the
-    #   length unchanged), for leave_one_out(mode="mask").
+
+# ---- optional capabilities ------------------------------------------------------------------
+# A model may offer any of these besides the protocol; the procedures look each one up with
+# :func:`capability` and use it when it is there (typing only, like AttentionClassifier).
+
+
+class PreparedEdits(Protocol):
+    """What ``deletion_logits``/``masking_logits`` return: ``(rows [N], positions [N] int64) ->
+    logits [N, C]``, the logits of row ``rows[i]`` with real position ``positions[i]`` edited."""
+
+    #: optional: about what a call holds per position of its edits (bytes), by which
+    #: leave_one_out sizes the calls to its memory budget
+    position_bytes: int
+
+    def __call__(self, rows: Tensor, positions: Tensor) -> Tensor: ...
+
+    def unedited_logits(self) -> Tensor:
+        """Optional: ``[G, C]``, the rows' own logits (as the model gives them, up to rounding),
+        which leave_one_out then takes as the original outputs instead of running the rows."""
+
+
+class DeletesTokens(Protocol):
+    """``deletion_logits(embedded [G, T, E], lengths [G]) -> PreparedEdits``: the logits with
+    one token deleted (length ``lengths[row] - 1``), reusing the work a deletion leaves
+    unchanged (J&W's BiLSTM: the states before and after it; GPT-1: its causal prefix);
+    :func:`attnmetrics.leave_one_out` in ``"delete"`` mode uses it."""
+
+    def deletion_logits(self, embedded: Tensor, lengths: Tensor) -> PreparedEdits: ...
+
+
+class MasksTokens(Protocol):
+    """``masking_logits(embedded, lengths, mask_token) -> PreparedEdits``: the same with the
+    token replaced by ``mask_token`` (the length unchanged), for ``mode="mask"``."""
+
+    def masking_logits(self, embedded: Tensor, lengths: Tensor, mask_token: int) -> PreparedEdits: ...
+
+
+class OwnAttention(Protocol):
+    """``tested_attention(tokens, lengths) -> TestedAttention | None``: the attention the battery
+    tests when it is not the attention head's (a transformer's own, docs/definitions.md §15);
+    None where the head's is the tested one."""
+
+    def tested_attention(self, tokens: Tensor, lengths: Tensor) -> TestedAttention | None: ...
+
+
+class RollsOut(Protocol):
+    """``rollout(tokens, lengths) -> [B, T - lead]``: attention rollout's importance of each
+    real token for the pooled position (Abnar & Zuidema 2020), a battery importance."""
+
+    def rollout(self, tokens: Tensor, lengths: Tensor) -> Tensor: ...
+
+
+#: the optional capabilities, by the method that offers each
+CAPABILITIES = {
+    "deletion_logits": DeletesTokens,
+    "masking_logits": MasksTokens,
+    "tested_attention": OwnAttention,
+    "rollout": RollsOut,
+}
+
+
+def capability(model: object, name: str) -> Callable | None:
+    """``model``'s optional capability ``name`` (a key of :data:`CAPABILITIES`) as a callable, or
+    None when the model does not offer it (looked up with ``getattr``, like the protocol)."""
+    if name not in CAPABILITIES:
+        raise ValueError(f"unknown capability {name!r}; expected one of {sorted(CAPABILITIES)}")
+    method = getattr(model, name, None)
+    return method if callable(method) else None
 
 
 #: the members every AttentionClassifier has: callables, then plain attributes

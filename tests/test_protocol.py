@@ -193,3 +193,20 @@ def test_eval_mode_restores_the_training_flag_even_when_the_block_raises():
     assert not model.training  # left as it was
     with eval_mode(PlainObject()):  # no eval/train: nothing to do
         pass
+
+
+# ---- optional capabilities ---------------------------------------------------------------------------
+
+
+def test_capabilities_are_found_by_getattr_and_unknown_names_refused():
+    from attnmetrics.protocol import CAPABILITIES, capability
+
+    model = rnn_model()  # J&W's BiLSTM reuses states for deletions and maskings
+    assert capability(model, "deletion_logits") is not None and capability(model, "masking_logits") is not None
+    assert capability(model, "rollout") is None and capability(PlainObject(), "deletion_logits") is None
+    plain = PlainObject()
+    plain.rollout = "not callable"
+    assert capability(plain, "rollout") is None
+    with pytest.raises(ValueError, match="unknown capability 'deletions'"):
+        capability(model, "deletions")
+    assert set(CAPABILITIES) == {"deletion_logits", "masking_logits", "tested_attention", "rollout"}

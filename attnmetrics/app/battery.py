@@ -33,7 +33,7 @@ from attnmetrics.app.summaries import (
 )
 from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
 from attnmetrics.permutation import draw_seed
-from attnmetrics.protocol import Forward, TestedAttention, forward
+from attnmetrics.protocol import Forward, TestedAttention, capability, forward
 from attnmetrics.single_removal import WHICH
 from attnmetrics.single_token import single_token_test
 
@@ -98,7 +98,8 @@ def tested_forward(model, tokens: Tensor, lengths: Tensor):
     offers it, else None and the attention head's (``out.attention``, ``[B, T]``). With its
     own attention, ``out.attention`` is their head mean, which every token-level view uses."""
     out = forward(model, tokens, lengths)
-    own = model.tested_attention(tokens, lengths) if hasattr(model, "tested_attention") else None
+    tested = capability(model, "tested_attention")
+    own = tested(tokens, lengths) if tested else None
     if own is not None:
         out = out._replace(attention=own.attention.mean(1))
     return out, own

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attnmetrics.importance import gradient_importance, input_x_gradient, integrated_gradients
 from attnmetrics.loo import leave_one_out
+from attnmetrics.protocol import capability
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ IMPORTANCES: tuple[Importance, ...] = (
     Importance(
         "rollout",
         lambda model, tokens, lengths, s: model.rollout(tokens, lengths),
-        lambda model, s: hasattr(model, "rollout"),
+        lambda model, s: capability(model, "rollout") is not None,
         head_partner=False,
     ),
     # integrated gradients (Sundararajan et al. 2017), through Captum
