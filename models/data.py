@@ -252,6 +252,10 @@ def _read_sst_file(path: Path) -> tuple[list[Example], int]:
     return out, neutral
 
 
+#: the files of an SST folder (PTB-format trees), one per split
+SST_FILES = ("train.txt", "dev.txt", "test.txt")
+
+
 def load_sst(data_dir: str | os.PathLike) -> Splits:
     """Binary SST (J&W): root label 2 dropped, 0–1 -> 0, 3–4 -> 1; text from the leaves.
     The standard files give 6,920 / 872 / 1,821 sentences."""
@@ -260,7 +264,7 @@ def load_sst(data_dir: str | os.PathLike) -> Splits:
         raise FileNotFoundError(
             f"SST folder {data_dir} does not exist (pass the folder holding train.txt, dev.txt, test.txt)"
         )
-    missing = [f for f in ("train.txt", "dev.txt", "test.txt") if not (data_dir / f).is_file()]
+    missing = [f for f in SST_FILES if not (data_dir / f).is_file()]
     if missing:
         raise FileNotFoundError(f"SST folder {data_dir} lacks {', '.join(missing)} (PTB-format trees expected)")
     parts = {s: _read_sst_file(data_dir / f"{s}.txt") for s in ("train", "dev", "test")}

@@ -378,7 +378,7 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
     out, _ = tested_forward(model, tokens, lengths_t)
     scores = {"attention": out.attention}
     # every importance of the run (leave-one-out even where the battery skipped it)
-    chosen_by = importances.Settings(("loo",), args.integrated_gradients, args.input_x_gradient)
+    chosen_by = _importance_settings(args, ("loo",))
     for importance in importances.chosen(model, chosen_by):
         scores[importance.name] = importance.compute(model, tokens, lengths_t, chosen_by)
     order = removal_order(out.attention.double(), out.lengths)
@@ -592,6 +592,13 @@ def _command(args, w: World) -> int:
     return _run(args, w)
 
 
+def _importance_settings(args, experiments=()) -> importances.Settings:
+    """The optional importances the command's flags ask for (train has none of the flags)."""
+    return importances.Settings(
+        tuple(experiments), getattr(args, "integrated_gradients", 0) or 0, getattr(args, "input_x_gradient", False)
+    )
+
+
 def _saved_model(args, results: dict):
     """evaluate's model, vocabulary and data splits, from the run folder it names (the split,
     data folder and protocol it was trained with, unless the flags say otherwise)."""
@@ -649,11 +656,7 @@ def _tested_attention(model) -> str | None:
 def _run(args, w: World) -> int:
     """train, run or evaluate (this rank's part of it under torchrun)."""
     start = time.perf_counter()
-    asked = importances.Settings(
-        ig_steps=getattr(args, "integrated_gradients", 0) or 0,
-        input_x_gradient=getattr(args, "input_x_gradient", False),
-    )
-    missing = importances.missing_package(asked)  # before training
+    missing = importances.missing_package(_importance_settings(args))  # before training
     if missing:
         return _input_error(ImportError(missing), args)
     results = {

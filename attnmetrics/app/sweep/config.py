@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnmetrics.app.parser import build_parser
+from attnmetrics.models.data import SST_FILES
 
 #: grid axis -> the run option it sets
 AXES = {
@@ -61,7 +62,7 @@ EXECUTORS = ("local", "slurm", "submitit-local")
 #: the [sweep.slurm] table (and the sweep command's flags of the same names): job resources
 SLURM_KEYS = {"partition": str, "time_min": int, "gpus": int, "cpus": int, "mem_gb": int}
 #: datasets read from a local folder (run's --data-dir), and the files that folder must hold
-LOCAL_DATASETS = {"sst": ("train.txt", "dev.txt", "test.txt")}
+LOCAL_DATASETS = {"sst": SST_FILES}
 #: results.json "config" keys that may differ without making a finished cell stale
 IGNORED_CONFIG = {"out", "overwrite", "no_progress", "command", "debug"}
 
