@@ -5,7 +5,7 @@ import pytest
 import scipy.stats
 import torch
 
-from attnmetrics.app.battery import run_battery
+from attnmetrics.app.battery import collect, summarise
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.text import collate
 from attnmetrics.outputs import decision, output_distribution
@@ -66,9 +66,8 @@ def test_single_token_in_the_battery():
     torch.manual_seed(0)
     model = EncoderAttentionClassifier(ModelConfig(30, embed_dim=E, hidden_size=HID)).eval()
     _, tokens, lengths = ragged(5, rows=12)
-    summary, instances = run_battery(
-        model, [(tokens, lengths)], ("neg", "pos"), experiments=["single_token"], progress=False
-    )
+    values, seconds = collect(model, [(0, tokens, lengths)], experiments=["single_token"], progress=False)
+    summary, instances = summarise(values, seconds, ("neg", "pos"), experiments=["single_token"])
     s = summary["single_token"]
     assert s["n"] == 12 and 0 <= s["top_token_agreement"] <= 1
     assert {"mean", "std", "significant", "n"} <= set(s["tau"]) and -1 <= s["tau"]["mean"] <= 1

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from attnmetrics.app.battery import experiments
 from attnmetrics.app.io import write_json_atomic, write_parquet_atomic
-from attnmetrics.app.summaries import _by_max_attention, stats
+from attnmetrics.app.summaries import as_floats, by_max_attention, get, nanmean, stats
 from attnmetrics.app.table import sweep_table
 from attnmetrics.outputs import decision
 from attnmetrics.stats import bootstrap_ci, macro_f1, mcnemar, seed_variance
@@ -49,30 +49,6 @@ CONVENTIONS = {
 BASELINES = {"attention": "uniform", "regulariser": "none"}
 
 
-def _nanmean(x, axis=-1):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are NaN, on purpose
-        return np.nanmean(x, axis=axis)
-
-
-def _nanmedian(x, axis=-1):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(x, axis=axis)
-
-
-def _arr(values) -> np.ndarray:
-    return np.array([np.nan if v is None else v for v in values], dtype=float)
-
-
-def _get(d, *keys):
-    for k in keys:
-        if not isinstance(d, dict) or k not in d:
-            return None
-        d = d[k]
-    return d
-
-
 def cell_statistics(
     results: dict, predictions: dict | None
 ) -> dict[str, tuple[str, float, np.ndarray | None, Callable]]:
@@ -81,50 +57,17 @@ def cell_statistics(
     leaves undefined (fewer than 2 tokens) are NaN."""
     inst = results.get("instances", {})
     lengths = np.asarray(inst.get("lengths", []))
-    ok = lambda v: np.where(lengths > 1, _arr(v), np.nan)  # noqa: E731
+    ok = lambda v: np.where(lengths > 1, as_floats(v), np.nan)  # noqa: E731
     out = {}
     if "test" in results:
         correct = None
         if predictions is not None:
             correct = (_decision(predictions["logits"]) == predictions["labels"]).astype(float)
-        out["test accuracy"] = ("model", results["test"]["accuracy"], correct, _nanmean)
+        out["test accuracy"] = ("model", results["test"]["accuracy"], correct, nanmean)
         out["test macro F1"] = ("model", results["test"]["macro_f1"], None, None)
-    for pair, s in results.get("kendall", {}).items():
-        tau = _get(inst, "kendall", pair, "tau")
-        out[f"τ {pair}"] = ("jw", s["overall"]["mean"], _arr(tau) if tau else None, _nanmean)
-    if "permutation" in results:
-        out["permutation median TVD"] = (
-            "jw",
-            results["permutation"]["overall"]["median"],
-            ok(inst["permutation"]["median_tvd"]),
-            _nanmedian,
-        )
-    if "adversarial" in results:
-        out["adversarial max JSD (mean)"] = (
-            "jw",
-            results["adversarial"]["overall"]["mean"],
-            ok(inst["adversarial"]["max_jsd"]),
-            _nanmean,
-        )
-    for order, s in results.get("flip", {}).items():
-        f = _get(inst, "flip", order)
-        same = f is not None and len(f["fraction"]) == len(lengths)
-        out[f"flip fraction ({order})"] = ("ss", s["fraction"]["mean"], ok(f["fraction"]) if same else None, _nanmean)
-        never = ok(np.asarray(f["removed"]) < 0) if same else None
-        out[f"never flips ({order})"] = ("ss", s["never_flipped_rate"], never, _nanmean)
-    for which, s in results.get("single_removal", {}).items():
-        if isinstance(s, dict) and "jsd" in s:
-            r = _get(inst, "single_removal", which) or {}
-            out[f"single removal JSD ({which})"] = ("ss", s["jsd"]["mean"], ok(r["jsd"]) if r else None, _nanmean)
-            out[f"single removal flips ({which})"] = ("ss", s["flip_rate"], ok(r["flipped"]) if r else None, _nanmean)
-    if "single_token" in results:
-        tau = _get(inst, "single_token", "tau")
-        out["single-token τ"] = (
-            "ts",
-            _get(results, "single_token", "tau", "mean"),
-            _arr(tau) if isinstance(tau, list) else None,
-            _nanmean,
-        )
+    for experiment in experiments():
+        if experiment.statistics:
+            out.update(experiment.statistics(results, inst, ok))
     return out
 
 
@@ -133,7 +76,7 @@ def _decision(logits: np.ndarray) -> np.ndarray:
 
 
 def _spread(values: list[float | None]) -> dict:
-    v = _arr(values)
+    v = as_floats(values)
     v = v[np.isfinite(v)]
     if not v.size:
         return {"mean": math.nan, "std": math.nan, "min": math.nan, "max": math.nan, "seeds": 0}
@@ -179,7 +122,7 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
             lo, hi = bootstrap_ci((labels, predicted), lambda y, z, axis=-1: macro_f1(y, z, k, axis).mean(0))
             entry["instances"] = len(labels)
         elif reducer is not None and all(v is not None for v in values) and len({len(v) for v in values}) == 1:
-            x = _nanmean(np.stack(values), axis=0)
+            x = nanmean(np.stack(values), axis=0)
             x = x[np.isfinite(x)]
             lo, hi = bootstrap_ci(x, reducer)
             entry["instances"] = int(x.size)
@@ -202,7 +145,7 @@ def _seed_variance(preds: list[dict]) -> dict:
         "base_seed_index": 0,
         "median_jsd": stats(sv.median_jsd),
         "mean_tvd": stats(sv.mean_tvd),
-        "median_jsd_by_max_attention": _by_max_attention(sv.median_jsd, base_max),
+        "median_jsd_by_max_attention": by_max_attention(sv.median_jsd, base_max),
         "instances": {
             "median_jsd": sv.median_jsd.tolist(),
             "mean_tvd": sv.mean_tvd.tolist(),
@@ -233,7 +176,7 @@ def _consistent_adversary(per_seed: list[dict]) -> dict:
 
 def _diagnostic(per_seed: list[dict]) -> dict:
     variants = dict.fromkeys(v for r in per_seed for v in r)
-    return {v: {m: _spread([_get(r, v, m) for r in per_seed]) for m in ("accuracy", "macro_f1")} for v in variants}
+    return {v: {m: _spread([get(r, v, m) for r in per_seed]) for m in ("accuracy", "macro_f1")} for v in variants}
 
 
 def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:

@@ -28,8 +28,16 @@ import scipy
 import torch
 
 import attnmetrics
-from attnmetrics.app import distributed, importances, sweep
-from attnmetrics.app.battery import EXPERIMENTS, collect, merge, summarise, tested_forward
+from attnmetrics.app import battery, distributed, sweep
+from attnmetrics.app.battery import (
+    EXPERIMENTS,
+    BatteryConfig,
+    collect,
+    merge,
+    run_conventions,
+    summarise,
+    tested_forward,
+)
 from attnmetrics.app.distributed import World
 from attnmetrics.app.io import (
     check_out,
@@ -297,8 +305,7 @@ def _battery(args, model, test, splits, results: dict, w: World) -> bool:
         seed=args.seed,
         random_samples=args.random_samples,
         never_flipped=float("nan") if args.never_flipped == "nan" else 1.0,
-        ig_steps=args.integrated_gradients,
-        input_x_gradient=args.input_x_gradient,
+        options=_importance_settings(args).options,
         progress=w.main and not args.no_progress,
         **settings,
     )
@@ -313,36 +320,18 @@ def _battery(args, model, test, splits, results: dict, w: World) -> bool:
         results["distributed"]["instances"] = [len(p[0].get("instance", ())) for p in parts]
     results.update(summary)
     results["instances"] = instances
+    config = BatteryConfig(
+        never_flipped=float("nan") if args.never_flipped == "nan" else 1.0, **settings
+    )  # what the conventions record
     results["conventions"] = {
         "special_tokens": "<SOS>/<EOS> (gpt: <start>/<extract>) masked out of attention; statistics over real tokens only",
         "epoch_selection": "J&W: the epoch with the best dev ROC-AUC; among tied epochs the lowest dev loss",
-        "renormalisation": "L1 over the remaining attention weights",
-        "flip_ties": "equal scores removed lower index first",
-        "flip_denominator": "number of real tokens (attention items)",
-        "flip_max_removed": "L - 1 (the last item is never removed)",
-        "never_flipped": "NaN, left out of fraction statistics"
-        if args.never_flipped == "nan"
-        else "fraction 1.0 (Mohankumar et al. 2020)",
-        "gradient_importance": "J&W: |grad x input| summed over classes, attention detached, L1-normalised",
-        "kendall": "tau-b, two-sided p as scipy.stats.kendalltau defaults",
-        "leave_one_out": "token deleted (sequence shortened, re-encoded); TVD of output distributions (1/2 L1)",
-        "permutation": f"{args.permutations} permutations among real tokens, median output TVD per instance",
-        "adversarial": f"J&W: 5 candidates, {args.adversarial_steps} Adam steps lr 0.01, "
-        "loss -JSD + 500 ReLU(TVD - 0.01) - pairwise JSD; max JSD among outputs with TVD <= 0.05",
-        "single_removal": "one weight zeroed, rest renormalised; output JSD in nats; McNemar exact test",
         "divergences": "JSD in nats (natural log), symmetric; TVD = 1/2 sum |p - q|; sums over a test set are means",
-        "single_token": "T&S 2020: each real token alone between the row's own special tokens; tau-b between attention "
-        "and the alone-probability of the full input's predicted class; top-attention token (ties: "
-        "lower index) alone gives the full decision",
         "regulariser": "T&S 2020: concat = hidden (+) embedding; residual = hidden + Linear(embedding); tying = weight * "
         "mean over real tokens of ||P h_t - e_t||^2 (P = identity if H == E, else a learned Linear; "
         "e_t detached); mlm = weight * CE of masked real tokens (p = 0.15, replaced by <UNK>) through "
         "a head whose output matrix is the embedding matrix",
-        "consistent_adversary": "W&P 2019: loss sum over batch of TVD(y_adv, y_base) - lambda KL(a_adv || a_base), KL "
-        "over real tokens (0 log 0 = 0), base frozen; same init, data and recipe as the base; "
-        "epoch kept: lowest mean dev objective; test TVD of outputs, JSD of attention (means)",
-        "diagnostic": "W&P 2019: average encoder (Linear + tanh per token) with imposed attention in training and "
-        "testing; epoch kept: best dev ROC-AUC (ties: lowest dev loss)",
+        **run_conventions(config),  # each experiment's and importance's, from its module
     }
     return True
 
@@ -379,7 +368,7 @@ def _examples(args, model, test, vocab, splits, results: dict) -> None:
     scores = {"attention": out.attention}
     # every importance of the run (leave-one-out even where the battery skipped it)
     chosen_by = _importance_settings(args, ("loo",))
-    for importance in importances.chosen(model, chosen_by):
+    for importance in battery.chosen(model, chosen_by):
         scores[importance.name] = importance.compute(model, tokens, lengths_t, chosen_by)
     order = removal_order(out.attention.double(), out.lengths)
     by_attention = inst.get("flip", {}).get("attention")
@@ -592,11 +581,14 @@ def _command(args, w: World) -> int:
     return _run(args, w)
 
 
-def _importance_settings(args, experiments=()) -> importances.Settings:
-    """The optional importances the command's flags ask for (train has none of the flags)."""
-    return importances.Settings(
-        tuple(experiments), getattr(args, "integrated_gradients", 0) or 0, getattr(args, "input_x_gradient", False)
-    )
+def _importance_settings(args, experiments=()) -> battery.Settings:
+    """The optional importances' options the command's flags give (train has none of the flags)."""
+    options = {
+        i.option["dest"]: getattr(args, i.option["dest"])
+        for i in battery.importances()
+        if i.option and hasattr(args, i.option["dest"])
+    }
+    return battery.Settings(tuple(experiments), options)
 
 
 def _saved_model(args, results: dict):
@@ -656,7 +648,7 @@ def _tested_attention(model) -> str | None:
 def _run(args, w: World) -> int:
     """train, run or evaluate (this rank's part of it under torchrun)."""
     start = time.perf_counter()
-    missing = importances.missing_package(_importance_settings(args))  # before training
+    missing = battery.missing_package(_importance_settings(args))  # before training
     if missing:
         return _input_error(ImportError(missing), args)
     results = {

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS
+from attnmetrics.app.argtypes import non_negative_int, positive_int
+from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS, importances
 from attnmetrics.app.protocols import PROTOCOLS
 from attnmetrics.flip import ORDERS
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
@@ -17,14 +18,6 @@ from attnmetrics.models.data import DATASETS
 from attnmetrics.models.gpt import CONFIGS as GPT_CONFIGS
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT
 from attnmetrics.models.pretraining import PretrainConfig
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1 (0 or a negative count would silently train or test nothing)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
 
 
 def dataset_folder(text: str) -> tuple[str, Path]:
@@ -99,14 +92,6 @@ def recipe_defaults(args: argparse.Namespace) -> None:
     for key, value in recipe.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an int >= 0."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
-    return value
 
 
 def _add_gpt_args(p: argparse.ArgumentParser) -> None:
@@ -215,20 +200,10 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
         help="removal orderings for the flip search",
     )
     p.add_argument("--random-samples", type=positive_int, default=1, help="random permutations per instance")
-    p.add_argument(
-        "--integrated-gradients",
-        type=non_negative_int,
-        default=0,
-        metavar="STEPS",
-        help="also integrated gradients (Captum, pip install captum) with STEPS integration points as a Kendall tau "
-        "partner, flip-search and ERASER ordering, and token-view row (Captum's default: 50); 0: off",
-    )
-    p.add_argument(
-        "--input-x-gradient",
-        action="store_true",
-        help="also the whole model's gradient x input of the predicted class (Captum) as a Kendall tau partner, "
-        "flip-search and ERASER ordering, and token-view row",
-    )
+    for importance in importances():  # the optional importances' flags, each declared by its module
+        if importance.option:
+            flags, kwargs = importance.option["flags"], {k: v for k, v in importance.option.items() if k != "flags"}
+            p.add_argument(*flags, **kwargs)
     p.add_argument(
         "--examples",
         type=non_negative_int,

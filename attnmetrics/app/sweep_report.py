@@ -10,7 +10,7 @@ import numpy as np
 
 from attnmetrics.app.figures import bin_labels, by_bins, save_figure, subplots, tvd_vs_jsd, violins
 from attnmetrics.app.io import write_text_atomic
-from attnmetrics.app.report import _fmt, _table
+from attnmetrics.app.markdown import fmt, table
 
 STAT_HEADERS = ["group", "statistic", "mean over seeds", "std", "min", "max", "95% CI (instances)", "seeds"]
 
@@ -18,7 +18,7 @@ STAT_HEADERS = ["group", "statistic", "mean over seeds", "std", "min", "max", "9
 def _ci(ci95) -> str:
     """A 95% CI as "[lo, hi]", or "–" where it is undefined."""
     lo, hi = ci95
-    return "–" if lo is None or hi is None or lo != lo else f"[{_fmt(lo)}, {_fmt(hi)}]"
+    return "–" if lo is None or hi is None or lo != lo else f"[{fmt(lo)}, {fmt(hi)}]"
 
 
 def _stat_rows(agg: dict, section: str) -> list[list[str]]:
@@ -27,9 +27,7 @@ def _stat_rows(agg: dict, section: str) -> list[list[str]]:
         for name, s in g["statistics"].items():
             if s["section"] == section:
                 ci = _ci(s["ci95"])
-                rows.append(
-                    [group, name, _fmt(s["mean"]), _fmt(s["std"]), _fmt(s["min"]), _fmt(s["max"]), ci, s["seeds"]]
-                )
+                rows.append([group, name, fmt(s["mean"]), fmt(s["std"]), fmt(s["min"]), fmt(s["max"]), ci, s["seeds"]])
     return rows
 
 
@@ -39,11 +37,11 @@ def _mcnemar_rows(agg: dict, axis: str) -> list[list[str]]:
             t["group"],
             t["baseline"],
             t["seed"],
-            _fmt(t["accuracy"]),
-            _fmt(t["baseline_accuracy"]),
+            fmt(t["accuracy"]),
+            fmt(t["baseline_accuracy"]),
             t["b10"],
             t["b01"],
-            _fmt(t["pvalue"], 4),
+            fmt(t["pvalue"], 4),
         ]
         for t in agg["paired_tests"]
         if t["axis"] == axis
@@ -75,7 +73,7 @@ def _gpt_rows(agg: dict) -> list[list[str]]:
             continue
         if m.get("encoder") == "gpt":
             blocks = f"{m['transfer_layers']} of {m['n_layer']}" if m.get("pretrained") else "none (from scratch)"
-            model, lm, lr = "GPT", _fmt(m.get("lm_weight"), 2), f"{m['lr']:g}" if m.get("lr") else "–"
+            model, lm, lr = "GPT", fmt(m.get("lm_weight"), 2), f"{m['lr']:g}" if m.get("lr") else "–"
         else:
             model, blocks, lm, lr = f"{m.get('encoder')} (J&W)", "–", "–", "–"
         ci = _ci(acc["ci95"])
@@ -87,8 +85,8 @@ def _gpt_rows(agg: dict) -> list[list[str]]:
                 blocks,
                 lm,
                 lr,
-                _fmt(acc["mean"]),
-                _fmt(acc["std"]),
+                fmt(acc["mean"]),
+                fmt(acc["std"]),
                 ci,
                 acc["seeds"],
             ]
@@ -201,7 +199,7 @@ def _overview(agg: dict) -> list[str]:
     ]
     not_done = [[name, c["state"]] for name, c in cells.items() if c["state"] != "done"]
     if not_done:
-        lines += [_table(not_done, ["cell not finished", "state"]), ""]
+        lines += [table(not_done, ["cell not finished", "state"]), ""]
     return lines + [
         "Mean, std (ddof = 1), min and max over the seeds' own numbers; 95% CI: percentile bootstrap over",
         "test instances of the per-instance values averaged over seeds (fixed seed). See aggregate.json.",
@@ -211,7 +209,7 @@ def _overview(agg: dict) -> list[str]:
 
 def _models_section(agg: dict, folder: Path) -> list[str]:
     rows = _stat_rows(agg, "model")
-    return ["## Models", "", _table(rows, STAT_HEADERS), ""] if rows else []
+    return ["## Models", "", table(rows, STAT_HEADERS), ""] if rows else []
 
 
 def _gpt_section(agg: dict, folder: Path) -> list[str]:
@@ -224,7 +222,7 @@ def _gpt_section(agg: dict, folder: Path) -> list[str]:
         "Pre-training vs none, the auxiliary language-model loss on (λ = 0.5) vs off, the number of "
         "pre-trained blocks transferred (the embeddings always are), and J&W's BiLSTM on the same splits.",
         "",
-        _table(rows, GPT_HEADERS),
+        table(rows, GPT_HEADERS),
         "",
     ]
     if name := transfer_figure(agg, folder):
@@ -240,7 +238,7 @@ def _jw_section(agg: dict, folder: Path) -> list[str]:
         "## Jain & Wallace 2019: do attention and other importance measures agree; do other attentions "
         "give the same output?",
         "",
-        _table(rows, STAT_HEADERS),
+        table(rows, STAT_HEADERS),
         "",
     ]
 
@@ -252,7 +250,7 @@ def _ss_section(agg: dict, folder: Path) -> list[str]:
     return [
         "## Serrano & Smith 2019: does removing the highest attention flip the decision first?",
         "",
-        _table(rows, STAT_HEADERS),
+        table(rows, STAT_HEADERS),
         "",
     ]
 
@@ -263,7 +261,7 @@ def _wp_section(agg: dict, folder: Path) -> list[str]:
         wp += [
             "**Learned vs uniform attention** (McNemar's exact test on per-instance correctness, per seed)",
             "",
-            _table(rows, MCNEMAR_HEADERS),
+            table(rows, MCNEMAR_HEADERS),
             "",
         ]
     wp += _seed_variance_part(agg, folder) + _consistent_adversary_part(agg, folder) + _diagnostic_part(agg)
@@ -286,11 +284,11 @@ def _seed_variance_part(agg: dict, folder: Path) -> list[str]:
                 [
                     g,
                     len(v["seeds"]),
-                    _fmt(sv["median_jsd"]["mean"]),
-                    _fmt(sv["median_jsd"]["median"]),
-                    _fmt(sv["median_jsd"]["q3"]),
-                    _fmt(sv["mean_tvd"]["mean"]),
-                    _fmt(sv["mean_tvd"]["q3"]),
+                    fmt(sv["median_jsd"]["mean"]),
+                    fmt(sv["median_jsd"]["median"]),
+                    fmt(sv["median_jsd"]["q3"]),
+                    fmt(sv["mean_tvd"]["mean"]),
+                    fmt(sv["mean_tvd"]["q3"]),
                 ]
             )
             if name := seed_variance_figure(g, sv, folder):
@@ -301,7 +299,7 @@ def _seed_variance_part(agg: dict, folder: Path) -> list[str]:
         "**Seed variance**: per instance, the median JSD between the base (smallest seed) and the other "
         "seeds' attention, and the mean output TVD.",
         "",
-        _table(sv_rows, ["group", "seeds", "mean median JSD", "median", "q3", "mean output TVD", "q3"]),
+        table(sv_rows, ["group", "seeds", "mean median JSD", "median", "q3", "mean output TVD", "q3"]),
         "",
         *(f + "\n" for f in figs),
     ]
@@ -312,17 +310,17 @@ def _consistent_adversary_part(agg: dict, folder: Path) -> list[str]:
         [
             g,
             r["lambda"],
-            _fmt(r["tvd_mean"]["mean"]),
-            _fmt(r["jsd_mean"]["mean"]),
-            _fmt(r["accuracy"]["mean"]),
-            _fmt(r["macro_f1"]["mean"]),
+            fmt(r["tvd_mean"]["mean"]),
+            fmt(r["jsd_mean"]["mean"]),
+            fmt(r["accuracy"]["mean"]),
+            fmt(r["macro_f1"]["mean"]),
         ]
         for g, v in agg["groups"].items()
         if "consistent_adversary" in v
         for r in v["consistent_adversary"]["per_lambda"]
     ]
     ca_rows += [
-        [g, "J&W adversary", _fmt(jw["tvd_mean"]["mean"]), _fmt(jw["jsd_mean"]["mean"]), "–", "–"]
+        [g, "J&W adversary", fmt(jw["tvd_mean"]["mean"]), fmt(jw["jsd_mean"]["mean"]), "–", "–"]
         for g, v in agg["groups"].items()
         if (jw := v.get("consistent_adversary", {}).get("jain_wallace"))
     ]
@@ -331,7 +329,7 @@ def _consistent_adversary_part(agg: dict, folder: Path) -> list[str]:
     lines = [
         "**Model-consistent adversary** (mean over seeds)",
         "",
-        _table(ca_rows, ["group", "λ", "output TVD", "attention JSD", "accuracy", "macro F1"]),
+        table(ca_rows, ["group", "λ", "output TVD", "attention JSD", "accuracy", "macro F1"]),
         "",
     ]
     if name := consistent_adversary_figure(agg, folder):
@@ -341,7 +339,7 @@ def _consistent_adversary_part(agg: dict, folder: Path) -> list[str]:
 
 def _diagnostic_part(agg: dict) -> list[str]:
     diag_rows = [
-        [g, variant, _fmt(m["macro_f1"]["mean"]), _fmt(m["accuracy"]["mean"])]
+        [g, variant, fmt(m["macro_f1"]["mean"]), fmt(m["accuracy"]["mean"])]
         for g, v in agg["groups"].items()
         for variant, m in v.get("diagnostic", {}).items()
     ]
@@ -350,7 +348,7 @@ def _diagnostic_part(agg: dict) -> list[str]:
     return [
         "**Diagnostic MLP** with imposed attention (mean over seeds)",
         "",
-        _table(diag_rows, ["group", "attention imposed", "macro F1", "accuracy"]),
+        table(diag_rows, ["group", "attention imposed", "macro F1", "accuracy"]),
         "",
     ]
 
@@ -361,7 +359,7 @@ def _ts_section(agg: dict, folder: Path) -> list[str]:
     for g, v in agg["groups"].items():
         if "regulariser" in v["axes"]:
             s = v["statistics"]
-            mean = lambda k: _fmt(s[k]["mean"]) if k in s else "–"  # noqa: E731
+            mean = lambda k: fmt(s[k]["mean"]) if k in s else "–"  # noqa: E731
             reg_rows.append(
                 [
                     g,
@@ -374,16 +372,16 @@ def _ts_section(agg: dict, folder: Path) -> list[str]:
             )
     if reg_rows:
         ts += [
-            _table(
+            table(
                 reg_rows,
                 ["group", "regulariser", "accuracy", "permutation median TVD", "adversarial max JSD", "single-token τ"],
             ),
             "",
         ]
     if rows := _mcnemar_rows(agg, "regulariser"):
-        ts += ["Each regulariser vs none (McNemar, per seed)", "", _table(rows, MCNEMAR_HEADERS), ""]
+        ts += ["Each regulariser vs none (McNemar, per seed)", "", table(rows, MCNEMAR_HEADERS), ""]
     if rows := _stat_rows(agg, "ts"):
-        ts += [_table(rows, STAT_HEADERS), ""]
+        ts += [table(rows, STAT_HEADERS), ""]
     if not ts:
         return []
     return [

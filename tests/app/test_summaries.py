@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-from attnmetrics.app.summaries import adversarial_summary
+from attnmetrics.app.battery.adversarial import adversarial_summary
 
 
 def test_adversarial_share_above_half_leaves_out_short_rows():

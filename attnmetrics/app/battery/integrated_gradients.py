@@ -1,0 +1,25 @@
+"""Integrated gradients (Sundararajan et al. 2017, sec. 3) through Captum, with ``--integrated-gradients
+STEPS``: a Kendall τ partner, a flip-search and an ERASER ordering, and a token-view row."""
+
+from attnmetrics.app.argtypes import non_negative_int
+from attnmetrics.app.battery.registry import Importance
+from attnmetrics.importance import integrated_gradients
+
+IMPORTANCE = Importance(
+    "ig",
+    lambda model, tokens, lengths, s: integrated_gradients(
+        model, tokens, lengths, steps=s.option("integrated_gradients")
+    ),
+    lambda model, s: s.option("integrated_gradients") > 0,
+    order=40,
+    option={
+        "flags": ("--integrated-gradients",),
+        "dest": "integrated_gradients",
+        "type": non_negative_int,
+        "default": 0,
+        "metavar": "STEPS",
+        "help": "also integrated gradients (Captum, pip install captum) with STEPS integration points as a Kendall "
+        "tau partner, flip-search and ERASER ordering, and token-view row (Captum's default: 50); 0: off",
+    },
+    package=("captum", "Captum"),
+)
