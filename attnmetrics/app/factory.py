@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,7 +18,7 @@ from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_f
 from attnmetrics.app.results import Results
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import glove_matrix, load_dataset, load_minilm
+from attnmetrics.models.data import Splits, glove_matrix, load_dataset, load_minilm
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.gpt_classifier import GPTClassifier, GPTInputs
 from attnmetrics.models.pretraining import load_gpt
@@ -50,8 +51,8 @@ class Built:
     protocol preset and, when trained here, the recipe (None for a saved model)."""
 
     model: torch.nn.Module
-    vocab: object
-    splits: object
+    vocab: Any  # a Vocabulary, or the tokenizer's inputs (GPTInputs, a Hugging Face model's)
+    splits: Splits
     protocol: Protocol
     recipe: Recipe | None = None
 
@@ -71,7 +72,9 @@ def load_data(
     seed: int,
     max_tokens: int | None = None,
     protocol: Protocol = PROTOCOLS["attnmetrics"],
-):
+) -> Splits:
+    """The data set's splits (``limit``: the first N of each), the preset's filter applied; their
+    sizes printed. Raises ValueError if a split is empty."""
     splits = load_dataset(dataset, data_dir=data_dir, seed=seed, max_tokens=max_tokens)
     if protocol.sst_length_filter and dataset == "sst":
         splits = jain_wallace_length_filter(splits)

@@ -25,11 +25,11 @@ from attnmetrics.app.table import run_table
 from attnmetrics.models.text import EncodedSplit
 from attnmetrics.models.training import Predictions, predict, prediction_metrics
 
-#: a command's experiments after the battery, on the model it trained (``run``: W&P's)
-Trained = Callable[[RunConfig, Built, EncodedSplit, Results], None]
+#: a command's experiments after the battery, on the model it built (``run``: W&P's trained ones)
+AfterBattery = Callable[[RunConfig, Built, EncodedSplit, Results], None]
 
 
-def execute(config: RunConfig, w: World, *, with_battery: bool, after_battery: Trained | None = None) -> int:
+def execute(config: RunConfig, w: World, *, with_battery: bool, after_battery: AfterBattery | None = None) -> int:
     """train (``with_battery=False``), run or evaluate; this rank's part of it under torchrun."""
     start = time.perf_counter()
     missing = importances.missing_package(importance_settings(config))  # before training
@@ -76,7 +76,7 @@ def _in_folder(
     results: Results,
     trained_in: list[Path],
     with_battery: bool,
-    after_battery: Trained | None,
+    after_battery: AfterBattery | None,
 ) -> bool:
     """The work inside the claimed run folder (``folder``; None on ranks other than 0), up to
     results.json; False where this rank writes nothing."""
