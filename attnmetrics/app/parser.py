@@ -1,6 +1,6 @@
 """The argument parser of the ``attnmetrics`` command line: every subcommand's options.
 
-Kept apart from the commands (:mod:`attnmetrics.app.cli`) so that the sweep runner can read
+Kept apart from the command line (:mod:`attnmetrics.app.cli`) and its commands so that the sweep runner can read
 ``run``'s options without importing the command line that runs sweeps.
 """
 

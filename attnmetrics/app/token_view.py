@@ -5,7 +5,7 @@ prediction, the decision-flip point and the instance's statistics.
 Static and self-contained: inline CSS, no script, no network at view time. Every token and label
 is data and goes through Jinja2's HTML autoescaping.
 
-The examples are chosen and scored by :func:`attnmetrics.app.cli` (``--examples N``) and kept in
+The examples are chosen and scored by :func:`attnmetrics.app.faithfulness.examples` (``--examples N``) and kept in
 ``results.json`` under ``"examples"``, so ``attnmetrics report`` re-renders the view.
 """
 

@@ -195,12 +195,12 @@ def test_device_cpu_is_recorded_and_the_test_accuracy_printed(tmp_path, capsys):
 
 
 def test_a_run_failing_after_training_names_the_model_it_kept(tmp_path, monkeypatch):
-    import attnmetrics.app.cli as cli
+    import attnmetrics.app.pipeline as pipeline
 
     def broken(*args, **kwargs):
         raise RuntimeError("the battery broke")
 
-    monkeypatch.setattr(cli, "_battery", broken)
+    monkeypatch.setattr(pipeline, "battery", broken)
     out = tmp_path / "r"
     with pytest.raises(RuntimeError, match="the battery broke") as failed:
         main(["run", *QUICK, *FAST, "--out", str(out)])

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from attnmetrics.app.cli import build_parser, main
+from attnmetrics.app.cli import main
+from attnmetrics.app.parser import build_parser
 from attnmetrics.app.sweep import load_config
 from tests.inputs import ROOT, SST_SAMPLE
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from attnmetrics.app.config import RunConfig
 from attnmetrics.app.io import remove_abandoned_claim, write_json_atomic, write_text_atomic
 from attnmetrics.app.parser import build_parser, recipe_defaults
 from attnmetrics.app.sweep.config import IGNORED_CONFIG, Cell, Sweep, cell_command
@@ -44,7 +45,7 @@ from attnmetrics.app.sweep.config import IGNORED_CONFIG, Cell, Sweep, cell_comma
 def _config_of(argv: list[str]) -> dict:
     args = build_parser().parse_args(argv)
     recipe_defaults(args)  # as the run itself records them
-    return json.loads(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}))
+    return json.loads(json.dumps(RunConfig.from_namespace(args).to_dict()))
 
 
 def is_stale(cell: Cell, out: Path) -> bool:

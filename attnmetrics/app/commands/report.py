@@ -1,0 +1,47 @@
+"""``attnmetrics report RUN [RUN ...]``: re-render a run's report.md and figures, or compare
+several runs into ``--out``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnmetrics.app.io import is_run_folder
+from attnmetrics.app.report import render, render_comparison
+
+
+@dataclass(frozen=True)
+class ReportArgs:
+    run_dirs: list[Path]  # run folders holding results.json
+    out: Path | None = None  # folder for comparison.md (needed with several runs)
+
+
+def report(args: ReportArgs) -> int:
+    """The ``report`` subcommand: re-render one run's report.md (printed), or compare several runs."""
+    runs = []
+    for run in args.run_dirs:
+        path = run / "results.json"
+        if not path.is_file():
+            print(f"attnmetrics: {run} is not a run folder (no results.json)", file=sys.stderr)
+            return 2
+        try:
+            runs.append((run.name, json.loads(path.read_text())))
+        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+            print(f"attnmetrics: {path} is not readable JSON ({e}); rerun the run to rewrite it", file=sys.stderr)
+            return 2
+    if len(runs) == 1 and args.out is None:
+        print(render(runs[0][1], args.run_dirs[0]))
+        return 0
+    if args.out is None:
+        print("attnmetrics: comparing several runs needs --out FOLDER for comparison.md", file=sys.stderr)
+        return 2
+    if is_run_folder(args.out):
+        print(
+            f"attnmetrics: --out {args.out} is a run folder; write the comparison to a folder of its own",
+            file=sys.stderr,
+        )
+        return 2
+    print(render_comparison(runs, args.out))
+    return 0

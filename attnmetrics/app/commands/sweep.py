@@ -1,0 +1,72 @@
+"""``attnmetrics sweep CONFIG.toml``: run a grid of ``attnmetrics run`` cells, resumably, then
+aggregate them into one report (:mod:`attnmetrics.app.sweep`, :mod:`attnmetrics.app.aggregate`)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnmetrics.app.sweep import Runner, cell_command, load_config, run_sweep
+from attnmetrics.app.sweep.config import SLURM_KEYS
+
+
+@dataclass(frozen=True)
+class SweepArgs:
+    """``sweep``'s flags (attnmetrics/app/parser.py has their help); None: the config's."""
+
+    config: Path
+    out: Path | None
+    jobs: int | None
+    data_dir: list[tuple[str, Path]] | None  # --data-dir DATASET=FOLDER, repeated
+    executor: str | None
+    partition: str | None
+    time_min: int | None
+    gpus: int | None
+    cpus: int | None
+    mem_gb: int | None
+    dry_run: bool
+    report_only: bool
+    overwrite: bool
+    no_progress: bool
+
+
+def sweep(args: SweepArgs) -> int:
+    """The ``sweep`` subcommand: run (or list, or only aggregate) a config's cells, then write
+    OUT/report.md, OUT/aggregate.json and the figures."""
+    from attnmetrics.app.aggregate import aggregate_sweep
+
+    try:
+        slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}
+        grid = load_config(args.config, args.out, args.jobs, args.executor, slurm, dict(args.data_dir or ()))
+    except (ValueError, FileNotFoundError) as e:
+        print(f"attnmetrics sweep: {e}", file=sys.stderr)
+        return 2
+    missing = [] if args.report_only else grid.missing_data()
+    if missing:  # before any cell starts, not as a failure in each cell's log
+        for line in missing:
+            print(f"attnmetrics sweep: {line}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        for c in grid.cells:
+            state = "done" if c.is_done(grid.out) else "todo"
+            print(f"{state}\t{c.grid}/{c.name}\t{' '.join(cell_command(c, grid.out)[3:])}")
+        print(f"{len(grid.cells)} cells in {grid.out}", file=sys.stderr)
+        return 0
+    rc = 0
+    if not args.report_only:
+        try:
+            runner = Runner
+            if grid.executor != "local":
+                from attnmetrics.app.sweep.slurm import SubmititRunner  # submitit: an optional extra
+
+                runner = SubmititRunner
+            rc = run_sweep(grid, args.overwrite, progress=not args.no_progress, runner_type=runner)
+        except FileExistsError as e:
+            print(f"attnmetrics sweep: {e}", file=sys.stderr)
+            return 2
+        if rc in (2, 130):
+            return rc
+    path = aggregate_sweep(grid)
+    print(f"wrote {path}", file=sys.stderr)
+    return rc

@@ -1,0 +1,264 @@
+"""The model factory of ``run``, ``train`` and ``evaluate``: :func:`build` trains the model the
+configuration names (J&W's BiLSTM family, GPT-1 or a Hugging Face classifier), with its family's
+recipe, and saves it into the run folder; or, for ``evaluate``, loads the one a run folder saved.
+Either way with its vocabulary, the data splits and the protocol preset it was trained under."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnmetrics.app.config import RunConfig
+from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_filter
+from attnmetrics.app.results import Results
+from attnmetrics.models.bpe import BPETokenizer
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.data import Splits, glove_matrix, load_dataset, load_minilm
+from attnmetrics.models.gpt import GPTConfig
+from attnmetrics.models.gpt_classifier import GPTClassifier, GPTInputs
+from attnmetrics.models.pretraining import load_gpt
+from attnmetrics.models.text import EncodedSplit, Vocabulary
+from attnmetrics.models.training import (
+    TrainConfig,
+    load_checkpoint,
+    save_checkpoint,
+    train,
+    train_config_dict,
+)
+
+CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.json
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the model was trained, for W&P's experiments that train more models alike: ``make``
+    (J&W's family only) gives a fresh model initialised as this one."""
+
+    make: Callable[[ModelConfig], EncoderAttentionClassifier] | None
+    train_config: TrainConfig
+    train_data: EncodedSplit
+    dev_data: EncodedSplit
+
+
+@dataclass(frozen=True)
+class Built:
+    """The factory's model, with its vocabulary (or tokenizer inputs), the data splits, the
+    protocol preset and, when trained here, the recipe (None for a saved model)."""
+
+    model: torch.nn.Module
+    vocab: Any  # a Vocabulary, or the tokenizer's inputs (GPTInputs, a Hugging Face model's)
+    splits: Splits
+    protocol: Protocol
+    recipe: Recipe | None = None
+
+
+def build(config: RunConfig, results: Results, folder: Path | None) -> Built:
+    """evaluate's saved model, or train and run's model trained and saved into ``folder`` (None:
+    not this rank's to write); the model, data and training recorded in ``results``."""
+    if config.command == "evaluate":
+        return _saved_model(config, results)
+    return _train_and_save(config, results, folder)
+
+
+def load_data(
+    dataset: str,
+    data_dir: Path | None,
+    limit: int | None,
+    seed: int,
+    max_tokens: int | None = None,
+    protocol: Protocol = PROTOCOLS["attnmetrics"],
+) -> Splits:
+    """The data set's splits (``limit``: the first N of each), the preset's filter applied; their
+    sizes printed. Raises ValueError if a split is empty."""
+    splits = load_dataset(dataset, data_dir=data_dir, seed=seed, max_tokens=max_tokens)
+    if protocol.sst_length_filter and dataset == "sst":
+        splits = jain_wallace_length_filter(splits)
+    if limit:
+        splits = type(splits)(
+            splits.name, splits.classes, splits.train[:limit], splits.dev[:limit], splits.test[:limit], splits.info
+        )
+    print(splits.summary(), file=sys.stderr)
+    empty = [name for name, n in splits.sizes().items() if n == 0]
+    if empty:  # before any training: an empty split would give an untrained model or an empty report
+        raise ValueError(f"dataset {splits.name!r} has an empty {' and '.join(empty)} split; nothing to train or test")
+    return splits
+
+
+def _gpt_model(config: RunConfig, splits, results: Results) -> tuple[GPTClassifier, GPTInputs]:
+    """GPT-1's classifier: fine-tuned from ``--pretrained`` (its embeddings and first
+    ``--transfer-layers`` blocks), or from scratch with a BPE learnt on the training split."""
+    classes = len(splits.classes)
+    head = {
+        "num_classes": 1 if classes == 2 else classes,
+        "attention": config.attention,
+        "lm_weight": config.lm_weight,
+    }
+    torch.manual_seed(config.seed)  # the head and any block not transferred
+    if config.pretrained:
+        pre = load_gpt(config.pretrained)
+        model = GPTClassifier.from_pretrained(pre, transfer_layers=config.transfer_layers, **head)
+        tokenizer = pre.tokenizer
+        last = (pre.meta.get("history") or [{}])[-1]
+        results["pretrained"] = {
+            "path": str(config.pretrained.resolve()),
+            "step": pre.meta.get("step"),
+            "val_ppl": last.get("val_ppl"),
+            "transfer_layers": model.config.gpt.n_layer if config.transfer_layers is None else config.transfer_layers,
+        }
+    else:
+        if config.transfer_layers is not None:
+            raise ValueError("--transfer-layers needs --pretrained (the layers come from a pre-trained GPT)")
+        tokenizer = BPETokenizer.train([text for text, _ in splits.train])
+        model = GPTClassifier(GPTConfig.named(config.gpt_config, tokenizer.vocab_size), **head)
+        results["pretrained"] = None
+    return model.to(config.device), GPTInputs(tokenizer, model.config.gpt.context)
+
+
+def _hf_model(config: RunConfig, splits, results: Results):
+    """A Hugging Face classifier from ``--model hf:minilm`` (the pinned all-MiniLM-L6-v2) or
+    ``hf:PATH``, with a new head for the data set's classes, and its tokenizer."""
+    from attnmetrics.models.hf import HFClassifier  # optional transformers
+
+    name = config.model[3:]
+    path = load_minilm() if name == "minilm" else Path(name)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"--model {config.model}: {path} is not a Hugging Face checkpoint folder (no config.json)"
+        )
+    classes = len(splits.classes)
+    torch.manual_seed(config.seed)  # the new classification head
+    model, inputs = HFClassifier.from_pretrained(path, 1 if classes == 2 else classes)
+    inputs.max_length = config.max_length
+    results["pretrained"] = {"path": str(path.resolve()), "model": config.model}
+    return model.to(config.device), inputs
+
+
+def _jain_wallace_model(config: RunConfig, splits, results: Results):
+    """J&W's classifier over a word vocabulary of the training split (GloVe-initialised by
+    default); also returns ``make(config)``, a fresh model initialised as this one (W&P)."""
+    vocab = Vocabulary.build(text for text, _ in splits.train)
+    embeddings, embed_dim = None, config.embed_dim
+    if config.embeddings == "glove":
+        embeddings, found = glove_matrix(vocab, seed=config.seed)
+        embed_dim = embeddings.shape[1]
+        results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
+    classes = len(splits.classes)
+    model_config = ModelConfig(
+        vocab_size=len(vocab),
+        embed_dim=embed_dim,
+        hidden_size=config.hidden_size,
+        num_classes=1 if classes == 2 else classes,
+        encoder=config.encoder,
+        attention=config.attention,
+        regulariser=config.regulariser,
+        tying_weight=config.tying_weight,
+        mlm_weight=config.mlm_weight,
+    )
+
+    def make(cfg: ModelConfig) -> EncoderAttentionClassifier:
+        """A fresh model of ``cfg``, initialised as the base (same seed, same embeddings)."""
+        torch.manual_seed(config.seed)
+        return EncoderAttentionClassifier(cfg, embeddings).to(config.device)
+
+    return make(model_config), vocab, make
+
+
+def _train(config: RunConfig, results: Results) -> Built:
+    """Build the model ``--encoder`` names, train it with its family's recipe, record both."""
+    protocol = PROTOCOLS[config.protocol]
+    splits = load_data(config.dataset, config.data_dir, config.limit, config.split_seed, config.max_tokens, protocol)
+    common = {
+        "epochs": config.epochs,
+        "batch_size": config.batch_size,
+        "lr": config.lr,
+        "weight_decay": config.weight_decay,
+        "seed": config.seed,
+        "progress": not config.no_progress,
+    }
+    make = None
+    if config.model or config.encoder == "gpt":
+        if config.consistent_adversary or config.diagnostic:
+            raise ValueError(
+                f"--consistent-adversary and --diagnostic train BiLSTM-family models, not {config.model or 'gpt'}"
+            )
+        model, vocab = _hf_model(config, splits, results) if config.model else _gpt_model(config, splits, results)
+        # GPT-1 sec. 4.1 and BERT's fine-tuning: linear warm-up then decay, decoupled weight decay.
+        # Batches of rows of similar length (J&W's code): a transformer computes attention over
+        # padding and throws it away, and SST's rows run from 3 to 60 tokens.
+        tconf = TrainConfig(
+            **common,
+            amsgrad=False,
+            schedule="linear",
+            warmup=config.warmup,
+            decoupled_weight_decay=True,
+            sort_by_length=True,
+        )
+    else:
+        model, vocab, make = _jain_wallace_model(config, splits, results)
+        tconf = TrainConfig(
+            **common,
+            amsgrad=protocol.amsgrad,
+            pos_weight=protocol.pos_weight if model.config.num_classes == 1 else None,
+            sort_by_length=protocol.sort_by_length,
+        )
+    train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
+    result = train(model, train_data, dev_data, tconf)
+    results["data"].update(
+        name=splits.name, classes=list(splits.classes), sizes=splits.sizes(), vocabulary=len(vocab), info=splits.info
+    )
+    results["model"] = model.config.to_dict()
+    results["training"] = {
+        "config": train_config_dict(tconf),
+        "best_epoch": result.best_epoch,
+        "best_dev": result.best_dev,
+        "history": result.history,
+    }
+    results["wall_time_s"]["training"] = result.seconds
+    return Built(model, vocab, splits, protocol, Recipe(make, tconf, train_data, dev_data))
+
+
+def _saved_model(config: RunConfig, results: Results) -> Built:
+    """evaluate's model, vocabulary and data splits, from the run folder it names (the split,
+    data folder and protocol it was trained with, unless the flags say otherwise)."""
+    ckpt = load_checkpoint(config.model_run / CHECKPOINT)
+    saved = ckpt.extra
+    if ckpt.vocab is None or "dataset" not in saved:
+        raise ValueError(
+            f"{config.model_run / CHECKPOINT} was not saved by 'attnmetrics train' or 'run' "
+            "(no vocab.json, or no dataset in model.json); it cannot be evaluated here"
+        )
+    data_dir = config.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
+    # Checkpoints from before --split-seed split with the model seed.
+    split_seed = saved.get("split_seed", saved.get("seed", 0))
+    protocol = PROTOCOLS[saved.get("protocol", "attnmetrics")]  # the test split and battery it was trained for
+    splits = load_data(saved["dataset"], data_dir, config.limit, split_seed, saved.get("max_tokens"), protocol)
+    results["split_seed"] = split_seed
+    results["config"]["dataset"] = saved["dataset"]
+    results["data"].update(name=splits.name, classes=list(splits.classes), sizes=splits.sizes())
+    results["model"] = ckpt.model.config.to_dict()
+    return Built(ckpt.model.to(config.device), ckpt.vocab, splits, protocol)
+
+
+def _train_and_save(config: RunConfig, results: Results, folder: Path | None) -> Built:
+    """train and run's model, vocabulary, splits and recipe, the model saved into ``folder``
+    (None: not this rank's to write)."""
+    # CUDA has no deterministic kernel for a few ops (e.g. embedding backward): warn there
+    torch.use_deterministic_algorithms(True, warn_only=config.device == "cuda")
+    built = _train(config, results)
+    results["split_seed"] = config.split_seed
+    if folder is not None:
+        extra = {
+            "dataset": config.dataset,
+            "data_dir": str(config.data_dir.resolve()) if config.data_dir else None,
+            "seed": config.seed,
+            "split_seed": config.split_seed,
+            "max_tokens": config.max_tokens,
+            "protocol": config.protocol,
+        }
+        save_checkpoint(folder / CHECKPOINT, built.model, built.vocab, extra=extra)
+    return built

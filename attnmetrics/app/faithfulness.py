@@ -1,0 +1,145 @@
+"""The faithfulness battery of ``run`` and ``evaluate`` on a model's test split: :func:`battery`
+drives :mod:`attnmetrics.app.battery` (sharded under torchrun) into results.json, and
+:func:`examples` picks and scores the instances report.html's token view shows."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from attnmetrics.app import battery as registry
+from attnmetrics.app import distributed
+from attnmetrics.app.battery import EXPERIMENTS, BatteryConfig, collect, merge, summarise, tested_forward
+from attnmetrics.app.config import RunConfig
+from attnmetrics.app.conventions import OWN_ATTENTION, conventions
+from attnmetrics.app.distributed import World
+from attnmetrics.app.results import Results
+from attnmetrics.flip import removal_order
+from attnmetrics.models.gpt_classifier import EXTRACT_READOUT
+from attnmetrics.models.text import collate
+from attnmetrics.outputs import output_distribution
+
+
+def battery(config: RunConfig, model, test, splits, adversarial_diversity: float, results: Results, w: World) -> bool:
+    """The battery on the test split, into ``results``; under torchrun on this rank's share of
+    the batches, gathered on rank 0. False on the other ranks (they write nothing).
+    ``adversarial_diversity``: the protocol preset's weight of the adversarial candidates' diversity."""
+    t0 = time.perf_counter()
+    batches = [(int(b.index[0]), b.tokens, b.lengths) for b in test.batches(256)]
+    mine = distributed.share(batches, [float(n.sum()) for _, _, n in batches], w)
+    settings = dict(
+        experiments=[e for e in EXPERIMENTS if e not in config.skip],
+        permutations=config.permutations,
+        adversarial_steps=config.adversarial_steps,
+        adversarial_diversity=adversarial_diversity,
+    )
+    part = collect(
+        model,
+        mine,
+        orders=config.orders,
+        seed=config.seed,
+        random_samples=config.random_samples,
+        never_flipped=_never_flipped(config),
+        options=config.importance_options,
+        progress=w.main and not config.no_progress,
+        **settings,
+    )
+    parts = distributed.gather((*part, time.perf_counter() - t0), w)
+    if parts is None:
+        return False
+    summary, instances = summarise(*merge([p[:2] for p in parts]), splits.classes, **settings)
+    results["wall_time_s"]["experiments"] = time.perf_counter() - t0
+    results["wall_time_s"]["per_experiment"] = summary.pop("seconds")
+    if w.size > 1:  # each rank's share and wall time; per_experiment sums the ranks' times
+        results["wall_time_s"]["per_rank"] = [round(p[2], 3) for p in parts]
+        results["distributed"]["instances"] = [len(p[0].get("instance", ())) for p in parts]
+    results.update(summary)
+    results["instances"] = instances
+    results["conventions"] = conventions(BatteryConfig(never_flipped=_never_flipped(config), **settings))
+    return True
+
+
+def examples(config: RunConfig, model, test, vocab, splits, results: Results) -> None:
+    """``results["examples"]`` for report.html (``--examples N``): the instances whose decision
+    flips after the fewest attention-ordered removals (most faithful by S&S's flip search), those
+    that need the most or never flip (least faithful), then random ones (seeded); each with its
+    tokens, attention, gradient and leave-one-out scores, and its statistics from the battery."""
+    inst = results["instances"]
+    lengths = np.asarray(inst["lengths"])
+    candidates = np.flatnonzero(lengths >= 2)
+    if not config.examples or not len(candidates):
+        return
+    chosen: dict[int, str] = {}
+    if inst.get("flip", {}).get("attention"):
+        fraction = np.asarray(inst["flip"]["attention"]["fraction"], dtype=float)[candidates]
+        flipped = candidates[np.isfinite(fraction)][np.argsort(fraction[np.isfinite(fraction)], kind="stable")]
+        never = candidates[~np.isfinite(fraction)]
+        third = max(1, config.examples // 3)
+        for i in flipped[:third]:
+            chosen[int(i)] = "most faithful: flips after the fewest attention-ordered removals"
+        for i in [*never, *flipped[::-1]][:third]:
+            chosen.setdefault(int(i), "least faithful: flips late or never under attention-ordered removal")
+    rest = [int(i) for i in candidates if int(i) not in chosen]
+    rng = np.random.default_rng(config.seed)
+    for i in rng.permutation(rest)[: max(0, config.examples - len(chosen))]:
+        chosen[int(i)] = "a random instance"
+    index = list(chosen)
+    tokens, lengths_t = collate([test.ids[i] for i in index])
+    device = next(model.parameters()).device
+    tokens, lengths_t = tokens.to(device), lengths_t.to(device)
+    out, _ = tested_forward(model, tokens, lengths_t)
+    scores = {"attention": out.attention}
+    # every importance of the run (leave-one-out even where the battery skipped it)
+    chosen_by = importance_settings(config, ("loo",))
+    for importance in registry.chosen(model, chosen_by):
+        scores[importance.name] = importance.compute(model, tokens, lengths_t, chosen_by)
+    order = removal_order(out.attention.double(), out.lengths)
+    by_attention = inst.get("flip", {}).get("attention")
+    shown = []
+    for row, i in enumerate(index):
+        n = int(out.lengths[row])
+        ids = test.ids[i][model.lead : model.lead + n]
+        removed = by_attention["removed"][i] if by_attention else None
+        stats = {}
+        if "kendall" in inst and "attention vs gradient" in inst["kendall"]:
+            stats["tau attention vs gradient"] = inst["kendall"]["attention vs gradient"]["tau"][i]
+        if "eraser" in inst:
+            for metric in ("comprehensiveness", "sufficiency"):
+                stats[f"{metric} AOPC (attention)"] = inst["eraser"]["attention"][metric]["aopc"][i]
+        shown.append(
+            {
+                "instance": i,
+                "why": chosen[i],
+                "tokens": vocab.decode(ids),
+                "label": splits.classes[test.labels[i]],
+                "predicted": splits.classes[inst["predicted"][i]],
+                "probability": float(output_distribution(out.logits[row : row + 1]).max()),
+                "scores": {k: v[row, :n].double().tolist() for k, v in scores.items()},
+                "flip_removed": removed,
+                "removed_first": order[row, : max(removed or 0, 0)].tolist(),
+                "stats": {k: float(v) if v is not None else math.nan for k, v in stats.items()},
+            }
+        )
+    results["examples"] = shown
+
+
+def tested_attention(model) -> str | None:
+    """What the battery tests when it is not the model's attention head, for results["battery"]:
+    GPT-1's own attention (the extract read-out), a Hugging Face classifier's (``model.battery``)."""
+    if getattr(model, "attention_name", None) == EXTRACT_READOUT:
+        return OWN_ATTENTION
+    if isinstance(getattr(model, "battery", None), str):
+        return model.battery
+    return None
+
+
+def importance_settings(config: RunConfig, experiments=()) -> registry.Settings:
+    """The optional importances the command's flags ask for (train has none of the flags)."""
+    return registry.Settings(tuple(experiments), dict(config.importance_options))
+
+
+def _never_flipped(config: RunConfig) -> float:
+    """``--never-flipped``'s fraction: NaN (left out, S&S) or 1.0 (Mohankumar et al. 2020)."""
+    return float("nan") if config.never_flipped == "nan" else 1.0

@@ -1,0 +1,135 @@
+"""results.json's schema: :class:`Results`, what ``run``, ``train`` and ``evaluate`` write into a
+run folder, key by key, in the order they are written; and :func:`new_results`, its first keys.
+
+Types only: the values are plain JSON (dicts, lists, numbers, strings), as the report
+(:mod:`attnmetrics.app.report`), the per-instance table (:mod:`attnmetrics.app.table`) and the
+sweep's aggregation (:mod:`attnmetrics.app.aggregate`) read them.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any, TypedDict
+
+import numpy as np
+import scipy
+import torch
+
+import attnmetrics
+from attnmetrics.app.config import RunConfig
+
+
+class Versions(TypedDict):
+    attnmetrics: str
+    python: str
+    torch: str
+    numpy: str
+    scipy: str
+
+
+class Data(TypedDict, total=False):
+    """The data set: filled once the splits are loaded (``glove_coverage`` first, while the
+    GloVe-initialised model is built; ``vocabulary`` and ``info`` after training only)."""
+
+    glove_coverage: float  # the fraction of the vocabulary (specials aside) found in GloVe
+    name: str
+    classes: list[str]
+    sizes: dict[str, int]  # train, dev, test
+    vocabulary: int
+    info: dict[str, Any]
+
+
+class WallTimes(TypedDict, total=False):
+    """Seconds: training, the battery (``experiments``, ``per_experiment``; ``per_rank`` under
+    torchrun), W&P's experiments and the whole command (``total``)."""
+
+    training: float
+    experiments: float
+    per_experiment: dict[str, float]
+    per_rank: list[float]
+    consistent_adversary: float
+    diagnostic: float
+    total: float
+
+
+class Distributed(TypedDict, total=False):
+    """Under torchrun: the ranks, the backend and each rank's share of the test instances."""
+
+    ranks: int
+    backend: str
+    instances: list[int]
+
+
+class Training(TypedDict):
+    config: dict[str, Any]  # models/training.py's train_config_dict
+    best_epoch: int
+    best_dev: dict[str, float]
+    history: list[dict[str, Any]]
+
+
+class Results(TypedDict, total=False):
+    """results.json. Written by every command: ``command`` to ``wall_time_s``, then the model
+    (``split_seed``, ``model``; ``pretrained`` and ``training`` when trained), ``protocol`` and the
+    test metrics; by ``run`` and ``evaluate`` the battery (``battery`` when it does not test an
+    attention head, the experiments' summaries, ``instances``, ``conventions``, ``examples``); by
+    ``run`` also W&P's experiments when asked for."""
+
+    command: str  # run, train or evaluate
+    config: dict[str, Any]  # RunConfig.to_dict(); evaluate adds the checkpoint's ``dataset``
+    seed: int
+    device: str
+    threads: int
+    versions: Versions
+    machine: str
+    data: Data
+    wall_time_s: WallTimes
+    distributed: Distributed  # only under torchrun
+    pretrained: dict[str, Any] | None  # GPT-1's and Hugging Face models' checkpoint; None from scratch
+    model: dict[str, Any]  # the model's config.to_dict()
+    training: Training
+    split_seed: int
+    protocol: dict[str, Any]  # the --protocol preset's to_dict()
+    test: dict[str, Any] | None  # prediction_metrics of the test split (None on ranks other than 0)
+    battery: str  # what the battery tests when it is not the model's attention head
+    # the battery's summaries (app/battery.py's summarise), each experiment's when it ran
+    flip: dict[str, Any]
+    kendall: dict[str, Any]
+    permutation: dict[str, Any]
+    adversarial: dict[str, Any]
+    single_removal: dict[str, Any]
+    heads: dict[str, list[float]]
+    single_token: dict[str, Any]
+    eraser: dict[str, Any]
+    instances: dict[str, Any]  # per-instance values (also instances.parquet)
+    conventions: dict[str, str]  # app/conventions.py
+    consistent_adversary: dict[str, Any]  # W&P 2019 (--consistent-adversary)
+    diagnostic: dict[str, Any]  # W&P 2019 (--diagnostic)
+    examples: list[dict[str, Any]]  # report.html's token view (--examples)
+
+
+def environment(seed: int, device: str = "cpu") -> dict:
+    """results.json's ``seed``, ``device``, ``threads``, ``versions`` and ``machine``."""
+    return {
+        "seed": seed,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "versions": {
+            "attnmetrics": attnmetrics.__version__,
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "scipy": scipy.__version__,
+        },
+        "machine": platform.platform(),
+    }
+
+
+def new_results(config: RunConfig) -> Results:
+    """results.json's first keys, before any work: the command, its flags and the environment."""
+    return {
+        "command": config.command,
+        "config": config.to_dict(),
+        **environment(config.seed, config.device),
+        "data": {},
+        "wall_time_s": {},
+    }
