@@ -187,15 +187,6 @@ class HFClassifierConfig:
         return cls(d["architecture"], d["hf_config"])
 
 
-#: results["battery"] of a Hugging Face classifier: what the procedures test
-OWN_ATTENTION = (
-    "the model's own attention: the last layer's attention row of the pooled position ([CLS], or GPT-2's last "
-    "token), per head, over the real tokens; special positions keep their weights, each head's real tokens are "
-    "renormalised within their mass, tokens are removed and permuted in every head alike; orders and tau use "
-    "the head mean (docs/definitions.md §15)"
-)
-
-
 class HFClassifier(nn.Module):
     """A Hugging Face ``BertForSequenceClassification`` or ``GPT2ForSequenceClassification`` on
     the protocol (``embed``, ``encode``, ``attend``, ``decoder``, ``lead``/``trail``) with
@@ -206,8 +197,6 @@ class HFClassifier(nn.Module):
     ``attend`` puts all the weight on the pooled position, so the protocol's forward is the
     model's own; the procedures test :meth:`tested_attention` instead.
     """
-
-    battery = OWN_ATTENTION
 
     def __init__(self, model: nn.Module):
         super().__init__()

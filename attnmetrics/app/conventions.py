@@ -5,13 +5,20 @@ from __future__ import annotations
 
 from attnmetrics.app.battery import BatteryConfig, run_conventions
 
-#: results["battery"] of GPT-1's extract read-out: the procedures test the model's own attention
-OWN_ATTENTION = (
-    "GPT-1's own attention (--attention extract): the last layer's <extract> attention row, per head, over the "
-    "real tokens; <start> and <extract> keep their weights, each head's real tokens are renormalised within "
+#: results["battery"]: what the procedures test where it is not the model's attention head but its own
+#: attention (docs/definitions.md §15), by model: GPT-1's extract read-out, a Hugging Face classifier, any other
+OWN_ATTENTION = {
+    "gpt": "GPT-1's own attention (--attention extract): the last layer's <extract> attention row, per head, over "
+    "the real tokens; <start> and <extract> keep their weights, each head's real tokens are renormalised within "
     "their mass, tokens are removed and permuted in every head alike; orders and tau use the head mean "
-    "(docs/definitions.md §15)"
-)
+    "(docs/definitions.md §15)",
+    "hf": "the model's own attention: the last layer's attention row of the pooled position ([CLS], or GPT-2's "
+    "last token), per head, over the real tokens; special positions keep their weights, each head's real tokens "
+    "are renormalised within their mass, tokens are removed and permuted in every head alike; orders and tau use "
+    "the head mean (docs/definitions.md §15)",
+    "own": "the model's own attention (its tested_attention), per head, over the real tokens; orders and tau use "
+    "the head mean (docs/definitions.md §15)",
+}
 
 
 def conventions(config: BatteryConfig) -> dict:

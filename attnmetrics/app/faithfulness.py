@@ -17,9 +17,10 @@ from attnmetrics.app.conventions import OWN_ATTENTION, conventions
 from attnmetrics.app.distributed import World
 from attnmetrics.app.results import Results
 from attnmetrics.flip import removal_order
-from attnmetrics.models.gpt_classifier import EXTRACT_READOUT
+from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier
 from attnmetrics.models.text import collate
 from attnmetrics.outputs import output_distribution
+from attnmetrics.protocol import capability
 
 
 def battery(config: RunConfig, model, test, splits, adversarial_diversity: float, results: Results, w: World) -> bool:
@@ -127,12 +128,12 @@ def examples(config: RunConfig, model, test, vocab, splits, results: Results) ->
 
 def tested_attention(model) -> str | None:
     """What the battery tests when it is not the model's attention head, for results["battery"]:
-    GPT-1's own attention (the extract read-out), a Hugging Face classifier's (``model.battery``)."""
-    if getattr(model, "attention_name", None) == EXTRACT_READOUT:
-        return OWN_ATTENTION
-    if isinstance(getattr(model, "battery", None), str):
-        return model.battery
-    return None
+    GPT-1's own attention (the extract read-out), a Hugging Face classifier's; None otherwise."""
+    if isinstance(model, GPTClassifier):  # its own attention only with the extract read-out
+        return OWN_ATTENTION["gpt"] if model.attention_name == EXTRACT_READOUT else None
+    if capability(model, "tested_attention") is None:
+        return None
+    return OWN_ATTENTION["hf" if type(model).__name__ == "HFClassifier" else "own"]
 
 
 def importance_settings(config: RunConfig, experiments=()) -> registry.Settings:
