@@ -44,10 +44,7 @@ from attnmetrics.app.parser import build_parser, recipe_defaults
 from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_filter
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.app.table import run_table
-from attnmetrics.flip import removal_order
-from attnmetrics.models.bpe import BPETokenizer
-from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import (
+from attnmetrics.data import (
     GUTENBERG_HELD_OUT,
     ArtifactError,
     glove_matrix,
@@ -55,6 +52,9 @@ from attnmetrics.models.data import (
     load_gutenberg,
     load_minilm,
 )
+from attnmetrics.flip import removal_order
+from attnmetrics.models.bpe import BPETokenizer
+from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier, GPTInputs
 from attnmetrics.models.pretraining import PretrainConfig, load_gpt, pretrain

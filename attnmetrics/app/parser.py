@@ -11,9 +11,9 @@ from pathlib import Path
 
 from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS
 from attnmetrics.app.protocols import PROTOCOLS
+from attnmetrics.data import DATASETS
 from attnmetrics.flip import ORDERS
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
-from attnmetrics.models.data import DATASETS
 from attnmetrics.models.gpt import CONFIGS as GPT_CONFIGS
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT
 from attnmetrics.models.pretraining import PretrainConfig

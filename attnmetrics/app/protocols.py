@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from attnmetrics.models.data import Splits
-from attnmetrics.models.text import tokenize
+from attnmetrics.data import Splits
+from attnmetrics.data.tokens import tokenize
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from attnmetrics.app.battery import EXPERIMENTS
 from attnmetrics.app.cli import main
 from attnmetrics.app.protocols import PROTOCOLS, jain_wallace_length_filter
-from attnmetrics.models.data import load_sst
+from attnmetrics.data import load_sst
 from attnmetrics.models.text import EncodedSplit, tokenize
 from attnmetrics.models.training import balanced_pos_weight, loss_fn
 from tests.inputs import SST_DIR
@@ -26,7 +26,7 @@ def test_length_filter_gives_jain_and_wallace_sst_sizes():
 
 
 def test_length_filter_drops_short_rows_and_each_splits_longest():
-    from attnmetrics.models.data import Splits
+    from attnmetrics.data import Splits
 
     rows = [("a b c d e", 0), ("a b c d e f", 1), ("a b c d e f g h", 0), ("a b c d e f g", 1), ("x " * 8, 1)]
     out = jain_wallace_length_filter(Splits("t", ("n", "p"), rows, rows, rows))

@@ -10,8 +10,8 @@ import scipy.stats
 import torch
 
 from attnmetrics.app.cli import main
+from attnmetrics.data import load_sst
 from attnmetrics.models.classifier import ATTENTIONS, EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import load_sst
 from attnmetrics.models.text import Vocabulary, collate
 from attnmetrics.models.training import TrainConfig, load_checkpoint, make_optimizer, predict, seed_everything, train
 from attnmetrics.models.wiegreffe import (
