@@ -30,6 +30,8 @@ import torch
 import attnmetrics
 from attnmetrics.app import distributed, importances, sweep
 from attnmetrics.app.battery import EXPERIMENTS, collect, merge, summarise, tested_forward
+from attnmetrics.app.consistent_adversary import consistent_adversaries, jain_wallace_point
+from attnmetrics.app.diagnostic_mlps import diagnostic_mlps
 from attnmetrics.app.distributed import World
 from attnmetrics.app.io import (
     check_out,
@@ -69,7 +71,6 @@ from attnmetrics.models.training import (
     train,
     train_config_dict,
 )
-from attnmetrics.models.wiegreffe import consistent_adversaries, diagnostic_mlps, jain_wallace_point
 from attnmetrics.outputs import output_distribution
 
 CHECKPOINT = "model"  # sub-folder of a run holding model.pt, model.json, vocab.json
