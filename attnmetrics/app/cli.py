@@ -42,8 +42,8 @@ from attnmetrics.app.io import (
     write_npz_atomic,
     write_parquet_atomic,
 )
-from attnmetrics.app.parser import build_parser, recipe_defaults
-from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_filter
+from attnmetrics.app.parser import build_parser
+from attnmetrics.app.recipes import PRESETS, Preset, jain_wallace_length_filter, recipe_defaults
 from attnmetrics.app.report import render, render_comparison
 from attnmetrics.app.table import run_table
 from attnmetrics.data import (
@@ -105,7 +105,7 @@ def _load_data(
     limit: int | None,
     seed: int,
     max_tokens: int | None = None,
-    protocol: Protocol = PROTOCOLS["attnmetrics"],
+    protocol: Preset = PRESETS["attnmetrics"],
 ):
     splits = load_dataset(dataset, data_dir=data_dir, seed=seed, max_tokens=max_tokens)
     if protocol.sst_length_filter and dataset == "sst":
@@ -172,7 +172,7 @@ def _hf_model(args, splits, results: dict):
 
 def _train(args, results: dict):
     """Build the model ``--encoder`` names, train it with its family's recipe, record both."""
-    protocol = PROTOCOLS[args.protocol]
+    protocol = PRESETS[args.protocol]
     splits = _load_data(args.dataset, args.data_dir, args.limit, args.split_seed, args.max_tokens, protocol)
     common = {
         "epochs": args.epochs,
@@ -289,7 +289,7 @@ def _battery(args, model, test, splits, results: dict, w: World) -> bool:
         experiments=[e for e in EXPERIMENTS if e not in args.skip],
         permutations=args.permutations,
         adversarial_steps=args.adversarial_steps,
-        adversarial_diversity=PROTOCOLS[args.protocol].diversity_weight,
+        adversarial_diversity=PRESETS[args.protocol].diversity_weight,
     )
     part = collect(
         model,
@@ -615,7 +615,7 @@ def _saved_model(args, results: dict):
     split_seed = saved.get("split_seed", saved.get("seed", 0))
     args.protocol = saved.get("protocol", "attnmetrics")  # the test split and battery it was trained for
     splits = _load_data(
-        saved["dataset"], data_dir, args.limit, split_seed, saved.get("max_tokens"), PROTOCOLS[args.protocol]
+        saved["dataset"], data_dir, args.limit, split_seed, saved.get("max_tokens"), PRESETS[args.protocol]
     )
     results["split_seed"] = split_seed
     results["config"]["dataset"] = saved["dataset"]
@@ -682,7 +682,7 @@ def _run(args, w: World) -> int:
             else:
                 model, vocab, splits, recipe = _train_and_save(args, results, folder if w.main else None)
                 trained_in = folder
-            results["protocol"] = PROTOCOLS[args.protocol].to_dict()
+            results["protocol"] = PRESETS[args.protocol].to_dict()
             test = vocab.encode_split(splits.test)
             predictions = predict(model, test) if w.main else None
             results["test"] = prediction_metrics(predictions) if w.main else None

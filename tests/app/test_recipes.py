@@ -9,9 +9,10 @@ import torch.nn.functional as F
 
 from attnmetrics.app.battery import EXPERIMENTS
 from attnmetrics.app.cli import main
-from attnmetrics.app.protocols import PROTOCOLS, jain_wallace_length_filter
+from attnmetrics.app.recipes import PRESETS, jain_wallace_length_filter
 from attnmetrics.data import load_sst
-from attnmetrics.models.text import EncodedSplit, tokenize
+from attnmetrics.data.tokens import tokenize
+from attnmetrics.models.text import EncodedSplit
 from attnmetrics.models.training import balanced_pos_weight, loss_fn
 from tests.inputs import SST_DIR
 
@@ -81,7 +82,7 @@ def test_cli_records_and_applies_the_preset(tmp_path):
     ]
     assert main(["train", *common, "--protocol", "jain-wallace", "--out", str(tmp_path / "jw")]) == 0
     results = json.loads((tmp_path / "jw" / "results.json").read_text())
-    assert results["protocol"] == PROTOCOLS["jain-wallace"].to_dict()
+    assert results["protocol"] == PRESETS["jain-wallace"].to_dict()
     assert results["data"]["sizes"]["test"] == 1725
     others = [e for e in EXPERIMENTS if e != "adversarial"]
     args = ["evaluate", str(tmp_path / "jw"), "--skip", *others, "--adversarial-steps", "3", "--limit", "20"]
