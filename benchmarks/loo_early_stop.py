@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnmetrics.models.data import load_sst
+from attnmetrics.data import load_sst
 from attnmetrics.models.text import collate
 from attnmetrics.models.training import load_checkpoint
 from benchmarks.jw_inputs import CASES, make_batch, make_model

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 from attnmetrics import leave_one_out
+from attnmetrics.data import load_sst
 from attnmetrics.models.bpe import BPETokenizer
-from attnmetrics.models.data import load_sst
 from attnmetrics.models.gpt import GPT, GPTConfig
 from attnmetrics.models.gpt_classifier import EXTRACT, START, GPTClassifier
 from attnmetrics.models.pretraining import PretrainConfig, pretrain, sample_windows

@@ -73,7 +73,7 @@ def split_at_the_median(bias, logits):
 
 def make_minilm(rows):
     pytest.importorskip("transformers", reason="the MiniLM case needs transformers (pip install -e .[hf])")
-    from attnmetrics.models.data import ArtifactError, load_minilm
+    from attnmetrics.data import ArtifactError, load_minilm
     from attnmetrics.models.hf import HFClassifier
 
     try:

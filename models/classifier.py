@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnmetrics._ops import ops
+from attnmetrics.data.tokens import UNK
 from attnmetrics.models.deletions import BiRNNDeletions, delete_positions, mask_positions
-from attnmetrics.models.text import UNK
 from attnmetrics.protocol import token_mask
 
 

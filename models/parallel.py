@@ -1,11 +1,30 @@
-"""Data-parallel training under ``torch.distributed`` (torchrun): which rank this is, and the
-gradient all-reduce that keeps every rank's weights identical. Used by fine-tuning
-(models/training.py) and pre-training (models/pretraining.py)."""
+"""Processes under ``torch.distributed`` (torchrun): which rank this is, and the gradient all-reduce
+that keeps every rank's weights identical in data-parallel training. The one place that answers
+"which rank am I, of how many", at the two stages a process goes through:
+
+- :func:`launched`: what torchrun's environment says, readable before the process group is
+  joined (the command line reads it to decide whether to join one:
+  :func:`attnmetrics.app.distributed.world`);
+- :func:`data_parallel`: the group this process has joined, which fine-tuning
+  (models/training.py) and pre-training (models/pretraining.py) all-reduce over; one process
+  when none is joined, whatever the environment says.
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
+
+
+def launched() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``), joined to a process group or not yet; (0, 1, 0) when they are not set."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return 0, 1, 0
+    return int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def data_parallel() -> tuple[int, int]:

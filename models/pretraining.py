@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from attnmetrics.data import GUTENBERG_HELD_OUT, load_gutenberg, sha256_file
 from attnmetrics.models.bpe import DEFAULT_VOCAB_SIZE, BPETokenizer
-from attnmetrics.models.data import GUTENBERG_HELD_OUT, load_gutenberg, sha256_file
 from attnmetrics.models.gpt import GPT, GPTConfig
 from attnmetrics.models.parallel import all_reduce_gradients, data_parallel
 

@@ -1,4 +1,5 @@
-"""Text -> token ids -> padded batches, with J&W's preprocessing and special tokens.
+"""Text -> token ids -> padded batches: the word vocabulary, on J&W's preprocessing and special
+tokens (:mod:`attnmetrics.data.tokens`, which the data sets share).
 
 Every encoded row is ``<SOS> w_1 ... w_n <EOS>``; the classifier masks the two special
 positions out of attention (docs/definitions.md §1), so ``lengths`` count them and ``lead = trail = 1``.
@@ -8,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -18,41 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-PAD, UNK, SOS, EOS = 0, 1, 2, 3
-SPECIALS = ("<PAD>", "<UNK>", "<SOS>", "<EOS>")
-
-_PTB_BRACKETS = re.compile(r"-LRB-|-RRB-")  # PTB-escaped round brackets (SST has no others)
-_NON_WORD = re.compile(r"\W+")
-_WORD = re.compile(r"\w+")
-_DIGIT = re.compile(r"\d")
-
-
-def tokenize(text: str) -> list[str]:
-    """J&W's preprocessing: drop PTB brackets, non-word characters to spaces, lower-case,
-    tokens holding a digit -> ``qqq``, split on whitespace.
-
-    >>> tokenize("-LRB- It's 2 good, 4ever! -RRB-")
-    ['it', 's', 'qqq', 'good', 'qqq']
-    """
-    # Brackets go first: once '-' is a space, "-LRB-" would survive as the word "lrb".
-    text = _PTB_BRACKETS.sub(" ", text)
-    text = _NON_WORD.sub(" ", text).lower()
-    return ["qqq" if _DIGIT.search(tok) else tok for tok in text.split()]
-
-
-def truncate(text: str, max_tokens: int) -> str:
-    """The shortest prefix of ``text`` holding its first ``max_tokens`` tokens, so that
-    ``tokenize(truncate(text, n)) == tokenize(text)[:n]`` (J&W cut long documents this way).
-    The original characters are kept, so reports still show the text as written."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    # tokenize's tokens are the \w runs left once PTB brackets are blanked; blanking them with
-    # as many spaces keeps every character offset of the original.
-    blanked = _PTB_BRACKETS.sub(lambda m: " " * len(m.group()), text)
-    for k, match in enumerate(_WORD.finditer(blanked), 1):
-        if k == max_tokens:
-            return text[: match.end()]
-    return text
+from attnmetrics.data.tokens import EOS, SOS, SPECIALS, UNK, tokenize
 
 
 class Batch(NamedTuple):

@@ -1,5 +1,6 @@
-"""The import rule of docs/architecture.md: the library core imports neither the models nor the
-application, and the models never import the application. Read from the sources' import
+"""The import rule of docs/architecture.md: the library core imports neither the data, the models
+nor the application; the data import neither the models nor the application; the models never
+import the application. Read from the sources' import
 statements (every one, function-level imports included), so a lazy import cannot hide a loop."""
 
 import ast
@@ -13,6 +14,7 @@ CORE = sorted(
     for p in [*(ROOT / "attnmetrics").glob("*.py"), *(ROOT / "attnmetrics" / "testing").glob("*.py")]
     if p.name != "__main__.py"
 )
+DATA = sorted((ROOT / "attnmetrics" / "data").rglob("*.py"))
 MODELS = sorted((ROOT / "models").glob("*.py"))
 APP = sorted((ROOT / "attnmetrics" / "app").rglob("*.py"))
 
@@ -34,7 +36,16 @@ def _under(names: set[str], package: str) -> set[str]:
 
 
 @pytest.mark.parametrize("path", CORE, ids=lambda p: p.name)
-def test_core_imports_neither_models_nor_app(path):
+def test_core_imports_neither_data_models_nor_app(path):
+    names = imported(path)
+    assert (
+        not _under(names, "attnmetrics.data") | _under(names, "attnmetrics.models") | _under(names, "attnmetrics.app")
+    ), path.name
+
+
+@pytest.mark.parametrize("path", DATA, ids=lambda p: p.name)
+def test_data_import_neither_models_nor_app(path):
+    """The data (corpora, vectors, weights) come before any model: the models and the app read them."""
     names = imported(path)
     assert not _under(names, "attnmetrics.models") | _under(names, "attnmetrics.app"), path.name
 
@@ -45,7 +56,7 @@ def test_models_never_import_the_app(path):
 
 
 def test_layers_found_and_linked():
-    assert len(CORE) > 10 and len(MODELS) > 5 and len(APP) > 5
+    assert len(CORE) > 10 and len(DATA) > 5 and len(MODELS) > 5 and len(APP) > 5
     # folder = import name: attnmetrics.models is the top-level models/ folder, linked in
     assert (ROOT / "attnmetrics" / "models").resolve() == (ROOT / "models").resolve()
     assert (ROOT / "attnmetrics" / "csrc").resolve() == (ROOT / "csrc").resolve()
@@ -110,7 +121,9 @@ def loops(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_graph_has_no_loop():
     graph = module_graph()
-    assert {"attnmetrics.app.sweep.runner", "attnmetrics.models.data", "attnmetrics.loo"} <= set(graph)
+    assert {"attnmetrics.app.sweep.runner", "attnmetrics.data", "attnmetrics.data.corpora", "attnmetrics.loo"} <= set(
+        graph
+    )
     assert loops(graph) == []
 
 

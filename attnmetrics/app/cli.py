@@ -35,7 +35,8 @@ from attnmetrics.app.commands.train import train
 from attnmetrics.app.config import RunConfig
 from attnmetrics.app.distributed import World
 from attnmetrics.app.errors import INPUT_ERRORS, input_error
-from attnmetrics.app.parser import build_parser, recipe_defaults
+from attnmetrics.app.parser import build_parser
+from attnmetrics.app.recipes import recipe_defaults
 
 #: the subcommands that train or test a model: each takes a RunConfig and the torchrun world
 RUNS = {"run": run, "train": train, "evaluate": evaluate}

@@ -1,5 +1,5 @@
 """The typed configuration of ``attnmetrics run``, ``train`` and ``evaluate``: :class:`RunConfig`,
-built once from argparse's namespace (after :func:`~attnmetrics.app.parser.recipe_defaults`) and
+built once from argparse's namespace (after :func:`~attnmetrics.app.recipes.recipe_defaults`) and
 read by the commands (:mod:`attnmetrics.app.commands`) and the model factory
 (:mod:`attnmetrics.app.factory`) in its place.
 

@@ -1,5 +1,6 @@
 """Processes started by ``torchrun`` (``torch.distributed``): the battery sharded over them, and
 what data-parallel training (models/parallel.py) needs from the command line.
+Which rank this is comes from models/parallel.py, the one place that reads it.
 
     torchrun --nproc-per-node 2 -m attnmetrics evaluate runs/sst-lstm --out runs/sst-eval
 
@@ -16,13 +17,14 @@ runs on any machine; with GPUs too, since NCCL would only move those values off 
 from __future__ import annotations
 
 import datetime
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from attnmetrics.models.parallel import launched
 
 T = TypeVar("T")
 
@@ -43,11 +45,9 @@ class World:
 
 def world() -> World:
     """This process's rank and the world size from torchrun's environment (``RANK``,
-    ``WORLD_SIZE``, ``LOCAL_RANK``); a single process when they are not set."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    if size <= 1:
-        return World()
-    return World(int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK", "0")))
+    ``WORLD_SIZE``, ``LOCAL_RANK``; :func:`attnmetrics.models.parallel.launched`), read before the
+    group is joined; a single process when they are not set."""
+    return World(*launched())
 
 
 def start(w: World, device: str, timeout_min: float = 60.0) -> None:

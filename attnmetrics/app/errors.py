@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from attnmetrics.models.data import ArtifactError
+from attnmetrics.data import ArtifactError
 
 #: errors that a user's input causes (files, folders, flags, data): one line, no traceback
 INPUT_ERRORS = (FileExistsError, FileNotFoundError, ValueError, ArtifactError)

@@ -14,11 +14,11 @@ from typing import Any
 import torch
 
 from attnmetrics.app.config import RunConfig
-from attnmetrics.app.protocols import PROTOCOLS, Protocol, jain_wallace_length_filter
+from attnmetrics.app.recipes import PRESETS, Preset, jain_wallace_length_filter
 from attnmetrics.app.results import Results
+from attnmetrics.data import Splits, glove_matrix, load_dataset, load_minilm
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import Splits, glove_matrix, load_dataset, load_minilm
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.gpt_classifier import GPTClassifier, GPTInputs
 from attnmetrics.models.pretraining import load_gpt
@@ -53,7 +53,7 @@ class Built:
     model: torch.nn.Module
     vocab: Any  # a Vocabulary, or the tokenizer's inputs (GPTInputs, a Hugging Face model's)
     splits: Splits
-    protocol: Protocol
+    protocol: Preset
     recipe: Recipe | None = None
 
 
@@ -71,7 +71,7 @@ def load_data(
     limit: int | None,
     seed: int,
     max_tokens: int | None = None,
-    protocol: Protocol = PROTOCOLS["attnmetrics"],
+    protocol: Preset = PRESETS["attnmetrics"],
 ) -> Splits:
     """The data set's splits (``limit``: the first N of each), the preset's filter applied; their
     sizes printed. Raises ValueError if a split is empty."""
@@ -170,7 +170,7 @@ def _jain_wallace_model(config: RunConfig, splits, results: Results):
 
 def _train(config: RunConfig, results: Results) -> Built:
     """Build the model ``--encoder`` names, train it with its family's recipe, record both."""
-    protocol = PROTOCOLS[config.protocol]
+    protocol = PRESETS[config.protocol]
     splits = load_data(config.dataset, config.data_dir, config.limit, config.split_seed, config.max_tokens, protocol)
     common = {
         "epochs": config.epochs,
@@ -235,7 +235,7 @@ def _saved_model(config: RunConfig, results: Results) -> Built:
     data_dir = config.data_dir or (Path(saved["data_dir"]) if saved.get("data_dir") else None)
     # Checkpoints from before --split-seed split with the model seed.
     split_seed = saved.get("split_seed", saved.get("seed", 0))
-    protocol = PROTOCOLS[saved.get("protocol", "attnmetrics")]  # the test split and battery it was trained for
+    protocol = PRESETS[saved.get("protocol", "attnmetrics")]  # the test split and battery it was trained for
     splits = load_data(saved["dataset"], data_dir, config.limit, split_seed, saved.get("max_tokens"), protocol)
     results["split_seed"] = split_seed
     results["config"]["dataset"] = saved["dataset"]

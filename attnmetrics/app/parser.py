@@ -11,10 +11,10 @@ from pathlib import Path
 
 from attnmetrics.app.argtypes import non_negative_int, positive_int
 from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS, importances
-from attnmetrics.app.protocols import PROTOCOLS
+from attnmetrics.app.recipes import PRESETS
+from attnmetrics.data import DATASETS
 from attnmetrics.flip import ORDERS
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
-from attnmetrics.models.data import DATASETS
 from attnmetrics.models.gpt import CONFIGS as GPT_CONFIGS
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT
 from attnmetrics.models.pretraining import PretrainConfig
@@ -43,7 +43,7 @@ write a report."""
 def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--protocol",
-        choices=sorted(PROTOCOLS),
+        choices=sorted(PRESETS),
         default="attnmetrics",
         help="jain-wallace: follow J&W's code where our defaults differ (SST length filter, positive-class "
         "weight, length-sorted batches, their adversarial weighting; docs/definitions.md §13)",
@@ -65,17 +65,6 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-#: the training recipe's defaults per encoder family: J&W's for theirs, GPT-1's fine-tuning
-#: (Radford et al. 2018 sec. 4.1: lr 6.25e-5, 3 epochs, linear warm-up over 0.2 % of the steps,
-#: then linear decay; AdamW-style weight decay 0.01 as in their code)
-RECIPES = {
-    "jain-wallace": {"epochs": 8, "lr": 1e-3, "weight_decay": 1e-5},
-    "gpt": {"epochs": 3, "lr": 6.25e-5, "weight_decay": 0.01, "warmup": 0.002},
-    # BERT's fine-tuning (Devlin et al. 2019, sec. A.3: lr in {2, 3, 5}e-5, 2-4 epochs, warm-up 10 %)
-    "hf": {"epochs": 3, "lr": 5e-5, "weight_decay": 0.01, "warmup": 0.1},
-}
-
-
 def model_source(text: str) -> str:
     """An argparse type: ``hf:minilm`` or ``hf:PATH`` (a Hugging Face checkpoint folder)."""
     if not text.startswith("hf:") or len(text) == 3:
@@ -83,15 +72,6 @@ def model_source(text: str) -> str:
             f"expected hf:minilm or hf:PATH (a Hugging Face checkpoint folder), got {text!r}"
         )
     return text
-
-
-def recipe_defaults(args: argparse.Namespace) -> None:
-    """Fill the training flags left unset (None) with the model family's :data:`RECIPES`."""
-    family = "hf" if getattr(args, "model", None) else "gpt" if args.encoder == "gpt" else "jain-wallace"
-    recipe = RECIPES[family]
-    for key, value in recipe.items():
-        if getattr(args, key, None) is None:
-            setattr(args, key, value)
 
 
 def _add_gpt_args(p: argparse.ArgumentParser) -> None:

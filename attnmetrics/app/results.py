@@ -91,15 +91,9 @@ class Results(TypedDict, total=False):
     protocol: dict[str, Any]  # the --protocol preset's to_dict()
     test: dict[str, Any] | None  # prediction_metrics of the test split (None on ranks other than 0)
     battery: str  # what the battery tests when it is not the model's attention head
-    # the battery's summaries (app/battery.py's summarise), each experiment's when it ran
-    flip: dict[str, Any]
-    kendall: dict[str, Any]
-    permutation: dict[str, Any]
-    adversarial: dict[str, Any]
-    single_removal: dict[str, Any]
-    heads: dict[str, list[float]]
-    single_token: dict[str, Any]
-    eraser: dict[str, Any]
+    # and, beside these, each battery experiment's summary under its name (flip, kendall, heads,
+    # permutation, ...: app/battery/runner.py's summarise), for the experiments that ran; a module
+    # added to app/battery/ adds its key with no change here
     instances: dict[str, Any]  # per-instance values (also instances.parquet)
     conventions: dict[str, str]  # app/conventions.py
     consistent_adversary: dict[str, Any]  # W&P 2019 (--consistent-adversary)

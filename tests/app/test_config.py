@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from attnmetrics.app.config import RunConfig
-from attnmetrics.app.parser import build_parser, recipe_defaults
+from attnmetrics.app.parser import build_parser
+from attnmetrics.app.recipes import recipe_defaults
 
 ARGVS = [
     ["run", "--dataset", "sst", "--data-dir", "d", "--skip", "adversarial", "--consistent-adversary", "0.5", "1"],

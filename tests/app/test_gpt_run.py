@@ -9,7 +9,7 @@ import json
 import pytest
 
 from attnmetrics.app.cli import main
-from attnmetrics.models.data import load_sst
+from attnmetrics.data import load_sst
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.pretraining import PretrainConfig, pretrain
 from tests.inputs import FAST_BATTERY, QUICK_SST, SST_SAMPLE

@@ -11,7 +11,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 from attnmetrics.app.cli import main  # noqa: E402
-from attnmetrics.models.data import load_dataset  # noqa: E402
+from attnmetrics.data import load_dataset  # noqa: E402
 from tests.inputs import FAST_BATTERY, SST_SAMPLE  # noqa: E402
 
 FLAGS = ["--dataset", "sst", "--data-dir", str(SST_SAMPLE), "--limit", "120", "--threads", "1", "--no-progress"]

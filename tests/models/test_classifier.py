@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
+from attnmetrics.data import load_sst
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import load_sst
 from attnmetrics.models.text import EncodedSplit, Vocabulary, collate
 from attnmetrics.models.training import (
     TrainConfig,

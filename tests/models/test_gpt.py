@@ -278,7 +278,7 @@ def test_bpe_specials_merges_save_and_load(small_tokenizer, tmp_path):
 @pytest.mark.network
 @offline
 def test_bpe_round_trip_on_gutenberg():
-    from attnmetrics.models.data import GUTENBERG_HELD_OUT, load_gutenberg
+    from attnmetrics.data import GUTENBERG_HELD_OUT, load_gutenberg
 
     books = load_gutenberg()
     assert len(books) == 18 and GUTENBERG_HELD_OUT in books

@@ -146,7 +146,7 @@ def test_unsupported_models_are_named():
 def test_minilm_loads_offline_and_its_pooled_row_decomposes_exactly():
     """all-MiniLM-L6-v2 from its pinned wheel: the decomposition reproduces the real model's logits
     (float64), before and after a renormalised removal of each row's top token."""
-    from attnmetrics.models.data import load_minilm
+    from attnmetrics.data import load_minilm
 
     model, inputs = HFClassifier.from_pretrained(load_minilm(), num_labels=2)
     model = HFClassifier(model.hf.eval().to(F64))

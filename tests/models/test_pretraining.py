@@ -191,7 +191,7 @@ def test_checkpoint_round_trip_and_a_crash_mid_save_keeps_the_last_one(tokenizer
 @pytest.mark.network
 @offline
 def test_pretraining_loss_falls_on_a_slice_of_gutenberg(tmp_path):
-    from attnmetrics.models.data import GUTENBERG_HELD_OUT, load_gutenberg
+    from attnmetrics.data import GUTENBERG_HELD_OUT, load_gutenberg
 
     books = load_gutenberg()
     train = [books[n][:30_000] for n in sorted(books) if n != GUTENBERG_HELD_OUT]

@@ -4,8 +4,8 @@ test is tests/test_single_token.py."""
 import pytest
 import torch
 
+from attnmetrics.data import load_sst
 from attnmetrics.models.classifier import REGULARISERS, EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import load_sst
 from attnmetrics.models.text import Vocabulary
 from attnmetrics.models.training import (
     TrainConfig,

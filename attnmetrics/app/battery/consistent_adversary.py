@@ -1,5 +1,5 @@
 """W&P 2019's model-consistent adversary (sec. 4.3-4.4), trained outside the battery (one new model
-per λ: ``attnmetrics.models.wiegreffe.consistent_adversaries``): its report section, figure and
+per λ: ``attnmetrics.app.consistent_adversary``): its report section, figure and
 conventions, beside J&W's per-instance adversary."""
 
 from __future__ import annotations

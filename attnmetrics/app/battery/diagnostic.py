@@ -1,5 +1,5 @@
 """W&P 2019's diagnostic MLP (sec. 4.2), trained outside the battery
-(``attnmetrics.models.wiegreffe.diagnostic_mlps``): its report section and conventions."""
+(``attnmetrics.app.diagnostic_mlps``): its report section and conventions."""
 
 from __future__ import annotations
 

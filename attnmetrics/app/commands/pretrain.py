@@ -12,8 +12,8 @@ import torch
 from attnmetrics.app import distributed
 from attnmetrics.app.distributed import World
 from attnmetrics.app.io import check_out, claimed_folder
+from attnmetrics.data import GUTENBERG_HELD_OUT, load_gutenberg
 from attnmetrics.models.bpe import BPETokenizer
-from attnmetrics.models.data import GUTENBERG_HELD_OUT, load_gutenberg
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.pretraining import PretrainConfig
 from attnmetrics.models.pretraining import pretrain as pretrain_gpt

@@ -6,12 +6,13 @@ from __future__ import annotations
 import time
 
 from attnmetrics.app.config import RunConfig
+from attnmetrics.app.consistent_adversary import consistent_adversaries, jain_wallace_point
+from attnmetrics.app.diagnostic_mlps import diagnostic_mlps
 from attnmetrics.app.distributed import World
 from attnmetrics.app.factory import Built
 from attnmetrics.app.pipeline import execute
 from attnmetrics.app.results import Results
 from attnmetrics.models.text import EncodedSplit
-from attnmetrics.models.wiegreffe import consistent_adversaries, diagnostic_mlps, jain_wallace_point
 
 
 def run(config: RunConfig, w: World) -> int:

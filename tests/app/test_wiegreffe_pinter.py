@@ -10,17 +10,12 @@ import scipy.stats
 import torch
 
 from attnmetrics.app.cli import main
+from attnmetrics.app.consistent_adversary import ConsistentAdversary, attention_kl, consistent_adversaries
+from attnmetrics.app.diagnostic_mlps import attention_of, diagnostic_mlps
+from attnmetrics.data import load_sst
 from attnmetrics.models.classifier import ATTENTIONS, EncoderAttentionClassifier, ModelConfig
-from attnmetrics.models.data import load_sst
 from attnmetrics.models.text import Vocabulary, collate
 from attnmetrics.models.training import TrainConfig, load_checkpoint, make_optimizer, predict, seed_everything, train
-from attnmetrics.models.wiegreffe import (
-    ConsistentAdversary,
-    attention_kl,
-    attention_of,
-    consistent_adversaries,
-    diagnostic_mlps,
-)
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import token_mask
 from attnmetrics.testing.reference import jsd_reference

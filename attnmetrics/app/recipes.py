@@ -1,5 +1,10 @@
-"""Protocol presets: ``--protocol jain-wallace`` follows Jain & Wallace's code where attnmetrics'
-defaults differ (docs/definitions.md §13); the default, ``attnmetrics``, changes nothing.
+"""Training presets, in one place: the recipe defaults of each model family (:data:`RECIPES`,
+filled in by :func:`recipe_defaults`) and the ``--protocol`` presets (:data:`PRESETS`).
+
+``--protocol jain-wallace`` follows Jain & Wallace's code where attnmetrics' defaults differ
+(docs/definitions.md §13); the default, ``attnmetrics``, changes nothing. (The flag and the
+``protocol`` key of results.json keep their names; in the code, "protocol" means only the model
+interface, :mod:`attnmetrics.protocol`.)
 
 What the preset sets (each recorded under ``protocol`` in results.json):
 
@@ -14,14 +19,17 @@ What the preset sets (each recorded under ``protocol`` in results.json):
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
 
-from attnmetrics.models.data import Splits
-from attnmetrics.models.text import tokenize
+from attnmetrics.data import Splits
+from attnmetrics.data.tokens import tokenize
 
 
 @dataclass(frozen=True)
-class Protocol:
+class Preset:
+    """A ``--protocol`` preset: what it changes, recorded under ``protocol`` in results.json."""
+
     name: str
     sst_length_filter: bool = False  # drop sentences of <= 5 tokens and each split's longest
     pos_weight: str | None = None  # "balanced": N / N_pos - 1 on the positive class (binary tasks)
@@ -33,12 +41,33 @@ class Protocol:
         return asdict(self)
 
 
-PROTOCOLS = {
-    "attnmetrics": Protocol("attnmetrics"),
-    "jain-wallace": Protocol(
+#: the ``--protocol`` presets by name
+PRESETS = {
+    "attnmetrics": Preset("attnmetrics"),
+    "jain-wallace": Preset(
         "jain-wallace", sst_length_filter=True, pos_weight="balanced", sort_by_length=True, diversity_weight=1 / 6.25
     ),
 }
+
+
+#: the training recipe's defaults per encoder family: J&W's for theirs, GPT-1's fine-tuning
+#: (Radford et al. 2018 sec. 4.1: lr 6.25e-5, 3 epochs, linear warm-up over 0.2 % of the steps,
+#: then linear decay; AdamW-style weight decay 0.01 as in their code)
+RECIPES = {
+    "jain-wallace": {"epochs": 8, "lr": 1e-3, "weight_decay": 1e-5},
+    "gpt": {"epochs": 3, "lr": 6.25e-5, "weight_decay": 0.01, "warmup": 0.002},
+    # BERT's fine-tuning (Devlin et al. 2019, sec. A.3: lr in {2, 3, 5}e-5, 2-4 epochs, warm-up 10 %)
+    "hf": {"epochs": 3, "lr": 5e-5, "weight_decay": 0.01, "warmup": 0.1},
+}
+
+
+def recipe_defaults(args: argparse.Namespace) -> None:
+    """Fill the training flags left unset (None) with the model family's :data:`RECIPES`."""
+    family = "hf" if getattr(args, "model", None) else "gpt" if args.encoder == "gpt" else "jain-wallace"
+    recipe = RECIPES[family]
+    for key, value in recipe.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
 
 
 def jain_wallace_length_filter(splits: Splits, min_tokens: int = 6) -> Splits:

@@ -9,9 +9,10 @@ import torch.nn.functional as F
 
 from attnmetrics.app.battery import EXPERIMENTS
 from attnmetrics.app.cli import main
-from attnmetrics.app.protocols import PROTOCOLS, jain_wallace_length_filter
-from attnmetrics.models.data import load_sst
-from attnmetrics.models.text import EncodedSplit, tokenize
+from attnmetrics.app.recipes import PRESETS, jain_wallace_length_filter
+from attnmetrics.data import load_sst
+from attnmetrics.data.tokens import tokenize
+from attnmetrics.models.text import EncodedSplit
 from attnmetrics.models.training import balanced_pos_weight, loss_fn
 from tests.inputs import SST_DIR
 
@@ -26,7 +27,7 @@ def test_length_filter_gives_jain_and_wallace_sst_sizes():
 
 
 def test_length_filter_drops_short_rows_and_each_splits_longest():
-    from attnmetrics.models.data import Splits
+    from attnmetrics.data import Splits
 
     rows = [("a b c d e", 0), ("a b c d e f", 1), ("a b c d e f g h", 0), ("a b c d e f g", 1), ("x " * 8, 1)]
     out = jain_wallace_length_filter(Splits("t", ("n", "p"), rows, rows, rows))
@@ -81,7 +82,7 @@ def test_cli_records_and_applies_the_preset(tmp_path):
     ]
     assert main(["train", *common, "--protocol", "jain-wallace", "--out", str(tmp_path / "jw")]) == 0
     results = json.loads((tmp_path / "jw" / "results.json").read_text())
-    assert results["protocol"] == PROTOCOLS["jain-wallace"].to_dict()
+    assert results["protocol"] == PRESETS["jain-wallace"].to_dict()
     assert results["data"]["sizes"]["test"] == 1725
     others = [e for e in EXPERIMENTS if e != "adversarial"]
     args = ["evaluate", str(tmp_path / "jw"), "--skip", *others, "--adversarial-steps", "3", "--limit", "20"]
