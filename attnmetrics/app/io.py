@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import fcntl
 import json
 import math
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -103,17 +107,37 @@ def _lock(folder: Path) -> int:
     return fd
 
 
-def _abandoned_claim(folder: Path) -> bool:
-    """A folder holding only the marker of a run that died before finishing (its lock is free);
-    FileExistsError if that run is alive."""
-    if [p.name for p in folder.iterdir()] != [MARKER]:
+def claim_held(folder: str | os.PathLike) -> bool:
+    """Whether a live process holds ``folder``'s claim (its marker is locked); False if there is no
+    marker. Creates nothing."""
+    try:
+        fd = os.open(Path(folder) / MARKER, os.O_RDWR)
+    except (FileNotFoundError, NotADirectoryError):
         return False
-    os.close(_lock(folder))  # FileExistsError if its run is alive
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also gives the lock back
+    return False
+
+
+def _abandoned_claim(folder: Path) -> bool:
+    """An empty folder, or one holding only the marker of a run that died before finishing (its
+    lock is free): what a run killed while it created ``folder`` leaves. FileExistsError if that
+    run is alive."""
+    names = [p.name for p in folder.iterdir()]
+    if names not in ([], [MARKER]):
+        return False
+    if names:
+        os.close(_lock(folder))  # FileExistsError if its run is alive
     return True
 
 
 def remove_abandoned_claim(folder: str | os.PathLike) -> bool:
-    """Remove ``folder`` if it is the claim of a run that died before finishing; returns whether it was."""
+    """Remove ``folder`` if it is the claim of a run that died before finishing (an empty folder,
+    or one holding only an unheld marker); returns whether it was."""
     folder = Path(folder)
     try:
         if not folder.is_dir() or not _abandoned_claim(folder):
@@ -125,6 +149,144 @@ def remove_abandoned_claim(folder: str | os.PathLike) -> bool:
     with contextlib.suppress(OSError):  # something new appeared in it: leave it
         folder.rmdir()
     return not folder.exists()
+
+
+#: how long a claim waits for another process's swap of the same folder (a few renames) to end
+SWAP_WAIT_S = 60.0
+
+
+@contextlib.contextmanager
+def _swap_lock(out: Path) -> Iterator[None]:
+    """Hold ``.OUT.lock`` beside ``out`` (flock): every claim, clean-up and swap of ``out`` runs
+    under it, so none sees another's half-done swap. Removed on release; a killed holder's lock
+    file is taken over (the lock went with the process) and the inode is checked after locking,
+    so a holder never locks a file another has just removed."""
+    path = out.parent / f".{out.name}.lock"
+    deadline = time.monotonic() + SWAP_WAIT_S
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise FileExistsError(
+                            f"{path} has been locked for {SWAP_WAIT_S:.0f} s by another attnmetrics process "
+                            f"replacing {out}; retry when it is done"
+                        ) from None
+                    time.sleep(0.05)
+            with contextlib.suppress(FileNotFoundError):
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # locked a file that its holder removed meanwhile: lock the new one
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _swap_step(step: str) -> None:
+    """Called between the steps of making a staging folder ``out``; a no-op. Tests replace it to
+    kill the process at each step (tests/app/test_io.py)."""
+
+
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+
+
+def _load_renameat2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        f = ctypes.CDLL(None, use_errno=True).renameat2  # glibc 2.28+
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    f.restype = ctypes.c_int
+    return f
+
+
+_renameat2 = _load_renameat2()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the folders ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``): at no
+    moment is either name missing. False where the system or file system cannot (then nothing
+    moved); OSError for any other failure."""
+    if _renameat2 is None:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+def _suffix(path: Path, kind: str) -> str:
+    return path.name.split(f".{kind}-", 1)[1]
+
+
+def _restore_swap(out: Path) -> list[str]:
+    """Finish or undo the ``--overwrite`` swap of a run killed in it (the fallback's two renames:
+    ``out`` -> ``.OUT.old-S``, ``.OUT.partial-S`` -> ``out``) and remove the replaced run; what was
+    done, in words. Only under :func:`_swap_lock`."""
+    done = []
+    for old in sorted(out.parent.glob(f".{out.name}.old-*")):
+        new = out.parent / f".{out.name}.partial-{_suffix(old, 'old')}"
+        if not out.exists() and new.is_dir() and is_run_folder(new):  # killed between the renames
+            os.replace(new, out)  # the finished new run: the swap's end
+            done.append(f"finished the interrupted replacement of {out}")
+        elif not out.exists() and (is_run_folder(old) or is_run_folder(old / "run")):
+            os.replace(old / "run" if is_run_folder(old / "run") else old, out)  # the old run comes back
+            done.append(f"restored {out} from an interrupted replacement")
+        shutil.rmtree(old, ignore_errors=True)
+        if not old.exists():
+            done.append(f"removed {old}")
+    return done
+
+
+def _remove_leftovers(out: Path, keep: Path | None = None) -> list[str]:
+    """Remove what dead runs of ``out`` left (staging folders, replaced runs, a stale marker inside a
+    finished ``out``) unless a live run holds ``out``'s claim; what was done, in words. Only under
+    :func:`_swap_lock`."""
+    done = _restore_swap(out)
+    if claim_held(out):
+        return done
+    for staging in sorted(out.parent.glob(f".{out.name}.partial-*")):
+        if staging != keep:
+            shutil.rmtree(staging, ignore_errors=True)
+            done.append(f"removed {staging}")
+    if is_run_folder(out) and (out / MARKER).exists():
+        (out / MARKER).unlink(missing_ok=True)
+        done.append(f"removed a dead run's claim from {out}")
+    return done
+
+
+def remove_leftovers(out: str | os.PathLike) -> tuple[list[str], bool]:
+    """Clean up after dead runs of the run folder ``out`` (as its next claim does): finish or undo a
+    half-done ``--overwrite``, remove staging folders (``.OUT.partial-*``), replaced runs
+    (``.OUT.old-*``) and a stale marker. Returns what was done, in words, and whether a live run
+    holds ``out`` (then its staging folders are left alone).
+
+    Raises:
+        FileExistsError: another process has been replacing ``out`` for :data:`SWAP_WAIT_S`.
+    """
+    out = Path(out)
+    if not out.parent.is_dir():
+        return [], False
+    with _swap_lock(out):
+        return _remove_leftovers(out), claim_held(out)
+
+
+def _say(lines: list[str]) -> None:
+    if lines:
+        print(f"attnmetrics: leftovers of interrupted runs: {'; '.join(lines)}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -161,27 +323,9 @@ def check_out(out: str | os.PathLike, protect: tuple[str | os.PathLike, ...] = (
     return out
 
 
-@contextlib.contextmanager
-def run_folder(
-    out: str | os.PathLike, overwrite: bool = False, protect: tuple[str | os.PathLike, ...] = ()
-) -> Iterator[Path]:
-    """Claim ``out`` at once, yield a fresh staging folder, and make it ``out`` only when the block
-    succeeds.
-
-    The claim is atomic: ``out`` is created (``mkdir``) and its marker locked before the block
-    runs, so a second run into the same ``out`` is refused at its start, not when it finishes.
-    ``overwrite`` replaces only a run folder of this tool (one holding ``results.json``) that no
-    other run is writing. The claim is a locked marker file in ``out``; the kernel releases the
-    lock when the process dies, so a killed run's claim is taken over by the next run. On failure the staging folder is kept (named in the error) if it holds
-    anything, an existing ``out`` is left untouched, and a folder this run created is removed.
-
-    Raises:
-        FileExistsError: ``out`` exists and ``overwrite`` is false; ``out`` is not a run folder;
-            another run is writing it; or :func:`check_out` refuses it (a file, the working
-            folder or a parent of it, a folder holding or inside one of ``protect``).
-    """
-    out = check_out(out, protect)
-    out.parent.mkdir(parents=True, exist_ok=True)
+def _claim(out: Path, overwrite: bool) -> tuple[int, bool]:
+    """Take ``out``'s claim (under :func:`_swap_lock`): its locked marker's fd, and whether this run
+    made ``out`` (new, or taken over from a run that died making it)."""
     try:
         out.mkdir()
         created = True
@@ -195,10 +339,69 @@ def run_folder(
                 ) from None
             if not overwrite:
                 raise FileExistsError(f"run folder {out} already exists; pass --overwrite to replace it") from None
-    fd = _lock(out)
+    return _lock(out), created
+
+
+def _make_out(out: Path, staging: Path, created: bool) -> None:
+    """Make the finished ``staging`` ``out`` (under :func:`_swap_lock`, holding ``out``'s claim): one
+    atomic exchange where the file system has it, else renames whose half-done states the next
+    claim restores (:func:`_restore_swap`)."""
+    _swap_step("swap-locked")
+    if _exchange(staging, out):  # out: the new run; staging: the old one (or our marker alone)
+        _swap_step("exchanged")
+        shutil.rmtree(staging)
+    elif created:  # out holds only our marker: an empty folder is replaced by the rename
+        (out / MARKER).unlink()
+        _swap_step("marker-unlinked")
+        os.replace(staging, out)
+    else:  # the old run (and our marker) move aside, then go
+        old = out.parent / f".{out.name}.old-{_suffix(staging, 'partial')}"
+        os.replace(out, old)
+        _swap_step("old-aside")
+        os.replace(staging, out)
+        _swap_step("new-in")
+        shutil.rmtree(old)
+
+
+@contextlib.contextmanager
+def run_folder(
+    out: str | os.PathLike, overwrite: bool = False, protect: tuple[str | os.PathLike, ...] = ()
+) -> Iterator[Path]:
+    """Claim ``out`` at once, yield a fresh staging folder, and make it ``out`` only when the block
+    succeeds.
+
+    The claim is atomic: ``out`` is created (``mkdir``) and its marker locked before the block
+    runs, so a second run into the same ``out`` is refused at its start, not when it finishes.
+    ``overwrite`` replaces only a run folder of this tool (one holding ``results.json``) that no
+    other run is writing. The claim is a locked marker file in ``out``; the kernel releases the
+    lock when the process dies, so a killed run's claim is taken over by the next run (an empty
+    ``out``, or one holding only a dead run's marker). On failure the staging folder is kept
+    (named in the error) if it holds anything, an existing ``out`` is left untouched, and a folder
+    this run created is removed.
+
+    A kill at any moment loses no finished run: the swap of the staging folder and ``out`` is one
+    ``renameat2(RENAME_EXCHANGE)`` on Linux, else two renames under a lock beside ``out``
+    (``.OUT.lock``) that every claim takes; the next claim of ``out`` finishes or undoes a
+    half-done swap, then removes (and names, in one line on stderr) what dead runs left: staging
+    folders ``.OUT.partial-*``, replaced runs ``.OUT.old-*``, a stale marker in ``out``.
+
+    Raises:
+        FileExistsError: ``out`` exists and ``overwrite`` is false; ``out`` is not a run folder;
+            another run is writing it; or :func:`check_out` refuses it (a file, the working
+            folder or a parent of it, a folder holding or inside one of ``protect``).
+    """
+    out = check_out(out, protect)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with _swap_lock(out):
+        _say(_remove_leftovers(out))
+        fd, created = _claim(out, overwrite)
+        try:
+            staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+            staging.chmod(0o777 & ~_UMASK)  # mkdtemp's 0700 would become the run folder's mode
+        except BaseException:
+            os.close(fd)
+            raise
     try:
-        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-        staging.chmod(0o777 & ~_UMASK)  # mkdtemp's 0700 would become the run folder's mode
         try:
             yield staging
         except BaseException as e:
@@ -206,18 +409,13 @@ def run_folder(
                 e.add_note(f"partial outputs kept in {staging}")
             else:
                 staging.rmdir()
-            (out / MARKER).unlink()  # give the claim back, and the name if this run took it
-            if created:
-                with contextlib.suppress(OSError):
-                    out.rmdir()
+            with _swap_lock(out):
+                (out / MARKER).unlink()  # give the claim back, and the name if this run took it
+                if created:
+                    with contextlib.suppress(OSError):
+                        out.rmdir()
             raise
-        if created:  # out holds only our marker: an empty folder is replaced by the rename
-            (out / MARKER).unlink()
-            os.replace(staging, out)
-        else:  # the old run (and our marker) move aside, then go
-            old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.old-"))
-            os.replace(out, old / "run")
-            os.replace(staging, out)
-            shutil.rmtree(old)
+        with _swap_lock(out):
+            _make_out(out, staging, created)
     finally:
         os.close(fd)

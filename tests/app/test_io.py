@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from attnmetrics.app.io import MARKER, run_folder, write_json_atomic
+from attnmetrics.app.io import MARKER, is_run_folder, run_folder, write_json_atomic
 
 
 def test_json_is_strict_with_nan_as_null(tmp_path):
@@ -153,3 +153,117 @@ def test_outputs_follow_the_umask(tmp_path):
     os.umask(umask)
     assert (out.stat().st_mode & 0o777) == 0o777 & ~umask  # not mkdtemp's 0700
     assert ((out / "results.json").stat().st_mode & 0o777) == 0o666 & ~umask  # not mkstemp's 0600
+
+
+# A run that replaces OUT (--overwrite) or creates it, killed with SIGKILL at one step of making
+# its staging folder OUT: io._swap_step is the test hook io.py calls between the steps.
+SWAP_AND_DIE = """
+import os, signal, sys
+from attnmetrics.app import io
+out, step, fallback = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+if fallback:  # as on a file system without renameat2's RENAME_EXCHANGE
+    io._exchange = lambda a, b: False
+def die(name):
+    if name == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+io._swap_step = die
+with io.run_folder(out, overwrite=True) as staging:
+    (staging / "results.json").write_text('{"run": "new"}')
+"""
+
+
+def _swap_and_die(tmp_path, out, step, fallback):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run(
+        [sys.executable, "-c", SWAP_AND_DIE, str(out), step, "1" if fallback else "0"], cwd=tmp_path, env=env
+    )
+    assert proc.returncode == -signal.SIGKILL, f"the run was not killed at {step}"
+
+
+@pytest.mark.parametrize(
+    "fallback,step",
+    [
+        (False, "swap-locked"),
+        (False, "exchanged"),
+        (True, "swap-locked"),
+        (True, "old-aside"),
+        (True, "new-in"),
+    ],
+)
+def test_a_kill_at_any_step_of_the_overwrite_swap_loses_neither_run(tmp_path, capsys, fallback, step):
+    out = tmp_path / "run"
+    with run_folder(out) as staging:
+        (staging / "results.json").write_text('{"run": "old"}')
+    _swap_and_die(tmp_path, out, step, fallback)
+    # the next claim finds OUT whole: a plain run is refused, not handed a fresh empty OUT
+    with pytest.raises(FileExistsError, match="already exists"):
+        with run_folder(out):
+            pytest.fail("OUT holds a finished run")
+    assert json.loads((out / "results.json").read_text())["run"] in ("old", "new")
+    assert MARKER not in os.listdir(out)  # no stale claim left inside the finished run
+    with run_folder(out, overwrite=True) as staging:
+        (staging / "results.json").write_text('{"run": "third"}')
+    assert json.loads((out / "results.json").read_text()) == {"run": "third"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # every leftover removed
+
+
+@pytest.mark.parametrize("fallback,step", [(False, "swap-locked"), (False, "exchanged"), (True, "marker-unlinked")])
+def test_a_kill_while_a_new_out_is_made_never_blocks_the_next_run(tmp_path, fallback, step):
+    out = tmp_path / "run"
+    _swap_and_die(tmp_path, out, step, fallback)
+    if is_run_folder(out):  # the new run got there whole
+        assert json.loads((out / "results.json").read_text()) == {"run": "new"}
+    else:  # an empty OUT, or one holding only the dead run's claim: taken over without --overwrite
+        with run_folder(out) as staging:
+            (staging / "results.json").write_text('{"run": "next"}')
+    assert MARKER not in os.listdir(out)
+    with run_folder(out, overwrite=True) as staging:
+        (staging / "results.json").write_text('{"run": "third"}')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_an_empty_out_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    with run_folder(out) as staging:
+        (staging / "results.json").write_text("{}")
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+
+
+def test_the_next_claim_removes_leftovers_of_dead_runs_and_names_them(tmp_path, capsys):
+    out = tmp_path / "run"
+    with run_folder(out) as staging:
+        (staging / "results.json").write_text('{"run": "old"}')
+    killed = tmp_path / ".run.partial-killed"  # a run SIGKILLed while it trained
+    (killed / "model").mkdir(parents=True)
+    (killed / "model" / "weights.pt").write_bytes(b"x" * 100)
+    (out / MARKER).write_text("")  # the claim of a killed --overwrite run, left in the old results
+    with pytest.raises(FileExistsError, match="already exists"):
+        with run_folder(out):
+            pytest.fail("OUT holds a finished run")
+    err = capsys.readouterr().err
+    assert str(killed) in err and "removed" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert sorted(p.name for p in out.iterdir()) == ["results.json"]
+
+
+def test_leftovers_of_a_live_run_are_left_alone(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLAIM_AND_WAIT, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert proc.stdout.readline().strip() == "claimed"
+        live = sorted(tmp_path.glob(".run.partial-*"))
+        assert len(live) == 1
+        with pytest.raises(FileExistsError, match="another attnmetrics run"):
+            with run_folder(out, overwrite=True):
+                pytest.fail("must not start")
+        assert sorted(tmp_path.glob(".run.partial-*")) == live and (out / MARKER).is_file()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
