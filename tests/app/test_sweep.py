@@ -300,3 +300,36 @@ def test_shipped_configs_name_no_folder_outside_the_repository():
         sweep = load_config(config)
         assert sweep.data_dirs == {}, config
         assert sweep.out.is_relative_to(ROOT), config
+
+
+def test_a_rerun_leaves_the_staging_folder_of_a_cell_still_running(tmp_path):
+    """A killed sweep leaves its cells running (each in its own session): a re-run must not remove
+    a live cell's staging folder, only those of dead runs."""
+    from attnmetrics.app.sweep.runner import clean_partial
+    from tests.app.test_io import CLAIM_AND_WAIT
+
+    sweep = load_config(_config(tmp_path, TINY))
+    cell, dead = sweep.cells
+    folder = cell.folder(sweep.out)
+    folder.parent.mkdir(parents=True)
+    (folder.parent / f".{dead.name}.partial-killed").mkdir()  # a dead run's leftovers go
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLAIM_AND_WAIT, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert proc.stdout.readline().strip() == "claimed"
+        live = sorted(folder.parent.glob(f".{cell.name}.partial-*"))
+        assert len(live) == 1
+        removed, running = clean_partial(cell, sweep.out)
+        assert running and removed == [] and sorted(folder.parent.glob(f".{cell.name}.partial-*")) == live
+        removed, running = clean_partial(dead, sweep.out)
+        assert not running and len(removed) == 1 and "partial-killed" in removed[0]
+        assert not list(folder.parent.glob(f".{dead.name}.partial-*"))
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    removed, running = clean_partial(cell, sweep.out)  # dead now: its staging and claim go
+    assert not running and not list(folder.parent.glob(f".{cell.name}.partial-*")) and not folder.exists()

@@ -3,7 +3,9 @@ resumably, every outcome recorded in ``OUT/status.json``.
 
 Resume and safety:
 - a cell whose folder holds ``results.json`` run with the same flags is done and skipped; the
-  staging folders (``.CELL.partial-*``) an interrupted run leaves are removed and the cell rerun;
+  staging folders (``.CELL.partial-*``) an interrupted run leaves are removed and the cell rerun,
+  unless a run of the cell is still going (its claim is held: a killed sweep leaves its cells
+  running), whose staging folder is left alone (and said so);
 - a finished cell whose recorded flags (``results.json`` "config") differ from the config's is
   *stale*: the sweep refuses to start unless ``--overwrite``, which reruns exactly the stale cells
   (each old folder is replaced only once its new run succeeds). Adding or removing cells is fine;
@@ -26,7 +28,6 @@ import concurrent.futures as cf
 import contextlib
 import fcntl
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from attnmetrics.app.config import RunConfig
-from attnmetrics.app.io import remove_abandoned_claim, write_json_atomic, write_text_atomic
+from attnmetrics.app.io import remove_abandoned_claim, remove_leftovers, write_json_atomic, write_text_atomic
 from attnmetrics.app.parser import build_parser
 from attnmetrics.app.recipes import recipe_defaults
 from attnmetrics.app.sweep.config import IGNORED_CONFIG, Cell, Sweep, cell_command
@@ -57,14 +58,20 @@ def is_stale(cell: Cell, out: Path) -> bool:
     return any(recorded[k] != v for k, v in wanted.items() if k in recorded and k not in IGNORED_CONFIG)
 
 
-def clean_partial(cell: Cell, out: Path) -> list[Path]:
-    """Remove the staging folders an interrupted run of ``cell`` left behind; returns them."""
-    leftovers = sorted((out / cell.grid).glob(f".{cell.name}.partial-*"))
-    for p in leftovers:
-        shutil.rmtree(p)
-    if remove_abandoned_claim(cell.folder(out)):  # claimed by a run killed before it finished
-        leftovers.append(cell.folder(out))
-    return leftovers
+def clean_partial(cell: Cell, out: Path) -> tuple[list[str], bool]:
+    """Remove what interrupted runs of ``cell`` left: staging folders (``.CELL.partial-*``), a
+    half-done ``--overwrite`` (finished or undone), a claim of a run killed before it finished.
+    A run of the cell that is still going (a killed sweep leaves its cells running) keeps its
+    claim and staging folder. Returns what was done, in words, and whether such a run is going.
+
+    Raises:
+        FileExistsError: another process has been replacing the cell's folder for a minute.
+    """
+    folder = cell.folder(out)
+    done, running = remove_leftovers(folder)
+    if not running and remove_abandoned_claim(folder):  # claimed by a run killed before it finished
+        done.append(f"removed {folder}")
+    return done, running
 
 
 class Runner:
@@ -83,8 +90,15 @@ class Runner:
 
     def run(self, cell: Cell, overwrite: bool) -> bool:
         out = self.sweep.out
-        for p in clean_partial(cell, out):
-            tqdm.write(f"removed the leftovers of an interrupted run: {p}", file=sys.stderr)
+        removed, running = clean_partial(cell, out)
+        for line in removed:
+            tqdm.write(f"leftovers of an interrupted run of {cell.grid}/{cell.name}: {line}", file=sys.stderr)
+        if running:
+            tqdm.write(
+                f"{cell.grid}/{cell.name}: a run of it is still going (it holds {cell.folder(out)}); "
+                "its staging folder is left alone and this sweep's run of it will be refused",
+                file=sys.stderr,
+            )
         cmd = cell_command(cell, out, overwrite)
         log = out / cell.grid / f"{cell.name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
