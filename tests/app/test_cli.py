@@ -362,3 +362,16 @@ def test_every_flag_of_every_command_has_help():
     assert silent == []
     for name in ("run", "train"):
         assert "default: runs/DATASET-ENCODER" in commands[name].format_help()
+
+
+def test_report_never_replaces_an_existing_comparison(tmp_path, capsys):
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text("{}")
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    (cmp / "comparison.md").write_text("last week's comparison")
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(cmp)]) == 2
+    err = capsys.readouterr().err
+    assert f"{cmp / 'comparison.md'} already exists" in err and len(err.strip().splitlines()) == 1
+    assert (cmp / "comparison.md").read_text() == "last week's comparison"

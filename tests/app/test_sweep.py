@@ -333,3 +333,34 @@ def test_a_rerun_leaves_the_staging_folder_of_a_cell_still_running(tmp_path):
         proc.wait(timeout=30)
     removed, running = clean_partial(cell, sweep.out)  # dead now: its staging and claim go
     assert not running and not list(folder.parent.glob(f".{cell.name}.partial-*")) and not folder.exists()
+
+
+def test_sweep_writes_only_into_a_folder_of_its_own(tmp_path, capsys):
+    config = _config(tmp_path, TINY)
+    run = tmp_path / "run"  # a run folder: its report.md and instances.parquet are the run's
+    run.mkdir()
+    (run / "results.json").write_text("{}")
+    (run / "report.md").write_text("the run's report")
+    for extra in (["--report-only"], ["--report-only", "--overwrite"], ["--no-progress"]):
+        assert main(["sweep", str(config), "--out", str(run), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {run} is a run folder" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in run.iterdir()) == ["report.md", "results.json"]
+    assert (run / "report.md").read_text() == "the run's report"
+    mine = tmp_path / "mine"  # a user's folder
+    mine.mkdir()
+    (mine / "report.md").write_text("my notes")
+    (mine / "sweep.toml").write_text("# my own config")
+    for extra in (["--report-only"], ["--no-progress"]):
+        assert main(["sweep", str(config), "--out", str(mine), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {mine} is not a sweep folder" in err and "--overwrite" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["report.md", "sweep.toml"]
+    assert (mine / "report.md").read_text() == "my notes" and (mine / "sweep.toml").read_text() == "# my own config"
+    # the sweep's own folder (new, then as it left it) and, with --overwrite, the user's folder
+    own = tmp_path / "own"
+    for _ in range(2):
+        assert main(["sweep", str(config), "--out", str(own), "--report-only"]) == 0
+    assert (own / "report.md").is_file()
+    assert main(["sweep", str(config), "--out", str(mine), "--report-only", "--overwrite"]) == 0
+    assert (mine / "aggregate.json").is_file()

@@ -19,7 +19,8 @@ class ReportArgs:
 
 
 def report(args: ReportArgs) -> int:
-    """The ``report`` subcommand: re-render one run's report.md (printed), or compare several runs."""
+    """The ``report`` subcommand: re-render one run's report.md (printed), or compare several runs
+    into ``--out``/comparison.md, which it never replaces (nor writes into a run folder); 2 if refused."""
     runs = []
     for run in args.run_dirs:
         path = run / "results.json"
@@ -40,6 +41,12 @@ def report(args: ReportArgs) -> int:
     if is_run_folder(args.out):
         print(
             f"attnmetrics: --out {args.out} is a run folder; write the comparison to a folder of its own",
+            file=sys.stderr,
+        )
+        return 2
+    if (args.out / "comparison.md").exists():
+        print(
+            f"attnmetrics: {args.out / 'comparison.md'} already exists; remove it or choose another --out",
             file=sys.stderr,
         )
         return 2

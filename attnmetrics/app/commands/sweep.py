@@ -10,6 +10,27 @@ from pathlib import Path
 from attnmetrics.app.sweep import Runner, cell_command, load_config, run_sweep
 from attnmetrics.app.sweep.config import SLURM_KEYS
 
+#: files only a sweep writes in its folder: a folder holding one is a sweep's own
+SWEEP_FILES = ("status.json", "aggregate.json", ".sweep.lock")
+
+
+def refuse_out(out: Path, overwrite: bool) -> str | None:
+    """Why the sweep must not write into ``out`` (None: it may): a file; a run folder (its
+    report.md and instances.parquet are the run's); or a folder of other files, neither empty nor
+    a sweep's own (:data:`SWEEP_FILES`), unless ``overwrite``."""
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return f"--out {out} is a file, not a folder; choose a folder for the sweep"
+    if (out / "results.json").is_file():
+        return f"--out {out} is a run folder (results.json); choose a folder of its own for the sweep"
+    if overwrite or not any(out.iterdir()) or any((out / f).exists() for f in SWEEP_FILES):
+        return None
+    return (
+        f"--out {out} is not a sweep folder (no {', '.join(SWEEP_FILES)}) and is not empty: its report.md, "
+        "sweep.toml, ... would be replaced; choose a new folder, or pass --overwrite to write the sweep into it"
+    )
+
 
 @dataclass(frozen=True)
 class SweepArgs:
@@ -53,6 +74,9 @@ def sweep(args: SweepArgs) -> int:
             print(f"{state}\t{c.grid}/{c.name}\t{' '.join(cell_command(c, grid.out)[3:])}")
         print(f"{len(grid.cells)} cells in {grid.out}", file=sys.stderr)
         return 0
+    if refused := refuse_out(grid.out, args.overwrite):
+        print(f"attnmetrics sweep: {refused}", file=sys.stderr)
+        return 2
     rc = 0
     if not args.report_only:
         try:
