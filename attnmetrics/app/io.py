@@ -86,6 +86,8 @@ def write_npz_atomic(path: str | os.PathLike, **arrays: np.ndarray) -> None:
 
 #: Claims a run folder while a run writes it (locked with flock); gone once the run ends.
 MARKER = ".attnmetrics-run"
+#: In a staging folder a failed run kept (and named): the next claim names it instead of removing it.
+KEPT = ".attnmetrics-kept"
 
 
 def is_run_folder(path: str | os.PathLike) -> bool:
@@ -251,15 +253,18 @@ def _restore_swap(out: Path) -> list[str]:
     return done
 
 
-def _remove_leftovers(out: Path, keep: Path | None = None) -> list[str]:
+def _remove_leftovers(out: Path, remove_kept: bool = False) -> list[str]:
     """Remove what dead runs of ``out`` left (staging folders, replaced runs, a stale marker inside a
-    finished ``out``) unless a live run holds ``out``'s claim; what was done, in words. Only under
-    :func:`_swap_lock`."""
+    finished ``out``) unless a live run holds ``out``'s claim; a staging folder a failed run kept
+    (and named: :data:`KEPT`) is only named unless ``remove_kept``. What was done, in words. Only
+    under :func:`_swap_lock`."""
     done = _restore_swap(out)
     if claim_held(out):
         return done
     for staging in sorted(out.parent.glob(f".{out.name}.partial-*")):
-        if staging != keep:
+        if (staging / KEPT).exists() and not remove_kept:
+            done.append(f"{staging} was kept by a failed run (remove it once done with it)")
+        else:
             shutil.rmtree(staging, ignore_errors=True)
             done.append(f"removed {staging}")
     if is_run_folder(out) and (out / MARKER).exists():
@@ -268,11 +273,12 @@ def _remove_leftovers(out: Path, keep: Path | None = None) -> list[str]:
     return done
 
 
-def remove_leftovers(out: str | os.PathLike) -> tuple[list[str], bool]:
+def remove_leftovers(out: str | os.PathLike, remove_kept: bool = False) -> tuple[list[str], bool]:
     """Clean up after dead runs of the run folder ``out`` (as its next claim does): finish or undo a
-    half-done ``--overwrite``, remove staging folders (``.OUT.partial-*``), replaced runs
-    (``.OUT.old-*``) and a stale marker. Returns what was done, in words, and whether a live run
-    holds ``out`` (then its staging folders are left alone).
+    half-done ``--overwrite``, remove staging folders (``.OUT.partial-*``; one a failed run kept and
+    named only if ``remove_kept``), replaced runs (``.OUT.old-*``) and a stale marker. Returns what
+    was done, in words, and whether a live run holds ``out`` (then its staging folders are left
+    alone).
 
     Raises:
         FileExistsError: another process has been replacing ``out`` for :data:`SWAP_WAIT_S`.
@@ -281,12 +287,12 @@ def remove_leftovers(out: str | os.PathLike) -> tuple[list[str], bool]:
     if not out.parent.is_dir():
         return [], False
     with _swap_lock(out):
-        return _remove_leftovers(out), claim_held(out)
+        return _remove_leftovers(out, remove_kept), claim_held(out)
 
 
-def _say(lines: list[str]) -> None:
+def _say(out: Path, lines: list[str]) -> None:
     if lines:
-        print(f"attnmetrics: leftovers of interrupted runs: {'; '.join(lines)}", file=sys.stderr)
+        print(f"attnmetrics: leftovers of earlier runs of {out}: {'; '.join(lines)}", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -383,7 +389,8 @@ def run_folder(
     ``renameat2(RENAME_EXCHANGE)`` on Linux, else two renames under a lock beside ``out``
     (``.OUT.lock``) that every claim takes; the next claim of ``out`` finishes or undoes a
     half-done swap, then removes (and names, in one line on stderr) what dead runs left: staging
-    folders ``.OUT.partial-*``, replaced runs ``.OUT.old-*``, a stale marker in ``out``.
+    folders ``.OUT.partial-*`` (one a failed run kept and named is only named again), replaced
+    runs ``.OUT.old-*``, a stale marker in ``out``.
 
     Raises:
         FileExistsError: ``out`` exists and ``overwrite`` is false; ``out`` is not a run folder;
@@ -393,7 +400,7 @@ def run_folder(
     out = check_out(out, protect)
     out.parent.mkdir(parents=True, exist_ok=True)
     with _swap_lock(out):
-        _say(_remove_leftovers(out))
+        _say(out, _remove_leftovers(out))
         fd, created = _claim(out, overwrite)
         try:
             staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
@@ -406,6 +413,8 @@ def run_folder(
             yield staging
         except BaseException as e:
             if any(staging.iterdir()):
+                with contextlib.suppress(OSError):  # named, so the next claim keeps it too
+                    (staging / KEPT).write_text(f"{type(e).__name__}: {e}\n")
                 e.add_note(f"partial outputs kept in {staging}")
             else:
                 staging.rmdir()

@@ -238,12 +238,18 @@ def test_the_next_claim_removes_leftovers_of_dead_runs_and_names_them(tmp_path, 
     (killed / "model").mkdir(parents=True)
     (killed / "model" / "weights.pt").write_bytes(b"x" * 100)
     (out / MARKER).write_text("")  # the claim of a killed --overwrite run, left in the old results
+    with pytest.raises(RuntimeError) as failed:  # a failed run keeps its staging folder and names it
+        with run_folder(out, overwrite=True) as kept:
+            (kept / "model").mkdir()
+            raise RuntimeError("the battery broke")
+    assert f"partial outputs kept in {kept}" in failed.value.__notes__
+    assert str(killed) in capsys.readouterr().err
     with pytest.raises(FileExistsError, match="already exists"):
         with run_folder(out):
             pytest.fail("OUT holds a finished run")
     err = capsys.readouterr().err
-    assert str(killed) in err and "removed" in err and len(err.strip().splitlines()) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert f"{kept} was kept by a failed run" in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["run", kept.name])  # named again, not removed
     assert sorted(p.name for p in out.iterdir()) == ["results.json"]
 
 

@@ -68,7 +68,7 @@ def clean_partial(cell: Cell, out: Path) -> tuple[list[str], bool]:
         FileExistsError: another process has been replacing the cell's folder for a minute.
     """
     folder = cell.folder(out)
-    done, running = remove_leftovers(folder)
+    done, running = remove_leftovers(folder, remove_kept=True)  # the cell is rerun: its log has the failure
     if not running and remove_abandoned_claim(folder):  # claimed by a run killed before it finished
         done.append(f"removed {folder}")
     return done, running
