@@ -9,6 +9,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -234,12 +235,23 @@ def _suffix(path: Path, kind: str) -> str:
     return path.name.split(f".{kind}-", 1)[1]
 
 
+def _siblings(out: Path, kind: str) -> list[Path]:
+    """The folders ``.OUT.KIND-S`` beside ``out`` (S as mkdtemp makes it: no dot, so a sibling run
+    named ``OUT.partial-x`` is not taken for one), sorted."""
+    prefix = f".{out.name}.{kind}-"
+    return sorted(
+        p
+        for p in out.parent.iterdir()
+        if p.name.startswith(prefix) and re.fullmatch(r"[A-Za-z0-9_]+", p.name[len(prefix) :]) and p.is_dir()
+    )
+
+
 def _restore_swap(out: Path) -> list[str]:
     """Finish or undo the ``--overwrite`` swap of a run killed in it (the fallback's two renames:
     ``out`` -> ``.OUT.old-S``, ``.OUT.partial-S`` -> ``out``) and remove the replaced run; what was
     done, in words. Only under :func:`_swap_lock`."""
     done = []
-    for old in sorted(out.parent.glob(f".{out.name}.old-*")):
+    for old in _siblings(out, "old"):
         new = out.parent / f".{out.name}.partial-{_suffix(old, 'old')}"
         if not out.exists() and new.is_dir() and is_run_folder(new):  # killed between the renames
             os.replace(new, out)  # the finished new run: the swap's end
@@ -247,8 +259,8 @@ def _restore_swap(out: Path) -> list[str]:
         elif not out.exists() and (is_run_folder(old) or is_run_folder(old / "run")):
             os.replace(old / "run" if is_run_folder(old / "run") else old, out)  # the old run comes back
             done.append(f"restored {out} from an interrupted replacement")
-        shutil.rmtree(old, ignore_errors=True)
-        if not old.exists():
+        if old.exists():
+            shutil.rmtree(old, ignore_errors=True)
             done.append(f"removed {old}")
     return done
 
@@ -261,7 +273,7 @@ def _remove_leftovers(out: Path, remove_kept: bool = False) -> list[str]:
     done = _restore_swap(out)
     if claim_held(out):
         return done
-    for staging in sorted(out.parent.glob(f".{out.name}.partial-*")):
+    for staging in _siblings(out, "partial"):
         if (staging / KEPT).exists() and not remove_kept:
             done.append(f"{staging} was kept by a failed run (remove it once done with it)")
         else:

@@ -273,3 +273,14 @@ def test_leftovers_of_a_live_run_are_left_alone(tmp_path):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+def test_the_clean_up_never_takes_a_sibling_for_a_leftover(tmp_path):
+    sibling = tmp_path / ".run.partial-x.partial-abc123"  # the staging folder of a run into run.partial-x
+    sibling.mkdir()
+    odd = tmp_path / "run[1]"  # glob characters in a name match nothing else
+    with run_folder(odd) as staging:
+        (staging / "results.json").write_text("{}")
+    with run_folder(tmp_path / "run") as staging:
+        (staging / "results.json").write_text("{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["run", "run[1]", sibling.name])
