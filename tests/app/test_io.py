@@ -284,3 +284,46 @@ def test_the_clean_up_never_takes_a_sibling_for_a_leftover(tmp_path):
     with run_folder(tmp_path / "run") as staging:
         (staging / "results.json").write_text("{}")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["run", "run[1]", sibling.name])
+
+
+SWAP_AND_PAUSE = """
+import sys, time
+from attnmetrics.app import io
+io._exchange = lambda a, b: False  # the two renames' gap, where OUT is missing
+def pause(name):
+    if name == "old-aside":
+        print("paused", flush=True)
+        time.sleep(60)
+io._swap_step = pause
+with io.run_folder(sys.argv[1], overwrite=True) as staging:
+    (staging / "results.json").write_text('{"run": "new"}')
+"""
+
+
+def test_no_run_takes_out_in_the_gap_of_a_swap(tmp_path, monkeypatch):
+    import attnmetrics.app.io as io
+
+    out = tmp_path / "run"
+    with run_folder(out) as staging:
+        (staging / "results.json").write_text('{"run": "old"}')
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SWAP_AND_PAUSE, str(out)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        assert proc.stdout.readline().strip() == "paused" and not out.exists()
+        monkeypatch.setattr(io, "SWAP_WAIT_S", 0.5)
+        with pytest.raises(FileExistsError, match="replacing"):  # waits for the swap, never a fresh OUT
+            with run_folder(out):
+                pytest.fail("must not start in the gap")
+        assert not out.exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    with pytest.raises(FileExistsError, match="already exists"):  # the swap finished by the next claim
+        with run_folder(out):
+            pytest.fail("OUT holds a finished run")
+    assert json.loads((out / "results.json").read_text()) == {"run": "new"}
