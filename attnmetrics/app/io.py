@@ -140,17 +140,24 @@ def _abandoned_claim(folder: Path) -> bool:
 
 def remove_abandoned_claim(folder: str | os.PathLike) -> bool:
     """Remove ``folder`` if it is the claim of a run that died before finishing (an empty folder,
-    or one holding only an unheld marker); returns whether it was."""
+    or one holding only an unheld marker); returns whether it was.
+
+    Raises:
+        FileExistsError: another process has been replacing ``folder`` for :data:`SWAP_WAIT_S`.
+    """
     folder = Path(folder)
-    try:
-        if not folder.is_dir() or not _abandoned_claim(folder):
-            return False
-    except FileExistsError:  # alive
+    if not folder.is_dir():
         return False
-    with contextlib.suppress(FileNotFoundError):
-        (folder / MARKER).unlink()
-    with contextlib.suppress(OSError):  # something new appeared in it: leave it
-        folder.rmdir()
+    with _swap_lock(folder):  # not while a run is claiming it
+        try:
+            if not _abandoned_claim(folder):
+                return False
+        except FileExistsError:  # alive
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            (folder / MARKER).unlink()
+        with contextlib.suppress(OSError):  # something new appeared in it: leave it
+            folder.rmdir()
     return not folder.exists()
 
 

@@ -90,7 +90,11 @@ class Runner:
 
     def run(self, cell: Cell, overwrite: bool) -> bool:
         out = self.sweep.out
-        removed, running = clean_partial(cell, out)
+        try:
+            removed, running = clean_partial(cell, out)
+        except FileExistsError as e:  # another process is replacing the cell's folder: its run says more
+            tqdm.write(f"{cell.grid}/{cell.name}: {e}", file=sys.stderr)
+            removed, running = [], False
         for line in removed:
             tqdm.write(f"leftovers of an interrupted run of {cell.grid}/{cell.name}: {line}", file=sys.stderr)
         if running:
