@@ -239,7 +239,7 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def _suffix(path: Path, kind: str) -> str:
-    return path.name.split(f".{kind}-", 1)[1]
+    return path.name.rsplit(f".{kind}-", 1)[1]  # mkdtemp's part has no dot; OUT's name may
 
 
 def _siblings(out: Path, kind: str) -> list[Path]:

@@ -190,8 +190,9 @@ def _swap_and_die(tmp_path, out, step, fallback):
         (True, "new-in"),
     ],
 )
-def test_a_kill_at_any_step_of_the_overwrite_swap_loses_neither_run(tmp_path, capsys, fallback, step):
-    out = tmp_path / "run"
+@pytest.mark.parametrize("name", ["run", "run.partial-x.old-y"])
+def test_a_kill_at_any_step_of_the_overwrite_swap_loses_neither_run(tmp_path, capsys, fallback, step, name):
+    out = tmp_path / name
     with run_folder(out) as staging:
         (staging / "results.json").write_text('{"run": "old"}')
     _swap_and_die(tmp_path, out, step, fallback)
@@ -204,7 +205,7 @@ def test_a_kill_at_any_step_of_the_overwrite_swap_loses_neither_run(tmp_path, ca
     with run_folder(out, overwrite=True) as staging:
         (staging / "results.json").write_text('{"run": "third"}')
     assert json.loads((out / "results.json").read_text()) == {"run": "third"}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # every leftover removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # every leftover removed
 
 
 @pytest.mark.parametrize("fallback,step", [(False, "swap-locked"), (False, "exchanged"), (True, "marker-unlinked")])
