@@ -329,12 +329,30 @@ def load_gpt(path: str | os.PathLike, map_location: str | torch.device = "cpu") 
     tokenizer = BPETokenizer.load(path / "tokenizer.json")
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"{path}: tokenizer has {tokenizer.vocab_size} ids, model.json says {config.vocab_size}")
-    model = GPT(config)
     try:
-        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
-    except RuntimeError as e:
-        raise ValueError(f"{path / 'model.pt'} does not match model.json: {e}") from None
+        state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file: torch raises anything from OSError to pickle errors
+        raise ValueError(f"{path / 'model.pt'}: cannot read the weights (truncated or not a state dict): {e}") from None
+    _check_shapes(path, config, state)
+    model = GPT(config)
+    model.load_state_dict(state)
     return Pretrained(model.to(map_location), tokenizer, meta)
+
+
+def _check_shapes(path: Path, config: GPTConfig, state: object) -> None:
+    """Raise a one-line ValueError naming the first key where ``state`` and the model ``config``
+    describes (built on the meta device: no memory) differ."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    found = (
+        {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)} if isinstance(state, dict) else {}
+    )
+    for key in sorted(expected.keys() | found.keys()):
+        if expected.get(key) != found.get(key):
+            raise ValueError(
+                f"{path / 'model.pt'} does not match model.json at {key!r}: the config gives shape "
+                f"{expected.get(key)}, the weights {found.get(key)} (None: absent)"
+            )
 
 
 def load_training_state(path: str | os.PathLike) -> TrainingState:

@@ -7,6 +7,7 @@ books (``$ATTNMETRICS_CACHE``; skipped with ATTNMETRICS_OFFLINE=1).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -186,6 +187,20 @@ def test_checkpoint_round_trip_and_a_crash_mid_save_keeps_the_last_one(tokenizer
     (tmp_path / "run" / "step-0000005" / "model.json").write_text("{}")
     with pytest.raises(ValueError, match="not a GPT config"):
         P.load_gpt(tmp_path / "run")
+
+
+def test_a_checkpoint_config_is_checked_against_its_weights_before_it_is_built(tokenizer, tmp_path):
+    # issue 31, item 6: a config is validated, then compared with model.pt's shapes, before a
+    # module is built; the error is one line naming the file and the field or key
+    run(tmp_path, tokenizer, "run", steps=5)
+    config = tmp_path / "run" / "step-0000005" / "model.json"
+    meta = json.loads(config.read_text())
+    for n_layer, file, what in ((1000, "model.json", "n_layer must be <= "), (3, "model.pt", "'blocks.2.")):
+        config.write_text(json.dumps({**meta, "model": {**meta["model"], "n_layer": n_layer}}))
+        with pytest.raises(ValueError) as e:
+            P.load_gpt(tmp_path / "run")
+        assert "\n" not in str(e.value) and len(str(e.value)) < 400, str(e.value)[:400]
+        assert file in str(e.value) and what in str(e.value)
 
 
 @pytest.mark.network
