@@ -114,6 +114,7 @@ def test_pretraining_runs_data_parallel_to_the_one_process_weights(tmp_path):
 def test_wiegreffe_pinter_models_are_not_sharded(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # as torchrun sets it
     assert main(["run", *QUICK_SST, "--diagnostic", "--out", str(tmp_path / "r")]) == 2
     assert "--consistent-adversary and --diagnostic are not sharded" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
