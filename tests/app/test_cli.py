@@ -362,3 +362,29 @@ def test_every_flag_of_every_command_has_help():
     assert silent == []
     for name in ("run", "train"):
         assert "default: runs/DATASET-ENCODER" in commands[name].format_help()
+
+
+@pytest.mark.parametrize(
+    "command, flag, value, message",
+    [
+        # issue 31, item 8: counts that stall or blow up memory, refused where they are parsed
+        ("run", "--integrated-gradients", "20000", "--integrated-gradients: must be an integer in [0, 1000]"),
+        ("run", "--integrated-gradients", "100000", "--integrated-gradients: must be an integer in [0, 1000]"),
+        ("pretrain", "--context", "100000", "--context: must be an integer in [3, 16384]"),
+        ("pretrain", "--layers", "1000000", "--layers: must be an integer in [1, 256]"),
+        # item 11: values that leave nothing to learn from or test
+        ("run", "--max-length", "1", "--max-length: must be an integer in [4, "),
+        ("run", "--max-length", "2", "--max-length: must be an integer in [4, "),
+        ("run", "--max-length", "3", "--max-length: must be an integer in [4, "),
+        ("run", "--weight-decay", "-1", "--weight-decay: must be a finite number >= 0"),
+        ("run", "--weight-decay", "nan", "--weight-decay: must be a finite number >= 0"),
+        ("pretrain", "--context", "1", "--context: must be an integer in [3, 16384]"),
+    ],
+)
+def test_sizes_out_of_bounds_are_refused_where_they_are_parsed(capsys, command, flag, value, message):
+    from attnmetrics.app.parser import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and f"got {value}" in err, err
