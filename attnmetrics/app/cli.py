@@ -61,7 +61,11 @@ def _exit_on_sigterm(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("run", "train"):
-        recipe_defaults(args)
+        try:
+            recipe_defaults(args)
+        except ValueError as e:
+            print(f"attnmetrics: {e}", file=sys.stderr)
+            return 2
     typed = _typed(args)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)

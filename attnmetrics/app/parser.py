@@ -89,15 +89,13 @@ def _add_gpt_args(p: argparse.ArgumentParser) -> None:
         help="fine-tune the GPT pre-trained in this folder ('attnmetrics pretrain'); without it the model "
         "trains from scratch (the paper's no-pre-training ablation) with a BPE learnt on the training split",
     )
-    g.add_argument(
-        "--lm-weight", type=float, default=0.5, help="λ of the auxiliary language-model loss (default: 0.5; 0: off)"
-    )
+    g.add_argument("--lm-weight", type=float, help="λ of the auxiliary language-model loss (default: 0.5; 0: off)")
     g.add_argument(
         "--transfer-layers",
         type=non_negative_int,
         help="transfer the embeddings and the first N pre-trained blocks only (default: all)",
     )
-    g.add_argument("--gpt-config", choices=sorted(GPT_CONFIGS), default="small", help="model size without --pretrained")
+    g.add_argument("--gpt-config", choices=sorted(GPT_CONFIGS), help="model size without --pretrained (default: small)")
     g.add_argument(
         "--warmup",
         type=float,

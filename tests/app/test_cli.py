@@ -388,3 +388,21 @@ def test_sizes_out_of_bounds_are_refused_where_they_are_parsed(capsys, command, 
         build_parser().parse_args([command, flag, value])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and message in err and f"got {value}" in err, err
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--pretrained", "no/such/folder"], "--pretrained"),
+        (["--gpt-config", "small"], "--gpt-config"),
+        (["--lm-weight", "0"], "--lm-weight"),
+        (["--transfer-layers", "1"], "--transfer-layers"),
+    ],
+)
+def test_gpt_flags_with_another_encoder_are_refused(tmp_path, capsys, flags, named):
+    # issue 31, item 10: they were ignored with the default encoder, exit 0
+    out = tmp_path / "r"
+    assert main(["train", *QUICK, *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{named} applies to --encoder gpt only" in err and "--encoder lstm" in err, err
+    assert not out.exists()
