@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -223,11 +224,19 @@ _LATEST = "latest"
 _FORMAT = 1
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write via a temporary file in the same folder and ``os.replace``: readers see the old
     file or the whole new one, never a part."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would ignore the umask
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -267,6 +276,7 @@ def save_pretraining_checkpoint(
     name = f"step-{state.step:07d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
     try:
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would ignore the umask
         torch.save(model.state_dict(), tmp / "model.pt")
         meta = {
             "format": _FORMAT,
@@ -294,10 +304,21 @@ def save_pretraining_checkpoint(
 
 
 def _resolve(path: str | os.PathLike) -> Path:
-    """A run folder (its ``latest``) or a checkpoint folder itself."""
+    """A run folder (its ``latest``) or a checkpoint folder itself.
+
+    Raises:
+        ValueError: ``latest`` names anything but a folder inside the run folder (an absolute
+            path, ``..``, a path with a separator).
+    """
     path = Path(path)
     if (path / _LATEST).is_file():
-        return path / (path / _LATEST).read_text().strip()
+        name = (path / _LATEST).read_text().strip()
+        if not re.fullmatch(r"step-\d+", name):
+            raise ValueError(
+                f"{path / _LATEST}: {name!r} is not a step folder of this run (outside it, or not step-N); "
+                "expected a name such as step-0000600"
+            )
+        return path / name
     return path
 
 

@@ -203,6 +203,32 @@ def test_a_checkpoint_config_is_checked_against_its_weights_before_it_is_built(t
         assert file in str(e.value) and what in str(e.value)
 
 
+def test_latest_pointing_outside_its_folder_is_refused(tokenizer, tmp_path):
+    # issue 31, item 14: an absolute or ../ latest was followed without notice
+    run(tmp_path, tokenizer, "run", steps=5)
+    run(tmp_path, tokenizer, "other", steps=5)
+    elsewhere = tmp_path / "other" / "step-0000005"
+    for target in (str(elsewhere), "../other/step-0000005", "."):
+        (tmp_path / "run" / "latest").write_text(target)
+        with pytest.raises(ValueError, match=r"latest: .*outside|latest: .*not a step folder"):
+            P.load_gpt(tmp_path / "run")
+        with pytest.raises(ValueError, match=r"latest: "):
+            P.load_training_state(tmp_path / "run")
+
+
+def test_checkpoints_respect_the_umask(tokenizer, tmp_path):
+    # issue 31, item 14: checkpoints were 0700/0600 whatever the umask
+    old = os.umask(0o022)
+    try:
+        run(tmp_path, tokenizer, "run", steps=5)
+    finally:
+        os.umask(old)
+    folder = tmp_path / "run" / "step-0000005"
+    assert folder.stat().st_mode & 0o777 == 0o755
+    for path in (*folder.iterdir(), tmp_path / "run" / "latest"):
+        assert path.stat().st_mode & 0o777 == 0o644, path
+
+
 @pytest.mark.network
 @offline
 def test_pretraining_loss_falls_on_a_slice_of_gutenberg(tmp_path):
