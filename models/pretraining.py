@@ -322,6 +322,20 @@ def _resolve(path: str | os.PathLike) -> Path:
     return path
 
 
+def checkpoint_meta(path: str | os.PathLike) -> dict:
+    """``model.json`` of a checkpoint folder, or of a run folder's latest checkpoint (no weights read).
+
+    Raises:
+        FileNotFoundError: no ``model.json``.
+        ValueError: not JSON, or ``latest`` outside the run folder.
+    """
+    file = _resolve(path) / "model.json"
+    try:
+        return json.loads(file.read_text())
+    except ValueError as e:
+        raise ValueError(f"{file}: not a checkpoint's model.json ({e})") from None
+
+
 class Pretrained(NamedTuple):
     model: GPT
     tokenizer: BPETokenizer

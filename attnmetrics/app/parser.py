@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
     defaults = PretrainConfig()
     p.add_argument("--out", type=Path, default=Path("runs/gpt-pre"), help="checkpoint folder (default: runs/gpt-pre)")
-    p.add_argument("--config", choices=sorted(GPT_CONFIGS), default="small", help="model size (default: small)")
+    p.add_argument("--config", choices=sorted(GPT_CONFIGS), help="model size (default: small)")
     for flag, help_, field, least in (
         ("--layers", "layers", "n_layer", 1),
         ("--d-model", "model width", "d_model", 1),
@@ -284,25 +284,29 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dropout", type=float, help="override the config's residual, embedding and attention dropout (GPT-1: 0.1)"
     )
-    p.add_argument(
-        "--steps", type=positive_int, default=defaults.steps, help=f"optimiser steps (default: {defaults.steps})"
-    )
+    p.add_argument("--steps", type=positive_int, help=f"optimiser steps (default: {defaults.steps})")
     p.add_argument(
         "--batch-size",
         type=positive_int,
-        default=defaults.batch_size,
         help=f"context windows per step (default: {defaults.batch_size})",
     )
-    p.add_argument("--lr", type=positive_float, default=defaults.lr, help="max learning rate (GPT-1: 2.5e-4)")
-    p.add_argument("--warmup", type=int, default=defaults.warmup, help="linear warm-up steps, then cosine decay")
+    p.add_argument("--lr", type=positive_float, help=f"max learning rate (default and GPT-1's: {defaults.lr:g})")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        help=f"linear warm-up steps, then cosine decay (default: {defaults.warmup})",
+    )
     p.add_argument(
         "--vocab-size",
         type=int_between(1, GPT_MAX_SIZES["vocab_size"]),
-        default=defaults.vocab_size,
-        help="BPE vocabulary size",
+        help=f"BPE vocabulary size (default: {defaults.vocab_size})",
     )
     p.add_argument("--max-chars", type=positive_int, help="use only the first N characters of each book (quick runs)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its latest checkpoint (flags that set the run must be the checkpoint's)",
+    )
     _add_runtime_args(p)
 
 
