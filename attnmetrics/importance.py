@@ -69,6 +69,11 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
     return _normalised(score.detach(), lengths, model, "gradient importance", "gradients of the output probabilities")
 
 
+#: the most integration points: Captum's Gauss-Legendre nodes cost O(steps^3) to compute (20,000:
+#: a quarter of an hour) and every point is a forward and backward pass (Captum's default: 50)
+MAX_IG_STEPS = 1000
+
+
 def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, steps: int = 50) -> Tensor:
     """Integrated-gradients token importance (Sundararajan et al. 2017), through Captum.
 
@@ -102,8 +107,8 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
         from captum.attr import IntegratedGradients
     except ImportError as e:
         raise ImportError("integrated_gradients needs Captum: pip install captum") from e
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1, got {steps!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_IG_STEPS:
+        raise ValueError(f"steps must be an int >= 1 and <= {MAX_IG_STEPS}, got {steps!r}")
 
     def attribute(probability, embedded, real, target, lengths):
         return IntegratedGradients(probability).attribute(

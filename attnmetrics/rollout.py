@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -45,7 +47,9 @@ def attention_rollout(attentions: Tensor, lengths: Tensor | None = None, residua
         TypeError: ``attentions`` is not a tensor.
         ValueError: wrong dtype, shape, device (meta) or empty batch; bad ``lengths``;
             ``residual`` outside [0, 1]; NaN, infinite or negative attention in a valid
-            block; an input that requires grad (the kernel has no backward: detach it).
+            block; an input that requires grad (the kernel has no backward: detach it);
+            float64 values so large that the head and row sums would overflow (float32 values
+            past float32's such limit are rolled out in float64, then cast back).
 
     Example:
         >>> import torch
@@ -71,6 +75,14 @@ def attention_rollout(attentions: Tensor, lengths: Tensor | None = None, residua
     if isinstance(residual, bool) or not isinstance(residual, (int, float)) or not 0.0 <= residual <= 1.0:
         raise ValueError(f"residual must be a number in [0, 1], got {residual!r}")
     lengths = check_lengths(lengths, batch, width, attentions.device)
+    if _overflows(attentions, lengths, attentions.dtype):
+        if attentions.dtype == torch.float64 or _overflows(attentions, lengths, torch.float64):
+            limit = _largest_safe(attentions, torch.float64)
+            raise ValueError(
+                f"attentions holds values up to {_valid_max(attentions, lengths):g} in its valid blocks: the head "
+                f"and row sums would overflow float64 (at most {limit:g}); expected attention probabilities"
+            )
+        return attention_rollout(attentions.double(), lengths, residual).to(attentions.dtype)
     # The kernel checks the attention values as it reads them (finite, non-negative, in
     # valid blocks only) and names the first bad row, layer and head.
     try:
@@ -79,3 +91,29 @@ def attention_rollout(attentions: Tensor, lengths: Tensor | None = None, residua
         if "attentions contains" in str(error):
             raise ValueError(str(error).splitlines()[0]) from None
         raise
+
+
+def _largest_safe(attentions: Tensor, dtype: torch.dtype) -> float:
+    """The largest attention value whose head sums and row sums (heads x T of them, with the
+    residual's share) stay finite in ``dtype``."""
+    heads, width = attentions.shape[2], attentions.shape[3]
+    return torch.finfo(dtype).max / (2.0 * heads * max(width, 1))
+
+
+def _valid_max(attentions: Tensor, lengths: Tensor) -> float:
+    """The largest value in the rows' valid ``L x L`` blocks (padding is never read)."""
+    keys = torch.arange(attentions.shape[3], device=attentions.device)
+    inside = keys[None, :] < lengths[:, None]
+    block = (inside[:, :, None] & inside[:, None, :])[:, None, None]
+    return float(attentions.masked_fill(~block, 0).amax())
+
+
+def _overflows(attentions: Tensor, lengths: Tensor, dtype: torch.dtype) -> bool:
+    """Whether a valid block holds a value past :func:`_largest_safe` in ``dtype`` (a float32
+    ``torch.full(..., 3e38)`` gave all NaN, or all zeros). The whole tensor's maximum first (no
+    copy); the valid blocks alone only when that one is past the limit or NaN."""
+    limit = _largest_safe(attentions, dtype)
+    if float(attentions.amax()) <= limit:
+        return False
+    largest = _valid_max(attentions, lengths)
+    return math.isfinite(largest) and largest > limit  # NaN and infinity: the kernel names the row

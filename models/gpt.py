@@ -17,6 +17,7 @@ attended, and padding positions attend to nothing (their probabilities are exact
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass, fields, replace
 from typing import NamedTuple
 
@@ -38,6 +39,11 @@ CONFIGS: dict[str, dict] = {
     "small": {"n_layer": 4, "d_model": 256, "n_head": 4, "context": 128},
 }
 
+#: the largest value of each size field: far past any model this toolkit trains (GPT-1: 12
+#: layers, 12 heads, width 768, context 512, 40,478 ids), and small enough that a corrupt or
+#: hostile config (``"n_layer": 1000000``) is refused before a module is built
+MAX_SIZES: dict[str, int] = {"vocab_size": 1 << 20, "n_layer": 256, "d_model": 16384, "n_head": 256, "context": 16384}
+
 
 @dataclass
 class GPTConfig:
@@ -53,9 +59,14 @@ class GPTConfig:
     dropout: float = 0.1
 
     def __post_init__(self):
-        for name in ("vocab_size", "n_layer", "d_model", "n_head", "context"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name, most in MAX_SIZES.items():
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+            if value > most:
+                raise ValueError(f"{name} must be <= {most} (the largest size this toolkit builds), got {value}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be a multiple of n_head ({self.n_head})")
         if not 0 <= self.dropout < 1:

@@ -17,13 +17,34 @@ import os
 import torch
 import torch.distributed as dist
 
+#: what torchrun (its elastic agent) sets in every worker's environment, and a stray
+#: ``WORLD_SIZE`` left by a batch script does not come with
+TORCHRUN_MARK = "TORCHELASTIC_RUN_ID"
+#: the variables of a process group's environment (``env://``), named when they are stray
+GROUP_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+class StrayLaunch(RuntimeError):
+    """``WORLD_SIZE`` > 1 in the environment of a process torchrun did not start."""
+
 
 def launched() -> tuple[int, int, int]:
     """(rank, world size, local rank) from torchrun's environment (``RANK``, ``WORLD_SIZE``,
-    ``LOCAL_RANK``), joined to a process group or not yet; (0, 1, 0) when they are not set."""
+    ``LOCAL_RANK``), joined to a process group or not yet; (0, 1, 0) when they are not set.
+
+    Raises:
+        StrayLaunch: ``WORLD_SIZE`` > 1 without torchrun's ``TORCHELASTIC_RUN_ID`` (variables
+            left by a batch script): joining would wait for ranks that never come.
+    """
     size = int(os.environ.get("WORLD_SIZE", "1"))
     if size <= 1:
         return 0, 1, 0
+    if TORCHRUN_MARK not in os.environ:
+        found = " ".join(f"{v}={os.environ[v]}" for v in GROUP_VARIABLES if v in os.environ)
+        raise StrayLaunch(
+            f"{found} in the environment, but this process was not started by torchrun (no "
+            f"{TORCHRUN_MARK}): unset them to run one process, or launch with torchrun"
+        )
     return int(os.environ["RANK"]), size, int(os.environ.get("LOCAL_RANK", "0"))
 
 

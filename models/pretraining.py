@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -223,11 +224,19 @@ _LATEST = "latest"
 _FORMAT = 1
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write via a temporary file in the same folder and ``os.replace``: readers see the old
     file or the whole new one, never a part."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would ignore the umask
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -267,6 +276,7 @@ def save_pretraining_checkpoint(
     name = f"step-{state.step:07d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
     try:
+        tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would ignore the umask
         torch.save(model.state_dict(), tmp / "model.pt")
         meta = {
             "format": _FORMAT,
@@ -294,11 +304,36 @@ def save_pretraining_checkpoint(
 
 
 def _resolve(path: str | os.PathLike) -> Path:
-    """A run folder (its ``latest``) or a checkpoint folder itself."""
+    """A run folder (its ``latest``) or a checkpoint folder itself.
+
+    Raises:
+        ValueError: ``latest`` names anything but a folder inside the run folder (an absolute
+            path, ``..``, a path with a separator).
+    """
     path = Path(path)
     if (path / _LATEST).is_file():
-        return path / (path / _LATEST).read_text().strip()
+        name = (path / _LATEST).read_text().strip()
+        if not re.fullmatch(r"step-\d+", name):
+            raise ValueError(
+                f"{path / _LATEST}: {name!r} is not a step folder of this run (outside it, or not step-N); "
+                "expected a name such as step-0000600"
+            )
+        return path / name
     return path
+
+
+def checkpoint_meta(path: str | os.PathLike) -> dict:
+    """``model.json`` of a checkpoint folder, or of a run folder's latest checkpoint (no weights read).
+
+    Raises:
+        FileNotFoundError: no ``model.json``.
+        ValueError: not JSON, or ``latest`` outside the run folder.
+    """
+    file = _resolve(path) / "model.json"
+    try:
+        return json.loads(file.read_text())
+    except ValueError as e:
+        raise ValueError(f"{file}: not a checkpoint's model.json ({e})") from None
 
 
 class Pretrained(NamedTuple):
@@ -329,12 +364,30 @@ def load_gpt(path: str | os.PathLike, map_location: str | torch.device = "cpu") 
     tokenizer = BPETokenizer.load(path / "tokenizer.json")
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"{path}: tokenizer has {tokenizer.vocab_size} ids, model.json says {config.vocab_size}")
-    model = GPT(config)
     try:
-        model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", weights_only=True))
-    except RuntimeError as e:
-        raise ValueError(f"{path / 'model.pt'} does not match model.json: {e}") from None
+        state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated or foreign file: torch raises anything from OSError to pickle errors
+        raise ValueError(f"{path / 'model.pt'}: cannot read the weights (truncated or not a state dict): {e}") from None
+    _check_shapes(path, config, state)
+    model = GPT(config)
+    model.load_state_dict(state)
     return Pretrained(model.to(map_location), tokenizer, meta)
+
+
+def _check_shapes(path: Path, config: GPTConfig, state: object) -> None:
+    """Raise a one-line ValueError naming the first key where ``state`` and the model ``config``
+    describes (built on the meta device: no memory) differ."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    found = (
+        {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)} if isinstance(state, dict) else {}
+    )
+    for key in sorted(expected.keys() | found.keys()):
+        if expected.get(key) != found.get(key):
+            raise ValueError(
+                f"{path / 'model.pt'} does not match model.json at {key!r}: the config gives shape "
+                f"{expected.get(key)}, the weights {found.get(key)} (None: absent)"
+            )
 
 
 def load_training_state(path: str | os.PathLike) -> TrainingState:

@@ -221,6 +221,8 @@ def test_integrated_gradients_errors(monkeypatch):
     for steps in (0, 2.5, True):
         with pytest.raises(ValueError, match="steps must be an int >= 1"):
             integrated_gradients(model, tokens, lengths, steps=steps)
+    with pytest.raises(ValueError, match="steps must be an int >= 1 and <= 1000, got 1001"):  # issue 31, item 8
+        integrated_gradients(model, tokens, lengths, steps=1001)
     monkeypatch.setitem(__import__("sys").modules, "captum.attr", None)  # as if Captum were absent
     with pytest.raises(ImportError, match="pip install captum"):
         integrated_gradients(model, tokens, lengths)

@@ -194,3 +194,21 @@ def test_kernel_checks_values_in_valid_blocks_only():
     att[1, 1, 2, 1, 0] = torch.inf
     with pytest.raises(RuntimeError, match=r"row 1 \(layer 1, head 2\)"):
         ops.attention_rollout(att, lengths, 0.5)
+
+
+@pytest.mark.parametrize("residual", [0.0, 0.5])
+def test_huge_float32_attention_does_not_overflow(residual):
+    # issue 31, item 13: torch.full(..., 3e38) overflowed the head sums (all NaN, or all zeros)
+    a = torch.full((2, 2, 3, 4, 4), 3e38)
+    lengths = torch.tensor([4, 2])
+    out = attention_rollout(a, lengths, residual)
+    expected = attention_rollout(a.double(), lengths, residual).float()
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out[0].sum(-1), torch.ones(4))  # rows of a valid block sum to 1
+    assert out[1, :2, :2].sum(-1).tolist() == pytest.approx([1.0, 1.0]) and not out[1, 2:].any()
+
+
+def test_attention_past_float64_head_sums_is_refused():
+    with pytest.raises(ValueError, match=r"^attentions holds values up to 1e\+308.*overflow"):
+        attention_rollout(torch.full((1, 1, 2, 3, 3), 1e308, dtype=F64))

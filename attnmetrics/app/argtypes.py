@@ -4,6 +4,8 @@ battery modules that declare a flag of their own."""
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 
 def positive_int(text: str) -> int:
@@ -19,4 +21,32 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
+def int_between(low: int, high: int, why: str = "") -> Callable[[str], int]:
+    """An argparse type: an int in ``[low, high]`` (``why``: what the bounds are, for the message;
+    a count past ``high`` would stall or exhaust memory long after the command started)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}]{why}, got {text}")
+        return value
+
+    parse.__name__ = f"int in [{low}, {high}]"
+    return parse
+
+
+def non_negative_float(text: str) -> float:
+    """An argparse type: a finite float >= 0 (a negative weight decay grows the weights)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value

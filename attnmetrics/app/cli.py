@@ -37,6 +37,7 @@ from attnmetrics.app.distributed import World
 from attnmetrics.app.errors import INPUT_ERRORS, input_error
 from attnmetrics.app.parser import build_parser
 from attnmetrics.app.recipes import recipe_defaults
+from attnmetrics.models.parallel import StrayLaunch
 
 #: the subcommands that train or test a model: each takes a RunConfig and the torchrun world
 RUNS = {"run": run, "train": train, "evaluate": evaluate}
@@ -60,7 +61,11 @@ def _exit_on_sigterm(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("run", "train"):
-        recipe_defaults(args)
+        try:
+            recipe_defaults(args)
+        except ValueError as e:
+            print(f"attnmetrics: {e}", file=sys.stderr)
+            return 2
     typed = _typed(args)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -79,7 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.device == "cuda":  # deterministic cuBLAS (read when its first handle is made)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    w = distributed.world()
+    try:
+        w = distributed.world()
+    except StrayLaunch as e:
+        print(f"attnmetrics: {e}", file=sys.stderr)
+        return 2
     if w.size == 1:
         return _command(args.command, typed, w)
     if getattr(args, "consistent_adversary", None) or getattr(args, "diagnostic", False):
@@ -89,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    distributed.start(w, args.device)
+    try:
+        distributed.start(w, args.device)
+    except RuntimeError as e:
+        print(f"attnmetrics: {e}", file=sys.stderr)
+        return 2
     code = _command(args.command, typed, w)
     # Only a rank that succeeded leaves the group, once every rank has: tearing down a group
     # while another rank may still be in a collective with it can abort the process or hang.

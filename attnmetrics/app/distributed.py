@@ -17,12 +17,14 @@ runs on any machine; with GPUs too, since NCCL would only move those values off 
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed.rendezvous import rendezvous
 
 from attnmetrics.models.parallel import launched
 
@@ -50,13 +52,30 @@ def world() -> World:
     return World(*launched())
 
 
-def start(w: World, device: str, timeout_min: float = 60.0) -> None:
+def start(w: World, device: str, timeout_min: float = 60.0, rendezvous_s: float = 120.0) -> None:
     """Join the process group (gloo) and, with ``device == "cuda"``, make ``cuda:LOCAL_RANK`` this
-    rank's current device. ``timeout_min``: how long a rank waits for the others at the gather
-    (a rank that dies is noticed at once; one that hangs, after this)."""
+    rank's current device. ``rendezvous_s``: how long a rank waits to reach the others' store at
+    ``MASTER_ADDR:MASTER_PORT`` (torchrun starts every rank at once); ``timeout_min``: how long a
+    rank waits for the others at the gather (a rank that dies is noticed at once; one that hangs,
+    after this).
+
+    Raises:
+        RuntimeError: the rendezvous did not complete within ``rendezvous_s`` (one line naming
+            the address, the port and the world size).
+    """
     if device == "cuda":
         torch.cuda.set_device(w.local_rank)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=timeout_min))
+    try:
+        store, rank, size = next(rendezvous("env://", timeout=datetime.timedelta(seconds=rendezvous_s)))
+    except (RuntimeError, ValueError) as e:  # DistNetworkError, DistStoreError: RuntimeErrors
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise RuntimeError(
+            f"rank {w.rank} of {w.size}: no rendezvous with the other ranks at {where} within "
+            f"{rendezvous_s:g} s (is every rank started, by one torchrun?): {str(e).splitlines()[0] if str(e) else e!r}"
+        ) from e
+    timeout = datetime.timedelta(minutes=timeout_min)
+    store.set_timeout(timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=timeout)
 
 
 def stop() -> None:

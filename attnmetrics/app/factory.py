@@ -133,6 +133,12 @@ def _hf_model(config: RunConfig, splits, results: Results):
     classes = len(splits.classes)
     torch.manual_seed(config.seed)  # the new classification head
     model, inputs = HFClassifier.from_pretrained(path, 1 if classes == 2 else classes)
+    limit = getattr(model.hf.config, "max_position_embeddings", None)  # GPT-2's n_positions too
+    if limit is not None and config.max_length > limit:
+        raise ValueError(
+            f"--max-length {config.max_length}: more tokens than {path}'s position limit {limit} "
+            f"(max_position_embeddings in config.json); use --max-length {limit} or less"
+        )
     inputs.max_length = config.max_length
     results["pretrained"] = {"path": str(path.resolve()), "model": config.model}
     return model.to(config.device), inputs

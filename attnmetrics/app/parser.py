@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnmetrics.app.argtypes import non_negative_int, positive_int
+from attnmetrics.app.argtypes import int_between, non_negative_float, non_negative_int, positive_int
 from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS, importances
 from attnmetrics.app.recipes import PRESETS
 from attnmetrics.data import DATASETS
 from attnmetrics.flip import ORDERS
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
 from attnmetrics.models.gpt import CONFIGS as GPT_CONFIGS
+from attnmetrics.models.gpt import MAX_SIZES as GPT_MAX_SIZES
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT
 from attnmetrics.models.pretraining import PretrainConfig
 
@@ -26,6 +27,12 @@ def dataset_folder(text: str) -> tuple[str, Path]:
     if not sep or not dataset or not folder:
         raise argparse.ArgumentTypeError(f"must be DATASET=FOLDER (e.g. sst=path/to/sst), got {text!r}")
     return dataset, Path(folder)
+
+
+#: ``--max-length`` of a Hugging Face model: [CLS]/[SEP] and two real tokens at least (a
+#: shorter row leaves no token the battery can test); the model's position limit is checked
+#: when it is loaded (app/factory.py)
+MIN_HF_LENGTH, MAX_HF_LENGTH = 4, 1 << 16
 
 
 def positive_float(text: str) -> float:
@@ -82,15 +89,13 @@ def _add_gpt_args(p: argparse.ArgumentParser) -> None:
         help="fine-tune the GPT pre-trained in this folder ('attnmetrics pretrain'); without it the model "
         "trains from scratch (the paper's no-pre-training ablation) with a BPE learnt on the training split",
     )
-    g.add_argument(
-        "--lm-weight", type=float, default=0.5, help="λ of the auxiliary language-model loss (default: 0.5; 0: off)"
-    )
+    g.add_argument("--lm-weight", type=float, help="λ of the auxiliary language-model loss (default: 0.5; 0: off)")
     g.add_argument(
         "--transfer-layers",
         type=non_negative_int,
         help="transfer the embeddings and the first N pre-trained blocks only (default: all)",
     )
-    g.add_argument("--gpt-config", choices=sorted(GPT_CONFIGS), default="small", help="model size without --pretrained")
+    g.add_argument("--gpt-config", choices=sorted(GPT_CONFIGS), help="model size without --pretrained (default: small)")
     g.add_argument(
         "--warmup",
         type=float,
@@ -107,7 +112,11 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         "own attention (the last layer's pooled row, per head)",
     )
     p.add_argument(
-        "--max-length", type=positive_int, default=64, help="--model hf: truncate to N tokens, specials included"
+        "--max-length",
+        type=int_between(MIN_HF_LENGTH, MAX_HF_LENGTH, " (the specials and at least two real tokens)"),
+        default=64,
+        help=f"--model hf: truncate to N tokens, specials included (>= {MIN_HF_LENGTH}; at most the model's "
+        "position limit)",
     )
     p.add_argument(
         "--encoder",
@@ -138,7 +147,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=positive_int, help="default: 8 (J&W), 3 for gpt (GPT-1)")
     p.add_argument("--batch-size", type=positive_int, default=32, help="training batch size (default: 32, J&W's)")
     p.add_argument("--lr", type=positive_float, help="default: 1e-3 (J&W), 6.25e-5 for gpt (GPT-1)")
-    p.add_argument("--weight-decay", type=float, help="default: 1e-5 (J&W), 0.01 for gpt (GPT-1)")
+    p.add_argument("--weight-decay", type=non_negative_float, help="default: 1e-5 (J&W), 0.01 for gpt (GPT-1)")
     p.add_argument(
         "--regulariser",
         choices=REGULARISERS,
@@ -259,31 +268,45 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
     defaults = PretrainConfig()
     p.add_argument("--out", type=Path, default=Path("runs/gpt-pre"), help="checkpoint folder (default: runs/gpt-pre)")
-    p.add_argument("--config", choices=sorted(GPT_CONFIGS), default="small", help="model size (default: small)")
-    for flag, help_ in (
-        ("--layers", "layers"),
-        ("--d-model", "model width"),
-        ("--heads", "heads"),
-        ("--context", "context length"),
+    p.add_argument("--config", choices=sorted(GPT_CONFIGS), help="model size (default: small)")
+    for flag, help_, field, least in (
+        ("--layers", "layers", "n_layer", 1),
+        ("--d-model", "model width", "d_model", 1),
+        ("--heads", "heads", "n_head", 1),
+        # a fine-tuned classifier's row is <start>, at least one token, <extract>
+        ("--context", "context length", "context", 3),
     ):
-        p.add_argument(flag, type=positive_int, help=f"override the config's {help_}")
+        p.add_argument(
+            flag,
+            type=int_between(least, GPT_MAX_SIZES[field]),
+            help=f"override the config's {help_} ({least} to {GPT_MAX_SIZES[field]})",
+        )
     p.add_argument(
         "--dropout", type=float, help="override the config's residual, embedding and attention dropout (GPT-1: 0.1)"
     )
-    p.add_argument(
-        "--steps", type=positive_int, default=defaults.steps, help=f"optimiser steps (default: {defaults.steps})"
-    )
+    p.add_argument("--steps", type=positive_int, help=f"optimiser steps (default: {defaults.steps})")
     p.add_argument(
         "--batch-size",
         type=positive_int,
-        default=defaults.batch_size,
         help=f"context windows per step (default: {defaults.batch_size})",
     )
-    p.add_argument("--lr", type=positive_float, default=defaults.lr, help="max learning rate (GPT-1: 2.5e-4)")
-    p.add_argument("--warmup", type=int, default=defaults.warmup, help="linear warm-up steps, then cosine decay")
-    p.add_argument("--vocab-size", type=positive_int, default=defaults.vocab_size, help="BPE vocabulary size")
+    p.add_argument("--lr", type=positive_float, help=f"max learning rate (default and GPT-1's: {defaults.lr:g})")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        help=f"linear warm-up steps, then cosine decay (default: {defaults.warmup})",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int_between(1, GPT_MAX_SIZES["vocab_size"]),
+        help=f"BPE vocabulary size (default: {defaults.vocab_size})",
+    )
     p.add_argument("--max-chars", type=positive_int, help="use only the first N characters of each book (quick runs)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its latest checkpoint (flags that set the run must be the checkpoint's)",
+    )
     _add_runtime_args(p)
 
 

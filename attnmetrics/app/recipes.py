@@ -61,9 +61,29 @@ RECIPES = {
 }
 
 
+#: the flags of GPT-1 alone (--encoder gpt), by dest, and the defaults of those that have one
+#: (filled in for every model, so every run's results.json ``config`` names them as before)
+GPT_ONLY = {"pretrained": "--pretrained", "lm_weight": "--lm-weight", "transfer_layers": "--transfer-layers",
+            "gpt_config": "--gpt-config"}  # fmt: skip
+GPT_DEFAULTS = {"lm_weight": 0.5, "gpt_config": "small"}
+
+
 def recipe_defaults(args: argparse.Namespace) -> None:
-    """Fill the training flags left unset (None) with the model family's :data:`RECIPES`."""
+    """Fill the training flags left unset (None) with the model family's :data:`RECIPES`.
+
+    Raises:
+        ValueError: a flag of GPT-1's (:data:`GPT_ONLY`) given with another model (one line
+            naming the flag and the model), where it would be ignored.
+    """
     family = "hf" if getattr(args, "model", None) else "gpt" if args.encoder == "gpt" else "jain-wallace"
+    if family != "gpt":
+        given = [flag for dest, flag in GPT_ONLY.items() if getattr(args, dest, None) is not None]
+        if given:
+            model = f"--model {args.model}" if family == "hf" else f"--encoder {args.encoder}"
+            raise ValueError(f"{given[0]} applies to --encoder gpt only, not to {model}: leave it out")
+    for key, value in GPT_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     recipe = RECIPES[family]
     for key, value in recipe.items():
         if getattr(args, key, None) is None:

@@ -7,7 +7,7 @@ module flattens them into rows that pandas, polars or DuckDB read directly:
 - a run: ``instances.parquet`` with columns ``instance`` (int64, the test instance's index in
   split order), ``sample`` (int64: 0, the draw of a random order with several samples, or the
   index into a per-run list such as the model-consistent adversary's λ; such run-level lists
-  themselves are not rows),
+  themselves are not rows: a flat list beside lists of per-sample lists is one, whatever its length),
   ``experiment`` and ``statistic`` (strings: the first key, and the rest joined by ``/``; the
   per-instance basics ``predicted``, ``lengths``, ``max_attention`` have experiment
   ``"instance"``) and ``value`` (float64; booleans are 0/1; NaN where results.json has null);
@@ -30,11 +30,14 @@ RUN_COLUMNS = ("instance", "sample", "experiment", "statistic", "value")
 
 
 def _leaves(node: dict, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], list]]:
-    """(key path, list of per-instance values) of every list in the nested dict."""
+    """(key path, list of per-instance values) of every list in the nested dict, but for the
+    run-level lists: a flat list beside lists of per-sample lists labels those samples (the
+    model-consistent adversary's λ grid beside its per-λ lists of instances), whatever its length."""
+    per_sample = any(isinstance(v, list) and v and isinstance(v[0], list) for v in node.values())
     for key, value in node.items():
         if isinstance(value, dict):
             yield from _leaves(value, (*path, key))
-        elif isinstance(value, list):
+        elif isinstance(value, list) and not (per_sample and not (value and isinstance(value[0], list))):
             yield (*path, key), value
 
 

@@ -375,3 +375,47 @@ def test_report_never_replaces_an_existing_comparison(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{cmp / 'comparison.md'} already exists" in err and len(err.strip().splitlines()) == 1
     assert (cmp / "comparison.md").read_text() == "last week's comparison"
+
+
+@pytest.mark.parametrize(
+    "command, flag, value, message",
+    [
+        # issue 31, item 8: counts that stall or blow up memory, refused where they are parsed
+        ("run", "--integrated-gradients", "20000", "--integrated-gradients: must be an integer in [0, 1000]"),
+        ("run", "--integrated-gradients", "100000", "--integrated-gradients: must be an integer in [0, 1000]"),
+        ("pretrain", "--context", "100000", "--context: must be an integer in [3, 16384]"),
+        ("pretrain", "--layers", "1000000", "--layers: must be an integer in [1, 256]"),
+        # item 11: values that leave nothing to learn from or test
+        ("run", "--max-length", "1", "--max-length: must be an integer in [4, "),
+        ("run", "--max-length", "2", "--max-length: must be an integer in [4, "),
+        ("run", "--max-length", "3", "--max-length: must be an integer in [4, "),
+        ("run", "--weight-decay", "-1", "--weight-decay: must be a finite number >= 0"),
+        ("run", "--weight-decay", "nan", "--weight-decay: must be a finite number >= 0"),
+        ("pretrain", "--context", "1", "--context: must be an integer in [3, 16384]"),
+    ],
+)
+def test_sizes_out_of_bounds_are_refused_where_they_are_parsed(capsys, command, flag, value, message):
+    from attnmetrics.app.parser import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args([command, flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and f"got {value}" in err, err
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--pretrained", "no/such/folder"], "--pretrained"),
+        (["--gpt-config", "small"], "--gpt-config"),
+        (["--lm-weight", "0"], "--lm-weight"),
+        (["--transfer-layers", "1"], "--transfer-layers"),
+    ],
+)
+def test_gpt_flags_with_another_encoder_are_refused(tmp_path, capsys, flags, named):
+    # issue 31, item 10: they were ignored with the default encoder, exit 0
+    out = tmp_path / "r"
+    assert main(["train", *QUICK, *flags, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{named} applies to --encoder gpt only" in err and "--encoder lstm" in err, err
+    assert not out.exists()

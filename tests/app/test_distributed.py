@@ -114,6 +114,7 @@ def test_pretraining_runs_data_parallel_to_the_one_process_weights(tmp_path):
 def test_wiegreffe_pinter_models_are_not_sharded(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")  # as torchrun sets it
     assert main(["run", *QUICK_SST, "--diagnostic", "--out", str(tmp_path / "r")]) == 2
     assert "--consistent-adversary and --diagnostic are not sharded" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
@@ -132,3 +133,38 @@ def test_shares_partition_the_batches_in_order_and_balance_them(costs, size):
     # LPT: no rank carries more than the least loaded one plus one item
     assert max(loads) <= min(loads) + max(costs, default=0) + 1e-6
     assert shares == [share(items, costs, World(r, size)) for r in range(size)]  # deterministic
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_stray_world_size_without_torchrun_is_refused_at_once(tmp_path):
+    # WORLD_SIZE/RANK/MASTER_* left by a batch script, no torchrun: joining would wait 60 min
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
+    env.update(WORLD_SIZE="2", RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    cmd = [sys.executable, "-m", "attnmetrics", "evaluate", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a stray WORLD_SIZE made the command wait for ranks that never come")
+    assert proc.returncode == 2
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "WORLD_SIZE=2" in line and "RANK=0" in line and "torchrun" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_rendezvous_that_does_not_come_fails_in_seconds_with_the_address(monkeypatch):
+    from attnmetrics.app.distributed import start
+
+    port = _free_port()
+    for k, v in dict(
+        WORLD_SIZE="2", RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID="x"
+    ).items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(RuntimeError, match=rf"127\.0\.0\.1:{port} within 2 s"):
+        start(World(1, 2, 0), "cpu", rendezvous_s=2)

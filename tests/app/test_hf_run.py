@@ -71,3 +71,13 @@ def test_run_fine_tunes_a_local_checkpoint_and_tests_its_own_attention(checkpoin
 def test_a_folder_without_a_checkpoint_is_named(tmp_path, capsys):
     assert main(["run", *FLAGS, "--model", f"hf:{tmp_path}", "--out", str(tmp_path / "r")]) == 2
     assert "is not a Hugging Face checkpoint folder (no config.json)" in capsys.readouterr().err
+
+
+def test_a_max_length_past_the_position_limit_is_refused_before_training(checkpoint, tmp_path, capsys):
+    # issue 31, item 8: a transformers traceback at the first long batch, or none at all
+    out = tmp_path / "r"
+    args = ["run", *FLAGS, "--model", f"hf:{checkpoint}", "--max-length", "129", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--max-length 129" in err and "position limit 128" in err, err
+    assert not out.exists()

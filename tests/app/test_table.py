@@ -75,3 +75,13 @@ def test_pandas_reads_it_directly(tmp_path):
     write_parquet_atomic(path, run_table(INSTANCES))
     t = pd.read_parquet(path)
     assert t[t.statistic == "attention vs gradient/tau"].value.mean() == pytest.approx(-0.05)
+
+
+@pytest.mark.parametrize("grid", [[0.1, 1.0, 10.0], [0.1, 1.0, 10.0, 100.0, 0.5, 2.0]])
+def test_a_run_level_list_as_long_as_the_instances_is_not_taken_for_them(grid):
+    # issue 31, item 12: a λ grid of as many values as instances (or a multiple) became "instances"
+    instances = {**INSTANCES, "consistent_adversary": {"lambda": grid, "tvd": [[0.01, 0.02, 0.03]] * len(grid)}}
+    table = run_table(instances)
+    assert not lookup(table, "consistent_adversary", "lambda")
+    assert len(lookup(table, "consistent_adversary", "tvd")) == 3 * len(grid)
+    assert table.num_rows == run_table(INSTANCES).num_rows + 3 * (len(grid) - 2)

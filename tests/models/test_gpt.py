@@ -291,3 +291,13 @@ def test_bpe_round_trip_on_gutenberg():
         ids = tok.encode(piece)
         assert tok.decode(ids) == piece, name
         assert len(ids) < len(piece) / 2, name  # BPE compresses unseen text too
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("n_layer", 10**6), ("n_head", 10**4), ("d_model", 10**6), ("vocab_size", 10**9), ("context", 10**5)],
+)
+def test_a_config_out_of_bounds_is_refused_before_anything_is_built(field, value):
+    # a checkpoint's "n_layer": 1000000 built a million modules before failing (issue 31, item 6)
+    with pytest.raises(ValueError, match=rf"^{field} must be <= \d+ .*got {value}$"):
+        GPTConfig.from_dict({**GPTConfig(100).to_dict(), field: value})

@@ -325,6 +325,25 @@ def test_checkpoint_refuses_a_tokenizer_of_another_size(tmp_path):
         load_checkpoint(tmp_path)
 
 
+def test_checkpoint_config_out_of_bounds_is_refused_in_one_line_before_building(tmp_path):
+    # issue 31, item 6: a GPT run's model.json with "n_layer": 1000000 built a million modules
+    import json
+
+    from attnmetrics.models.bpe import BPETokenizer
+    from attnmetrics.models.gpt_classifier import GPTInputs
+    from attnmetrics.models.training import load_checkpoint, save_checkpoint
+
+    tokenizer = BPETokenizer.train(["the quick brown fox jumps over the lazy dog"] * 5, vocab_size=300)
+    model = GPTClassifier(config().replace(vocab_size=tokenizer.vocab_size))
+    save_checkpoint(tmp_path, model, GPTInputs(tokenizer, 16))
+    meta = json.loads((tmp_path / "model.json").read_text())
+    meta["model"]["gpt"]["n_layer"] = 1000
+    (tmp_path / "model.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"model\.json: .*n_layer must be <= 256") as e:
+        load_checkpoint(tmp_path)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 400
+
+
 def test_extract_readout_is_the_extract_state_alone():
     # GPT-1 sec. 3.3: the final transformer state of <extract> -> linear output layer
     model = model_("extract", num_classes=3)

@@ -7,6 +7,7 @@ books (``$ATTNMETRICS_CACHE``; skipped with ATTNMETRICS_OFFLINE=1).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -186,6 +187,46 @@ def test_checkpoint_round_trip_and_a_crash_mid_save_keeps_the_last_one(tokenizer
     (tmp_path / "run" / "step-0000005" / "model.json").write_text("{}")
     with pytest.raises(ValueError, match="not a GPT config"):
         P.load_gpt(tmp_path / "run")
+
+
+def test_a_checkpoint_config_is_checked_against_its_weights_before_it_is_built(tokenizer, tmp_path):
+    # issue 31, item 6: a config is validated, then compared with model.pt's shapes, before a
+    # module is built; the error is one line naming the file and the field or key
+    run(tmp_path, tokenizer, "run", steps=5)
+    config = tmp_path / "run" / "step-0000005" / "model.json"
+    meta = json.loads(config.read_text())
+    for n_layer, file, what in ((1000, "model.json", "n_layer must be <= "), (3, "model.pt", "'blocks.2.")):
+        config.write_text(json.dumps({**meta, "model": {**meta["model"], "n_layer": n_layer}}))
+        with pytest.raises(ValueError) as e:
+            P.load_gpt(tmp_path / "run")
+        assert "\n" not in str(e.value) and len(str(e.value)) < 400, str(e.value)[:400]
+        assert file in str(e.value) and what in str(e.value)
+
+
+def test_latest_pointing_outside_its_folder_is_refused(tokenizer, tmp_path):
+    # issue 31, item 14: an absolute or ../ latest was followed without notice
+    run(tmp_path, tokenizer, "run", steps=5)
+    run(tmp_path, tokenizer, "other", steps=5)
+    elsewhere = tmp_path / "other" / "step-0000005"
+    for target in (str(elsewhere), "../other/step-0000005", "."):
+        (tmp_path / "run" / "latest").write_text(target)
+        with pytest.raises(ValueError, match=r"latest: .*outside|latest: .*not a step folder"):
+            P.load_gpt(tmp_path / "run")
+        with pytest.raises(ValueError, match=r"latest: "):
+            P.load_training_state(tmp_path / "run")
+
+
+def test_checkpoints_respect_the_umask(tokenizer, tmp_path):
+    # issue 31, item 14: checkpoints were 0700/0600 whatever the umask
+    old = os.umask(0o022)
+    try:
+        run(tmp_path, tokenizer, "run", steps=5)
+    finally:
+        os.umask(old)
+    folder = tmp_path / "run" / "step-0000005"
+    assert folder.stat().st_mode & 0o777 == 0o755
+    for path in (*folder.iterdir(), tmp_path / "run" / "latest"):
+        assert path.stat().st_mode & 0o777 == 0o644, path
 
 
 @pytest.mark.network

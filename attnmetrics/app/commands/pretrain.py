@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from attnmetrics.app import distributed
 from attnmetrics.app.distributed import World
-from attnmetrics.app.io import check_out, claimed_folder
+from attnmetrics.app.io import MARKER, check_out, claimed_folder
 from attnmetrics.data import GUTENBERG_HELD_OUT, load_gutenberg
 from attnmetrics.models.bpe import BPETokenizer
+from attnmetrics.models.gpt import CONFIGS as GPT_CONFIGS
 from attnmetrics.models.gpt import GPTConfig
-from attnmetrics.models.pretraining import PretrainConfig
+from attnmetrics.models.pretraining import PretrainConfig, checkpoint_meta
 from attnmetrics.models.pretraining import pretrain as pretrain_gpt
 
 
@@ -24,17 +25,17 @@ class PretrainArgs:
     """``pretrain``'s flags (attnmetrics/app/parser.py has their help); None: the config's."""
 
     out: Path
-    config: str
+    config: str | None
     layers: int | None
     d_model: int | None
     heads: int | None
     context: int | None
     dropout: float | None
-    steps: int
-    batch_size: int
-    lr: float
-    warmup: int
-    vocab_size: int
+    steps: int | None
+    batch_size: int | None
+    lr: float | None
+    warmup: int | None
+    vocab_size: int | None
     max_chars: int | None
     resume: bool
     seed: int
@@ -50,8 +51,10 @@ def pretrain(args: PretrainArgs, w: World) -> int:
     torchrun data-parallel, rank 0 writing (models/pretraining.py)."""
     if w.main:
         check_out(args.out)
-        if args.out.exists() and any(args.out.iterdir()) and not args.resume:
-            raise FileExistsError(f"{args.out} exists; --resume continues its pre-training, or choose another --out")
+        _check_folder(args)
+    if args.resume:
+        _check_resume_flags(args)
+    args = _with_defaults(args)
     books = load_gutenberg()
     cut = (lambda text: text[: args.max_chars]) if args.max_chars else (lambda text: text)
     train_texts = [cut(text) for name, text in books.items() if name != GUTENBERG_HELD_OUT]
@@ -105,3 +108,81 @@ def pretrain(args: PretrainArgs, w: World) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+#: what a pre-training leaves in its folder before its first checkpoint (the token streams, the
+#: claim, temporaries): a folder of these alone is taken over by a new run
+_LEFTOVERS = ("train.tokens", "valid.tokens", MARKER)
+_LEFTOVER_PREFIXES = (".step-", ".latest.", ".train.tokens", ".valid.tokens")
+
+
+def _before_first_checkpoint(out: Path) -> bool:
+    """Whether ``out`` holds a pre-training's files but no checkpoint yet (killed early)."""
+    return not (out / "latest").is_file() and all(
+        p.name in _LEFTOVERS or p.name.startswith(_LEFTOVER_PREFIXES) for p in out.iterdir()
+    )
+
+
+def _check_folder(args: PretrainArgs) -> None:
+    """Refuse an ``--out`` a new run would start over (one with checkpoints or foreign files)
+    and a ``--resume`` with no checkpoint to resume; a folder left before the first checkpoint
+    is taken over by a new run."""
+    if not args.out.exists() or not any(args.out.iterdir()):
+        return
+    early = _before_first_checkpoint(args.out)
+    if args.resume and early:
+        raise ValueError(
+            f"{args.out}: no checkpoint yet (the pre-training stopped before its first one); "
+            "run it again without --resume to start it over"
+        )
+    if not args.resume and not early:
+        raise FileExistsError(f"{args.out} exists; --resume continues its pre-training, or choose another --out")
+
+
+def _check_resume_flags(args: PretrainArgs) -> None:
+    """Refuse, with ``--resume``, a flag that sets the run (steps, batch, schedule, sizes) given
+    a value other than the checkpoint's: a resumed run continues the run as it started."""
+    if not (args.out / "latest").is_file():
+        return  # nothing to resume: pretrain_gpt says so
+    meta = checkpoint_meta(args.out)
+    pre, model = meta.get("pretraining", {}), meta.get("model", {})
+    sized = {"n_layer": args.layers, "d_model": args.d_model, "n_head": args.heads, "context": args.context}
+    given = [
+        ("--steps", args.steps, pre.get("steps")),
+        ("--batch-size", args.batch_size, pre.get("batch_size")),
+        ("--lr", args.lr, pre.get("lr")),
+        ("--vocab-size", args.vocab_size, pre.get("vocab_size")),
+        ("--layers", args.layers, model.get("n_layer")),
+        ("--d-model", args.d_model, model.get("d_model")),
+        ("--heads", args.heads, model.get("n_head")),
+        ("--context", args.context, model.get("context")),
+        ("--dropout", args.dropout, model.get("dropout")),
+    ]
+    if args.warmup is not None and pre.get("steps") is not None:  # the run kept min(warmup, steps)
+        given.append(("--warmup", args.warmup, pre.get("warmup") if args.warmup <= pre["steps"] else args.warmup))
+    if args.config is not None:
+        named = {k: v for k, v in GPT_CONFIGS[args.config].items() if sized.get(k) is None}
+        if any(model.get(k) != v for k, v in named.items()):
+            stored = ", ".join(f"{k} {model.get(k)}" for k in named)
+            given.append(("--config", args.config, stored))
+    for flag, value, stored in given:
+        if value is not None and value != stored:
+            raise ValueError(
+                f"--resume continues {args.out}'s run as it started: {flag} {value} differs from the checkpoint's "
+                f"{stored}; leave it out, or pre-train into another --out"
+            )
+
+
+def _with_defaults(args: PretrainArgs) -> PretrainArgs:
+    """``args`` with the run-setting flags left out (None) filled: the checkpoint's own when
+    resuming (they are not used), :class:`PretrainConfig`'s and ``small`` otherwise."""
+    defaults = PretrainConfig()
+    filled = {
+        "config": "small",
+        "steps": defaults.steps,
+        "batch_size": defaults.batch_size,
+        "lr": defaults.lr,
+        "warmup": defaults.warmup,
+        "vocab_size": defaults.vocab_size,
+    }
+    return replace(args, **{k: v for k, v in filled.items() if getattr(args, k) is None})
