@@ -295,6 +295,16 @@ def test_missing_data_folders_fail_before_any_cell_naming_them(tmp_path, capsys)
     assert "must be DATASET=FOLDER" in capsys.readouterr().err
 
 
+def test_a_cell_the_run_would_refuse_fails_the_sweep_before_any_cell(tmp_path, capsys):
+    # a GPT-1 flag on the default encoder: the run refuses it, so the sweep does before starting
+    bad = _config(tmp_path, TINY.replace("threads = 1", "threads = 1\nlm_weight = 0.5"), "bad.toml")
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "cell g/" in err and "--lm-weight applies to --encoder gpt only" in err
+    assert not out.exists()
+
+
 def test_shipped_configs_name_no_folder_outside_the_repository():
     for config in sorted((ROOT / "configs").glob("*.toml")):
         sweep = load_config(config)

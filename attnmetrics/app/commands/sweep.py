@@ -9,6 +9,7 @@ from pathlib import Path
 
 from attnmetrics.app.sweep import Runner, cell_command, load_config, run_sweep
 from attnmetrics.app.sweep.config import SLURM_KEYS
+from attnmetrics.app.sweep.runner import invalid_cells
 
 #: files only a sweep writes in its folder: a folder holding one is a sweep's own
 SWEEP_FILES = ("status.json", "aggregate.json", ".sweep.lock")
@@ -63,7 +64,7 @@ def sweep(args: SweepArgs) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"attnmetrics sweep: {e}", file=sys.stderr)
         return 2
-    missing = [] if args.report_only else grid.missing_data()
+    missing = [] if args.report_only else [*invalid_cells(grid), *grid.missing_data()]
     if missing:  # before any cell starts, not as a failure in each cell's log
         for line in missing:
             print(f"attnmetrics sweep: {line}", file=sys.stderr)

@@ -50,6 +50,18 @@ def _config_of(argv: list[str]) -> dict:
     return json.loads(json.dumps(RunConfig.from_namespace(args).to_dict()))
 
 
+def invalid_cells(grid: Sweep) -> list[str]:
+    """One line per cell whose ``run`` flags the run itself would refuse after parsing (e.g. a
+    GPT-1 flag with another encoder), so the sweep stops before any cell starts."""
+    lines = []
+    for cell in grid.cells:
+        try:
+            _config_of(cell_command(cell, grid.out)[3:])
+        except ValueError as e:
+            lines.append(f"cell {cell.grid}/{cell.name}: {e}")
+    return lines
+
+
 def is_stale(cell: Cell, out: Path) -> bool:
     """Whether the finished cell's results.json was run with flags other than the config's
     (options unknown to the older run are not compared)."""
