@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -78,10 +79,19 @@ def _check_scores(scores, batch: int, real: Tensor) -> Tensor:
 
 
 def _check_fractions(fractions) -> tuple[float, ...]:
+    bad = ValueError(f"fractions must be a sequence of numbers in (0, 1], got {fractions!r}")
+    if isinstance(fractions, (str, bytes)):  # "0.5" is not the fractions 0 . 5
+        raise bad
     try:
-        out = tuple(float(f) for f in fractions)
+        items = list(fractions)
     except TypeError:
-        raise ValueError(f"fractions must be a sequence of numbers in (0, 1], got {fractions!r}") from None
+        raise bad from None
+    if any(isinstance(f, (bool, np.bool_, str, bytes)) for f in items):  # True is not the fraction 1.0
+        raise bad
+    try:
+        out = tuple(float(f) for f in items)
+    except (TypeError, ValueError):
+        raise bad from None
     if not out or any(not 0 < f <= 1 for f in out):
         raise ValueError(f"fractions must be a non-empty sequence of numbers in (0, 1], got {fractions!r}")
     return out

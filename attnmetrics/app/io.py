@@ -334,8 +334,11 @@ def claimed_folder(folder: str | os.PathLike) -> Iterator[Path]:
 
 def check_out(out: str | os.PathLike, protect: tuple[str | os.PathLike, ...] = ()) -> Path:
     """Refuse an ``--out`` that a run could not write without harm, before any work: a file, the
-    working folder or one of its parents, or a folder holding (or inside) one of ``protect``."""
+    working folder or one of its parents, a link to nowhere, or a folder holding (or inside) one of
+    ``protect``."""
     out = Path(out)
+    if out.is_symlink() and not out.exists():
+        raise FileNotFoundError(f"--out {out} is a link to {os.readlink(out)}, which does not exist; choose a folder")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a folder; choose a folder for the run")
     resolved, cwd = out.resolve(), Path.cwd().resolve()

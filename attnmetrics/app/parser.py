@@ -217,7 +217,10 @@ def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> 
 def _add_runtime_args(p: argparse.ArgumentParser) -> None:
     """Seed, threads, device, progress and error display: every command that trains."""
     p.add_argument(
-        "--seed", type=int, default=0, help="seed of the weights' initialisation, batches and the battery (default: 0)"
+        "--seed",
+        type=int_between(0, 2**32 - 1, " (torch's and numpy's seed range)"),
+        default=0,
+        help="seed of the weights' initialisation, batches and the battery (default: 0)",
     )
     p.add_argument("--debug", action="store_true", help="on an input error, show the traceback, not one line")
     p.add_argument(

@@ -302,10 +302,27 @@ def test_report_names_a_corrupt_results_json_and_never_writes_into_a_run(tmp_pat
     (tmp_path / "a" / "results.json").write_text('{"truncated": ')
     assert main(["report", str(tmp_path / "a")]) == 2
     assert f"{tmp_path / 'a' / 'results.json'} is not readable JSON" in capsys.readouterr().err
-    (tmp_path / "a" / "results.json").write_text("{}")
+    for text, kind in (("{}", "an object"), ("[]", "a JSON list")):  # readable JSON, not a run's results
+        (tmp_path / "a" / "results.json").write_text(text)
+        assert main(["report", str(tmp_path / "a")]) == 2
+        err = capsys.readouterr().err
+        assert f"results.json is not a run's results ({kind} without command, config, data)" in err
+        assert len(err.strip().splitlines()) == 1
+    for name in ("a", "b"):
+        (tmp_path / name / "results.json").write_text('{"command": "run", "config": {}, "data": {}}')
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "b")]) == 2
     assert "is a run folder" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["results.json"]
+
+
+def test_a_seed_out_of_range_and_a_dangling_out_are_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--seed", "-1"])
+    assert "--seed: must be an integer in [0, 4294967295]" in capsys.readouterr().err
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    assert main(["run", "--dataset", "sst", "--data-dir", str(SST_SAMPLE), "--out", str(tmp_path / "gone")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'gone'} is a link to {tmp_path / 'nowhere'}, which does not exist" in err
 
 
 def test_one_thread_by_default(tmp_path):
@@ -367,7 +384,7 @@ def test_every_flag_of_every_command_has_help():
 def test_report_never_replaces_an_existing_comparison(tmp_path, capsys):
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        (tmp_path / name / "results.json").write_text("{}")
+        (tmp_path / name / "results.json").write_text('{"command": "run", "config": {}, "data": {}}')
     cmp = tmp_path / "cmp"
     cmp.mkdir()
     (cmp / "comparison.md").write_text("last week's comparison")

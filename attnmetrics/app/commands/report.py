@@ -18,6 +18,10 @@ class ReportArgs:
     out: Path | None = None  # folder for comparison.md (needed with several runs)
 
 
+#: the keys every run's results.json has, which the reports read
+RUN_KEYS = ("command", "config", "data")
+
+
 def report(args: ReportArgs) -> int:
     """The ``report`` subcommand: re-render one run's report.md (printed), or compare several runs
     into ``--out``/comparison.md, which it never replaces (nor writes into a run folder); 2 if refused."""
@@ -28,10 +32,20 @@ def report(args: ReportArgs) -> int:
             print(f"attnmetrics: {run} is not a run folder (no results.json)", file=sys.stderr)
             return 2
         try:
-            runs.append((run.name, json.loads(path.read_text())))
+            results = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
             print(f"attnmetrics: {path} is not readable JSON ({e}); rerun the run to rewrite it", file=sys.stderr)
             return 2
+        lacking = [k for k in RUN_KEYS if k not in results] if isinstance(results, dict) else list(RUN_KEYS)
+        if lacking:
+            kind = "an object" if isinstance(results, dict) else f"a JSON {type(results).__name__}"
+            print(
+                f"attnmetrics: {path} is not a run's results ({kind} without {', '.join(lacking)}); "
+                "rerun the run to rewrite it",
+                file=sys.stderr,
+            )
+            return 2
+        runs.append((run.name, results))
     if len(runs) == 1 and args.out is None:
         print(render(runs[0][1], args.run_dirs[0]))
         return 0
