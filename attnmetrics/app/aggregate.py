@@ -21,8 +21,9 @@ Statistical choices (also written into aggregate.json "conventions"):
 
 from __future__ import annotations
 
-import json
 import math
+import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from attnmetrics.app.battery import experiments
-from attnmetrics.app.io import write_json_atomic, write_parquet_atomic
+from attnmetrics.app.io import read_results, read_status, write_json_atomic, write_parquet_atomic
 from attnmetrics.app.summaries import as_floats, by_max_attention, get, nanmean, stats
 from attnmetrics.app.table import sweep_table
 from attnmetrics.outputs import decision
@@ -213,12 +214,21 @@ def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
 
 
 def load_cell(folder: Path) -> tuple[dict, dict | None]:
-    """results.json and predictions.npz (None if absent) of a finished cell."""
-    results = json.loads((folder / "results.json").read_text())
+    """results.json and predictions.npz (None if absent, or unreadable: said in one line) of a
+    finished cell.
+
+    Raises:
+        ValueError: its results.json is unreadable or not a run's (naming the file).
+    """
+    results = read_results(folder / "results.json")
     predictions = None
-    if (folder / "predictions.npz").is_file():
-        with np.load(folder / "predictions.npz") as f:
-            predictions = {k: f[k] for k in f.files}
+    path = folder / "predictions.npz"
+    if path.is_file():
+        try:
+            with np.load(path) as f:
+                predictions = {k: f[k] for k in f.files}
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+            print(f"attnmetrics sweep: {path} is unreadable ({e}); its seed variance is left out", file=sys.stderr)
     return results, predictions
 
 
@@ -263,14 +273,23 @@ def aggregate_sweep(sweep) -> Path:
     from attnmetrics.app.sweep_report import render_sweep
 
     out = sweep.out
-    cells = [(c, *load_cell(c.folder(out))) for c in sweep.cells if c.is_done(out)]
-    status = {}
-    if (out / "status.json").is_file():
-        status = json.loads((out / "status.json").read_text()).get("cells", {})
+    cells, unreadable = [], {}
+    for c in sweep.cells:
+        if c.is_done(out):
+            try:
+                cells.append((c, *load_cell(c.folder(out))))
+            except ValueError as e:  # one bad cell leaves the report of the others
+                unreadable[c] = str(e)
+                print(f"attnmetrics sweep: cell {c.grid}/{c.name} left out of the report: {e}", file=sys.stderr)
+    status = read_status(out / "status.json")["cells"]
     agg = aggregate(cells)
     agg["cells"] = {
         f"{c.grid}/{c.name}": {
-            "state": "done" if c.is_done(out) else status.get(f"{c.grid}/{c.name}", {}).get("state", "not run"),
+            "state": "unreadable"
+            if c in unreadable
+            else "done"
+            if c.is_done(out)
+            else status.get(f"{c.grid}/{c.name}", {}).get("state", "not run"),
             "group": c.group,
             "seed": c.axes["seed"],
         }

@@ -91,6 +91,49 @@ MARKER = ".attnmetrics-run"
 KEPT = ".attnmetrics-kept"
 
 
+#: the keys every run's results.json has
+RUN_KEYS = ("command", "config", "data")
+
+
+def read_results(path: str | os.PathLike) -> dict:
+    """A run's ``results.json``, read and checked.
+
+    Raises:
+        ValueError: the file is not readable JSON, or is JSON but not a run's results (not an
+            object with :data:`RUN_KEYS`); one line naming the file and what is wrong.
+    """
+    path = Path(path)
+    try:
+        results = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is not readable JSON ({e}); rerun the run to rewrite it") from None
+    lacking = [k for k in RUN_KEYS if k not in results] if isinstance(results, dict) else list(RUN_KEYS)
+    if lacking:
+        kind = "an object" if isinstance(results, dict) else f"a JSON {type(results).__name__}"
+        raise ValueError(
+            f"{path} is not a run's results ({kind} without {', '.join(lacking)}); rerun the run to rewrite it"
+        )
+    return results
+
+
+def read_status(path: str | os.PathLike) -> dict:
+    """A sweep's ``status.json`` (``{"cells": {...}}``), or an empty one where it is missing or
+    unreadable (it only records outcomes: a finished cell is one whose folder holds results.json),
+    the latter said in one line on stderr."""
+    path = Path(path)
+    if not path.is_file():
+        return {"cells": {}}
+    try:
+        status = json.loads(path.read_text())
+        if isinstance(status, dict) and isinstance(status.get("cells"), dict):
+            return status
+        why = "not an object with cells"
+    except (ValueError, UnicodeDecodeError) as e:
+        why = str(e)
+    print(f"attnmetrics sweep: {path} is unreadable ({why}); the cells' outcomes start afresh", file=sys.stderr)
+    return {"cells": {}}
+
+
 def is_run_folder(path: str | os.PathLike) -> bool:
     """A folder this tool wrote: it holds the ``results.json`` every command writes last."""
     return (Path(path) / "results.json").is_file()

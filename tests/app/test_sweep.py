@@ -237,6 +237,21 @@ def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, caps
     assert main(["sweep", str(changed), "--out", str(out), "--dry-run"]) == 0
     assert capsys.readouterr().out.count("done\t") == 2
 
+    # damaged files are named in one line each; one bad cell leaves the report of the others
+    (out / "status.json").write_text('{"cells": ')
+    s1 = out / "g" / "sst-lstm-tanh-s1"
+    (s1 / "predictions.npz").write_bytes((s1 / "predictions.npz").read_bytes()[:100])
+    assert main(["sweep", str(config), "--out", str(out), "--report-only"]) == 0
+    err = capsys.readouterr().err
+    assert f"{out / 'status.json'} is unreadable" in err and f"{s1 / 'predictions.npz'} is unreadable" in err
+    (s1 / "results.json").write_text('{"config": ')
+    assert main(["sweep", str(config), "--out", str(out), "--report-only"]) == 0
+    err = capsys.readouterr().err
+    assert f"cell g/sst-lstm-tanh-s1 left out of the report: {s1 / 'results.json'} is not readable JSON" in err
+    assert json.loads((out / "aggregate.json").read_text())["cells"]["g/sst-lstm-tanh-s1"]["state"] == "unreadable"
+    assert main(["sweep", str(config), "--out", str(out), "--no-progress"]) == 2  # never silently redone
+    assert "pass --overwrite to rerun the cell" in capsys.readouterr().err
+
 
 def test_cells_as_cluster_jobs_through_submitit(tmp_path, capsys):
     """--executor submitit-local: the slurm path (a submitit job per cell) on this machine; the

@@ -3,12 +3,11 @@ several runs into ``--out``."""
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnmetrics.app.io import is_run_folder
+from attnmetrics.app.io import is_run_folder, read_results
 from attnmetrics.app.report import render, render_comparison
 
 
@@ -16,10 +15,6 @@ from attnmetrics.app.report import render, render_comparison
 class ReportArgs:
     run_dirs: list[Path]  # run folders holding results.json
     out: Path | None = None  # folder for comparison.md (needed with several runs)
-
-
-#: the keys every run's results.json has, which the reports read
-RUN_KEYS = ("command", "config", "data")
 
 
 def report(args: ReportArgs) -> int:
@@ -32,18 +27,9 @@ def report(args: ReportArgs) -> int:
             print(f"attnmetrics: {run} is not a run folder (no results.json)", file=sys.stderr)
             return 2
         try:
-            results = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
-            print(f"attnmetrics: {path} is not readable JSON ({e}); rerun the run to rewrite it", file=sys.stderr)
-            return 2
-        lacking = [k for k in RUN_KEYS if k not in results] if isinstance(results, dict) else list(RUN_KEYS)
-        if lacking:
-            kind = "an object" if isinstance(results, dict) else f"a JSON {type(results).__name__}"
-            print(
-                f"attnmetrics: {path} is not a run's results ({kind} without {', '.join(lacking)}); "
-                "rerun the run to rewrite it",
-                file=sys.stderr,
-            )
+            results = read_results(path)
+        except ValueError as e:
+            print(f"attnmetrics: {e}", file=sys.stderr)
             return 2
         runs.append((run.name, results))
     if len(runs) == 1 and args.out is None:

@@ -38,7 +38,14 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from attnmetrics.app.config import RunConfig
-from attnmetrics.app.io import remove_abandoned_claim, remove_leftovers, write_json_atomic, write_text_atomic
+from attnmetrics.app.io import (
+    read_results,
+    read_status,
+    remove_abandoned_claim,
+    remove_leftovers,
+    write_json_atomic,
+    write_text_atomic,
+)
 from attnmetrics.app.parser import build_parser
 from attnmetrics.app.recipes import recipe_defaults
 from attnmetrics.app.sweep.config import IGNORED_CONFIG, Cell, Sweep, cell_command
@@ -62,10 +69,21 @@ def invalid_cells(grid: Sweep) -> list[str]:
     return lines
 
 
+def _unreadable(cells: list[Cell], out: Path) -> dict[Cell, str]:
+    """The finished cells whose results.json cannot be read, each with why (one line)."""
+    found = {}
+    for cell in cells:
+        try:
+            read_results(cell.folder(out) / "results.json")
+        except ValueError as e:
+            found[cell] = f"cell {cell.grid}/{cell.name}: {e}"
+    return found
+
+
 def is_stale(cell: Cell, out: Path) -> bool:
     """Whether the finished cell's results.json was run with flags other than the config's
     (options unknown to the older run are not compared)."""
-    recorded = json.loads((cell.folder(out) / "results.json").read_text()).get("config", {})
+    recorded = read_results(cell.folder(out) / "results.json").get("config", {})
     wanted = _config_of(cell_command(cell, out)[3:])
     return any(recorded[k] != v for k, v in wanted.items() if k in recorded and k not in IGNORED_CONFIG)
 
@@ -177,7 +195,12 @@ def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True, runn
     module never imports that one); returns 0, 1 if a cell failed, 2 if refused (stale cells)."""
     out = sweep.out
     done = [c for c in sweep.cells if c.is_done(out)]
-    stale = {c for c in done if is_stale(c, out)}
+    unreadable = _unreadable(done, out)
+    if unreadable and not overwrite:
+        for why in unreadable.values():
+            print(f"attnmetrics sweep: {why}; pass --overwrite to rerun the cell", file=sys.stderr)
+        return 2
+    stale = {c for c in done if c in unreadable or is_stale(c, out)}
     if stale and not overwrite:
         names = ", ".join(f"{c.grid}/{c.name}" for c in sorted(stale, key=lambda c: (c.grid, c.name))[:5])
         print(
@@ -188,8 +211,7 @@ def run_sweep(sweep: Sweep, overwrite: bool = False, progress: bool = True, runn
         return 2
     with _folder_lock(out):
         write_text_atomic(out / "sweep.toml", sweep.text)
-        status_path = out / "status.json"
-        status = json.loads(status_path.read_text()) if status_path.is_file() else {"cells": {}}
+        status = read_status(out / "status.json")
         runner = runner_type(sweep, status, progress)
         todo = [c for c in sweep.cells if c not in done or c in stale]
         for c in sweep.cells:
