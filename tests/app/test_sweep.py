@@ -110,6 +110,9 @@ def test_config_errors_in_sections(tmp_path):
         load_config(_config(tmp_path, '[[grid]]\nname = "g"\ndatasets = ["sst"]\n' * 2))
     with pytest.raises(ValueError, match="unknown sections"):
         load_config(_config(tmp_path, '[grids]\nname = "g"\n'))
+    for clash in ("status.json", "report.md", ".hidden", "heads.png"):  # the sweep's own files
+        with pytest.raises(ValueError, match=f"'{re.escape(clash)}': 'name' is a file the sweep writes"):
+            load_config(_config(tmp_path, f'[[grid]]\nname = "{clash}"\ndatasets = ["sst"]\n'))
     with pytest.raises(ValueError, match="jobs"):
         load_config(_config(tmp_path, '[sweep]\njobs = 0\n[[grid]]\nname = "g"\ndatasets = ["sst"]\n'))
     with pytest.raises(ValueError, match="not valid TOML"):

@@ -219,6 +219,10 @@ def _head(head: dict, base: Path, out, jobs, executor, slurm, given_dirs) -> tup
     return out, jobs, executor, slurm, data_dirs
 
 
+#: what a sweep writes in its folder beside the grids' folders (and its figures, *.png)
+SWEEP_OWN_FILES = ("status.json", "aggregate.json", "report.md", "instances.parquet", "sweep.toml")
+
+
 def _grid_name(i: int, grid, names: set[str]) -> str:
     """[[grid]] number ``i``'s name, checked: a folder name, not one of ``names`` (those before it)."""
     if not isinstance(grid, dict):
@@ -228,6 +232,10 @@ def _grid_name(i: int, grid, names: set[str]) -> str:
         raise ValueError(f"[[grid]] #{i + 1}: 'name' must be a folder name (letters, digits, . _ -), got {name!r}")
     if name in names:
         raise ValueError(f"[[grid]] {name!r}: duplicate grid name")
+    if name in SWEEP_OWN_FILES or name.startswith(".") or name.endswith(".png"):
+        raise ValueError(
+            f"[[grid]] {name!r}: 'name' is a file the sweep writes in its folder (or a hidden name); choose another"
+        )
     if "datasets" not in grid:
         raise ValueError(f"[[grid]] {name!r}: missing axis 'datasets'")
     return name
