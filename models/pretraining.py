@@ -270,9 +270,13 @@ def save_pretraining_checkpoint(
 ) -> Path:
     """Write ``out_dir/step-NNNNNNN/`` (see the module docstring), point ``latest`` at it, and
     delete all but the newest ``keep`` step folders; ``extra`` (JSON-ready) goes into
-    ``model.json``. Returns the checkpoint folder."""
+    ``model.json``. A write killed before its rename left a ``.step-N.XXXX`` folder: removed here,
+    by the next checkpoint of the run (rank 0 alone writes them). Returns the checkpoint folder."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob(".step-*.*"):  # a write killed before its rename (one writer: rank 0)
+        if stale.is_dir() and re.fullmatch(r"\.step-\d+\.[A-Za-z0-9_]+", stale.name):
+            shutil.rmtree(stale, ignore_errors=True)
     name = f"step-{state.step:07d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out_dir))
     try:

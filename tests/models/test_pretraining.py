@@ -216,6 +216,20 @@ def test_latest_pointing_outside_its_folder_is_refused(tokenizer, tmp_path):
             P.load_training_state(tmp_path / "run")
 
 
+def test_a_checkpoint_write_killed_before_its_rename_is_cleaned_by_the_next(tokenizer, tmp_path):
+    # issue 31, item 5: a SIGKILL inside save_checkpoint left .step-N.XXXX folders for ever
+    first = run(tmp_path, tokenizer, "run", stop_at=4)
+    assert first.step == 4
+    left = tmp_path / "run" / ".step-0000005.k1ll3d"
+    left.mkdir()
+    (left / "model.pt").write_bytes(b"half a state dict")
+    keep = tmp_path / "run" / ".step-notes"  # not a checkpoint's temporary name: left alone
+    keep.mkdir()
+    P.pretrain(tmp_path / "run", resume=True, train_texts=[TEXT], valid_text=VALID)
+    assert not left.exists() and keep.exists()
+    assert (tmp_path / "run" / "latest").read_text() == "step-0000008"
+
+
 def test_checkpoints_respect_the_umask(tokenizer, tmp_path):
     # issue 31, item 14: checkpoints were 0700/0600 whatever the umask
     old = os.umask(0o022)
