@@ -263,6 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-render a run's report.md and figures, or compare several runs")
     rep.add_argument("run_dirs", type=Path, nargs="+", help="run folders holding results.json")
     rep.add_argument("--out", type=Path, help="folder for comparison.md (needed with several runs)")
+    rep.add_argument("--overwrite", action="store_true", help="replace an existing comparison.md in --out")
     _add_sweep_args(sub.add_parser("sweep", help="run a grid of 'run' cells (resumable), then one aggregated report"))
     _add_pretrain_args(sub.add_parser("pretrain", help="pre-train a GPT language model on the Gutenberg books"))
     return parser

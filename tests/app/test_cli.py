@@ -381,6 +381,10 @@ def test_every_flag_of_every_command_has_help():
         assert "default: runs/DATASET-ENCODER" in commands[name].format_help()
 
 
+#: the least results.json the comparison renders: what every run writes before its model
+MINIMAL_RESULTS = {"command": "run", "config": {}, "data": {"name": "sst"}}
+
+
 def test_report_never_replaces_an_existing_comparison(tmp_path, capsys):
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
@@ -392,6 +396,11 @@ def test_report_never_replaces_an_existing_comparison(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{cmp / 'comparison.md'} already exists" in err and len(err.strip().splitlines()) == 1
     assert (cmp / "comparison.md").read_text() == "last week's comparison"
+    assert "pass --overwrite to replace it" in err
+    for name in ("a", "b"):  # report needs more than the run keys to render: a real pair of results
+        (tmp_path / name / "results.json").write_text(json.dumps(MINIMAL_RESULTS))
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(cmp), "--overwrite"]) == 0
+    assert "# attnmetrics comparison" in (cmp / "comparison.md").read_text()
 
 
 @pytest.mark.parametrize(

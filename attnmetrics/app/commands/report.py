@@ -15,6 +15,7 @@ from attnmetrics.app.report import render, render_comparison
 class ReportArgs:
     run_dirs: list[Path]  # run folders holding results.json
     out: Path | None = None  # folder for comparison.md (needed with several runs)
+    overwrite: bool = False  # replace an existing comparison.md
 
 
 def report(args: ReportArgs) -> int:
@@ -44,9 +45,10 @@ def report(args: ReportArgs) -> int:
             file=sys.stderr,
         )
         return 2
-    if (args.out / "comparison.md").exists():
+    if (args.out / "comparison.md").exists() and not args.overwrite:
         print(
-            f"attnmetrics: {args.out / 'comparison.md'} already exists; remove it or choose another --out",
+            f"attnmetrics: {args.out / 'comparison.md'} already exists; pass --overwrite to replace it, or choose "
+            "another --out",
             file=sys.stderr,
         )
         return 2
