@@ -3,6 +3,7 @@ confidence intervals over instances, and W&P 2019's seed variance (sec. 3.3)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -104,6 +105,86 @@ def bootstrap_ci(
         rng=np.random.default_rng(seed),
     )
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+class SeedInstanceCI(NamedTuple):
+    """An estimate over seeds and instances and its interval (:func:`seed_instance_ci`)."""
+
+    estimate: float  # the statistic on the data as observed
+    low: float
+    high: float
+
+
+def seed_instance_ci(
+    data,
+    statistic,
+    confidence: float = 0.95,
+    n_resamples: int = 9999,
+    seed: int = 0,
+    chunk: int = 256,
+) -> SeedInstanceCI:
+    """A statistic over seeds and test instances, with a percentile bootstrap interval that
+    resamples both: the seeds (with replacement), then the instances (with replacement; one draw
+    for every seed of a resample, since every seed is tested on the same instances, which keeps
+    them paired). With one seed it is the ordinary bootstrap over instances.
+
+    The estimate is the statistic the interval bootstraps, on the data as observed: the mean over
+    seeds of each seed's ``statistic`` over the instances (seeds where it is NaN left out), so
+    the interval is about the number reported (Davison & Hinkley 1997, sec. 3.8, for resampling
+    both levels of a two-level design).
+
+    Args:
+        data: ``[S, N]`` float (seeds x instances; NaN where an instance is undefined), or a tuple
+            of arrays each ``[..., N]`` with the seeds on the first axis where they differ
+            (e.g. ``(labels [N], predicted [S, N])``): resampled together.
+        statistic: ``statistic(*arrays, axis=-1)`` -> the per-seed statistic along the instances,
+            vectorised over leading axes (e.g. ``np.nanmean``).
+        confidence: confidence level of the two-sided interval.
+        n_resamples: bootstrap resamples.
+        seed: seed of the resampling (``numpy.random.default_rng``), so reports are reproducible.
+        chunk: resamples drawn at a time (memory: ``chunk * S * N`` values).
+
+    Returns:
+        ``(estimate, low, high)``; the interval is ``(nan, nan)`` with fewer than 2 instances.
+    """
+    arrays = tuple(np.asarray(d) for d in (data if isinstance(data, tuple) else (data,)))
+    seeded = [a.ndim > 1 for a in arrays]
+    seeds = max((a.shape[0] for a, s in zip(arrays, seeded) if s), default=1)
+    n = arrays[0].shape[-1]
+
+    def per_seed(parts, seed_index, instance_index):  # [R, S] statistic per resample and seed
+        picked = []
+        for a, s in zip(parts, seeded):
+            if s:  # [S, N] -> [R, S, N]: the resample's seeds, then its instances
+                a = a[seed_index]
+                picked.append(np.take_along_axis(a, np.broadcast_to(instance_index[:, None, :], a.shape), -1))
+            else:  # [N] -> [R, 1, N]: the same for every seed
+                picked.append(a[instance_index][:, None, :])
+        return statistic(*picked, axis=-1)
+
+    whole = per_seed(arrays, np.arange(seeds)[None, :], np.arange(n)[None, :])
+    estimate = float(_nanmean_quiet(whole[0]))
+    if n < 2:
+        return SeedInstanceCI(estimate, float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    draws = []
+    for start in range(0, n_resamples, chunk):
+        r = min(chunk, n_resamples - start)
+        seed_index = rng.integers(seeds, size=(r, seeds)) if seeds > 1 else np.zeros((r, 1), dtype=np.int64)
+        draws.append(_nanmean_quiet(per_seed(arrays, seed_index, rng.integers(n, size=(r, n))), axis=-1))
+    draws = np.concatenate(draws)
+    draws = draws[np.isfinite(draws)]
+    if not draws.size:
+        return SeedInstanceCI(estimate, float("nan"), float("nan"))
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(draws, [alpha, 1 - alpha])
+    return SeedInstanceCI(estimate, float(low), float(high))
+
+
+def _nanmean_quiet(x, axis=None):
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN: NaN, on purpose
+        return np.nanmean(x, axis=axis)
 
 
 def macro_f1(labels, predicted, num_classes: int, axis: int = -1) -> np.ndarray:

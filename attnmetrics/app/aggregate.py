@@ -5,12 +5,13 @@ Statistical choices (also written into aggregate.json "conventions"):
 - Groups: cells that differ only in the seed (same grid, dataset, encoder, attention, regulariser).
 - Spread over seeds: for each statistic, each seed's own summary number (as in its results.json);
   their mean, sample std (ddof = 1; NaN for one seed), min and max.
-- 95% CI over instances: the seeds of a group decide the same test instances, so each instance's
-  value is first averaged over the seeds (NaN-aware: an instance undefined in every seed is left
-  out), then a percentile bootstrap (scipy.stats.bootstrap, 9999 resamples, fixed seed 0) of the
-  statistic (the mean, or the median for the permutation median TVD) over those instances. It
-  covers the test-set sampling of the seed-averaged model, not the seed-to-seed spread. Macro F1:
-  instances resampled in pairs (label, every seed's prediction), statistic = mean over seeds.
+- Estimate and 95% CI over seeds and instances (attnmetrics.stats.seed_instance_ci): the estimate
+  is the mean over seeds of each seed's statistic over its instances (the mean, or the median for
+  the permutation median TVD; NaN-aware: undefined instances left out), and the interval a
+  percentile bootstrap of that same estimate (9999 resamples, fixed seed 0) resampling the seeds,
+  then the instances (one draw for all seeds: they decide the same instances). It covers both the
+  seed-to-seed spread and the test-set sampling; with one seed, the instances alone. Macro F1:
+  labels and every seed's predictions resampled together.
 - McNemar's exact test (attnmetrics.stats.mcnemar) on per-instance correctness, per seed, for
   every pair of cells that differ only in attention (learned vs ``uniform``, W&P) or regulariser
   (each vs ``none``, T&Š); b01 = instances only the baseline gets right, b10 = only the other.
@@ -35,13 +36,14 @@ from attnmetrics.app.io import read_results, read_status, write_json_atomic, wri
 from attnmetrics.app.summaries import as_floats, by_max_attention, get, nanmean, stats
 from attnmetrics.app.table import sweep_table
 from attnmetrics.outputs import decision
-from attnmetrics.stats import bootstrap_ci, macro_f1, mcnemar, seed_variance
+from attnmetrics.stats import macro_f1, mcnemar, seed_instance_ci, seed_variance
 
 CONVENTIONS = {
     "groups": "cells differing only in the seed",
     "spread": "per-seed summary numbers: mean, sample std (ddof=1), min, max",
-    "ci": "95% percentile bootstrap over instances (scipy.stats.bootstrap, 9999 resamples, seed 0) of the "
-    "statistic of the per-instance values averaged over seeds (NaN-aware)",
+    "estimate": "mean over seeds of each seed's statistic over its instances (NaN-aware)",
+    "ci": "95% percentile bootstrap of the estimate resampling seeds, then instances (one draw for all seeds), "
+    "9999 resamples, seed 0; one seed: instances only",
     "mcnemar": "exact, per seed, on per-instance correctness; b01 = only the baseline right, b10 = only the other",
     "seed_variance": "base = smallest seed; per instance median JSD(base, seed attention) over the other seeds "
     "(nats) and mean TVD of output distributions",
@@ -114,19 +116,21 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
             "per_seed": dict(zip(map(str, seeds), (c[name][1] for c in per_cell))),
             **_spread([c[name][1] for c in per_cell]),
         }
-        lo = hi = math.nan
         values = [c[name][2] for c in per_cell]
+        ci = None
         if name == "test macro F1" and have_preds:
             labels = preds[0]["labels"]
             predicted = np.stack([_decision(p["logits"]) for p in preds])
             k = max(2, preds[0]["logits"].shape[1])
-            lo, hi = bootstrap_ci((labels, predicted), lambda y, z, axis=-1: macro_f1(y, z, k, axis).mean(0))
+            ci = seed_instance_ci((labels, predicted), lambda y, z, axis=-1: macro_f1(y, z, k, axis))
             entry["instances"] = len(labels)
         elif reducer is not None and all(v is not None for v in values) and len({len(v) for v in values}) == 1:
-            x = nanmean(np.stack(values), axis=0)
-            x = x[np.isfinite(x)]
-            lo, hi = bootstrap_ci(x, reducer)
-            entry["instances"] = int(x.size)
+            x = np.stack(values)
+            ci = seed_instance_ci(x, reducer)
+            entry["instances"] = int(np.isfinite(x).any(0).sum())
+        # the estimate is the statistic its interval bootstraps (seeds, then instances, resampled)
+        entry["estimate"] = ci.estimate if ci else math.nan
+        lo, hi = (ci.low, ci.high) if ci else (math.nan, math.nan)
         entry["ci95"] = [lo, hi]
         out["statistics"][name] = entry
     if len(members) > 1 and have_preds:

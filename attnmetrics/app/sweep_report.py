@@ -12,7 +12,7 @@ from attnmetrics.app.figures import bin_labels, by_bins, save_figure, subplots, 
 from attnmetrics.app.io import write_text_atomic
 from attnmetrics.app.markdown import fmt, table
 
-STAT_HEADERS = ["group", "statistic", "mean over seeds", "std", "min", "max", "95% CI (instances)", "seeds"]
+STAT_HEADERS = ["group", "statistic", "estimate", "95% CI (seeds, instances)", "std over seeds", "min", "max", "seeds"]
 
 
 def _ci(ci95) -> str:
@@ -26,8 +26,8 @@ def _stat_rows(agg: dict, section: str) -> list[list[str]]:
     for group, g in agg["groups"].items():
         for name, s in g["statistics"].items():
             if s["section"] == section:
-                ci = _ci(s["ci95"])
-                rows.append([group, name, fmt(s["mean"]), fmt(s["std"]), fmt(s["min"]), fmt(s["max"]), ci, s["seeds"]])
+                ci, estimate = _ci(s["ci95"]), s.get("estimate", s["mean"])
+                rows.append([group, name, fmt(estimate), ci, fmt(s["std"]), fmt(s["min"]), fmt(s["max"]), s["seeds"]])
     return rows
 
 
@@ -85,7 +85,7 @@ def _gpt_rows(agg: dict) -> list[list[str]]:
                 blocks,
                 lm,
                 lr,
-                fmt(acc["mean"]),
+                fmt(acc.get("estimate", acc["mean"])),
                 fmt(acc["std"]),
                 ci,
                 acc["seeds"],
@@ -95,7 +95,7 @@ def _gpt_rows(agg: dict) -> list[list[str]]:
 
 
 def transfer_figure(agg: dict, folder: Path) -> str | None:
-    """GPT-1's Figure 2 (left): test accuracy (mean over seeds, 95% CI over instances) against the
+    """GPT-1's Figure 2 (left): test accuracy (the estimate over seeds, its 95% CI over seeds and instances) against the
     pre-trained blocks transferred, one line per dataset and λ; the from-scratch model at -1."""
     points: dict[tuple[str, float], list[tuple[int, float, float, float]]] = {}
     for g in agg["groups"].values():
@@ -104,7 +104,7 @@ def transfer_figure(agg: dict, folder: Path) -> str | None:
             continue
         x = m["transfer_layers"] if m.get("pretrained") else -1
         key = (g["axes"].get("dataset", "?"), m.get("lm_weight"), m.get("lr"))
-        points.setdefault(key, []).append((x, acc["mean"], *acc["ci95"]))
+        points.setdefault(key, []).append((x, acc.get("estimate", acc["mean"]), *acc["ci95"]))
     if not any(len({x for x, *_ in v}) > 2 for v in points.values()):
         return None  # no transfer curve: fewer than three settings on any line
     fig, ax = subplots(figsize=(5, 3.5))
@@ -127,7 +127,7 @@ GPT_HEADERS = [
     "lr",
     "test accuracy",
     "std over seeds",
-    "95% CI (instances)",
+    "95% CI (seeds, instances)",
     "seeds",
 ]
 
@@ -201,8 +201,9 @@ def _overview(agg: dict) -> list[str]:
     if not_done:
         lines += [table(not_done, ["cell not finished", "state"]), ""]
     return lines + [
-        "Mean, std (ddof = 1), min and max over the seeds' own numbers; 95% CI: percentile bootstrap over",
-        "test instances of the per-instance values averaged over seeds (fixed seed). See aggregate.json.",
+        "Estimate: the mean over seeds of each seed's statistic over the test instances; 95% CI: percentile",
+        "bootstrap of that estimate resampling the seeds, then the instances (fixed seed), so it holds the",
+        "seed-to-seed spread; std (ddof = 1), min and max over the seeds' own numbers. See aggregate.json.",
         "",
     ]
 

@@ -8,7 +8,7 @@ from sklearn.metrics import f1_score
 
 from attnmetrics.app.aggregate import aggregate_group, paired_tests
 from attnmetrics.app.sweep import Cell
-from attnmetrics.stats import bootstrap_ci, macro_f1, seed_variance
+from attnmetrics.stats import bootstrap_ci, macro_f1, seed_instance_ci, seed_variance
 
 
 def _loop_ci(x, statistic, resamples=20000, seed=1):
@@ -109,7 +109,55 @@ def test_mcnemar_pairs_learned_with_uniform_of_the_same_seed():
         assert 0 < t["pvalue"] <= 1
 
 
-def test_group_spread_over_seeds_and_ci_over_seed_averaged_instances():
+def _loop_seed_instance_ci(values, statistic, resamples, seed=0):
+    """The two-level bootstrap as its description says, one resample at a time, drawing from the
+    generator in seed_instance_ci's order (one chunk): each resample's seeds, then its instances."""
+    rng = np.random.default_rng(seed)
+    seeds, n = values.shape
+    seed_draws = rng.integers(seeds, size=(resamples, seeds)) if seeds > 1 else np.zeros((resamples, 1), int)
+    instance_draws = rng.integers(n, size=(resamples, n))
+    estimates = []
+    for chosen, instances in zip(seed_draws, instance_draws):
+        per_seed = [statistic(values[s][instances]) for s in chosen]
+        per_seed = [v for v in per_seed if np.isfinite(v)]
+        if per_seed:
+            estimates.append(np.mean(per_seed))
+    estimate = np.mean([v for v in (statistic(row) for row in values) if np.isfinite(v)])
+    return estimate, *np.quantile(estimates, [0.025, 0.975])
+
+
+@pytest.mark.parametrize("statistic", [np.nanmean, np.nanmedian])
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_seed_instance_ci_matches_a_plain_two_level_loop(statistic, seeds):
+    values = np.random.default_rng(seeds).gamma(2.0, 0.1, size=(seeds, 60)) + np.arange(seeds)[:, None] * 0.05
+    values[0, :4] = np.nan  # undefined instances of one seed
+    got = seed_instance_ci(values, lambda v, axis=-1: statistic(v, axis=axis), n_resamples=500, chunk=500)
+    ref = _loop_seed_instance_ci(values, statistic, 500)
+    np.testing.assert_allclose(got, ref, rtol=1e-12)
+    assert got.low <= got.estimate <= got.high
+
+
+def test_seed_instance_ci_holds_the_seed_to_seed_spread():
+    # issue 29: one seed stuck far from the others widened nothing when seeds were averaged per instance
+    rng = np.random.default_rng(3)
+    values = rng.normal(0.0, 0.05, size=(3, 400)) + np.array([[0.8], [0.8], [0.5]])  # one seed stuck
+    est, lo, hi = seed_instance_ci(values, np.nanmean)
+    averaged = bootstrap_ci(values.mean(0), np.mean)  # the old interval: seeds averaged first
+    assert est == pytest.approx(values.mean())
+    assert hi - lo > 0.2 > 10 * (averaged[1] - averaged[0])  # resampling seeds: 0.5 and 0.8 both in reach
+    assert lo < 0.6 < 0.75 < hi
+
+
+def test_seed_instance_ci_pairs_labels_with_every_seeds_predictions():
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, 80)
+    predicted = np.stack([np.where(rng.random(80) < 0.8, labels, 1 - labels) for _ in range(2)])
+    ci = seed_instance_ci((labels, predicted), lambda y, z, axis=-1: macro_f1(y, z, 2, axis), n_resamples=999)
+    per_seed = [macro_f1(labels, p, 2) for p in predicted]
+    assert ci.estimate == pytest.approx(np.mean(per_seed)) and ci.low <= ci.estimate <= ci.high
+
+
+def test_group_spread_over_seeds_and_ci_over_seeds_and_instances():
     rng = np.random.default_rng(5)
     n, members = 40, []
     per_instance = rng.random((3, n))
@@ -131,9 +179,11 @@ def test_group_spread_over_seeds_and_ci_over_seed_averaged_instances():
         and (acc["min"], acc["max"]) == (0.5, 0.7)
     )
     perm = g["statistics"]["permutation median TVD"]
-    averaged = np.nanmean(per_instance[:, 1:], axis=0)
     assert perm["instances"] == n - 1
-    np.testing.assert_allclose(perm["ci95"], _loop_ci(averaged, np.median), atol=0.03)
+    # the estimate is the statistic the interval bootstraps: the mean of the seeds' medians
+    assert perm["estimate"] == pytest.approx(perm["mean"]) and perm["ci95"][0] <= perm["estimate"] <= perm["ci95"][1]
+    ref = _loop_seed_instance_ci(per_instance, np.nanmedian, 9999)
+    np.testing.assert_allclose([perm["estimate"], *perm["ci95"]], ref, atol=0.03)
     assert "seed_variance" not in g  # no predictions.npz
 
 

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from attnmetrics.app.cli import main
@@ -219,6 +220,13 @@ def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, caps
     group = agg["groups"]["g/sst-lstm-tanh"]
     assert group["seeds"] == [0, 1] and "seed_variance" in group
     assert group["statistics"]["test accuracy"]["seeds"] == 2
+    # issue 29: every row's estimate lies inside its own interval (the interval bootstraps that estimate)
+    outside = [
+        name
+        for name, st in group["statistics"].items()
+        if np.isfinite(st["ci95"][0]) and not st["ci95"][0] <= st["estimate"] <= st["ci95"][1]
+    ]
+    assert not outside and sum(np.isfinite(st["ci95"][0]) for st in group["statistics"].values()) > 10
     report = (out / "report.md").read_text()
     assert "Jain & Wallace" in report and "Seed variance" in report
     # one table of every cell's instances; docs/usage.md's pandas query gives the report's per-seed τ
