@@ -56,8 +56,19 @@ def test_run_writes_a_complete_report(run_dir):
     assert results["seed"] == 0 and results["versions"]["torch"]
     for metric in ("accuracy", "macro_f1", "roc_auc"):
         assert 0 <= results["test"][metric] <= 1
-    assert set(results["flip"]) == {"attention", "random", "gradient", "attn_grad", "reverse"}
-    for name, s in results["flip"].items():
+    orders = {"attention", "random", "gradient", "attn_grad", "reverse"}
+    assert set(results["flip"]) == orders | {"paired"}
+    # the orderings compared on common rows: those that flip under every ordering (a plain loop)
+    paired, inst = results["flip"]["paired"], results["instances"]["flip"]
+    common = [i for i in range(160) if all(inst[o]["fraction"][i] is not None for o in orders)]
+    assert paired["rows"] == len(common) > 0
+    for o in orders:
+        assert paired["fraction"][o] == pytest.approx(sum(inst[o]["fraction"][i] for i in common) / len(common))
+        if o != "random":
+            d = paired["minus random"][o]
+            assert d["mean"] == pytest.approx(paired["fraction"][o] - paired["fraction"]["random"])
+            assert d["ci95"][0] <= d["mean"] <= d["ci95"][1]
+    for name, s in ((k, v) for k, v in results["flip"].items() if k != "paired"):
         assert s["rows"] == 160
         assert math.isclose(s["flipped_rate"] + s["never_flipped_rate"], 1.0)
         if s["fraction"]["n"]:

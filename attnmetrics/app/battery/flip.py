@@ -13,6 +13,7 @@ from attnmetrics.app.battery.registry import Context, Experiment
 from attnmetrics.app.figures import save_figure, subplots, violins
 from attnmetrics.app.markdown import fmt, table
 from attnmetrics.app.summaries import as_floats, get, nanmean, stats
+from attnmetrics.stats import bootstrap_ci
 
 #: S&S 2019's orderings (sec. 4): attention, random, gradient w.r.t. attention, attention x gradient; plus reverse.
 DEFAULT_ORDERS = ("attention", "random", "gradient", "attn_grad", "reverse")
@@ -45,14 +46,44 @@ def flip_summary(removed: np.ndarray, fraction: np.ndarray, lengths: np.ndarray)
     }
 
 
+def paired_on_common_rows(fractions: dict[str, np.ndarray], lengths: np.ndarray, baseline: str = "random") -> dict:
+    """The orderings compared on the same rows (issue: comparisons over different instance sets
+    reverse S&S's reading): the rows of >= 2 tokens that flip under every ordering (each sample
+    of a random one), each ordering's mean fraction there, and its paired difference from
+    ``baseline`` with a 95% percentile bootstrap CI over those rows (attnmetrics.stats.bootstrap_ci,
+    rows resampled in pairs). ``fractions[name]``: ``[N]`` or ``[N, samples]``."""
+    per_row = {k: np.asarray(v, dtype=float).reshape(len(lengths), -1) for k, v in fractions.items()}
+    common = (np.asarray(lengths) > 1) & np.all([np.isfinite(v).all(1) for v in per_row.values()], axis=0)
+    means = {k: v[common].mean(1) for k, v in per_row.items()}  # a random order's samples averaged per row
+    out: dict[str, Any] = {"rows": int(common.sum()), "fraction": {k: _mean(v) for k, v in means.items()}}
+    if baseline in means:
+        base = means[baseline]
+        out[f"minus {baseline}"] = {
+            k: {
+                "mean": _mean(v - base),
+                "ci95": list(bootstrap_ci((v, base), lambda a, b, axis=-1: (a - b).mean(axis))),
+            }
+            for k, v in means.items()
+            if k != baseline
+        }
+    return out
+
+
+def _mean(v: np.ndarray) -> float:
+    return float(v.mean()) if v.size else math.nan
+
+
 def summarise(x: dict, c: Context):
     summary, instances = {}, {}
-    for name in dict.fromkeys(k.split("/")[1] for k in x if k.startswith("flip/")):  # orders, importances
+    names = list(dict.fromkeys(k.split("/")[1] for k in x if k.startswith("flip/")))  # orders, importances
+    for name in names:
         # sample after sample (app/table.py's layout)
         removed, fraction = x[f"flip/{name}/removed"].T.reshape(-1), x[f"flip/{name}/fraction"].T.reshape(-1)
         reps = removed.size // c.lengths.size  # random with several samples
         summary[name] = flip_summary(removed, fraction, np.tile(c.lengths, reps))
         instances[name] = {"removed": removed.tolist(), "fraction": fraction.astype(float).tolist()}
+    if len(names) > 1:  # not an ordering: kept beside them, under a name no ordering has
+        summary["paired"] = paired_on_common_rows({k: x[f"flip/{k}/fraction"] for k in names}, c.lengths)
     return summary, instances
 
 
@@ -68,6 +99,7 @@ def section(results: dict) -> list[str]:
             v["fraction"]["n"],
         ]
         for k, v in results["flip"].items()
+        if k != "paired"
     ]
     return [
         "## Decision flip under attention removal (Serrano & Smith 2019, sec. 4)",
@@ -76,6 +108,25 @@ def section(results: dict) -> list[str]:
         f"changes. Fraction = removed / number of real tokens; never-flipping rows: {conv.get('never_flipped', 'NaN')}.",
         "",
         table(rows, ["ordering", "mean fraction", "median", "std", "never flips", "rows in fraction stats"]),
+        "",
+        *_paired_lines(results["flip"].get("paired")),
+    ]
+
+
+def _paired_lines(paired: dict | None) -> list[str]:
+    """The orderings on the rows that flip under all of them, each against random (paired)."""
+    if not paired or "minus random" not in paired:
+        return []
+    rows = [
+        [k, fmt(paired["fraction"][k]), fmt(d["mean"]), f"[{fmt(d['ci95'][0])}, {fmt(d['ci95'][1])}]"]
+        for k, d in paired["minus random"].items()
+    ]
+    rows.append(["random", fmt(paired["fraction"]["random"]), "", ""])
+    return [
+        f"Paired, on the {paired['rows']} rows that flip under every ordering (the means above are each over "
+        "its own rows, so they compare different instances):",
+        "",
+        table(rows, ["ordering", "mean fraction", "minus random", "95% CI (paired bootstrap over rows)"]),
         "",
     ]
 
@@ -114,6 +165,8 @@ def statistics(results: dict, inst: dict, ok) -> dict:
     lengths = inst.get("lengths", [])
     out = {}
     for order, s in results.get("flip", {}).items():
+        if order == "paired":  # the orderings compared on common rows, not an ordering
+            continue
         f = get(inst, "flip", order)
         same = f is not None and len(f["fraction"]) == len(lengths)
         out[f"flip fraction ({order})"] = ("ss", s["fraction"]["mean"], ok(f["fraction"]) if same else None, nanmean)
