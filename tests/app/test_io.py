@@ -1,5 +1,6 @@
 """Outputs are written atomically and run folders are never silently overwritten."""
 
+import contextlib
 import json
 import math
 import os
@@ -121,23 +122,31 @@ with run_folder(sys.argv[1]) as staging:
 """
 
 
-def test_claim_of_a_killed_run_never_blocks_the_next(tmp_path):
-    out = tmp_path / "run"
+@contextlib.contextmanager
+def _in_background(script: str, out, cwd, ready: str):
+    """``script`` run on ``out`` in another process until it prints ``ready``; SIGKILLed on exit
+    (no clean-up of its own runs, as after a real kill)."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", CLAIM_AND_WAIT, str(out)],
+        [sys.executable, "-c", script, str(out)],
         stdout=subprocess.PIPE,
         text=True,
-        cwd=tmp_path,
+        cwd=cwd,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     try:
-        assert proc.stdout.readline().strip() == "claimed"
+        assert proc.stdout.readline().strip() == ready
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def test_claim_of_a_killed_run_never_blocks_the_next(tmp_path):
+    out = tmp_path / "run"
+    with _in_background(CLAIM_AND_WAIT, out, tmp_path, "claimed"):  # then killed: its folder stays behind
         with pytest.raises(FileExistsError, match="another attnmetrics run"):  # alive: its claim holds
             with run_folder(out, overwrite=True):
                 pytest.fail("must not start")
-    finally:
-        proc.send_signal(signal.SIGKILL)  # no cleanup runs: its claimed folder stays behind
-        proc.wait(timeout=30)
     assert [p.name for p in out.iterdir()] == [MARKER]
     deadline = time.time() + 10
     with run_folder(out) as staging:  # the dead run's lock went with it: taken over, no --overwrite
@@ -256,24 +265,13 @@ def test_the_next_claim_removes_leftovers_of_dead_runs_and_names_them(tmp_path, 
 
 def test_leftovers_of_a_live_run_are_left_alone(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CLAIM_AND_WAIT, str(out)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    try:
-        assert proc.stdout.readline().strip() == "claimed"
+    with _in_background(CLAIM_AND_WAIT, out, tmp_path, "claimed"):
         live = sorted(tmp_path.glob(".run.partial-*"))
         assert len(live) == 1
         with pytest.raises(FileExistsError, match="another attnmetrics run"):
             with run_folder(out, overwrite=True):
                 pytest.fail("must not start")
         assert sorted(tmp_path.glob(".run.partial-*")) == live and (out / MARKER).is_file()
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
 
 
 def test_the_clean_up_never_takes_a_sibling_for_a_leftover(tmp_path):
@@ -307,23 +305,13 @@ def test_no_run_takes_out_in_the_gap_of_a_swap(tmp_path, monkeypatch):
     out = tmp_path / "run"
     with run_folder(out) as staging:
         (staging / "results.json").write_text('{"run": "old"}')
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SWAP_AND_PAUSE, str(out)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    try:
-        assert proc.stdout.readline().strip() == "paused" and not out.exists()
+    with _in_background(SWAP_AND_PAUSE, out, tmp_path, "paused"):
+        assert not out.exists()
         monkeypatch.setattr(io, "SWAP_WAIT_S", 0.5)
         with pytest.raises(FileExistsError, match="replacing"):  # waits for the swap, never a fresh OUT
             with run_folder(out):
                 pytest.fail("must not start in the gap")
         assert not out.exists()
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
     with pytest.raises(FileExistsError, match="already exists"):  # the swap finished by the next claim
         with run_folder(out):
             pytest.fail("OUT holds a finished run")
