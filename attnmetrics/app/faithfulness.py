@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import fields
 
 import numpy as np
 
@@ -30,23 +31,19 @@ def battery(config: RunConfig, model, test, splits, adversarial_diversity: float
     t0 = time.perf_counter()
     batches = [(int(b.index[0]), b.tokens, b.lengths) for b in test.batches(256)]
     mine = distributed.share(batches, [float(n.sum()) for _, _, n in batches], w)
-    settings = dict(
+    battery_config = BatteryConfig(
         experiments=[e for e in EXPERIMENTS if e not in config.skip],
-        permutations=config.permutations,
-        adversarial_steps=config.adversarial_steps,
-        adversarial_diversity=adversarial_diversity,
-    )
-    part = collect(
-        model,
-        mine,
         orders=config.orders,
         seed=config.seed,
         random_samples=config.random_samples,
-        never_flipped=_never_flipped(config),
+        never_flipped=float("nan") if config.never_flipped == "nan" else 1.0,
+        permutations=config.permutations,
+        adversarial_steps=config.adversarial_steps,
+        adversarial_diversity=adversarial_diversity,
         options=config.importance_options,
-        progress=w.main and not config.no_progress,
-        **settings,
     )
+    settings = {f.name: getattr(battery_config, f.name) for f in fields(battery_config)}
+    part = collect(model, mine, progress=w.main and not config.no_progress, **settings)
     parts = distributed.gather((*part, time.perf_counter() - t0), w)
     if parts is None:
         return False
@@ -58,7 +55,7 @@ def battery(config: RunConfig, model, test, splits, adversarial_diversity: float
         results["distributed"]["instances"] = [len(p[0].get("instance", ())) for p in parts]
     results.update(summary)
     results["instances"] = instances
-    results["conventions"] = conventions(BatteryConfig(never_flipped=_never_flipped(config), **settings))
+    results["conventions"] = conventions(battery_config)
     return True
 
 
@@ -139,8 +136,3 @@ def tested_attention(model) -> str | None:
 def importance_settings(config: RunConfig, experiments=()) -> registry.Settings:
     """The optional importances the command's flags ask for (train has none of the flags)."""
     return registry.Settings(tuple(experiments), dict(config.importance_options))
-
-
-def _never_flipped(config: RunConfig) -> float:
-    """``--never-flipped``'s fraction: NaN (left out, S&S) or 1.0 (Mohankumar et al. 2020)."""
-    return float("nan") if config.never_flipped == "nan" else 1.0
