@@ -6,16 +6,23 @@ figure in its module (``attnmetrics/app/battery/``) from the per-instance values
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from attnmetrics.app.summaries import MAX_ATTENTION_BINS, as_floats
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **kwargs):
     """``(figure, axes)`` like ``pyplot.subplots``, on a bare ``matplotlib.figure.Figure``: no
-    pyplot state, no GUI backend to choose, nothing to close (files only, never a window)."""
+    pyplot state, no GUI backend to choose, nothing to close (files only, never a window).
+    matplotlib loads here, on the first figure: the experiment modules that draw import this
+    module, and every command (``--help`` included) imports them."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=figsize)
     return fig, fig.subplots(nrows, ncols, **kwargs)
 
