@@ -225,12 +225,15 @@ def check_logits(
     on: str = "",
     hint: str = "",
     dtype: torch.dtype | None = None,
+    finite: bool = True,
 ) -> Tensor:
     """The one logits check: ``logits`` if they are [N, C] (N = ``n`` and C = ``classes`` when
     given) and finite, else ValueError. ``source`` (decoder, model) and ``inputs`` name what
     was called on what; ``on`` and ``hint`` extend the messages. With ``n=None`` only the shape
     is checked (logits given by a user, not returned by a call); otherwise the logits must also
-    be float32 or float64 (``dtype``, the attention's, is named in the message when given)."""
+    be float32 or float64 (``dtype``, the attention's, is named in the message when given).
+    ``finite=False`` leaves out the one check that reads the device (whether every logit is
+    finite), for a caller that checks a whole loop's logits once after it."""
     if n is None:
         if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[1] < 1:
             got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
@@ -244,7 +247,7 @@ def check_logits(
         raise ValueError(f"{source} must return float32 or float64 logits{like}, got {logits.dtype}{on}")
     if classes is not None and logits.shape[1] != classes:
         raise ValueError(f"{source} returned C = {logits.shape[1]} classes{on}, earlier C = {classes}")
-    if not torch.isfinite(logits).all():
+    if finite and not torch.isfinite(logits).all():
         raise ValueError(f"{source} returned NaN or infinite logits{on}{hint}")
     return logits
 

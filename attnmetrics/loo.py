@@ -70,10 +70,11 @@ def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -
 
 
 def _model_logits(
-    model, tokens: Tensor, lengths: Tensor, what: str, classes: int | None
+    model, tokens: Tensor, lengths: Tensor, what: str, classes: int | None, finite: bool = True
 ) -> tuple[Tensor, int, torch.dtype]:
     """embed -> encode -> attend -> decoder on one batch; returns logits [N, C], the
-    estimated bytes per position, and the embeddings' dtype.
+    estimated bytes per position, and the embeddings' dtype. ``finite=False``: the logits'
+    shape is checked, their values are left to the caller (no device read).
 
     The byte estimate is what one position of this call held: its embedding and about eight
     hidden-sized vectors (an LSTM's four gates per direction, its output before and after
@@ -81,21 +82,23 @@ def _model_logits(
     """
     embedded = model.embed(tokens)
     hidden = model.encode(embedded, lengths)
-    logits = _head_logits(model, hidden, lengths, what, classes)
+    logits = _head_logits(model, hidden, lengths, what, classes, finite)
     per_position = (embedded.shape[-1] + 8 * hidden.shape[-1]) * hidden.element_size()
     return logits, per_position, embedded.dtype
 
 
-def _head_logits(model, hidden: Tensor, lengths: Tensor, what: str, classes: int | None) -> Tensor:
+def _head_logits(model, hidden: Tensor, lengths: Tensor, what: str, classes: int | None, finite: bool = True) -> Tensor:
     """attend -> decoder on hidden states [N, T, H]; checks the logits are finite [N, C]."""
     attention = model.attend(hidden, lengths)
     logits = model.decoder(torch.einsum("bt,bth->bh", attention, hidden))
-    return _checked_logits(logits, hidden.shape[0], what, classes)
+    return _checked_logits(logits, hidden.shape[0], what, classes, finite)
 
 
-def _checked_logits(logits, n: int, what: str, classes: int | None) -> Tensor:
+def _checked_logits(logits, n: int, what: str, classes: int | None, finite: bool = True) -> Tensor:
     """``logits`` if they are finite [n, C] (C = ``classes`` when given), else ValueError."""
-    return check_logits(logits, n, classes, source="model", inputs=what, on=f" on {what}", hint=_ONLY_SPECIALS)
+    return check_logits(
+        logits, n, classes, source="model", inputs=what, on=f" on {what}", hint=_ONLY_SPECIALS, finite=finite
+    )
 
 
 def _length_groups(
@@ -115,26 +118,46 @@ def _length_groups(
     return groups
 
 
-def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classes=None):
-    """Logits [N, C] of sequences ``seqs`` [N, T] in their order, run grouped by length (no
-    padding), each call within ``budget`` bytes at ``per_position`` bytes per position (measured
-    on a first one-row call when None); also returns per_position and the model's dtype."""
+def padded_calls(device: torch.device) -> bool:
+    """Whether model calls on ``device`` pad rows of different lengths into one call.
+
+    On the CPU a call's cost follows its positions, so rows run grouped by exact length (no
+    padding is computed). On a GPU a call's cost is mostly its launch: few large padded calls
+    (sorted by length, so little padding), with no device read between them, keep it busy.
+    """
+    return device.type != "cpu"
+
+
+def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classes=None, padded=None):
+    """Logits [N, C] of sequences ``seqs`` [N, T] in their order, run sorted by length, each
+    call within ``budget`` bytes at ``per_position`` bytes per position (measured on a first
+    one-row call when None); also returns per_position and the model's dtype. ``padded``
+    (default :func:`padded_calls` of the sequences' device): calls hold rows of several lengths,
+    padded to their longest, and the logits are checked once after the last call; else every
+    call holds rows of one length (no padding). The models mask padding, so both give the
+    same logits up to rounding."""
     if not len(seq_lengths):
         return None, per_position, None
+    padded = padded_calls(seqs.device) if padded is None else padded
     order = torch.argsort(seq_lengths, stable=True)
     len_list = seq_lengths[order].tolist()
     parts, dtype, start = [], None, 0
     if per_position is None:
         first, per_position, dtype = _model_logits(
-            model, seqs[order[:1], : len_list[0]], seq_lengths[order[:1]], what, classes
+            model, seqs[order[:1], : len_list[0]], seq_lengths[order[:1]], what, classes, not padded
         )
         parts, start, classes = [first], 1, first.shape[1]
-    for s, e in _length_groups([1] * (len(len_list) - start), len_list[start:], per_position, budget):
+    groups = _length_groups([1] * (len(len_list) - start), len_list[start:], per_position, budget, not padded)
+    for s, e in groups:
         idx = order[start + s : start + e]
-        logits, _, dtype = _model_logits(model, seqs[idx, : len_list[start + e - 1]], seq_lengths[idx], what, classes)
+        logits, _, dtype = _model_logits(
+            model, seqs[idx, : len_list[start + e - 1]], seq_lengths[idx], what, classes, not padded
+        )
         parts.append(logits)
     out = torch.empty(len(len_list), parts[0].shape[1], dtype=parts[0].dtype, device=parts[0].device)
     out[order] = torch.cat(parts)
+    if padded:  # the one device read of the loop
+        _checked_logits(out, len(len_list), what, classes)
     return out, per_position, dtype
 
 

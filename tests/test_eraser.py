@@ -11,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import attnmetrics.loo
 from attnmetrics.eraser import ERASER_FRACTIONS, FERRET_FRACTIONS, comprehensiveness, rationale_sizes, sufficiency
 from attnmetrics.outputs import decision, output_distribution
 from tests.test_loo import MASK, ragged, real_model
@@ -77,12 +78,15 @@ def check(result, expected, atol):
         assert math.isnan(aopc) if not counted else aopc == pytest.approx(sum(counted) / len(counted), abs=atol), b
 
 
+@pytest.mark.parametrize("padded", [False, True], ids=["exact-length calls", "padded calls"])
 @pytest.mark.parametrize("metric", ["comprehensiveness", "sufficiency"])
 @pytest.mark.parametrize("variant", ["eraser", "ferret"])
 @pytest.mark.parametrize("mode", ["delete", "mask"])
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize("classes", [1, 3])
-def test_against_the_plain_loop(metric, variant, mode, dtype, classes):
+def test_against_the_plain_loop(metric, variant, mode, dtype, classes, padded, monkeypatch):
+    # padded: the GPU's few large padded calls (attnmetrics.loo.padded_calls), here on the CPU
+    monkeypatch.setattr(attnmetrics.loo, "padded_calls", lambda device: padded)
     model = real_model(classes, dtype).eval()
     tokens, lengths = ragged(rows=12, width=14, seed=classes)
     lengths[2] = 2  # no real token

@@ -568,3 +568,56 @@ def test_chunked_deletions_match_unchunked(mode, seed):
     for per_call in (1, 2, 3, 7):  # deletions per call of the longest row (width 10 or 11)
         got = leave_one_out(model, tokens, lengths, memory_budget=per_call * 11 * per_position, **kw)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+# ---- padded and exact-length model calls -----------------------------------------------------
+
+
+def _models_for_padding():
+    """One model of every kind the procedures call with padded rows: each encoder and attention
+    of the zoo, our GPT, and tiny Hugging Face BERT and GPT-2 (when transformers is installed)."""
+    for encoder in ("lstm", "gru", "cnn", "average"):
+        for attention in ("tanh", "dot"):
+            torch.manual_seed(0)
+            config = ModelConfig(vocab_size=50, embed_dim=8, hidden_size=8, encoder=encoder, attention=attention)
+            yield f"{encoder}-{attention}", lambda c=config: (EncoderAttentionClassifier(c).double().eval(), ragged)
+    from tests.models.test_gpt_classifier import batch, model_
+
+    yield "gpt", lambda: (model_("tanh", 2), lambda rows, width, seed: batch(seed))
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return
+    from tests.models import test_hf
+
+    for family in ("bert", "gpt2"):
+        yield f"hf-{family}", lambda f=family: (
+            test_hf.tiny(f),
+            lambda rows, width, seed, f=f: test_hf.ragged(f, rows, width, seed),
+        )
+
+
+@pytest.mark.parametrize("name, build", list(_models_for_padding()), ids=lambda x: x if isinstance(x, str) else "")
+def test_padded_calls_give_the_exact_length_calls_logits(name, build):
+    """_grouped_logits on a GPU pads rows of several lengths into one call; every model masks
+    its padding, so the logits equal those of the CPU's exact-length calls (float64)."""
+    from attnmetrics.loo import _grouped_logits
+
+    model, inputs = build()
+    tokens, lengths = inputs(rows=9, width=11, seed=4)
+    exact, per_position, _ = _grouped_logits(model, tokens, lengths, None, 10**9, "rows", padded=False)
+    padded, _, _ = _grouped_logits(model, tokens, lengths, None, 10**9, "rows", padded=True)
+    small, _, _ = _grouped_logits(model, tokens, lengths, per_position, 3 * 11 * per_position, "rows", padded=True)
+    torch.testing.assert_close(padded, exact, rtol=0, atol=1e-12)
+    torch.testing.assert_close(small, exact, rtol=0, atol=1e-12)  # three rows a call
+
+
+def test_padded_calls_check_the_logits_once_and_name_the_rows():
+    from attnmetrics.loo import _grouped_logits
+
+    model = real_model(2, torch.float64).eval()
+    tokens, lengths = ragged(rows=6, width=9, seed=1)
+    with torch.no_grad():
+        model.decoder.bias.fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaN or infinite logits on a perturbed row"):
+        _grouped_logits(model, tokens, lengths, None, 10**9, "a perturbed row", padded=True)

@@ -24,12 +24,29 @@ from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import capability
 
 
+#: Instances per battery block on the CPU; on a GPU a block holds up to :data:`GPU_BLOCK_ROWS`
+#: (every procedure below chunks its work to its memory budget either way). A GPU's calls cost
+#: mostly their launches, and each block repeats every step's launches (the adversary's
+#: optimiser steps, ERASER's model calls): SST's test set is 8 blocks on the CPU, 1 on a GPU.
+CPU_BLOCK_ROWS = 256
+GPU_BLOCK_ROWS = 2048
+
+
+def block_rows(device, instances: int, ranks: int = 1) -> int:
+    """Instances per battery block on ``device`` (a ``torch.device``): :data:`CPU_BLOCK_ROWS` on
+    the CPU; on a GPU up to :data:`GPU_BLOCK_ROWS`, and no more than every rank's equal share."""
+    if device.type == "cpu":
+        return CPU_BLOCK_ROWS
+    return max(CPU_BLOCK_ROWS, min(GPU_BLOCK_ROWS, math.ceil(instances / ranks)))
+
+
 def battery(config: RunConfig, model, test, splits, adversarial_diversity: float, results: Results, w: World) -> bool:
     """The battery on the test split, into ``results``; under torchrun on this rank's share of
     the batches, gathered on rank 0. False on the other ranks (they write nothing).
     ``adversarial_diversity``: the protocol preset's weight of the adversarial candidates' diversity."""
     t0 = time.perf_counter()
-    batches = [(int(b.index[0]), b.tokens, b.lengths) for b in test.batches(256)]
+    rows = block_rows(next(model.parameters()).device, len(test), w.size)
+    batches = [(int(b.index[0]), b.tokens, b.lengths) for b in test.batches(rows)]
     mine = distributed.share(batches, [float(n.sum()) for _, _, n in batches], w)
     battery_config = BatteryConfig(
         experiments=[e for e in EXPERIMENTS if e not in config.skip],
