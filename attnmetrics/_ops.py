@@ -70,6 +70,7 @@ NVCC_FLAGS = ["-O3", "--fmad=false"]
 _OPS = (
     "tvd",
     "jsd",
+    "value_flags",
     "kendall_tau",
     "flip_search_linear",
     "renormalised_contexts",

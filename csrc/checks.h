@@ -67,6 +67,15 @@ inline void check_distance_shapes(const char* op, const at::Tensor& p, const at:
   TORCH_CHECK(p.is_contiguous() && q.is_contiguous(), op, ": p and q must be contiguous");
 }
 
+// value_flags' p and q: float32/float64, one dtype, contiguous, any shapes.
+inline void check_value_flags_inputs(const at::Tensor& p, const at::Tensor& q) {
+  TORCH_CHECK(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble,
+              "value_flags: p must be float32 or float64, got ", p.scalar_type());
+  TORCH_CHECK(q.scalar_type() == p.scalar_type(), "value_flags: q must have p's dtype ",
+              p.scalar_type(), ", got ", q.scalar_type());
+  TORCH_CHECK(p.is_contiguous() && q.is_contiguous(), "value_flags: p and q must be contiguous");
+}
+
 // ---- kendall_tau ---------------------------------------------------------------------------
 
 // kendall_tau's x, y [B, T] (float32/float64, one dtype, contiguous) and lengths [B] int64.

@@ -9,6 +9,11 @@ TORCH_LIBRARY(attnmetrics, m) {
   // inputs: TVD = 1/2 sum |p - q|; JSD in nats (0 log 0 = 0). Returns [N].
   m.def("tvd(Tensor p, Tensor q) -> Tensor");
   m.def("jsd(Tensor p, Tensor q) -> Tensor");
+  // The value checks of tvd/jsd's inputs in one pass over contiguous p and q (any
+  // shapes, one float dtype): int32 [1], bit 0 p holds NaN or inf, bit 1 p a
+  // negative (finite) value, bits 2 and 3 the same for q. One read of it is the
+  // public function's one device read.
+  m.def("value_flags(Tensor p, Tensor q) -> Tensor");
 
   // Kendall tau-b and its two-sided p-value (scipy.stats.kendalltau defaults)
   // over each row's valid prefix: x, y [B, T] float, lengths [B] int64.

@@ -90,6 +90,32 @@ def test_distances_match_cpu(dtype, width):
         assert (host(ops.jsd(*dev(p, p))) == 0).all() and (host(ops.tvd(*dev(p, p))) == 0).all()
 
 
+def test_value_flags_match_cpu():
+    """The one-pass value checks of tvd/jsd on the GPU: every flag as the CPU sets it, on
+    tensors long enough for the grid-stride loop and the per-warp OR."""
+    for dtype in (torch.float32, F64):
+        for n_p, n_q in ((1, 1), (33, 5), (300_000, 70_001)):
+            for where, value, flags in ((None, 0, 0), ("p", math.nan, 1), ("q", -1e-30, 8), ("p", -math.inf, 1)):
+                p, q = torch.rand(n_p, dtype=dtype), torch.rand(n_q, dtype=dtype)
+                if where:
+                    x = p if where == "p" else q
+                    x[len(x) // 2] = value
+                want, got = on_both(ops.value_flags, p, q)
+                assert int(want) == flags and int(host(got)) == flags, (dtype, n_p, n_q, where)
+
+
+def test_distances_reject_bad_values_on_device_like_cpu():
+    p = torch.full((5, 4), 0.25)
+    for bad, match in ((float("nan"), "p must be finite"), (-0.5, "p must be non-negative, got min -0.5")):
+        x = p.clone()
+        x[3, 1] = bad
+        for fn in (tvd, jsd):
+            with pytest.raises(ValueError, match=match):
+                fn(*dev(x, p))
+            with pytest.raises(ValueError, match=match.replace("p must", "q must")):
+                fn(*dev(p, x))
+
+
 def test_distances_public_api_on_device():
     rng = np.random.default_rng(1)
     p = distributions(rng, (6, 7, 5))

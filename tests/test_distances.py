@@ -166,6 +166,41 @@ def test_opcheck(op, dtype):
         torch.library.opcheck(op, (p, q))
 
 
+# ---- value_flags: the value checks in one pass (the GPU path of tvd/jsd's validation) ---------
+
+
+def flags_by_definition(p, q):
+    """Bit 0/1: p holds a NaN or infinite / a negative finite entry; bits 2/3: the same for q."""
+
+    def of(x):
+        return int((~torch.isfinite(x)).any()) | 2 * int((torch.isfinite(x) & (x < 0)).any())
+
+    return of(p) | of(q) << 2
+
+
+@given(
+    st.lists(st.sampled_from([0.0, 0.25, 1.0, -0.5, -0.0, float("nan"), float("inf"), -float("inf")]), max_size=9),
+    st.lists(st.sampled_from([0.0, 0.5, -2.0, float("nan"), float("inf")]), max_size=7),
+    st.sampled_from([torch.float32, torch.float64]),
+)
+@settings(max_examples=200, deadline=None)
+def test_value_flags_follow_the_definition(p, q, dtype):
+    p, q = torch.tensor(p, dtype=dtype), torch.tensor(q, dtype=dtype)
+    assert int(ops.value_flags(p, q)) == flags_by_definition(p, q)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_value_flags_opcheck_and_errors(dtype):
+    p, q = torch.rand(4, 3, dtype=dtype), torch.rand(2, 5, dtype=dtype)
+    torch.library.opcheck(ops.value_flags, (p, q))
+    with pytest.raises(RuntimeError, match="value_flags: q must have p's dtype"):
+        ops.value_flags(p, q.half())
+    with pytest.raises(RuntimeError, match="value_flags: p and q must be contiguous"):
+        ops.value_flags(p.t(), q)
+    with pytest.raises(RuntimeError, match="value_flags: p must be float32 or float64"):
+        ops.value_flags(p.long(), q.long())
+
+
 # ---- errors ----------------------------------------------------------------------------------
 
 GOOD = torch.tensor([[0.5, 0.5], [0.1, 0.9]])

@@ -84,11 +84,39 @@ at::Tensor jsd_cpu(const at::Tensor& p, const at::Tensor& q) {
   return out;
 }
 
+// value_flags: bit 0/1 (p) and 2/3 (q): a NaN or infinite entry / a negative entry.
+template <typename scalar_t>
+int32_t flags_of(const scalar_t* x, int64_t n) {
+  int32_t f = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) {
+      f |= 1;
+    } else if (x[i] < 0) {
+      f |= 2;
+    }
+  }
+  return f;
+}
+
+at::Tensor value_flags_cpu(const at::Tensor& p, const at::Tensor& q) {
+  attnmetrics::check_value_flags_inputs(p, q);
+  TORCH_CHECK(p.device().is_cpu() && q.device().is_cpu(), "value_flags (CPU): p and q must be CPU tensors");
+  int32_t f = 0;
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "value_flags_cpu", [&] {
+    f = flags_of(p.const_data_ptr<scalar_t>(), p.numel()) |
+        (flags_of(q.const_data_ptr<scalar_t>(), q.numel()) << 2);
+  });
+  at::Tensor out = at::empty({1}, p.options().dtype(at::kInt));
+  out.mutable_data_ptr<int32_t>()[0] = f;
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnmetrics, CPU, m) {
   m.impl("tvd", &tvd_cpu);
   m.impl("jsd", &jsd_cpu);
+  m.impl("value_flags", &value_flags_cpu);
 }
 
 }  // namespace attnmetrics

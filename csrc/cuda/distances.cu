@@ -92,7 +92,47 @@ cudaError_t launch(const scalar_t* p, const scalar_t* q, scalar_t* out, int64_t 
   return cudaGetLastError();
 }
 
+// value_flags: one grid-stride pass over p, then q; each warp ORs its lanes' flags
+// and one lane per warp with a flag set ORs them into *flags (zeroed by the caller).
+template <typename scalar_t>
+__device__ __forceinline__ int classify(scalar_t x) {
+  return isfinite(x) ? (x < scalar_t(0) ? 2 : 0) : 1;
+}
+
+template <typename scalar_t>
+__global__ void __launch_bounds__(kBlock)
+    value_flags_kernel(const scalar_t* __restrict__ p, int64_t np, const scalar_t* __restrict__ q,
+                       int64_t nq, int* __restrict__ flags) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kBlock;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
+  int f = 0;
+  for (int64_t i = first; i < np; i += stride) f |= classify(p[i]);
+  for (int64_t i = first; i < nq; i += stride) f |= classify(q[i]) << 2;
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) f |= __shfl_xor_sync(0xffffffffu, f, offset);
+  if (threadIdx.x % kWarp == 0 && f != 0) atomicOr(flags, f);
+}
+
+template <typename scalar_t>
+cudaError_t launch_flags(const scalar_t* p, int64_t np, const scalar_t* q, int64_t nq, int* flags,
+                         cudaStream_t stream) {
+  const int64_t n = np > nq ? np : nq;
+  if (n <= 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned int>(value_flag_blocks(n)));
+  value_flags_kernel<scalar_t><<<grid, kBlock, 0, stream>>>(p, np, q, nq, flags);
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t value_flags(const float* p, int64_t np, const float* q, int64_t nq, int* flags,
+                        cudaStream_t stream) {
+  return launch_flags(p, np, q, nq, flags, stream);
+}
+cudaError_t value_flags(const double* p, int64_t np, const double* q, int64_t nq, int* flags,
+                        cudaStream_t stream) {
+  return launch_flags(p, np, q, nq, flags, stream);
+}
 
 cudaError_t tvd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
                 cudaStream_t stream) {

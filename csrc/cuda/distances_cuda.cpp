@@ -3,6 +3,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -42,11 +43,27 @@ at::Tensor distance_cuda(const at::Tensor& p, const at::Tensor& q) {
 at::Tensor tvd_cuda(const at::Tensor& p, const at::Tensor& q) { return distance_cuda<false>(p, q); }
 at::Tensor jsd_cuda(const at::Tensor& p, const at::Tensor& q) { return distance_cuda<true>(p, q); }
 
+at::Tensor value_flags_cuda(const at::Tensor& p, const at::Tensor& q) {
+  attnmetrics::check_value_flags_inputs(p, q);
+  TORCH_CHECK(p.device().is_cuda() && q.device() == p.device(),
+              "value_flags (CUDA): p and q must be CUDA tensors on one device, got ", p.device(),
+              " and ", q.device());
+  const c10::cuda::CUDAGuard guard(p.device());
+  at::Tensor flags = at::zeros({1}, p.options().dtype(at::kInt));
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "value_flags_cuda", [&] {
+    check_launch(gpu::value_flags(p.const_data_ptr<scalar_t>(), p.numel(), q.const_data_ptr<scalar_t>(),
+                                  q.numel(), flags.mutable_data_ptr<int>(), current_stream()),
+                 "value_flags");
+  });
+  return flags;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnmetrics, CUDA, m) {
   m.impl("tvd", &tvd_cuda);
   m.impl("jsd", &jsd_cuda);
+  m.impl("value_flags", &value_flags_cuda);
 }
 
 }  // namespace attnmetrics

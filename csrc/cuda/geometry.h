@@ -63,6 +63,10 @@ inline int64_t distance_blocks(int64_t rows, int lanes) {
   return blocks_for(rows, lanes >= kBlock ? 1 : kBlock / lanes);
 }
 
+// Blocks of value_flags over n elements: a few elements a thread (grid-stride), at
+// most 8 blocks of kBlock threads per SM of a 132-SM H100/H200.
+inline int64_t value_flag_blocks(int64_t n) { return min64(blocks_for(n, kBlock * 4), 132 * 8); }
+
 // Warps in flight of a warp-per-item kernel (kBlock threads a block), grid-stride.
 inline int64_t warps_for(int64_t items) {
   return blocks_for(items, kBlock / kWarp) * (kBlock / kWarp);

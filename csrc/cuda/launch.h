@@ -24,6 +24,12 @@ cudaError_t jsd(const float* p, const float* q, float* out, int64_t rows, int64_
                 cudaStream_t stream);
 cudaError_t jsd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
                 cudaStream_t stream);
+// value_flags of p [np] and q [nq]: ORs into *flags (zeroed by the caller) bit 0 / 1
+// for a NaN or infinite / a negative entry of p, bits 2 / 3 for q.
+cudaError_t value_flags(const float* p, int64_t np, const float* q, int64_t nq, int* flags,
+                        cudaStream_t stream);
+cudaError_t value_flags(const double* p, int64_t np, const double* q, int64_t nq, int* flags,
+                        cudaStream_t stream);
 
 // Kendall tau-b and p-value of x, y [rows, width] over each row's prefix of
 // lengths[b] items, which must lie in [0, max_len] with max_len <= width (checked
