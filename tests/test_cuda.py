@@ -166,6 +166,24 @@ def test_kendall_matches_cpu(dtype):
     assert_kendall_equal(x, y, torch.from_numpy(rng.integers(2, 34, 400)), exact_p=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_kendall_long_rows_match_cpu(dtype):
+    """L = 4,096 (and a row of 8,192, the longest the block-per-row kernel takes) and rows past
+    it (8,193 and 9,000: one thread per row, tau_row), with ties and NaN, as the CPU counts them."""
+    rng = np.random.default_rng(4)
+    for width, rows in ((4096, 6), (8193, 3), (9000, 2)):
+        x = np.round(rng.standard_normal((rows, width)) * 20)
+        y = 0.3 * x + np.round(rng.standard_normal((rows, width)) * 20)
+        x[0, 7] = np.nan
+        lengths = torch.from_numpy(rng.integers(0, width + 1, rows))
+        lengths[-1] = width
+        if width == 4096:
+            lengths[1] = 8192 // 2
+        assert_kendall_equal(torch.from_numpy(x).to(dtype), torch.from_numpy(y).to(dtype), lengths)
+    x = torch.from_numpy(rng.standard_normal((2, 8192))).to(dtype)
+    assert_kendall_equal(x, x + 0.5 * torch.randn(2, 8192, dtype=dtype), torch.tensor([8192, 8191]))
+
+
 def test_kendall_edge_rows():
     # L = 0, 1, 2, constant rows, NaN (propagated by the raw op), one swapped pair past 33
     x = torch.tensor([[1.0, 2, 3], [3, 1, 2], [5, 4, 0], [1, 1, 1], [1, float("nan"), 2]], dtype=F64)

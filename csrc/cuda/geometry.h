@@ -63,6 +63,11 @@ inline int64_t distance_blocks(int64_t rows, int lanes) {
   return blocks_for(rows, lanes >= kBlock ? 1 : kBlock / lanes);
 }
 
+// kendall_tau's rows go to the pairwise block-per-row kernel (kernels/kendall.h
+// pair_counts) up to this many items, longer ones to a thread per row (tau_row).
+constexpr int64_t kKendallPairwiseMaxLen = 8192;
+inline bool kendall_pairwise(int64_t max_len) { return max_len <= kKendallPairwiseMaxLen; }
+
 // Blocks of value_flags over n elements: a few elements a thread (grid-stride), at
 // most 8 blocks of kBlock threads per SM of a 132-SM H100/H200.
 inline int64_t value_flag_blocks(int64_t n) { return min64(blocks_for(n, kBlock * 4), 132 * 8); }

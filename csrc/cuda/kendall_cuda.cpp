@@ -49,7 +49,8 @@ std::tuple<at::Tensor, at::Tensor> kendall_tau_cuda(const at::Tensor& x, const a
   if (min_len < 0 || max_len > width) fail_on_first_bad_length(lengths, width, "kendall_tau: ");
 
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "kendall_tau_cuda", [&] {
-    const int64_t slot_bytes = gpu::kendall_slot_bytes<scalar_t>(max_len);
+    // the pairwise kernel of rows up to kKendallPairwiseMaxLen needs no scratch
+    const int64_t slot_bytes = gpu::kendall_pairwise(max_len) ? 0 : gpu::kendall_slot_bytes<scalar_t>(max_len);
     const int64_t slots = gpu::slots_for(batch, slot_bytes);
     at::Tensor scratch = at::empty({std::max<int64_t>(1, slots * slot_bytes)},
                                    x.options().dtype(at::kByte));

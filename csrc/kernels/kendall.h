@@ -249,6 +249,36 @@ AM_HOST_DEVICE inline double two_sided_normal(double z) {
   return 2.0 * y;
 }
 
+// tau-b and its p-value of a row of n >= 2 NaN-free items from its counts: dis
+// discordant pairs, the ties of x (xt) and of y (yt), joint pairs tied in both;
+// *tau and *pvalue stay as they are (NaN) for a constant row.
+AM_HOST_DEVICE inline void finish_row(int64_t n, int64_t dis, const TieStats& xt, const TieStats& yt,
+                                      int64_t joint, const double* exact_table, double* tau,
+                                      double* pvalue) {
+  const int64_t tot = n * (n - 1) / 2;
+  if (xt.pairs == tot || yt.pairs == tot) return;  // a constant row has no ranking
+
+  // tot = con + dis + xtie + ytie - joint
+  const int64_t con_minus_dis = tot - xt.pairs - yt.pairs + joint - 2 * dis;
+  double t = static_cast<double>(con_minus_dis) / sqrt(static_cast<double>(tot - xt.pairs)) /
+             sqrt(static_cast<double>(tot - yt.pairs));
+  t = t > -1.0 ? t : -1.0;  // clip rounding overshoot, as scipy does
+  *tau = t < 1.0 ? t : 1.0;
+
+  const int64_t extreme = dis < tot - dis ? dis : tot - dis;
+  if (xt.pairs == 0 && yt.pairs == 0 && (n <= kExactMaxN || extreme <= 1)) {
+    *pvalue = p_exact(n, tot - dis, exact_table);
+    return;
+  }
+  // con - dis is asymptotically normal with this tie-corrected variance (Noether 1967).
+  const double size = static_cast<double>(n);
+  const double m = size * (size - 1.0);
+  const double var = (m * static_cast<double>(2 * n + 5) - xt.v1 - yt.v1) / 18.0 +
+                     (2.0 * static_cast<double>(xt.pairs) * static_cast<double>(yt.pairs)) / m +
+                     xt.v0 * yt.v0 / (9.0 * m * static_cast<double>(n - 2));
+  *pvalue = two_sided_normal(static_cast<double>(con_minus_dis) / sqrt(var));
+}
+
 // tau-b and its two-sided p-value for x[0, n), y[0, n), written to *tau, *pvalue.
 // NaN for n < 2, for a row with every x (or every y) tied, and for a row holding
 // NaN (scipy's nan_policy='propagate'). pairs and ys: 2n entries each of scratch;
@@ -298,28 +328,88 @@ AM_HOST_DEVICE void tau_row(const scalar_t* x, const scalar_t* y, int64_t n,
     i = j;
   }
 
-  const int64_t tot = n * (n - 1) / 2;
-  if (xt.pairs == tot || yt.pairs == tot) return;  // a constant row has no ranking
+  finish_row(n, dis, xt, yt, joint, exact_table, tau, pvalue);
+}
 
-  // tot = con + dis + xtie + ytie - joint
-  const int64_t con_minus_dis = tot - xt.pairs - yt.pairs + joint - 2 * dis;
-  double t = static_cast<double>(con_minus_dis) / sqrt(static_cast<double>(tot - xt.pairs)) /
-             sqrt(static_cast<double>(tot - yt.pairs));
-  t = t > -1.0 ? t : -1.0;  // clip rounding overshoot, as scipy does
-  *tau = t < 1.0 ? t : 1.0;
+// ---- all pairs at once: a block of lanes per row (the CUDA back end's long rows) ----------
 
-  const int64_t extreme = dis < tot - dis ? dis : tot - dis;
-  if (xt.pairs == 0 && yt.pairs == 0 && (n <= kExactMaxN || extreme <= 1)) {
-    *pvalue = p_exact(n, tot - dis, exact_table);
-    return;
+// The GPU counts rows up to cuda/geometry.h's kKendallPairwiseMaxLen this way: O(n^2)
+// comparisons spread over a block of threads, against tau_row's O(n log n) merge
+// sorts on one thread.
+// What a lane's share of a row's items i (lane, lane + lanes, ...) contributes when
+// each is compared with all n items. Every pair is seen from both ends, so the pair
+// counts are doubled; t_i, the items equal to item i in x (itself included), gives
+// each tie group's sums item by item: sum_groups c(c-1) = sum_i (t_i - 1), and so on.
+// Integers throughout, so the lanes' sums do not depend on their order.
+struct PairCounts {
+  int64_t dis2 = 0, joint2 = 0;    // discordant pairs, pairs tied in x and y (doubled)
+  int64_t xpairs2 = 0, ypairs2 = 0;  // pairs tied in x, in y (doubled)
+  int64_t xv0 = 0, xv1 = 0, yv0 = 0, yv1 = 0;  // sum (t-1)(t-2), sum (t-1)(2t+5)
+  int64_t nan = 0;  // NaN items
+  AM_HOST_DEVICE void add(const PairCounts& o) {
+    dis2 += o.dis2;
+    joint2 += o.joint2;
+    xpairs2 += o.xpairs2;
+    ypairs2 += o.ypairs2;
+    xv0 += o.xv0;
+    xv1 += o.xv1;
+    yv0 += o.yv0;
+    yv1 += o.yv1;
+    nan += o.nan;
   }
-  // con - dis is asymptotically normal with this tie-corrected variance (Noether 1967).
-  const double size = static_cast<double>(n);
-  const double m = size * (size - 1.0);
-  const double var = (m * static_cast<double>(2 * n + 5) - xt.v1 - yt.v1) / 18.0 +
-                     (2.0 * static_cast<double>(xt.pairs) * static_cast<double>(yt.pairs)) / m +
-                     xt.v0 * yt.v0 / (9.0 * m * static_cast<double>(n - 2));
-  *pvalue = two_sided_normal(static_cast<double>(con_minus_dis) / sqrt(var));
+};
+
+// The number of int64 fields of PairCounts, for reductions that go field by field.
+constexpr int kPairCountFields = 9;
+AM_HOST_DEVICE inline int64_t* pair_count_fields(PairCounts* c) { return &c->dis2; }
+
+template <typename scalar_t>
+AM_HOST_DEVICE inline PairCounts pair_counts(const scalar_t* x, const scalar_t* y, int64_t n,
+                                             int64_t lane, int64_t lanes) {
+  PairCounts c;
+  for (int64_t i = lane; i < n; i += lanes) {
+    const scalar_t xi = x[i], yi = y[i];
+    if (xi != xi || yi != yi) {
+      c.nan += 1;
+      continue;
+    }
+    int64_t tx = 0, ty = 0, joint = 0, dis = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const scalar_t xj = x[j], yj = y[j];
+      const int64_t ex = xi == xj, ey = yi == yj;  // -0 == +0, as tau_row's keys
+      tx += ex;
+      ty += ey;
+      joint += ex & ey;
+      dis += ((xi < xj) & (yi > yj)) | ((xi > xj) & (yi < yj));
+    }
+    c.dis2 += dis;
+    c.joint2 += joint - 1;  // not itself
+    c.xpairs2 += tx - 1;
+    c.ypairs2 += ty - 1;
+    c.xv0 += (tx - 1) * (tx - 2);
+    c.xv1 += (tx - 1) * (2 * tx + 5);
+    c.yv0 += (ty - 1) * (ty - 2);
+    c.yv1 += (ty - 1) * (2 * ty + 5);
+  }
+  return c;
+}
+
+// tau_row's tau and p-value (the same bits) from a row's summed PairCounts.
+AM_HOST_DEVICE inline void tau_from_pair_counts(const PairCounts& c, int64_t n,
+                                                const double* exact_table, double* tau,
+                                                double* pvalue) {
+  const double nan = static_cast<double>(NAN);
+  *tau = nan;
+  *pvalue = nan;
+  if (n < 2 || c.nan > 0) return;
+  TieStats xt, yt;
+  xt.pairs = c.xpairs2 / 2;
+  xt.v0 = static_cast<double>(c.xv0);
+  xt.v1 = static_cast<double>(c.xv1);
+  yt.pairs = c.ypairs2 / 2;
+  yt.v0 = static_cast<double>(c.yv0);
+  yt.v1 = static_cast<double>(c.yv1);
+  finish_row(n, c.dis2 / 2, xt, yt, c.joint2 / 2, exact_table, tau, pvalue);
 }
 
 }  // namespace kendall

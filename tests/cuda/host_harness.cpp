@@ -241,6 +241,11 @@ static void check_kendall(std::mt19937_64& rng) {
         x[r * width + i] = static_cast<T>(ties ? round(2 * a) : a);
         y[r * width + i] = static_cast<T>(ties ? round(2 * b) : b);
       }
+      if (width > 0 && r % 7 == 1) x[r * width + (r % width)] = static_cast<T>(NAN);  // NaN propagates
+      if (r % 11 == 2) {  // one value throughout y: no ranking
+        for (int64_t i = 0; i < width; ++i) y[r * width + i] = T(1);
+      }
+      if (r % 5 == 3 && width > 1) x[r * width] = T(-0.0), x[r * width + 1] = T(0.0);  // a tie
     }
     const int64_t slot_bytes = kendall_slot_bytes<T>(max_len);
     const int64_t slots = slots_for(rows, slot_bytes, slots_wanted * slot_bytes);
@@ -265,6 +270,17 @@ static void check_kendall(std::mt19937_64& rng) {
                        table.data(), &t, &p);
       EXPECT(same_bits(tau.data()[r], static_cast<T>(t)) && same_bits(pvalue.data()[r], static_cast<T>(p)),
              "kendall row %lld", (long long)r);
+      // kendall_pairwise_kernel: a block of kBlock lanes (and an odd 7) sharing the row
+      for (int64_t lanes : {int64_t(kBlock), int64_t(7)}) {
+        kendall::PairCounts total;
+        for (int64_t lane = 0; lane < lanes; ++lane) {
+          total.add(kendall::pair_counts(x.data() + r * width, y.data() + r * width, len[r], lane, lanes));
+        }
+        double t2, p2;
+        kendall::tau_from_pair_counts(total, len[r], table.data(), &t2, &p2);
+        EXPECT(same_bits(t2, t) && same_bits(p2, p), "kendall pairwise row %lld (%lld lanes): %.17g %.17g vs %.17g %.17g",
+               (long long)r, (long long)lanes, t2, p2, t, p);
+      }
     }
   }
 }
