@@ -591,9 +591,12 @@ def _models_for_padding():
     from tests.models import test_hf
 
     for family in ("bert", "gpt2"):
-        yield f"hf-{family}", lambda f=family: (
-            test_hf.tiny(f),
-            lambda rows, width, seed, f=f: test_hf.ragged(f, rows, width, seed),
+        yield (
+            f"hf-{family}",
+            lambda f=family: (
+                test_hf.tiny(f),
+                lambda rows, width, seed, f=f: test_hf.ragged(f, rows, width, seed),
+            ),
         )
 
 

@@ -23,7 +23,6 @@ from attnmetrics.models.text import collate
 from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import capability
 
-
 #: Instances per battery block on the CPU; on a GPU a block holds up to :data:`GPU_BLOCK_ROWS`
 #: (every procedure below chunks its work to its memory budget either way). A GPU's calls cost
 #: mostly their launches, and each block repeats every step's launches (the adversary's
