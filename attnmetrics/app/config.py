@@ -62,6 +62,8 @@ class RunConfig:
     importance_options: Mapping[str, Any] = field(default_factory=dict)
     examples: int = 0
     never_flipped: str | None = None
+    random_removal: str | None = None
+    eraser_rounding: str | None = None
     # Wiegreffe & Pinter's trained experiments (run)
     consistent_adversary: tuple[float, ...] | None = None
     diagnostic: bool = False

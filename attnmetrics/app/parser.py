@@ -205,6 +205,20 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
         default="nan",
         help="fraction for rows that never flip: NaN and left out (S&S), or 1.0 (Mohankumar et al.)",
     )
+    p.add_argument(
+        "--random-removal",
+        choices=("non-top", "all", "not-first"),
+        default="non-top",
+        help="the tokens the random single removal draws among: every token but the top one (S&S, default), "
+        "every token, or every token but the first (S&S's test_model.py as it runs; docs/definitions.md §5)",
+    )
+    p.add_argument(
+        "--eraser-rounding",
+        choices=("ceil", "floor"),
+        default="ceil",
+        help="ERASER's k from a fraction f of L tokens: ceil(f L) (default), or floor(f L) with k = 0 fractions "
+        "left out of the AOPC (docs/definitions.md §18)",
+    )
 
 
 def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> None:
