@@ -51,6 +51,7 @@ class RunConfig:
     lm_weight: float | None = None
     transfer_layers: int | None = None
     gpt_config: str | None = None
+    grad_clip: float | None = None
     warmup: float | None = None
     # the battery (run, evaluate)
     skip: tuple[str, ...] = ()

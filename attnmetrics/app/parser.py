@@ -97,6 +97,12 @@ def _add_gpt_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--gpt-config", choices=sorted(GPT_CONFIGS), help="model size without --pretrained (default: small)")
     g.add_argument(
+        "--grad-clip",
+        type=non_negative_float,
+        metavar="NORM",
+        help="clip the global gradient norm at NORM in fine-tuning (default: 1, GPT-1's code; 0: off)",
+    )
+    g.add_argument(
         "--warmup",
         type=float,
         help="linear warm-up, as a fraction of the steps (default: gpt 0.002, GPT-1's; hf 0.1, BERT's)",
