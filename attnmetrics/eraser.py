@@ -37,6 +37,9 @@ ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
 FERRET_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 #: how k follows from a fraction: ERASER ceil(f L); ferret floor(f L), positive scores only
 VARIANTS = ("eraser", "ferret")
+#: the ERASER variant's rounding of f L (docs/definitions.md §18): ``"ceil"`` (this library's
+#: definition, DESIGN §7) or ``"floor"`` (ERASER's encode_attend.py sufficiency, k = 0 not counted)
+ROUNDINGS = ("ceil", "floor")
 
 
 class EraserResult(NamedTuple):
@@ -97,20 +100,41 @@ def _check_fractions(fractions) -> tuple[float, ...]:
     return out
 
 
-def rationale_sizes(scores: Tensor, real: Tensor, fractions: Sequence[float], variant: str = "eraser") -> Tensor:
+def _check_rounding(rounding) -> str:
+    if not isinstance(rounding, str) or rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {ROUNDINGS}, got {rounding!r}")
+    return rounding
+
+
+def rationale_sizes(
+    scores: Tensor, real: Tensor, fractions: Sequence[float], variant: str = "eraser", rounding: str = "ceil"
+) -> Tensor:
     """``[B, F]`` int64 size of each fraction's rationale; -1 where the fraction does not count.
 
-    ERASER: ``k = ceil(f L)``. ferret: ``k = floor(f L)`` tokens by score, of which only those
-    with a positive score form the rationale (possibly none); a fraction whose k is 0, or whose
-    rationale equals the previous counted one, does not count. Rows with L = 0 count nothing.
+    ERASER: ``k = ceil(f L)`` (``rounding="ceil"``, the default), or ``k = floor(f L)``
+    (``rounding="floor"``, as ERASER's ``encode_attend.py`` sizes the rationale it keeps for
+    sufficiency), where a fraction whose k is 0 does not count (the empty rationale: nothing
+    deleted, or nothing left to run). ferret: ``k = floor(f L)`` tokens by score, of which only
+    those with a positive score form the rationale (possibly none); a fraction whose k is 0, or
+    whose rationale equals the previous counted one, does not count (``rounding`` must be left
+    at its default). Rows with L = 0 count nothing. ``f L`` is rounded to 9 decimals first, so
+    0.1 · 30 is 3 under either rounding.
+
+    Raises:
+        ValueError: an unknown ``variant`` or ``rounding``, or ``rounding="floor"`` with ferret
+            (whose k is floor(f L) already).
     """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    if _check_rounding(rounding) != "ceil" and variant != "eraser":
+        raise ValueError(f"rounding applies to variant='eraser' only (ferret's k is floor(f L)), got {rounding!r}")
     f = torch.tensor(fractions, dtype=torch.float64, device=real.device)
     length = real.to(torch.float64)[:, None]
     # rounded first, so that f L = 3.0000000000000004 is 3, not 4
     exact = torch.round(f * length, decimals=9)
     if variant == "eraser":
-        k = torch.ceil(exact).to(torch.int64).clamp(max=real[:, None])
-        return torch.where(real[:, None] > 0, k, -1)
+        k = (torch.ceil if rounding == "ceil" else torch.floor)(exact).to(torch.int64).clamp(max=real[:, None])
+        return torch.where((real[:, None] > 0) & (k > 0), k, -1)
     k = torch.floor(exact).to(torch.int64)
     valid = torch.arange(scores.shape[1], device=real.device) < real[:, None]
     positive = ((scores > 0) & valid).sum(1, keepdim=True)
@@ -124,7 +148,9 @@ def rationale_sizes(scores: Tensor, real: Tensor, fractions: Sequence[float], va
     return counted
 
 
-def _effect(model, tokens, lengths, scores, fractions, keep_rationale, variant, mode, mask_token, memory_budget):
+def _effect(
+    model, tokens, lengths, scores, fractions, keep_rationale, variant, mode, mask_token, memory_budget, rounding="ceil"
+):
     lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -158,7 +184,7 @@ def _effect(model, tokens, lengths, scores, fractions, keep_rationale, variant, 
             rank = torch.empty_like(order).scatter_(1, order, places)
             if rank.shape[1] < width - lead:  # positions past the scores are padding: never ranked
                 rank = torch.cat([rank, rank.new_full((batch, width - lead - rank.shape[1]), width)], 1)
-            k = rationale_sizes(scores, real, fractions, variant)
+            k = rationale_sizes(scores, real, fractions, variant, rounding)
             values = torch.full((batch, len(fractions)), math.nan, dtype=dtype, device=device)
             # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget.
             block = max(1, budget // (len(fractions) * width * 8 * 8))
@@ -194,9 +220,14 @@ _DOC = """
             and :func:`gradient_importance` return), finite on the real tokens; higher first.
         fractions: the fractions f in (0, 1] (default ERASER's 0.01, 0.05, 0.1, 0.2, 0.5; ferret:
             :data:`FERRET_FRACTIONS`).
-        variant: ``"eraser"`` (k = ceil(f L)) or ``"ferret"`` (k = floor(f L) tokens, only the
-            positive-scored among them; fractions with k = 0 or the previous fraction's
-            rationale do not count).
+        variant: ``"eraser"`` (k = ceil(f L), or floor with ``rounding``) or ``"ferret"`` (k =
+            floor(f L) tokens, only the positive-scored among them; fractions with k = 0 or the
+            previous fraction's rationale do not count).
+        rounding: the ERASER variant's k from f L: ``"ceil"`` (default; this library's
+            definition, DESIGN §7: every fraction removes at least one token) or ``"floor"``
+            (the rationale size of ERASER's ``encode_attend.py``; a fraction with k = 0 does not
+            count: NaN, ``k = -1``, left out of the AOPC). docs/definitions.md §18 has the
+            source lines and why ceil is the default.
         mode: ``"delete"`` (ERASER) or ``"mask"`` (replace by ``mask_token``, length unchanged).
         mask_token: the replacing id with ``mode="mask"`` (required there, rejected otherwise).
         memory_budget: approximate bytes of activations per model call.
@@ -209,8 +240,8 @@ _DOC = """
         TypeError: ``model`` does not implement the protocol; tokens, lengths or scores not tensors.
         ValueError: tokens, lengths or mode as :func:`leave_one_out` rejects them; scores not
             ``[B, >= L_max]`` floats on the tokens' device or not finite on a real token;
-            fractions empty or outside (0, 1]; an unknown variant; model outputs that are
-            not finite ``[N, C]`` logits.
+            fractions empty or outside (0, 1]; an unknown variant or rounding, or
+            ``rounding="floor"`` with ferret; model outputs that are not finite ``[N, C]`` logits.
     """
 
 
@@ -222,6 +253,7 @@ def comprehensiveness(
     fractions: Sequence[float] = ERASER_FRACTIONS,
     *,
     variant: str = "eraser",
+    rounding: str = "ceil",
     mode: str = "delete",
     mask_token: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -229,7 +261,8 @@ def comprehensiveness(
     """ERASER's comprehensiveness (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
     ``p(ŷ | x) - p(ŷ | x without its top-k tokens)`` per fraction, and their AOPC. High: the
     tokens the scores rank first are the ones the decision needs."""
-    return _effect(model, tokens, lengths, scores, fractions, False, variant, mode, mask_token, memory_budget)
+    _check_rounding(rounding)
+    return _effect(model, tokens, lengths, scores, fractions, False, variant, mode, mask_token, memory_budget, rounding)
 
 
 def sufficiency(
@@ -240,6 +273,7 @@ def sufficiency(
     fractions: Sequence[float] = ERASER_FRACTIONS,
     *,
     variant: str = "eraser",
+    rounding: str = "ceil",
     mode: str = "delete",
     mask_token: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
@@ -247,7 +281,8 @@ def sufficiency(
     """ERASER's sufficiency (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
     ``p(ŷ | x) - p(ŷ | only its top-k tokens)`` per fraction, and their AOPC. Low: the tokens
     the scores rank first suffice for the decision."""
-    return _effect(model, tokens, lengths, scores, fractions, True, variant, mode, mask_token, memory_budget)
+    _check_rounding(rounding)
+    return _effect(model, tokens, lengths, scores, fractions, True, variant, mode, mask_token, memory_budget, rounding)
 
 
 comprehensiveness.__doc__ += _DOC

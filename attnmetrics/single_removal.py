@@ -30,12 +30,18 @@ from attnmetrics._validation import (
     check_logits,
 )
 from attnmetrics.distances import jsd
+from attnmetrics.flip import removal_order
 from attnmetrics.keyed import KeyedRows
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import token_mask
 
 #: weights :func:`single_removal` can remove
 WHICH = ("top", "second", "lowest", "random")
+#: the items ``which="random"`` draws among (docs/definitions.md §5): ``"non_top"`` every real
+#: token but the top one (S&S 2019, the default), ``"all"`` every real token, ``"not_first"``
+#: every real token but the first (S&S's ``test_model.py`` as it runs: it indexes the weights
+#: with the drawn rank)
+RANDOM_AMONG = ("non_top", "all", "not_first")
 
 
 class SingleRemovalResult(NamedTuple):
@@ -55,15 +61,22 @@ class SingleRemovalResult(NamedTuple):
 
 
 def removed_positions(
-    attention: Tensor, lengths: Tensor, which: str, generator: torch.Generator | KeyedRows | None = None
+    attention: Tensor,
+    lengths: Tensor,
+    which: str,
+    generator: torch.Generator | KeyedRows | None = None,
+    random_among: str = "non_top",
 ) -> Tensor:
     """``[B]`` int64 position each row removes (-1 where L <= 1); inputs already validated.
 
     ``top``: the highest weight; ``second``: the next one in the same order; ``lowest``:
-    the lowest weight (ties always to the lower index); ``random``:
-    ``torch.randint(0, 2**62, (B,), generator=generator) % L`` (one draw per row, rows
-    with L <= 1 included, so the draw does not depend on lengths; from a
-    :class:`attnmetrics.KeyedRows`, the first output of each row's stream, >> 2, % L).
+    the lowest weight (ties always to the lower index); ``random``: one integer ``d`` per row,
+    ``torch.randint(0, 2**62, (B,), generator=generator)`` (rows with L <= 1 included, so the
+    draw does not depend on lengths; from a :class:`attnmetrics.KeyedRows`, the first output
+    of each row's stream, >> 2), then by ``random_among``: ``"non_top"`` the item of rank
+    ``1 + d % (L - 1)`` in the descending order (ties to the lower index; rank 0 is the top),
+    S&S's ``random.randint(1, L - 1)`` over their sorted order; ``"all"`` position ``d % L``;
+    ``"not_first"`` position ``1 + d % (L - 1)``.
     """
     batch, width = attention.shape
     short = lengths <= 1
@@ -72,7 +85,13 @@ def removed_positions(
             draw = generator.integers(batch, attention.device)
         else:
             draw = torch.randint(0, 2**62, (batch,), generator=generator, device=attention.device)
-        return torch.where(short, -1, draw % lengths.clamp(min=1))
+        if random_among == "all":
+            return torch.where(short, -1, draw % lengths.clamp(min=1))
+        rank = 1 + draw % (lengths - 1).clamp(min=1)  # in [1, L - 1]
+        if random_among == "not_first" or width == 0:
+            return torch.where(short, -1, rank)
+        order = removal_order(attention, lengths)  # descending, ties to the lower index
+        return torch.where(short, -1, order.gather(1, rank.clamp(max=width - 1)[:, None])[:, 0])
     if width == 0:
         return torch.full((batch,), -1, dtype=torch.int64, device=attention.device)
     mask = token_mask(lengths, width)
@@ -93,6 +112,7 @@ def single_removal(
     lengths: Tensor | None = None,
     which: str = "top",
     *,
+    random_among: str = "non_top",
     generator: torch.Generator | KeyedRows | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
 ) -> SingleRemovalResult:
@@ -128,7 +148,17 @@ def single_removal(
         lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
         which: ``"top"`` (highest weight, ties to the lower index), ``"second"`` (second
             in that order), ``"lowest"`` (lowest weight, ties to the lower index) or
-            ``"random"`` (uniform among the real tokens; see :func:`removed_positions`).
+            ``"random"`` (uniform among the real tokens that ``random_among`` allows; see
+            :func:`removed_positions`).
+        random_among: the tokens ``which="random"`` draws among: ``"non_top"`` (default) every
+            real token but the top one (highest weight, ties to the lower index), as S&S 2019
+            compare the top weight with a random other one (their ``test_model.py``:
+            ``random.randint(1, len - 1)`` over the descending order); ``"all"`` every real
+            token (this library's choice before); ``"not_first"`` every real token but the
+            first, which is what S&S's code removes as it runs (it zeroes the weight at the
+            drawn rank's *position*; docs/definitions.md §5). Rows with L <= 1 have no token
+            to draw under any choice (NaN jsd, index -1); with L = 2 ``"non_top"`` removes the
+            second-highest weight.
         generator: ``torch.Generator`` on the inputs' device for ``which="random"``, or a
             :class:`attnmetrics.KeyedRows` (the draw keyed by instance).
         memory_budget: approximate bytes of working memory per chunk of rows.
@@ -141,7 +171,7 @@ def single_removal(
         ValueError: attention or values on the ``meta`` device; NaN/infinite, negative or
             non-normalised attention; an empty batch;
             values not ``[B, T, H]`` with H >= 1, of another dtype/device or not finite on a valid
-            prefix; bad lengths; an unknown ``which``; a generator on another device; a
+            prefix; bad lengths; an unknown ``which`` or ``random_among``; a generator on another device; a
             bad ``memory_budget``; an ``nn.Linear`` whose ``in_features != H``, whose
             ``out_features < 1`` or whose weight or bias is not finite
             (``decoder.weight``/``decoder.bias``); decoder output not ``[N, C]``, not
@@ -164,6 +194,8 @@ def single_removal(
     budget = check_budget(memory_budget)
     if not isinstance(which, str) or which not in WHICH:
         raise ValueError(f"which must be one of {WHICH}, got {which!r}")
+    if not isinstance(random_among, str) or random_among not in RANDOM_AMONG:
+        raise ValueError(f"random_among must be one of {RANDOM_AMONG}, got {random_among!r}")
     check_generator(generator, attention.device)
     # One code path: a single-head call is the multi-head one with one head.
     multi = attention.dim() == 3
@@ -174,7 +206,7 @@ def single_removal(
 
     with torch.no_grad():
         head_mean = att.mean(1) if multi else attention
-        index = removed_positions(head_mean, lengths, which, generator)
+        index = removed_positions(head_mean, lengths, which, generator, random_among)
         ok = index >= 0
         removed_weight = torch.full((batch,), math.nan, dtype=dtype, device=device)
         divergence = torch.full((batch,), math.nan, dtype=torch.float64, device=device)

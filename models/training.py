@@ -56,6 +56,9 @@ class TrainConfig:
     warmup: float = 0.0
     #: weight decay as AdamW's (decoupled from the gradient; GPT-1's code) instead of Adam's L2
     decoupled_weight_decay: bool = False
+    #: clip the global gradient norm at this value before each step (GPT-1's fine-tuning code: 1,
+    #: openai/finetune-transformer-lm opt.py:30-31); 0: no clipping (J&W's recipe)
+    grad_clip: float = 0.0
     eval_batch_size: int = 256
     progress: bool = True
 
@@ -66,6 +69,8 @@ class TrainConfig:
             raise ValueError(f"warmup is a fraction of the training steps in [0, 1), got {self.warmup}")
         if self.warmup and self.schedule == "constant":
             raise ValueError("warmup needs schedule='linear'")
+        if not (isinstance(self.grad_clip, (int, float)) and math.isfinite(self.grad_clip) and self.grad_clip >= 0):
+            raise ValueError(f"grad_clip must be a finite number >= 0 (0: off), got {self.grad_clip!r}")
 
 
 SCHEDULES = ("constant", "linear")
@@ -341,6 +346,8 @@ def train(
                 seen += len(b.labels)
             if world > 1:
                 all_reduce_gradients(model, len(b.labels) / rows)
+            if config.grad_clip:  # the whole batch's gradient, after the ranks' are summed
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             if scheduler is not None:
                 scheduler.step()

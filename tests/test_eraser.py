@@ -19,8 +19,12 @@ from tests.test_loo import MASK, ragged, real_model
 F64 = torch.float64
 
 
-def reference(model, tokens, lengths, scores, fractions, keep_rationale, variant="eraser", mask_token=None):
-    """values [B][F] (None: not counted): each row and fraction built and run on its own."""
+def reference(
+    model, tokens, lengths, scores, fractions, keep_rationale, variant="eraser", mask_token=None, rounding="ceil"
+):
+    """values [B][F] (None: not counted): each row and fraction built and run on its own.
+    ``rounding="floor"``: ERASER's k = floor(f L) (jayded/eraserbenchmark encode_attend.py:425,
+    ``int(k_fraction * len(doc))``); a fraction with k = 0 is not counted."""
     lead, trail = model.lead, model.trail
     out = []
     for b in range(tokens.shape[0]):
@@ -37,7 +41,12 @@ def reference(model, tokens, lengths, scores, fractions, keep_rationale, variant
         row_values, previous = [], None
         for f in fractions:
             exact = Fraction(str(f)) * n
-            if variant == "eraser":
+            if variant == "eraser" and rounding == "floor":
+                if math.floor(exact) == 0:  # the empty rationale: not counted
+                    row_values.append(None)
+                    continue
+                rationale = set(by_score[: math.floor(exact)])
+            elif variant == "eraser":
                 rationale = set(by_score[: math.ceil(exact)])
             else:  # ferret: floor(f L) tokens by score, the positive ones; repeats and k = 0 skipped
                 k = math.floor(exact)
@@ -106,6 +115,29 @@ def test_against_the_plain_loop(metric, variant, mode, dtype, classes, padded, m
     assert got.values.dtype == dtype and got.predicted[2] == -1
 
 
+@pytest.mark.parametrize("metric", ["comprehensiveness", "sufficiency"])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_floor_rounding_against_the_plain_loop(metric, dtype):
+    # ERASER's code's k = floor(f L): with L < 20 the 1 % and 5 % fractions hold no token and do not count
+    model = real_model(2, dtype).eval()
+    tokens, lengths = ragged(rows=12, width=14, seed=5)
+    lengths[2] = 2  # no real token
+    lengths[3] = 3  # one real token: floor(0.5) = 0, no fraction counts
+    scores = torch.randn(12, 12, generator=torch.Generator().manual_seed(8), dtype=dtype)
+    scores[4] = scores[4].round()  # ties
+    fn = comprehensiveness if metric == "comprehensiveness" else sufficiency
+    got = fn(model, tokens, lengths, scores, rounding="floor")
+    want = reference(model, tokens, lengths, scores, ERASER_FRACTIONS, metric == "sufficiency", rounding="floor")
+    check(got, want, 1e-5 if dtype == torch.float32 else 1e-10)
+    real = lengths - 2
+    assert (got.k[:, :2] == -1).all()  # every row here is shorter than 20 real tokens
+    assert got.k[3].tolist() == [-1] * 5 and got.aopc[3].isnan() and got.predicted[3] >= 0
+    floor = torch.floor(torch.tensor(ERASER_FRACTIONS, dtype=F64) * real[:, None]).long()
+    assert torch.equal(got.k, torch.where(floor > 0, floor, -1))
+    ceil = fn(model, tokens, lengths, scores)  # the default stays ceil: every fraction counts
+    assert (ceil.k[real > 0] >= 1).all() and (ceil.k[real > 0] >= got.k[real > 0]).all()
+
+
 def test_a_small_budget_and_non_contiguous_inputs_give_the_same_values():
     model = real_model(2, F64).eval()
     tokens, lengths = ragged(rows=20, width=16, seed=3)
@@ -136,11 +168,13 @@ def test_rationale_sizes_follow_the_definitions(length, fractions, positive):
     scores = torch.tensor([[1.0 if t < positive else -1.0 for t in range(max(length, 1))]])
     real = torch.tensor([length])
     eraser = rationale_sizes(scores, real, fractions, "eraser")[0].tolist()
+    floor = rationale_sizes(scores, real, fractions, "eraser", rounding="floor")[0].tolist()
     ferret = rationale_sizes(scores, real, fractions, "ferret")[0].tolist()
     previous = None
     for j, f in enumerate(fractions):
         exact = Fraction(str(f)) * length
         assert eraser[j] == (math.ceil(exact) if length else -1)
+        assert floor[j] == (math.floor(exact) if math.floor(exact) else -1)  # k = 0 does not count
         k = math.floor(exact)
         size = min(k, positive, length) if k else None
         assert ferret[j] == (-1 if size is None or size == previous else size)
@@ -161,6 +195,9 @@ def test_rationale_sizes_follow_the_definitions(length, fractions, positive):
         (dict(fractions=["a"]), r"fractions must be a sequence of numbers"),
         (dict(fractions=0.5), r"fractions must be a sequence of numbers in \(0, 1\], got 0.5"),
         (dict(variant="captum"), r"variant must be one of \('eraser', 'ferret'\), got 'captum'"),
+        (dict(rounding="round"), r"rounding must be one of \('ceil', 'floor'\), got 'round'"),
+        (dict(rounding=None), r"rounding must be one of \('ceil', 'floor'\), got None"),
+        (dict(rounding="floor", variant="ferret"), r"rounding applies to variant='eraser' only"),
         (dict(mode="zero"), r"mode must be one of \('delete', 'mask'\)"),
         (dict(mode="mask"), r"mode='mask' needs mask_token"),
     ],

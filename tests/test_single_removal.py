@@ -76,23 +76,104 @@ def test_which_picks_the_defined_weight():
         assert_same(got, single_removal_reference(att, values, linear(2, 2), lengths, which))
 
 
+def ss_random_reference(att, lengths, draws):
+    """S&S's random non-top item, one row at a time: their ``random.randint(1, len - 1)`` into the
+    descending order (serrano-s/attn-tests test_model.py:1021-1028; the two-item row removes the
+    second, the one-item row nothing), with ``1 + d % (L - 1)`` for their randint, ``d`` our draw."""
+    out = []
+    for b in range(att.shape[0]):
+        n = int(lengths[b])
+        if n <= 1:
+            out.append(-1)
+            continue
+        by_weight = sorted(range(n), key=lambda t: (-float(att[b, t]), t))  # descending, ties by index
+        out.append(by_weight[1 + int(draws[b]) % (n - 1)])
+    return out
+
+
 def test_random_positions():
     att, values, lengths = batch(b=40, seed=5)
     dec = linear(6, 2)
     a = run(att, values, dec, lengths, "random", seed=3)
     assert torch.equal(a.removed_index, run(att, values, dec, lengths, "random", seed=3).removed_index)
     assert not torch.equal(a.removed_index, run(att, values, dec, lengths, "random", seed=4).removed_index)
-    # the documented draw: one randint(0, 2**62) per row, modulo L
+    # random_among="all" (the old default): one randint(0, 2**62) per row, modulo L
     draw = torch.randint(0, 2**62, (40,), generator=gen(3))
-    want = torch.where(lengths <= 1, -1, draw % lengths.clamp(min=1))
-    assert torch.equal(a.removed_index, want)
+    every = run(att, values, dec, lengths, "random", seed=3, random_among="all")
+    assert torch.equal(every.removed_index, torch.where(lengths <= 1, -1, draw % lengths.clamp(min=1)))
+    assert_same(every, expected(att, values, dec, lengths, "random", every))
     # uniform over the real tokens: 5-item rows, 20k draws
     att5 = torch.full((20000, 7), 0.2, dtype=F64)
     idx = single_removal(
-        att5, torch.zeros(20000, 7, 1, dtype=F64), linear(1, 2), torch.full((20000,), 5), "random", generator=gen(9)
+        att5,
+        torch.zeros(20000, 7, 1, dtype=F64),
+        linear(1, 2),
+        torch.full((20000,), 5),
+        "random",
+        random_among="all",
+        generator=gen(9),
     ).removed_index
     assert idx.min() == 0 and idx.max() == 4
     assert scipy_stats.chisquare(torch.bincount(idx, minlength=5).numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_random_is_a_non_top_item_as_s_and_s(keyed):
+    # the default: S&S's random item is drawn among the non-top items, in their sorted order
+    att, values, lengths = batch(b=300, seed=6)
+    att[:5] = 0.0  # rows 0-4: lengths 0, 1, 2, a tie for the top, a tie among the rest
+    lengths[:5] = torch.tensor([0, 1, 2, 4, 4])
+    att[1, 0] = 1.0
+    att[2, :2] = torch.tensor([0.3, 0.7], dtype=F64)
+    att[3, :4] = torch.tensor([0.4, 0.1, 0.4, 0.1], dtype=F64)
+    att[4, :4] = torch.tensor([0.1, 0.7, 0.1, 0.1], dtype=F64)
+    dec = make_decoder("mlp", 6, 3)
+    generator = attnmetrics.KeyedRows(11, 40) if keyed else gen(11)
+    got = single_removal(att, values, dec, lengths, "random", generator=generator)
+    draws = attnmetrics.KeyedRows(11, 40).integers(300) if keyed else torch.randint(0, 2**62, (300,), generator=gen(11))
+    assert got.removed_index.tolist() == ss_random_reference(att, lengths, draws)
+    assert_same(got, expected(att, values, dec, lengths, "random", got))
+    top = single_removal(att, values, dec, lengths, "top").removed_index
+    long = lengths >= 2
+    assert (got.removed_index[long] != top[long]).all()
+    assert got.removed_index[:3].tolist() == [-1, -1, 0]  # L = 2: the other (lower) weight
+    assert got.jsd[:2].isnan().all() and not got.flipped[:2].any() and got.removed_weight[:2].isnan().all()
+    assert got.removed_index[3].item() in (1, 2, 3)  # tied top: index 0 is the top, index 2 may be drawn
+
+
+def test_random_never_draws_the_top_and_is_uniform_over_the_rest():
+    # 20k rows of 5 distinct weights, the top at a varying place: never the top, the other 4 uniform
+    n = 20000
+    att = torch.rand(n, 5, generator=gen(2), dtype=F64)
+    att = att / att.sum(1, keepdim=True)
+    lengths = torch.full((n,), 5)
+    got = single_removal(att, torch.zeros(n, 5, 1, dtype=F64), linear(1, 2), lengths, "random", generator=gen(9))
+    assert (got.removed_index != att.argmax(1)).all()
+    rank = (att > att.gather(1, got.removed_index[:, None])).sum(1)  # 0 = top
+    assert rank.min() == 1 and rank.max() == 4
+    assert scipy_stats.chisquare(torch.bincount(rank, minlength=5)[1:].numpy()).pvalue > 1e-3
+    # the old draw over all tokens hits the top a fifth of the time
+    every = single_removal(
+        att, torch.zeros(n, 5, 1, dtype=F64), linear(1, 2), lengths, "random", random_among="all", generator=gen(9)
+    )
+    assert abs((every.removed_index == att.argmax(1)).double().mean().item() - 0.2) < 0.02
+
+
+def test_random_not_first_is_s_and_s_code_as_it_runs():
+    # S&S's code zeroes the weight at the drawn rank's position: 1 + randint over [0, L - 2], never 0
+    att, values, lengths = batch(b=200, seed=4)
+    dec = linear(6, 2)
+    got = run(att, values, dec, lengths, "random", seed=5, random_among="not_first")
+    draw = torch.randint(0, 2**62, (200,), generator=gen(5))
+    assert torch.equal(got.removed_index, torch.where(lengths <= 1, -1, 1 + draw % (lengths - 1).clamp(min=1)))
+    assert_same(got, expected(att, values, dec, lengths, "random", got))
+
+
+def test_random_among_is_checked():
+    att, values, lengths = batch(b=4, seed=1)
+    for bad in ("nontop", "top", None, 1):
+        with pytest.raises(ValueError, match="random_among must be one of"):
+            single_removal(att, values, linear(6, 2), lengths, "random", random_among=bad)
 
 
 def test_short_rows_and_empty_rows():

@@ -37,6 +37,9 @@ def test_random_draw_and_general_path_and_chunks():
     dec = make_decoder("mlp", 4, 2)
     got = single_removal(att, values, dec, lengths, which="random", generator=gen(3))
     assert_same(got, single_removal_reference(att, values, dec, lengths, which=got.removed_index))
+    top = single_removal(att, values, dec, lengths, which="top").removed_index  # by the head mean
+    long = lengths >= 2
+    assert long.sum() > 20 and (got.removed_index[long] != top[long]).all()  # S&S: a non-top token
     lin = make_decoder("linear", 4, 2)
     closed = single_removal(att, values, lin, lengths)
     assert_same(closed, single_removal(att, values, wrapped(lin), lengths))

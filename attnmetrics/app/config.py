@@ -51,6 +51,7 @@ class RunConfig:
     lm_weight: float | None = None
     transfer_layers: int | None = None
     gpt_config: str | None = None
+    grad_clip: float | None = None
     warmup: float | None = None
     # the battery (run, evaluate)
     skip: tuple[str, ...] = ()
@@ -62,6 +63,8 @@ class RunConfig:
     importance_options: Mapping[str, Any] = field(default_factory=dict)
     examples: int = 0
     never_flipped: str | None = None
+    random_removal: str | None = None
+    eraser_rounding: str | None = None
     # Wiegreffe & Pinter's trained experiments (run)
     consistent_adversary: tuple[float, ...] | None = None
     diagnostic: bool = False

@@ -203,6 +203,7 @@ def _train(config: RunConfig, results: Results) -> Built:
             warmup=config.warmup,
             decoupled_weight_decay=True,
             sort_by_length=True,
+            grad_clip=config.grad_clip or 0.0,  # GPT-1's 1.0 (recipes.RECIPES); none for hf
         )
     else:
         model, vocab, make = _jain_wallace_model(config, splits, results)

@@ -53,6 +53,8 @@ def battery(config: RunConfig, model, test, splits, adversarial_diversity: float
         seed=config.seed,
         random_samples=config.random_samples,
         never_flipped=float("nan") if config.never_flipped == "nan" else 1.0,
+        random_removal=(config.random_removal or "non-top").replace("-", "_"),
+        eraser_rounding=config.eraser_rounding or "ceil",
         permutations=config.permutations,
         adversarial_steps=config.adversarial_steps,
         adversarial_diversity=adversarial_diversity,

@@ -97,6 +97,12 @@ def _add_gpt_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--gpt-config", choices=sorted(GPT_CONFIGS), help="model size without --pretrained (default: small)")
     g.add_argument(
+        "--grad-clip",
+        type=non_negative_float,
+        metavar="NORM",
+        help="clip the global gradient norm at NORM in fine-tuning (default: 1, GPT-1's code; 0: off)",
+    )
+    g.add_argument(
         "--warmup",
         type=float,
         help="linear warm-up, as a fraction of the steps (default: gpt 0.002, GPT-1's; hf 0.1, BERT's)",
@@ -204,6 +210,20 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
         choices=("nan", "one"),
         default="nan",
         help="fraction for rows that never flip: NaN and left out (S&S), or 1.0 (Mohankumar et al.)",
+    )
+    p.add_argument(
+        "--random-removal",
+        choices=("non-top", "all", "not-first"),
+        default="non-top",
+        help="the tokens the random single removal draws among: every token but the top one (S&S, default), "
+        "every token, or every token but the first (S&S's test_model.py as it runs; docs/definitions.md §5)",
+    )
+    p.add_argument(
+        "--eraser-rounding",
+        choices=("ceil", "floor"),
+        default="ceil",
+        help="ERASER's k from a fraction f of L tokens: ceil(f L) (default), or floor(f L) with k = 0 fractions "
+        "left out of the AOPC (docs/definitions.md §18)",
     )
 
 

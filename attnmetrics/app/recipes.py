@@ -52,10 +52,11 @@ PRESETS = {
 
 #: the training recipe's defaults per encoder family: J&W's for theirs, GPT-1's fine-tuning
 #: (Radford et al. 2018 sec. 4.1: lr 6.25e-5, 3 epochs, linear warm-up over 0.2 % of the steps,
-#: then linear decay; AdamW-style weight decay 0.01 as in their code)
+#: then linear decay; AdamW-style weight decay 0.01 and the gradient norm clipped at 1 as in their
+#: code: openai/finetune-transformer-lm train.py:333, opt.py:30-31)
 RECIPES = {
     "jain-wallace": {"epochs": 8, "lr": 1e-3, "weight_decay": 1e-5},
-    "gpt": {"epochs": 3, "lr": 6.25e-5, "weight_decay": 0.01, "warmup": 0.002},
+    "gpt": {"epochs": 3, "lr": 6.25e-5, "weight_decay": 0.01, "warmup": 0.002, "grad_clip": 1.0},
     # BERT's fine-tuning (Devlin et al. 2019, sec. A.3: lr in {2, 3, 5}e-5, 2-4 epochs, warm-up 10 %)
     "hf": {"epochs": 3, "lr": 5e-5, "weight_decay": 0.01, "warmup": 0.1},
 }
@@ -64,7 +65,7 @@ RECIPES = {
 #: the flags of GPT-1 alone (--encoder gpt), by dest, and the defaults of those that have one
 #: (filled in for every model, so every run's results.json ``config`` names them as before)
 GPT_ONLY = {"pretrained": "--pretrained", "lm_weight": "--lm-weight", "transfer_layers": "--transfer-layers",
-            "gpt_config": "--gpt-config"}  # fmt: skip
+            "gpt_config": "--gpt-config", "grad_clip": "--grad-clip"}  # fmt: skip
 GPT_DEFAULTS = {"lm_weight": 0.5, "gpt_config": "small"}
 
 

@@ -46,7 +46,13 @@ def test_run_writes_a_complete_report(run_dir):
     assert "most faithful" in examples[0]["why"]
     eraser = results["eraser"]
     assert eraser["fractions"] == [0.01, 0.05, 0.1, 0.2, 0.5]
-    assert set(eraser) - {"fractions"} == {"attention", "random", "gradient", "loo"}
+    assert set(eraser) - {"fractions", "rounding"} == {"attention", "random", "gradient", "loo"}
+    # the papers' conventions by default, and results.json says which ran
+    conventions = results["conventions"]
+    assert eraser["rounding"] == "ceil" and "k = ceil(f L)" in conventions["eraser"]
+    assert results["single_removal"]["random_among"] == "non_top"
+    assert "non-top tokens (S&S 2019" in conventions["single_removal"]
+    assert "TVD scaled by 1/2 (W&P's" in conventions["consistent_adversary"]
     for name in ("attention", "random"):
         for metric in ("comprehensiveness", "sufficiency"):
             s = eraser[name][metric]
@@ -135,12 +141,26 @@ def test_evaluate_a_saved_model(run_dir, tmp_path):
                 "adversarial",
                 "loo",
                 "--no-progress",
+                "--random-removal",
+                "all",
+                "--eraser-rounding",
+                "floor",
             ]
         )
         == 0
     )
     results = json.loads((out / "results.json").read_text())
     assert set(results["flip"]) == {"attention"} and results["flip"]["attention"]["rows"] == 40
+    # the alternative conventions, asked for by name, and recorded
+    assert results["config"]["random_removal"] == "all" and results["config"]["eraser_rounding"] == "floor"
+    assert results["single_removal"]["random_among"] == "all"
+    assert "all real tokens, the top one included" in results["conventions"]["single_removal"]
+    eraser = results["eraser"]
+    assert eraser["rounding"] == "floor" and "k = floor(f L)" in results["conventions"]["eraser"]
+    assert max(results["instances"]["lengths"]) < 100  # so floor(0.01 L) = 0: the 1 % fraction never counts
+    first = eraser["attention"]["comprehensiveness"]["per_fraction"][0]
+    assert first is None or math.isnan(first)
+    assert "k = floor(f L)" in (out / "report.md").read_text()
     assert "permutation" not in results and "adversarial" not in results
     assert set(results["kendall"]) == {"attention vs gradient"}
 

@@ -16,6 +16,7 @@ ARGVS = [
     ["run", "--dataset", "sst", "--integrated-gradients", "4", "--input-x-gradient"],
     ["train", "--model", "hf:minilm", "--out", "o"],
     ["evaluate", "runs/x", "--out", "o", "--limit", "5"],
+    ["run", "--dataset", "sst", "--random-removal", "not-first", "--eraser-rounding", "floor"],
 ]
 
 

@@ -48,6 +48,7 @@ def test_fine_tunes_a_pretrained_gpt_and_runs_the_battery(pretrained, tmp_path):
     # GPT-1's fine-tuning recipe unless overridden (--epochs 1 is)
     training = results["training"]["config"]
     assert (training["lr"], training["schedule"], training["warmup"]) == (6.25e-5, "linear", 0.002)
+    assert training["grad_clip"] == 1.0 and results["config"]["grad_clip"] == 1.0  # GPT-1's code clips at 1
     assert training["epochs"] == 1 and training["decoupled_weight_decay"] and not training["amsgrad"]
     assert "attention vs loo" in results["kendall"] and "permutation" in results
     assert (out / "model" / "tokenizer.json").is_file() and (out / "report.md").is_file()

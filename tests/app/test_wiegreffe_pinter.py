@@ -106,12 +106,59 @@ def test_attention_kl_matches_scipy():
         assert kl[i].item() == pytest.approx(scipy.stats.entropy(p[i, m].numpy(), q[i, m].numpy()), rel=1e-12)
 
 
+class _Fixed(torch.nn.Module):
+    """A model whose outputs are given: (logits [B, C], attention [B, T]) whatever the input."""
+
+    def __init__(self, logits, attention):
+        super().__init__()
+        self.logits, self.attention = logits, attention
+        self.unused = torch.nn.Parameter(torch.zeros(1))  # a device to run on
+
+    def forward(self, tokens, lengths):
+        return self.logits, self.attention
+
+
+@pytest.mark.parametrize("classes", [1, 2, 3])
+def test_consistent_adversary_loss_has_wiegreffe_pinters_tvd_scale(classes):
+    # W&P's loss term (sarahwie/attention common_code/metrics.py:12-13 on the positive class's sigmoid,
+    # model/Binary_Classification.py:126): sum over the batch of 1/2 |p_adv - p_base|, written out in numpy
+    g = torch.Generator().manual_seed(classes)
+    b, t, lam = 7, 5, 0.3
+    z_adv, z_base = (torch.randn(b, classes, generator=g, dtype=torch.float64) for _ in range(2))
+    a_adv, a_base = (torch.softmax(torch.randn(b, t, generator=g, dtype=torch.float64), 1) for _ in range(2))
+    base, adv = _Fixed(z_base, a_base), _Fixed(z_adv, a_adv)
+    batch = type("Batch", (), {"tokens": torch.zeros(b, t, dtype=torch.long), "lengths": torch.full((b,), t)})
+    if classes == 1:
+        p, q = (1 / (1 + np.exp(-z.numpy()[:, 0])) for z in (z_adv, z_base))
+        wp_tvd = 0.5 * np.abs(p - q)  # theirs: the positive class only
+        tvd = 0.5 * (np.abs(p - q) + np.abs((1 - p) - (1 - q)))  # the two-class distribution's TVD
+    else:
+        p, q = (np.exp(z.numpy()) / np.exp(z.numpy()).sum(1, keepdims=True) for z in (z_adv, z_base))
+        tvd = 0.5 * np.abs(p - q).sum(1)
+        wp_tvd = 0.5 * tvd  # their code has one sigmoid output; for C > 2 the same 1/2 factor
+    pa, pb = a_adv.numpy(), a_base.numpy()
+    kl = (pa * np.log(pa / pb)).sum(1)
+    assert np.allclose(wp_tvd, tvd / 2)  # their TVD is half the TVD
+    default = ConsistentAdversary(base, lam).loss(adv, batch, None).item()
+    assert default == pytest.approx((wp_tvd - lam * kl).sum(), rel=1e-12)
+    standard = ConsistentAdversary(base, lam, tvd_scale="standard").loss(adv, batch, None).item()
+    assert standard == pytest.approx((tvd - lam * kl).sum(), rel=1e-12)
+    # the dev objective that picks the epoch is on the same scale; its "tvd" is the TVD itself
+    dev = type("Dev", (), {"batches": lambda self, n: [batch]})()
+    _, record = ConsistentAdversary(base, lam).select(adv, dev, None, 32)
+    assert record["objective"] == pytest.approx((wp_tvd - lam * kl).mean(), rel=1e-12)
+    assert record["tvd"] == pytest.approx(tvd.mean(), rel=1e-12)
+    with pytest.raises(ValueError, match="tvd_scale must be one of"):
+        ConsistentAdversary(base, lam, tvd_scale="half")
+
+
 @pytest.mark.sst
 def test_consistent_adversary(sst, base):
     vocab, tr, dv, te = sst
     with pytest.raises(ValueError, match="lambda"):
         ConsistentAdversary(base, -1.0)
     summary, instances, models = consistent_adversaries(base, make, tr, dv, te, [0.001, 1.0], RECIPE)
+    assert summary["tvd_scale"] == "wiegreffe-pinter"
     small, large = summary["per_lambda"]
     for r in (small, large):
         losses = [h["train_loss"] for h in r["history"]]

@@ -11,6 +11,7 @@ from attnmetrics.data import load_sst
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.text import EncodedSplit, Vocabulary, collate
 from attnmetrics.models.training import (
+    Classification,
     TrainConfig,
     classification_metrics,
     evaluate,
@@ -358,6 +359,44 @@ def test_token_ids_outside_the_vocabulary_are_named():
     for bad in (10, -1):
         with pytest.raises(ValueError, match=r"ids in \[0, vocab_size\) = \[0, 10\)"):
             model.embed(torch.tensor([[2, bad, 3]]))
+
+
+class _Scaled(Classification):
+    """The task loss times 1000: gradients whose global norm is well above 1."""
+
+    def loss(self, model, batch, attention):
+        return 1000 * super().loss(model, batch, attention)
+
+
+@pytest.mark.sst
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_grad_clip_bounds_the_global_norm_at_each_step(sst_slice, monkeypatch, clip):
+    # GPT-1's code clips the global gradient norm at 1 (openai/finetune-transformer-lm opt.py:30-31,
+    # train.py:333 --max_grad_norm 1); grad_clip=0 leaves the gradients alone
+    vocab, tr, dv = sst_slice
+    norms = []
+    step = torch.optim.Adam.step
+
+    def record(self, *a, **kw):
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in grads]))))
+        return step(self, *a, **kw)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", record)
+    train(
+        fresh(vocab), tr, dv, TrainConfig(epochs=1, batch_size=32, progress=False, grad_clip=clip), objective=_Scaled()
+    )
+    assert len(norms) == -(-len(tr) // 32)
+    if clip:
+        assert max(norms) <= clip * (1 + 1e-6) and min(norms) > 0.99 * clip  # every step's norm was above 1
+    else:
+        assert min(norms) > 1.0
+
+
+def test_grad_clip_must_be_a_non_negative_number():
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="grad_clip"):
+            TrainConfig(grad_clip=bad)
 
 
 @pytest.mark.sst

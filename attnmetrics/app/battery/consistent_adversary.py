@@ -10,6 +10,12 @@ from attnmetrics.app.battery.registry import Experiment
 from attnmetrics.app.figures import save_figure, subplots, tvd_vs_jsd
 from attnmetrics.app.markdown import fmt, table
 
+#: the loss's TVD term by ``tvd_scale`` (a results.json without one predates W&P's ½: standard)
+LOSS_TVD = {
+    "wiegreffe-pinter": "½·TVD(ŷ_adv, ŷ_base) (W&P's scale, so λ is theirs)",
+    "standard": "TVD(ŷ_adv, ŷ_base) (λ here is 2λ in W&P's code)",
+}
+
 
 def section(results: dict) -> list[str]:
     c = results["consistent_adversary"]
@@ -27,8 +33,9 @@ def section(results: dict) -> list[str]:
     lines = [
         "## Model-consistent adversary (Wiegreffe & Pinter 2019, sec. 4.3–4.4)",
         "",
-        "A new model per λ, trained with loss Σ TVD(ŷ_adv, ŷ_base) − λ·KL(α_adv ‖ α_base); test means of the "
-        "output TVD to the base and of the attention JSD (nats) to the base.",
+        f"A new model per λ, trained with loss Σ {LOSS_TVD[c.get('tvd_scale', 'standard')]} − λ·KL(α_adv ‖ α_base); "
+        "test means of the output TVD (½ Σ |Δp|, twice the TVD W&P's code reports for two classes) to the base "
+        "and of the attention JSD (nats) to the base.",
         "",
         table(rows, ["λ", "mean output TVD", "mean attention JSD", "accuracy", "macro F1", "epoch kept"]),
         "",
@@ -71,8 +78,10 @@ EXPERIMENT = Experiment(
     alt="TVD vs JSD",
     skippable=False,
     conventions=lambda config: {
-        "consistent_adversary": "W&P 2019: loss sum over batch of TVD(y_adv, y_base) - lambda KL(a_adv || a_base), KL "
-        "over real tokens (0 log 0 = 0), base frozen; same init, data and recipe as the base; "
-        "epoch kept: lowest mean dev objective; test TVD of outputs, JSD of attention (means)"
+        "consistent_adversary": "W&P 2019: loss sum over batch of 1/2 TVD(y_adv, y_base) - lambda KL(a_adv || a_base) "
+        "(TVD scaled by 1/2 (W&P's: sarahwie/attention common_code/metrics.py:12-13 sums 1/2 |dp| of the positive "
+        "class, model/Binary_Classification.py:126), so lambda means theirs), KL over real tokens (0 log 0 = 0), "
+        "base frozen; same init, data and recipe as the base; epoch kept: lowest mean dev objective; test TVD "
+        "(1/2 sum |dp|, twice W&P's for two classes) of outputs, JSD of attention (means)"
     },
 )

@@ -14,6 +14,15 @@ from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
 
 #: ERASER's metrics (DeYoung et al. 2020, sec. 4), over every importance ordering the battery has
 ERASER_METRICS = {"comprehensiveness": comprehensiveness, "sufficiency": sufficiency}
+#: k from a fraction f of a row's L real tokens, by ``BatteryConfig.eraser_rounding`` (``--eraser-rounding``)
+ROUNDING_TEXT = {
+    "ceil": "k = ceil(f L) (this library's definition: every fraction removes at least one token; ERASER's "
+    "encode_attend.py removes ceil(f L) for comprehensiveness but keeps floor(f L) for sufficiency)",
+    "floor": "k = floor(f L) (--eraser-rounding floor: ERASER's encode_attend.py:425 sufficiency rationale, "
+    "int(k_fraction * len(doc))); a fraction with k = 0 is left out of the row's AOPC",
+}
+#: the summary's keys that are not orderings
+SETTINGS = ("fractions", "rounding")
 
 
 def step(b) -> None:
@@ -25,7 +34,7 @@ def step(b) -> None:
     ranked.update((k, v) for k, v in b.scores.items() if k != "attention")
     for name, ranking in ranked.items():
         for metric, fn in ERASER_METRICS.items():
-            r = fn(b.model, b.tokens, b.lengths, ranking.to(b.tokens.device))
+            r = fn(b.model, b.tokens, b.lengths, ranking.to(b.tokens.device), rounding=b.config.eraser_rounding)
             b.keep(f"eraser/{name}/{metric}/aopc", r.aopc)
             b.keep(f"eraser/{name}/{metric}/values", r.values)
     b.lap("eraser")
@@ -46,7 +55,7 @@ def eraser_summary(aopc: np.ndarray, values: np.ndarray, predicted: np.ndarray, 
 
 
 def summarise(x: dict, c: Context):
-    summary: dict = {"fractions": list(ERASER_FRACTIONS)}
+    summary: dict = {"fractions": list(ERASER_FRACTIONS), "rounding": c.config.eraser_rounding}
     instances: dict = {}
     for name in dict.fromkeys(k.split("/")[1] for k in x if k.startswith("eraser/")):
         summary[name], instances[name] = {}, {}
@@ -61,7 +70,7 @@ def summarise(x: dict, c: Context):
 def section(results: dict) -> list[str]:
     s = results["eraser"]
     fractions = s["fractions"]
-    names = [name for name in s if name != "fractions"]
+    names = [name for name in s if name not in SETTINGS]
     rows = []
     for name in names:
         c, f = s[name]["comprehensiveness"], s[name]["sufficiency"]
@@ -75,9 +84,9 @@ def section(results: dict) -> list[str]:
         "## Comprehensiveness and sufficiency (ERASER, DeYoung et al. 2020, sec. 4)",
         "",
         f"Each ordering's top {', '.join(f'{100 * x:g}' for x in fractions)} % of the real tokens "
-        "(k = ceil(f L)) deleted (comprehensiveness: higher is more faithful) or kept alone (sufficiency: "
+        "deleted (comprehensiveness: higher is more faithful) or kept alone (sufficiency: "
         "lower is), as the drop in the probability of the predicted class; AOPC is the mean over the "
-        "fractions. The random ordering is the baseline.",
+        f"fractions. The random ordering is the baseline. {ROUNDING_TEXT[s.get('rounding', 'ceil')]}.",
         "",
         table(rows, ["ordering", "comprehensiveness AOPC", "sufficiency AOPC", "n"]),
         "",
@@ -86,4 +95,15 @@ def section(results: dict) -> list[str]:
     ]
 
 
-EXPERIMENT = Experiment("eraser", order=80, step=step, summarise=summarise, section=section)
+EXPERIMENT = Experiment(
+    "eraser",
+    order=80,
+    step=step,
+    summarise=summarise,
+    section=section,
+    conventions=lambda config: {
+        "eraser": "DeYoung et al. 2020: comprehensiveness p(y|x) - p(y|x without the top k), sufficiency p(y|x) - "
+        "p(y|the top k alone), top k real tokens by score (ties to the lower index), deleted; AOPC = mean over "
+        f"f in {', '.join(f'{x:g}' for x in ERASER_FRACTIONS)}; {ROUNDING_TEXT[config.eraser_rounding]}"
+    },
+)

@@ -20,7 +20,9 @@ from torch import Tensor
 from attnmetrics.app.battery.block import Block, Progress, Run
 from attnmetrics.app.battery.flip import DEFAULT_ORDERS
 from attnmetrics.app.battery.registry import Context, Settings, chosen, experiments, importances
+from attnmetrics.eraser import ROUNDINGS
 from attnmetrics.permutation import draw_seed
+from attnmetrics.single_removal import RANDOM_AMONG
 
 #: the experiments a run can choose (``--skip``), in the order they run
 EXPERIMENTS = tuple(e.name for e in experiments() if e.skippable)
@@ -34,7 +36,10 @@ class BatteryConfig:
 
     ``options``: the optional importances' options by ``dest`` (e.g. ``{"integrated_gradients":
     50, "input_x_gradient": True}``); ``never_flipped``: the fraction a row that never flips
-    counts as (NaN: left out, S&S; 1.0: Mohankumar et al. 2020).
+    counts as (NaN: left out, S&S; 1.0: Mohankumar et al. 2020); ``random_removal``: the tokens
+    the random single removal draws among (``attnmetrics.single_removal``'s ``random_among``:
+    ``"non_top"``, S&S; ``"all"``; ``"not_first"``, S&S's code as it runs); ``eraser_rounding``:
+    k from ERASER's fractions (``"ceil"``: ceil(f L); ``"floor"``: floor(f L), k = 0 not counted).
     """
 
     experiments: Sequence[str] = EXPERIMENTS
@@ -42,6 +47,8 @@ class BatteryConfig:
     seed: int = 0
     random_samples: int = 1
     never_flipped: float = float("nan")
+    random_removal: str = "non_top"
+    eraser_rounding: str = "ceil"
     permutations: int = 100
     adversarial_steps: int = 500
     adversarial_diversity: float = 1.0
@@ -51,6 +58,10 @@ class BatteryConfig:
         unknown = set(self.experiments) - set(EXPERIMENTS)
         if unknown:
             raise ValueError(f"unknown experiments {sorted(unknown)}; choose from {EXPERIMENTS}")
+        if self.random_removal not in RANDOM_AMONG:
+            raise ValueError(f"random_removal must be one of {RANDOM_AMONG}, got {self.random_removal!r}")
+        if self.eraser_rounding not in ROUNDINGS:
+            raise ValueError(f"eraser_rounding must be one of {ROUNDINGS}, got {self.eraser_rounding!r}")
 
     @property
     def settings(self) -> Settings:

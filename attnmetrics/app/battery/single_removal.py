@@ -16,10 +16,21 @@ from attnmetrics.app.summaries import get, nanmean, stats
 from attnmetrics.single_removal import WHICH
 from attnmetrics.stats import mcnemar
 
+#: what the random weight is, by ``BatteryConfig.random_removal`` (``--random-removal``)
+RANDOM_CONVENTIONS = {
+    "non_top": "uniform among the non-top tokens (S&S 2019: randint(1, L - 1) over the descending order, "
+    "serrano-s/attn-tests test_model.py:1028); rows with L <= 1 left out",
+    "all": "uniform among all real tokens, the top one included (--random-removal all); rows with L <= 1 left out",
+    "not_first": "uniform among the real tokens but the first (--random-removal not-first: S&S's test_model.py as "
+    "it runs, indexing the weights by the drawn rank); rows with L <= 1 left out",
+}
+
 
 def step(b) -> None:
     for which in WHICH:
-        r = attnmetrics.single_removal(*b.args, which=which, generator=b.keyed["single_removal"])
+        r = attnmetrics.single_removal(
+            *b.args, which=which, random_among=b.config.random_removal, generator=b.keyed["single_removal"]
+        )
         b.keep(f"single_removal/{which}/jsd", r.jsd)
         b.keep(f"single_removal/{which}/flipped", r.flipped)
     b.lap("single_removal")
@@ -52,7 +63,9 @@ def summarise(x: dict, c: Context):
     jsd = {w: x[f"single_removal/{w}/jsd"] for w in WHICH}
     flipped = {w: x[f"single_removal/{w}/flipped"] for w in WHICH}
     instances = {w: {"jsd": jsd[w].tolist(), "flipped": flipped[w].tolist()} for w in WHICH}
-    return single_removal_summary(jsd, flipped, c.lengths), instances
+    summary = single_removal_summary(jsd, flipped, c.lengths)
+    summary["random_among"] = c.config.random_removal  # which tokens "random" drew among
+    return summary, instances
 
 
 def section(results: dict) -> list[str]:
@@ -68,6 +81,8 @@ def section(results: dict) -> list[str]:
         table(rows, ["weight removed", "mean output JSD", "median", "decision flips", "n"]),
         "",
     ]
+    if "random_among" in s:
+        lines += [f"The random weight: {RANDOM_CONVENTIONS[s['random_among']]}.", ""]
     if "top_vs_random" in s:
         t = s["top_vs_random"]
         m = t["mcnemar"]
@@ -97,7 +112,8 @@ EXPERIMENT = Experiment(
     summarise=summarise,
     section=section,
     conventions=lambda config: {
-        "single_removal": "one weight zeroed, rest renormalised; output JSD in nats; McNemar exact test"
+        "single_removal": "one weight zeroed, rest renormalised; output JSD in nats; McNemar exact test of top vs "
+        f"random flips; random: {RANDOM_CONVENTIONS[config.random_removal]}"
     },
     statistics=statistics,
 )
