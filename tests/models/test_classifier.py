@@ -425,3 +425,42 @@ def test_linear_schedule_warms_up_then_decays_to_zero(sst_slice, monkeypatch):
         TrainConfig(warmup=0.1)
     with pytest.raises(ValueError, match="fraction of the training steps"):
         TrainConfig(schedule="linear", warmup=1.5)
+
+
+# ---- the RNN encoders over the padded batch (their CUDA path) ---------------------------------
+
+
+@pytest.mark.parametrize("rnn", ["lstm", "gru"])
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_padded_runs_give_the_packed_outputs_and_gradients(rnn, bidirectional, monkeypatch):
+    """On a GPU the RNN encoders run over the padded batch, the backward direction over the
+    rows reversed in place (attnmetrics.models.classifier.padded_runs): outputs and every
+    gradient as packed sequences give them (float64; ragged rows, a one-position row, a
+    full-width row), in training and eval mode."""
+    import attnmetrics.models.classifier as classifier
+
+    torch.manual_seed(0)
+    encoder = ENCODERS[rnn](embed_dim=5, hidden_size=4)
+    if not bidirectional:
+        encoder = type(encoder).__new__(type(encoder))
+        classifier._BiRNNEncoder.__init__(encoder, 5, 4, bidirectional=False)
+    encoder = encoder.double()
+    lengths = torch.tensor([7, 1, 4, 7, 2, 5])
+    x = torch.randn(6, 7, 5, dtype=torch.float64)
+
+    def run(padded: bool):
+        monkeypatch.setattr(classifier, "padded_runs", lambda device: padded)
+        encoder.zero_grad()
+        xi = x.clone().requires_grad_(True)
+        out = encoder(xi, lengths)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)).sum().backward()
+        return out.detach(), xi.grad, [p.grad.clone() for p in encoder.parameters()]
+
+    for mode in (encoder.train, encoder.eval):
+        mode()
+        packed, padded = run(False), run(True)
+        torch.testing.assert_close(padded[0], packed[0], rtol=0, atol=1e-12)
+        assert (padded[0][token_mask(lengths, 7).logical_not()] == 0).all()  # padding exactly zero
+        torch.testing.assert_close(padded[1], packed[1], rtol=0, atol=1e-12)
+        for got, want in zip(padded[2], packed[2]):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
