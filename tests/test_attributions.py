@@ -381,3 +381,50 @@ def test_the_model_is_left_as_it_was(inputs):
     # transformers installs a hook of its own on the first forward; none of ours stays
     assert not [h for h in attention._forward_hooks.values() if h.__module__.startswith("attnmetrics")]
     torch.testing.assert_close(METHODS["alti"](m.eval(), *inputs), before, rtol=0, atol=0)  # no dropout used
+
+
+# ---- the battery ------------------------------------------------------------------------------
+
+BATTERY = {"value_norm": "value_norm", "globenc": "globenc", "alti": "alti", "value_zeroing": "value_zeroing"}
+
+
+def test_battery_runs_each_when_asked_and_only_then(model, inputs, references):
+    from attnmetrics.app.battery import collect, registry
+    from attnmetrics.app.parser import build_parser
+
+    tokens, lengths = inputs
+    chosen = dict(experiments=["flip", "kendall", "eraser"], orders=["attention"], progress=False)
+    options = {name: True for name in BATTERY}
+    values, seconds = collect(model, [(0, tokens, lengths)], options=options, **chosen)
+    for name in BATTERY:
+        assert values[f"kendall/attention vs {name}/tau"].shape == (6,)
+        assert values[f"flip/{name}/removed"].shape[0] == 6
+        assert values[f"eraser/{name}/comprehensiveness/aopc"].shape == (6,)
+        assert name in seconds
+    # per-head τ only for the last layer's value norm, not the rolled-out ones
+    importances = {i.name: i for i in registry.importances()}
+    assert importances["value_norm"].head_partner
+    assert not any(importances[n].head_partner for n in ("globenc", "alti", "value_zeroing"))
+    # what the battery computes is the library's function
+    s = registry.Settings(options=options)
+    for name in BATTERY:
+        torch.testing.assert_close(importances[name].compute(model, tokens, lengths, s), references[name])
+    # off by default: neither computed nor flagged
+    off, _ = collect(model, [(0, tokens, lengths)], **chosen)
+    assert not any(name in key for key in off for name in BATTERY)
+    args = build_parser().parse_args(["run", "--dataset", "sst"])
+    assert not any(getattr(args, name) for name in BATTERY)
+    args = build_parser().parse_args(
+        ["run", "--dataset", "sst", "--alti", "--globenc", "--value-zeroing", "--value-norm"]
+    )
+    assert all(getattr(args, name) for name in BATTERY)
+
+
+def test_battery_skips_them_where_they_do_not_apply():
+    from attnmetrics.app.battery import registry
+    from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+
+    lstm = EncoderAttentionClassifier(ModelConfig(60, embed_dim=8, hidden_size=6))
+    s = registry.Settings(options={name: True for name in BATTERY})
+    assert not set(BATTERY) & {i.name for i in registry.chosen(lstm, s)}
+    assert set(BATTERY) <= {i.name for i in registry.chosen(tiny(layers=1), s)}
