@@ -443,10 +443,11 @@ def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int 
     ``S_{L-1} ... S_1 S_0`` (their ``compute_joint_attention(score_matrix, res=False)``: no
     residual added; the first layer's input is the embeddings' output).
 
-    All tokens of all rows at once: zeroing ``v(x_j)`` changes query i's attention output by
-    ``-sum_h A_h[i, j] v_h(x_j)`` (the weights do not depend on the values), so every altered
-    layer runs as one batch of (row, j) pairs, chunked to the memory budget; the last layer only
-    at the pooled position, the one its row of the product reads.
+    All tokens of all rows at once: zeroing ``v(x_j)`` changes query i's pre-LayerNorm state by
+    ``-sum_h A_h[i, j] f_h(x_j)`` (the weights do not depend on the values), so every altered
+    layer runs from there (``LN_1``, feed-forward, ``LN_2``) as one batch of (row, j) pairs,
+    chunked to the memory budget; the last layer only at the pooled position, the one its row of
+    the product reads.
 
     Args, Raises: as :func:`attention_value_norm`.
 
@@ -474,22 +475,22 @@ def _zeroed_layer(layer, trace, index, lengths, pooled, budget) -> Tensor:
     batch, heads, width, dh = v.shape
     d = x.shape[-1]
     inter = layer.intermediate.dense.weight.shape[0]
-    ctx = torch.matmul(probs, v)  # [b, H, T, dh], the heads' attention outputs
+    pre, _ = _attention_block(layer, probs, v, x)  # [b, T, d], the block's pre-LayerNorm states
+    f = _heads_out(layer, v)  # [b, H, T, d]
     if pooled is not None:  # only the pooled query
         rows = torch.arange(batch, device=x.device)
-        ctx, probs = ctx[rows, :, pooled][:, :, None], probs[rows, :, pooled][:, :, None]  # [b, H, 1, .]
-        x, out = x[rows, pooled][:, None], out[rows, pooled][:, None]  # [b, 1, d]
-    queries = ctx.shape[2]
+        probs = probs[rows, :, pooled][:, :, None]  # [b, H, 1, T]
+        pre, out = pre[rows, pooled][:, None], out[rows, pooled][:, None]  # [b, 1, d]
+    queries = pre.shape[1]
     pairs = token_mask(lengths, width).nonzero()  # (row, zeroed token j), every real position of a row
     per_pair = x.element_size() * queries * (6 * d + 2 * inter)
     scores = torch.zeros(batch, queries, width, dtype=x.dtype, device=x.device)
     for part in _chunks(pairs.shape[0], per_pair, budget):
         b, j = pairs[part, 0], pairs[part, 1]
-        # minus what token j's values added to every query of its row: A_h[i, j] v_h(x_j)
-        altered = ctx[b] - probs[b, :, :, j][..., None] * v[b, :, j][:, :, None]  # [n, H, Q, dh]
-        merged = altered.transpose(1, 2).flatten(2)  # [n, Q, d]
-        a = layer.attention.output.LayerNorm(layer.attention.output.dense(merged) + x[b])
-        _, changed = _ffn_block(layer, a)
+        # minus what token j's values added to every query i of its row through W_O:
+        # sum_h A_h[i, j] f_h(x_j) (the attention weights do not depend on the values)
+        altered = pre[b] - torch.einsum("nhq,nhd->nqd", probs[b, :, :, j], f[b, :, j])  # [n, Q, d]
+        _, changed = _ffn_block(layer, layer.attention.output.LayerNorm(altered))
         scores[b, :, j] = _cosine_distance(changed, out[b])
     if pooled is not None:
         return _row_normalised(scores[:, 0])
