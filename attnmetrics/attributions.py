@@ -341,10 +341,13 @@ def alti(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT
     the pooled row of ``C_{L-1} ... C_1 C_0`` (their ``compute_joint_attention``: no residual added,
     it is in ``z_ii``; the first layer's input is the embeddings' output).
 
-    Where we differ: ``s(i)`` is the model's own LayerNorm denominator ``sqrt(var(p_i) + eps)``
-    (biased variance), so ``y_i`` is the block's real output; the authors' ``contributions.py``
-    divides by ``(pre_ln_states + eps).std(-1)`` (unbiased, eps added to the states), which scales
-    every ``T_i`` by ``sqrt((d - 1) / d)`` to first order and leaves ``y_i`` slightly off the model's.
+    Where we differ (mt-upc/transformer-contributions ``src/contributions.py`` at 4f89039): their
+    ``ln_std_coef`` (line 206) is ``1 / (pre_ln_states + eps).std(-1, unbiased=False)``, eps added to
+    the states, where it changes nothing, rather than inside the root; ours is the model's own
+    LayerNorm denominator ``sqrt(var(p_i) + eps)``, so ``y_i`` is the block's real output (theirs
+    only within their assertion's tolerance; an earlier version used the unbiased std). Their
+    distance (line 222) is ``F.pairwise_distance(..., p=1)``, which adds 1e-6 to every entry of the
+    difference; ours is the exact L1 distance.
 
     Args, Raises: as :func:`attention_value_norm`.
 
