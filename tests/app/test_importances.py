@@ -63,7 +63,9 @@ def test_optional_importances_follow_their_settings_and_name_missing_packages(mo
     on = registry.Settings(("loo",), {"integrated_gradients": 4, "input_x_gradient": True})
     assert [i.name for i in registry.chosen(object(), off)] == ["gradient"]
     assert [i.name for i in registry.chosen(object(), on)] == ["gradient", "loo", "ig", "input_x_gradient"]
-    assert [i.name for i in registry.importances()] == ["gradient", "loo", "rollout", "ig", "input_x_gradient"]
+    assert [i.name for i in registry.importances()] == [
+        "gradient", "loo", "rollout", "value_norm", "globenc", "alti", "value_zeroing", "ig", "input_x_gradient",
+    ]  # fmt: skip
     monkeypatch.setattr(registry.importlib.util, "find_spec", lambda name, *a: None)
     assert registry.missing_package(off) is None
     assert registry.missing_package(on) == "--integrated-gradients needs Captum: pip install captum"

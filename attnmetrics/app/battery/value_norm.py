@@ -1,0 +1,25 @@
+"""Attention × value norm (Kobayashi et al. 2020, sec. 3) of a BERT-like Hugging Face classifier, with
+``--value-norm``: a Kendall τ partner, a flip-search and an ERASER ordering, and a token-view row."""
+
+from attnmetrics.app.battery.registry import Importance
+from attnmetrics.attributions import attention_value_norm, supports
+
+IMPORTANCE = Importance(
+    "value_norm",
+    lambda model, tokens, lengths, s: attention_value_norm(model, tokens, lengths),
+    lambda model, s: bool(s.option("value_norm")) and (model is None or supports(model)),
+    order=33,
+    option={
+        "flags": ("--value-norm",),
+        "dest": "value_norm",
+        "action": "store_true",
+        "default": False,
+        "help": "also the attention x value norm ||sum_h alpha_h f_h(x_j)|| of the last layer's [CLS] row "
+        "(Kobayashi et al. 2020; BERT-like Hugging Face models only) as a Kendall tau partner, flip-search and "
+        "ERASER ordering, and token-view row",
+    },
+    conventions={
+        "value_norm": "Kobayashi et al. 2020: ||sum_h A_h[CLS, j] (x_j W_V^h + b_V^h) W_O^h||_2 at the last layer, "
+        "b_O left out, not normalised"
+    },
+)

@@ -1,0 +1,511 @@
+"""Attention-derived token attributions of a BERT-like Hugging Face classifier (docs/definitions.md
+§20): attention × value norm (Kobayashi et al. 2020), GlobEnc (Modarressi et al. 2022), ALTI
+(Ferrando et al. 2022) and Value Zeroing (Mohebbi et al. 2023), each the importance of every real
+token for the pooled position's (``[CLS]``'s) decision.
+
+Every function takes a model on the protocol whose ``hf`` attribute is a post-LayerNorm BERT
+encoder classifier (``BertForSequenceClassification``: BERT, MiniLM, ...; the adapter
+``attnmetrics.models.hf.HFClassifier`` is one) and reads each layer's attention probabilities from
+the module's own forward (forward hooks on the self-attention modules: the model's attention
+implementation must return its probabilities, as eager attention and the adapter's do), then
+recomputes what it needs from the layers' weights. Batched over rows (padding masked: padded keys
+carry no attention, padded queries are zeroed), chunked to a memory budget, device-agnostic.
+
+The layer notation of all four: layer ``l`` maps its input ``x`` ``[T, d]`` (the embeddings'
+output for ``l = 0``) through heads ``h`` with attention ``A_h`` ``[T, T]`` and values
+``v_h(x_j) = x_j W_V^h + b_V^h``; ``f_h(x_j) = v_h(x_j) W_O^h`` is head h's value through its slice
+of the output projection (``b_V`` included, ``b_O`` not: Kobayashi et al. 2020, sec. 3, and every
+author's code). The attention block's pre-LayerNorm state is
+``p_i = sum_j z_ij + b_O`` with ``z_ij = sum_h A_h[i, j] f_h(x_j) + [i = j] x_i`` (the residual
+belongs to the token itself), its output ``a_i = LN_1(p_i)``, and the layer's output
+``LN_2(FFN(a_i) + a_i)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_model_inputs
+from attnmetrics.protocol import eval_mode, token_mask
+
+#: the layer parts every method reads (BertLayer's attribute paths)
+_PARTS = (
+    "attention.self.value",
+    "attention.output.dense",
+    "attention.output.LayerNorm",
+    "intermediate",
+    "output.dense",
+    "output.LayerNorm",
+)
+
+
+# ---- the model --------------------------------------------------------------------------------
+
+
+def bert_layers(model, method: str) -> nn.ModuleList:
+    """The encoder layers of ``model.hf``, a post-LayerNorm BERT-like classifier, or an error
+    naming the model class and why ``method`` does not apply to it.
+
+    Raises:
+        TypeError: ``model`` has no Hugging Face model (``model.hf``), e.g. our BiLSTM or GPT-1.
+        ValueError: ``model.hf`` is not BERT-like (GPT-2: pre-LayerNorm blocks, whose decomposition
+            these methods do not define), or a layer lacks the parts the methods read.
+    """
+    hf = getattr(model, "hf", None)
+    if not isinstance(hf, nn.Module):
+        raise TypeError(
+            f"{method} needs a Hugging Face BERT-like classifier (attnmetrics.models.hf.HFClassifier over "
+            f"BertForSequenceClassification), got {type(model).__name__}: it decomposes a transformer's "
+            "attention layers, which this model does not have"
+        )
+    name = type(hf).__name__
+    encoder = getattr(getattr(hf, "bert", None), "encoder", None)
+    layers = getattr(encoder, "layer", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise ValueError(
+            f"{method} is defined for post-LayerNorm BERT-like encoders (BertForSequenceClassification: BERT, "
+            f"MiniLM, ...), got {name}"
+            + (
+                " (a pre-LayerNorm decoder: the authors' decomposition of residual and LayerNorm does not apply)"
+                if "GPT" in name
+                else ""
+            )
+        )
+    for part in _PARTS:
+        if not all(_has(layer, part) for layer in layers):
+            raise ValueError(f"{method}: {name}'s encoder layers have no {part} (expected a BertLayer)")
+    return layers
+
+
+def supports(model) -> bool:
+    """Whether the attributions of this module apply to ``model`` (a BERT-like Hugging Face
+    classifier); the battery's capability check."""
+    try:
+        bert_layers(model, "")
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _has(module: nn.Module, path: str) -> bool:
+    for name in path.split("."):
+        module = getattr(module, name, None)
+        if not isinstance(module, nn.Module):
+            return False
+    return True
+
+
+class _Trace:
+    """One forward of a chunk of rows: every layer's input ``x[l]`` ``[B, T, d]`` (``x[L]`` the last
+    layer's output), attention probabilities ``probs[l]`` ``[B, H, T, T]`` and values ``v[l]``
+    ``[B, H, T, dh]`` (``x W_V + b_V``, split into heads)."""
+
+    def __init__(self, model, layers: nn.ModuleList, tokens: Tensor, lengths: Tensor, method: str):
+        probs: list[Tensor | None] = []
+
+        def keep(module, inputs, output):
+            probs.append(output[1] if isinstance(output, tuple) and len(output) > 1 else None)
+
+        handles = [layer.attention.self.register_forward_hook(keep) for layer in layers]
+        try:
+            mask = token_mask(lengths, tokens.shape[1]).long()
+            out = model.hf.bert(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+        finally:
+            for handle in handles:
+                handle.remove()
+        if len(probs) != len(layers) or any(p is None for p in probs):
+            raise ValueError(
+                f"{method} reads each layer's attention probabilities, but {type(model.hf).__name__}'s attention "
+                f"implementation ({getattr(model.hf.config, '_attn_implementation', '?')}) returns none: use "
+                "attnmetrics.models.hf.HFClassifier or model.set_attn_implementation('eager')"
+            )
+        self.x = list(out.hidden_states)
+        self.probs = probs
+        self.v = []
+        for x, layer in zip(self.x, layers):
+            heads = layer.attention.self.num_attention_heads
+            v = layer.attention.self.value(x)
+            self.v.append(v.view(*v.shape[:2], heads, -1).transpose(1, 2))
+
+
+def _heads_out(layer: nn.Module, v: Tensor) -> Tensor:
+    """``f_h(x_j) = v_h(x_j) W_O^h``: values ``[..., H, T, dh]`` -> ``[..., H, T, d]`` (no ``b_O``)."""
+    w = layer.attention.output.dense.weight  # [d, d] (out, in)
+    heads, dh = v.shape[-3], v.shape[-1]
+    return torch.einsum("...hsk,dhk->...hsd", v, w.view(-1, heads, dh))
+
+
+def _attention_block(layer: nn.Module, probs: Tensor, v: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The attention block as the model runs it: the pre-LayerNorm state ``p = ctx W_O + b_O + x``
+    and the block's output ``a = LN_1(p)``, each ``[..., T, d]``."""
+    ctx = torch.matmul(probs, v)  # [..., H, T, dh]
+    ctx = ctx.transpose(-3, -2).flatten(-2)  # heads merged: [..., T, d]
+    pre = layer.attention.output.dense(ctx) + x
+    return pre, layer.attention.output.LayerNorm(pre)
+
+
+def _ffn_block(layer: nn.Module, a: Tensor) -> tuple[Tensor, Tensor]:
+    """The feed-forward block: its pre-LayerNorm state ``FFN(a) + a`` and the layer's output."""
+    pre = layer.output.dense(layer.intermediate(a)) + a
+    return pre, layer.output.LayerNorm(pre)
+
+
+def _scale(pre: Tensor, ln: nn.LayerNorm) -> Tensor:
+    """LayerNorm's denominator ``sqrt(var(pre) + eps)`` (biased variance, as nn.LayerNorm) ``[..., 1]``."""
+    return (pre.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
+
+
+def _ln_linear(u: Tensor, ln: nn.LayerNorm, scale: Tensor) -> Tensor:
+    """LayerNorm's linear part at a fixed denominator: ``gamma * (u - mean(u)) / scale`` (no beta)."""
+    return ln.weight * (u - u.mean(-1, keepdim=True)) / scale
+
+
+def _mixing(layer: nn.Module, probs: Tensor, v: Tensor, x: Tensor, queries: Tensor) -> Tensor:
+    """``z_ij = sum_h A_h[i, j] f_h(x_j) + [i = j] x_i`` ``[B, Q, T, d]`` for the queries ``i`` of
+    ``queries`` ``[B, Q]``: probs ``[B, H, T, T]``, v ``[B, H, T, dh]``, x ``[B, T, d]``."""
+    f = _heads_out(layer, v)  # [B, H, T, d]
+    rows = torch.arange(x.shape[0], device=x.device)[:, None]
+    a = probs[rows, :, queries].transpose(1, 2)  # [B, Q, H, T] -> [B, H, Q, T]
+    z = torch.einsum("bhqj,bhjd->bqjd", a, f)
+    own = F.one_hot(queries, probs.shape[-1]).to(x.dtype)  # [B, Q, T]: the residual belongs to token i itself
+    return z + own[..., None] * x[rows, queries][:, :, None]
+
+
+# ---- chunking and aggregation -------------------------------------------------------------------
+
+
+def _chunks(n: int, per_item: int, budget: int) -> Iterator[slice]:
+    """Slices of ``range(n)`` holding about ``budget`` bytes each at ``per_item`` bytes an item
+    (at least one item a slice)."""
+    step = max(1, budget // max(per_item, 1))
+    for start in range(0, n, step):
+        yield slice(start, min(n, start + step))
+
+
+def _row_bytes(layers: nn.ModuleList, width: int, itemsize: int) -> int:
+    """About what a row's trace holds: every layer's probabilities, inputs and values."""
+    config = layers[0].attention.self
+    heads, d = config.num_attention_heads, layers[0].attention.output.dense.weight.shape[0]
+    inter = layers[0].intermediate.dense.weight.shape[0]
+    per_layer = heads * width * width + 3 * width * d + width * inter
+    return itemsize * (len(layers) * per_layer + width * d)
+
+
+def _rollout_row(matrices: list[Tensor]) -> Tensor:
+    """The pooled row of ``C_{L-1} ... C_1 C_0`` (Abnar & Zuidema's product, no residual added: each
+    method puts its own in ``C``): matrices ``[B, T, T]`` per layer, the last one only its pooled
+    rows ``[B, T]``. Multiplied in float64 (GlobEnc's raw norms grow with every layer)."""
+    rolled = matrices[0].double()
+    for c in matrices[1:-1]:
+        rolled = torch.bmm(c.double(), rolled)
+    last = matrices[-1].double()
+    return last if len(matrices) == 1 else torch.einsum("bk,bkj->bj", last, rolled)
+
+
+def _real(score: Tensor, lengths: Tensor, model, method: str) -> Tensor:
+    """``[B, T]`` over every position -> ``[B, T - lead]`` over the real tokens, zero past each row's
+    (special tokens dropped, not renormalised: rollout's layout); ValueError naming the first row
+    that is not finite."""
+    real = token_mask(lengths, score.shape[1], model.lead, model.trail)
+    score = score.masked_fill(~real, 0)
+    bad = ~torch.isfinite(score).all(1)
+    if bad.any():
+        raise ValueError(
+            f"{method} is not finite in row {int(bad.nonzero()[0])}: the model's states hold NaN or inf, or the "
+            "product through the layers overflowed"
+        )
+    return score[:, model.lead :]
+
+
+def _run(model, tokens, lengths, memory_budget, method, per_chunk) -> Tensor:
+    """Check the inputs, then ``per_chunk(layers, tokens, lengths, trace)`` -> ``[b, width]`` over
+    chunks of rows trimmed to their longest (one forward each), assembled into ``[B, T - lead]``."""
+    layers = bert_layers(model, method)
+    lengths = check_model_inputs(model, tokens, lengths)
+    budget = check_budget(memory_budget)
+    batch, width = tokens.shape
+    dtype = layers[0].attention.output.dense.weight.dtype
+    used = int(lengths.max())  # one read: the columns past every row's length are padding
+    out = torch.zeros(batch, width, dtype=dtype, device=tokens.device)
+    itemsize = torch.finfo(dtype).bits // 8
+    with eval_mode(model), torch.no_grad():
+        for rows in _chunks(batch, _row_bytes(layers, used, itemsize), budget // 2):
+            t, n = tokens[rows, :used], lengths[rows]
+            trace = _Trace(model, layers, t, n, method)
+            out[rows, :used] = per_chunk(layers, t, n, trace, budget // 2).to(dtype)
+    return _real(out, lengths, model, method)
+
+
+def _masked_rows(c: Tensor, lengths: Tensor) -> Tensor:
+    """``[B, T, T]`` with padded queries and keys zeroed."""
+    valid = token_mask(lengths, c.shape[-1])
+    return c * (valid[:, :, None] & valid[:, None, :]).to(c.dtype)
+
+
+def _pooled(model, lengths: Tensor) -> Tensor:
+    return model.pooled(lengths) if hasattr(model, "pooled") else torch.zeros_like(lengths)
+
+
+# ---- the methods --------------------------------------------------------------------------------
+
+
+def attention_value_norm(
+    model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET
+) -> Tensor:
+    """Attention × value norm (Kobayashi et al. 2020, EMNLP, "Attention is Not Only a Weight",
+    sec. 3, eq. 6, "||Σαf(x)||") at the last layer, for the pooled position p (``[CLS]``).
+
+    ``score_j = || sum_h A_h[p, j] f_h(x_j) ||_2`` with ``f_h(x_j) = (x_j W_V^h + b_V^h) W_O^h``:
+    the norm of what token j adds to p's multi-head attention output (the value bias ``b_V`` in
+    ``f``, the output bias ``b_O`` left out, as the paper's sec. 3 and its code's
+    ``transformed_layer``; no residual, no LayerNorm). ``x`` is the last layer's input.
+
+    Args:
+        model: a protocol model whose ``hf`` is a BERT-like ``BertForSequenceClassification``
+            (e.g. ``attnmetrics.models.hf.HFClassifier``), in eval mode for the call.
+        tokens: ``[B, T]`` int64 ids, ``[CLS] ... [SEP]`` then padding.
+        lengths: ``[B]`` integer lengths, special tokens included, in ``[lead + trail, T]``.
+        memory_budget: bytes a chunk of rows may hold (default 256 MiB).
+
+    Returns:
+        ``[B, T - lead]`` in the model's float dtype: each real token's norm, in the units of the
+        hidden states (non-negative, not normalised), zero past each row's real tokens.
+
+    Raises:
+        TypeError: the model has no Hugging Face model (``model.hf``); tokens or lengths not tensors.
+        ValueError: a model that is not BERT-like (GPT-2, ...), an attention implementation that
+            returns no probabilities, the input checks of :func:`attnmetrics.gradient_importance`,
+            a bad ``memory_budget``, or a score that is not finite.
+    """
+
+    def per_chunk(layers, tokens, lengths, trace, budget):
+        layer, probs, v = layers[-1], trace.probs[-1], trace.v[-1]
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        a = probs[rows, :, _pooled(model, lengths)]  # [b, H, T]
+        f = _heads_out(layer, v)  # [b, H, T, d]
+        return torch.einsum("bhj,bhjd->bjd", a, f).norm(dim=-1)
+
+    return _run(model, tokens, lengths, memory_budget, "attention_value_norm", per_chunk)
+
+
+def globenc(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+    """GlobEnc (Modarressi et al. 2022, NAACL, sec. 3): norm-based token-to-token attributions of
+    each whole encoder layer but its feed-forward network, rolled out through the layers.
+
+    Per layer, ``N[i, j] = || LN_2'(LN_1'(z_ij)) ||_2`` with ``z_ij`` the module docstring's (each
+    head's ``A_h[i, j] f_h(x_j)`` summed, plus the residual ``x_i`` when ``j = i``) and
+    ``LN_k'(u) = gamma_k * (u - mean(u)) / s_k(i)`` each LayerNorm's linear part at the model's own
+    denominator ``s_k(i) = sqrt(var(pre-LN state of i) + eps)`` (biases ``b_O``, ``beta_1``,
+    ``beta_2`` left out; the FFN enters only through ``s_2``): "N_Enc", the authors'
+    ``modeling_bert.py`` ``BertNormOutput`` (post_ln_layer) then ``BertLayer`` (post_ln2_norm).
+    GlobEnc is the pooled row of ``N_{L-1} ... N_1 N_0``, the raw norms multiplied without
+    residual or renormalisation, as their ``AttentionRollout.compute_joint_attention`` (the first
+    layer's input is the embeddings' output).
+
+    Args, Raises: as :func:`attention_value_norm`.
+
+    Returns:
+        ``[B, T - lead]`` in the model's float dtype: each real token's GlobEnc score
+        (non-negative, the product of norms: not normalised), zero past each row's real tokens.
+    """
+
+    def per_chunk(layers, tokens, lengths, trace, budget):
+        matrices = []
+        pooled = _pooled(model, lengths)
+        for index, layer in enumerate(layers):
+            last = index == len(layers) - 1
+            matrices.append(
+                _per_query(
+                    layer, trace, index, lengths, pooled if last else None, budget, lambda *a: _norm_enc(layer, *a)
+                )
+            )
+        return _rollout_row(matrices)
+
+    return _run(model, tokens, lengths, memory_budget, "globenc", per_chunk)
+
+
+def alti(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+    """ALTI (Ferrando et al. 2022, EMNLP, "Measuring the Mixing of Contextual Information in the
+    Transformer", sec. 2-3): distance-based token-to-token contributions of each attention block,
+    LayerNorm included, rolled out through the layers.
+
+    Per layer, ``T_i(x_j) = LN_1'(z_ij)`` (the module docstring's ``z_ij``, through LayerNorm's
+    linear part ``gamma_1 * (u - mean(u)) / s(i)``), so that the block's output is
+    ``y_i = sum_j T_i(x_j) + LN_1'(b_O) + beta_1`` exactly; ``d_ij = ||y_i - T_i(x_j)||_1`` (eq. 8,
+    the Manhattan distance), ``c_ij = max(0, ||y_i||_1 - d_ij)`` normalised to sum 1 over j (eq. 9-10;
+    the authors' ``normalize_contributions(..., scaling='min_sum', resultant_norm=...)``). ALTI is
+    the pooled row of ``C_{L-1} ... C_1 C_0`` (their ``compute_joint_attention``: no residual added,
+    it is in ``z_ii``; the first layer's input is the embeddings' output).
+
+    Where we differ (mt-upc/transformer-contributions ``src/contributions.py`` at 4f89039): their
+    ``ln_std_coef`` (line 206) is ``1 / (pre_ln_states + eps).std(-1, unbiased=False)``, eps added to
+    the states, where it changes nothing, rather than inside the root; ours is the model's own
+    LayerNorm denominator ``sqrt(var(p_i) + eps)``, so ``y_i`` is the block's real output (theirs
+    only within their assertion's tolerance; an earlier version used the unbiased std). Their
+    distance (line 222) is ``F.pairwise_distance(..., p=1)``, which adds 1e-6 to every entry of the
+    difference; ours is the exact L1 distance.
+
+    Args, Raises: as :func:`attention_value_norm`.
+
+    Returns:
+        ``[B, T - lead]`` in the model's float dtype: each real token's share of the pooled
+        position's last attention output, in [0, 1] (the shares of all positions, special tokens
+        included, sum to 1), zero past each row's real tokens.
+    """
+
+    def per_chunk(layers, tokens, lengths, trace, budget):
+        matrices = []
+        pooled = _pooled(model, lengths)
+        for index, layer in enumerate(layers):
+            last = index == len(layers) - 1
+            matrices.append(
+                _per_query(
+                    layer, trace, index, lengths, pooled if last else None, budget, lambda *a: _alti_layer(layer, *a)
+                )
+            )
+        return _rollout_row(matrices)
+
+    return _run(model, tokens, lengths, memory_budget, "alti", per_chunk)
+
+
+def _per_query(layer, trace, index, lengths, pooled, budget, score) -> Tensor:
+    """One layer's ``[b, T, T]`` matrix (``[b, T]``: the pooled queries' rows, when ``pooled`` is
+    given), with ``score(probs, v, x, queries [n, Q], lengths)`` -> ``[n, Q, T]`` on chunks of rows,
+    and of queries where one row's exceeds the budget."""
+    probs, v, x = trace.probs[index], trace.v[index], trace.x[index]
+    batch, heads, width = probs.shape[:3]
+    d = x.shape[-1]
+    size = x.element_size()
+    fixed = size * (heads * width * d + 4 * width * d)  # f_h(x_j) and the blocks' states
+    per_query = size * 5 * width * d  # z and its LayerNorm images
+    span = 1 if pooled is not None else width
+    parts = []
+    for rows in _chunks(batch, fixed + span * per_query, budget):
+        n = rows.stop - rows.start
+        if pooled is not None:
+            parts.append(score(probs[rows], v[rows], x[rows], pooled[rows, None], lengths[rows]))
+            continue
+        pieces = []
+        for qs in _chunks(width, per_query, max(budget - fixed, per_query)):
+            q = torch.arange(qs.start, qs.stop, device=x.device).expand(n, -1)
+            pieces.append(score(probs[rows], v[rows], x[rows], q, lengths[rows]))
+        parts.append(torch.cat(pieces, 1))
+    c = torch.cat(parts)
+    if pooled is not None:
+        return c[:, 0] * token_mask(lengths, width).to(c.dtype)
+    return _masked_rows(c, lengths)
+
+
+def _norm_enc(layer, probs, v, x, queries, lengths) -> Tensor:
+    """GlobEnc's N_Enc of one layer: ``[b, Q, T]`` (see :func:`globenc`)."""
+    pre1, a = _attention_block(layer, probs, v, x)
+    pre2, _ = _ffn_block(layer, a)
+    rows = torch.arange(x.shape[0], device=x.device)[:, None]
+    pre1, pre2 = pre1[rows, queries], pre2[rows, queries]
+    ln1, ln2 = layer.attention.output.LayerNorm, layer.output.LayerNorm
+    z = _mixing(layer, probs, v, x, queries)  # [b, Q, T, d]
+    t = _ln_linear(_ln_linear(z, ln1, _scale(pre1, ln1)[:, :, None]), ln2, _scale(pre2, ln2)[:, :, None])
+    return t.norm(dim=-1)
+
+
+def _alti_layer(layer, probs, v, x, queries, lengths) -> Tensor:
+    """ALTI's contributions of one layer, rows normalised: ``[b, Q, T]`` (see :func:`alti`)."""
+    pre, y = _attention_block(layer, probs, v, x)
+    rows = torch.arange(x.shape[0], device=x.device)[:, None]
+    pre, y = pre[rows, queries], y[rows, queries]
+    ln = layer.attention.output.LayerNorm
+    t = _ln_linear(_mixing(layer, probs, v, x, queries), ln, _scale(pre, ln)[:, :, None])  # [b, Q, T, d]
+    distance = (y[:, :, None] - t).abs().sum(-1)
+    c = (y.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
+    c = c * token_mask(lengths, c.shape[-1])[:, None].to(c.dtype)  # padded keys contribute nothing
+    return _row_normalised(c)
+
+
+def _row_normalised(c: Tensor) -> Tensor:
+    """Rows divided by their sums over the last dimension; a row summing to 0 stays 0."""
+    total = c.sum(-1, keepdim=True)
+    return torch.where(total > 0, c / total.clamp_min(torch.finfo(c.dtype).tiny), c)
+
+
+def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
+    """Value Zeroing (Mohebbi et al. 2023, EACL, "Quantifying Context Mixing in Transformers",
+    sec. 2): how much each layer's outputs change when one token's value vectors are zeroed,
+    rolled out through the layers.
+
+    Per layer l and token j: zero ``v_h(x_j)`` in every head of layer l (value bias included: the
+    whole value vector, as the authors' ``customized_modeling_bert.py`` ``zero_value_index``),
+    recompute layer l on its original input (attention weights unchanged, then ``b_O``, residual,
+    ``LN_1``, the feed-forward network and ``LN_2``), and score ``S[i, j] = 1 - cos(h_i, h_i^(-j))``
+    between token i's original and altered outputs (clipped at 0, as scikit-learn's
+    ``cosine_distances`` that their ``scoring/value_zeroing.py`` calls); each row of ``S`` is
+    divided by its sum over j (j = i included), and Value Zeroing is the pooled row of
+    ``S_{L-1} ... S_1 S_0`` (their ``compute_joint_attention(score_matrix, res=False)``: no
+    residual added; the first layer's input is the embeddings' output).
+
+    All tokens of all rows at once: zeroing ``v(x_j)`` changes query i's pre-LayerNorm state by
+    ``-sum_h A_h[i, j] f_h(x_j)`` (the weights do not depend on the values), so every altered
+    layer runs from there (``LN_1``, feed-forward, ``LN_2``) as one batch of (row, j) pairs,
+    chunked to the memory budget; the last layer only at the pooled position, the one its row of
+    the product reads.
+
+    Args, Raises: as :func:`attention_value_norm`.
+
+    Returns:
+        ``[B, T - lead]`` in the model's float dtype: each real token's share of the pooled
+        position in [0, 1] (the shares of all positions, special tokens included, sum to 1 unless
+        a layer's row of distances was all 0), zero past each row's real tokens.
+    """
+
+    def per_chunk(layers, tokens, lengths, trace, budget):
+        pooled = _pooled(model, lengths)
+        matrices = [
+            _zeroed_layer(layer, trace, index, lengths, pooled if index == len(layers) - 1 else None, budget)
+            for index, layer in enumerate(layers)
+        ]
+        return _rollout_row(matrices)
+
+    return _run(model, tokens, lengths, memory_budget, "value_zeroing", per_chunk)
+
+
+def _zeroed_layer(layer, trace, index, lengths, pooled, budget) -> Tensor:
+    """Value Zeroing's row-normalised distances of one layer, ``[b, T, T]`` (``[b, T]``: the pooled
+    rows when ``pooled`` is given)."""
+    probs, v, x, out = trace.probs[index], trace.v[index], trace.x[index], trace.x[index + 1]
+    batch, heads, width, dh = v.shape
+    d = x.shape[-1]
+    inter = layer.intermediate.dense.weight.shape[0]
+    pre, _ = _attention_block(layer, probs, v, x)  # [b, T, d], the block's pre-LayerNorm states
+    f = _heads_out(layer, v)  # [b, H, T, d]
+    if pooled is not None:  # only the pooled query
+        rows = torch.arange(batch, device=x.device)
+        probs = probs[rows, :, pooled][:, :, None]  # [b, H, 1, T]
+        pre, out = pre[rows, pooled][:, None], out[rows, pooled][:, None]  # [b, 1, d]
+    queries = pre.shape[1]
+    pairs = token_mask(lengths, width).nonzero()  # (row, zeroed token j), every real position of a row
+    per_pair = x.element_size() * queries * (6 * d + 2 * inter)
+    scores = torch.zeros(batch, queries, width, dtype=x.dtype, device=x.device)
+    for part in _chunks(pairs.shape[0], per_pair, budget):
+        b, j = pairs[part, 0], pairs[part, 1]
+        # minus what token j's values added to every query i of its row through W_O:
+        # sum_h A_h[i, j] f_h(x_j) (the attention weights do not depend on the values)
+        altered = pre[b] - torch.einsum("nhq,nhd->nqd", probs[b, :, :, j], f[b, :, j])  # [n, Q, d]
+        _, changed = _ffn_block(layer, layer.attention.output.LayerNorm(altered))
+        scores[b, :, j] = _cosine_distance(changed, out[b])
+    if pooled is not None:
+        return _row_normalised(scores[:, 0])
+    return _row_normalised(_masked_rows(scores, lengths))
+
+
+def _cosine_distance(a: Tensor, b: Tensor) -> Tensor:
+    """``1 - cos(a, b)`` over the last dimension, as ``||a/|a| - b/|b|||^2 / 2`` (the same number,
+    without the cancellation of ``1 - cos`` when the vectors nearly agree: float32 keeps about
+    ``eps / sqrt(distance)`` relative precision instead of ``eps / distance``), so never below 0
+    (scikit-learn's cosine_distances clips at 0); a zero vector has cosine 0 with anything."""
+    na, nb = a.norm(dim=-1, keepdim=True), b.norm(dim=-1, keepdim=True)
+    tiny = torch.finfo(a.dtype).tiny
+    half = 0.5 * (a / na.clamp_min(tiny) - b / nb.clamp_min(tiny)).square().sum(-1)
+    return torch.where((na > 0).squeeze(-1) & (nb > 0).squeeze(-1), half, torch.ones_like(half))

@@ -1,0 +1,430 @@
+"""The attention-derived attributions (attnmetrics/attributions.py) against plain loops written here
+from the papers' equations: one sentence at a time, explicit loops over layers, heads and tokens,
+every state recomputed from the Hugging Face model's weights (embeddings included), on a small
+random ``BertForSequenceClassification`` (no download). The loop's own forward is checked against
+the model's first, so the references cannot drift from the model they explain."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from attnmetrics.attributions import (  # noqa: E402
+    alti,
+    attention_value_norm,
+    globenc,
+    supports,
+    value_zeroing,
+)
+from attnmetrics.models.hf import HFClassifier  # noqa: E402
+from attnmetrics.protocol import token_mask  # noqa: E402
+
+F64 = torch.float64
+METHODS = {"value_norm": attention_value_norm, "globenc": globenc, "alti": alti, "value_zeroing": value_zeroing}
+
+
+def tiny(layers: int = 3, seed: int = 0, dtype=F64) -> HFClassifier:
+    """A random BERT classifier; every parameter (LayerNorm gains and biases too) drawn from
+    N(0, 0.5^2) so that no bias or gain is the 0 or 1 that would hide a convention."""
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=24,
+        num_labels=2, max_position_embeddings=32,
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    return HFClassifier(model.to(dtype)).eval()
+
+
+def batch(rows: int = 6, width: int = 9, seed: int = 0):
+    """Right-padded ``[CLS]=1 ... [SEP]=2`` rows of ids 5..49: the first full width, the second one
+    real token (length 3), the rest random lengths."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, width + 1, (rows,), generator=g)
+    lengths[0], lengths[1] = width, 3
+    tokens = torch.randint(5, 50, (rows, width), generator=g)
+    tokens[:, 0] = 1
+    tokens[torch.arange(rows), lengths - 1] = 2
+    tokens[~token_mask(lengths, width)] = 0
+    return tokens, lengths
+
+
+# ---- the plain loop: one sentence, every state from the weights --------------------------------
+
+
+def layer_norm(u, ln):
+    mean = sum(u[k] for k in range(len(u))) / len(u)
+    var = sum((u[k] - mean) ** 2 for k in range(len(u))) / len(u)
+    return ln.weight * (u - mean) / torch.sqrt(var + ln.eps) + ln.bias, torch.sqrt(var + ln.eps)
+
+
+def ln_linear(u, ln, s):
+    """LayerNorm's linear part at the fixed denominator s: gamma * (u - mean(u)) / s."""
+    return ln.weight * (u - u.mean()) / s
+
+
+def embeddings(hf, ids):
+    e = hf.bert.embeddings
+    return [
+        layer_norm(
+            e.word_embeddings.weight[t] + e.position_embeddings.weight[i] + e.token_type_embeddings.weight[0],
+            e.LayerNorm,
+        )[0]
+        for i, t in enumerate(ids)
+    ]
+
+
+def layer_loop(layer, x, zeroed: int | None = None):
+    """One BERT layer on token states ``x`` (a list of [d] vectors), token by token and head by
+    head; ``zeroed``: that token's value vectors set to 0 in every head (Value Zeroing). Returns
+    the attention weights ``A[h][i][j]``, ``f[h][j]`` (value through head h's slice of W_O, b_V in,
+    b_O out), the pre-LayerNorm states, their LayerNorm denominators and the outputs."""
+    sa, so = layer.attention.self, layer.attention.output
+    heads, dh, n = sa.num_attention_heads, sa.attention_head_size, len(x)
+    A, f = [], []
+    for h in range(heads):
+        cols = slice(h * dh, (h + 1) * dh)
+        q = [sa.query.weight[cols] @ x[i] + sa.query.bias[cols] for i in range(n)]
+        k = [sa.key.weight[cols] @ x[j] + sa.key.bias[cols] for j in range(n)]
+        v = [sa.value.weight[cols] @ x[j] + sa.value.bias[cols] for j in range(n)]
+        if zeroed is not None:
+            v[zeroed] = torch.zeros_like(v[zeroed])
+        rows = []
+        for i in range(n):
+            s = [float(q[i] @ k[j]) / math.sqrt(dh) for j in range(n)]
+            top = max(s)
+            e = [math.exp(sj - top) for sj in s]
+            rows.append([ej / sum(e) for ej in e])
+        A.append(rows)
+        f.append([so.dense.weight[:, cols] @ v[j] for j in range(n)])
+    pre1, s1, a, pre2, s2, out = [], [], [], [], [], []
+    for i in range(n):
+        p = so.dense.bias + x[i]
+        for h in range(heads):
+            for j in range(n):
+                p = p + A[h][i][j] * f[h][j]
+        ai, si = layer_norm(p, so.LayerNorm)
+        mid = F.gelu(layer.intermediate.dense.weight @ ai + layer.intermediate.dense.bias)
+        p2 = layer.output.dense.weight @ mid + layer.output.dense.bias + ai
+        oi, s2i = layer_norm(p2, layer.output.LayerNorm)
+        pre1.append(p), s1.append(si), a.append(ai), pre2.append(p2), s2.append(s2i), out.append(oi)
+    return dict(A=A, f=f, pre1=pre1, s1=s1, a=a, pre2=pre2, s2=s2, out=out)
+
+
+def states_loop(model, ids):
+    """Every layer's input (the embeddings' output first) and loop results; the loop's outputs are
+    checked against the model's own forward."""
+    hf, x = model.hf, embeddings(model.hf, ids)
+    layers = []
+    for layer in hf.bert.encoder.layer:
+        r = layer_loop(layer, x)
+        layers.append((x, r))
+        x = r["out"]
+    own = hf.bert(input_ids=torch.tensor([ids]), output_hidden_states=True).last_hidden_state[0]
+    torch.testing.assert_close(torch.stack(x), own, rtol=1e-9, atol=1e-9)
+    return layers
+
+
+def mixing(layer_result, x, i, j):
+    """z_ij = sum_h A_h[i, j] f_h(x_j) + [i = j] x_i."""
+    A, f = layer_result["A"], layer_result["f"]
+    z = sum(A[h][i][j] * f[h][j] for h in range(len(A)))
+    return z + x[i] if i == j else z
+
+
+def rollout_loop(matrices):
+    """The pooled ([CLS]) row of C_{L-1} ... C_1 C_0, by plain sums."""
+    n = len(matrices[0])
+    rolled = [row[:] for row in matrices[0]]
+    for c in matrices[1:]:
+        rolled = [[sum(c[i][k] * rolled[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
+    return rolled[0]
+
+
+def value_norm_loop(model, ids):
+    x, r = states_loop(model, ids)[-1]
+    heads, n = len(r["A"]), len(ids)
+    return [
+        float(torch.linalg.vector_norm(sum(r["A"][h][0][j] * r["f"][h][j] for h in range(heads)))) for j in range(n)
+    ]
+
+
+def globenc_loop(model, ids):
+    n, matrices = len(ids), []
+    for layer, (x, r) in zip(model.hf.bert.encoder.layer, states_loop(model, ids)):
+        ln1, ln2 = layer.attention.output.LayerNorm, layer.output.LayerNorm
+        matrices.append(
+            [
+                [
+                    float(
+                        torch.linalg.vector_norm(
+                            ln_linear(ln_linear(mixing(r, x, i, j), ln1, r["s1"][i]), ln2, r["s2"][i])
+                        )
+                    )
+                    for j in range(n)
+                ]
+                for i in range(n)
+            ]
+        )
+    return rollout_loop(matrices)
+
+
+def alti_loop(model, ids):
+    n, matrices = len(ids), []
+    for layer, (x, r) in zip(model.hf.bert.encoder.layer, states_loop(model, ids)):
+        ln, b_o = layer.attention.output.LayerNorm, layer.attention.output.dense.bias
+        rows = []
+        for i in range(n):
+            t = [ln_linear(mixing(r, x, i, j), ln, r["s1"][i]) for j in range(n)]
+            y = r["a"][i]
+            # the decomposition is exact: y_i = sum_j T_i(x_j) + LN'(b_O) + beta
+            torch.testing.assert_close(sum(t) + ln_linear(b_o, ln, r["s1"][i]) + ln.bias, y, rtol=1e-10, atol=1e-10)
+            c = [max(0.0, float(y.abs().sum()) - float((y - t[j]).abs().sum())) for j in range(n)]
+            rows.append([cj / sum(c) for cj in c])
+        matrices.append(rows)
+    return rollout_loop(matrices)
+
+
+def value_zeroing_loop(model, ids):
+    n, matrices = len(ids), []
+    for layer, (x, r) in zip(model.hf.bert.encoder.layer, states_loop(model, ids)):
+        distance = [[0.0] * n for _ in range(n)]
+        for j in range(n):  # one recomputation of the layer per zeroed token, as the authors' loop
+            changed = layer_loop(layer, x, zeroed=j)["out"]
+            for i in range(n):
+                cos = float(changed[i] @ r["out"][i]) / float(changed[i].norm() * r["out"][i].norm())
+                distance[i][j] = max(0.0, 1 - cos)
+        matrices.append([[d / sum(row) for d in row] for row in distance])
+    return rollout_loop(matrices)
+
+
+LOOPS = {"value_norm": value_norm_loop, "globenc": globenc_loop, "alti": alti_loop, "value_zeroing": value_zeroing_loop}
+
+
+def expected(name, model, tokens, lengths):
+    """[B, T - 1]: the loop's scores of each row's real tokens ([SEP] and padding 0)."""
+    out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, dtype=F64)
+    with torch.no_grad():
+        for b in range(tokens.shape[0]):
+            n = int(lengths[b])
+            scores = LOOPS[name](model, tokens[b, :n].tolist())
+            out[b, : n - 2] = torch.tensor(scores[1 : n - 1], dtype=F64)
+    return out
+
+
+# ---- tests ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny()
+
+
+@pytest.fixture(scope="module")
+def inputs():
+    return batch()
+
+
+@pytest.fixture(scope="module")
+def references(model, inputs):
+    return {name: expected(name, model, *inputs) for name in METHODS}
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_equals_the_plain_loop_in_float64(name, model, inputs, references):
+    got = METHODS[name](model, *inputs)
+    assert got.dtype == F64 and got.shape == (6, 8)
+    torch.testing.assert_close(got, references[name], rtol=1e-10, atol=1e-12)
+    # not a constant, not all zero: the reference has something to tell apart
+    assert float(references[name][0].std()) > 1e-3 * float(references[name][0].abs().max())
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_one_layer_and_chunked_to_any_budget(name):
+    """One layer (the rollout is the layer itself); a budget of 1 byte: one row, one query and
+    one (row, token) pair a chunk."""
+    one = tiny(layers=1, seed=1)
+    tokens, lengths = batch(rows=4, width=7, seed=1)
+    want = expected(name, one, tokens, lengths)
+    torch.testing.assert_close(METHODS[name](one, tokens, lengths), want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(METHODS[name](one, tokens, lengths, memory_budget=1), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_small_budget_matches_default(name, model, inputs, references):
+    torch.testing.assert_close(METHODS[name](model, *inputs, memory_budget=1), references[name], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        METHODS[name](model, *inputs, memory_budget=20_000), references[name], rtol=1e-10, atol=1e-12
+    )
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_padding_invariance(name, model, inputs):
+    """A row alone, at its own width, gives what it gives inside the padded batch; padding ids
+    are never read."""
+    tokens, lengths = inputs
+    together = METHODS[name](model, tokens, lengths)
+    scrambled = tokens.clone()
+    scrambled[~token_mask(lengths, tokens.shape[1])] = 7  # any id in the padding
+    torch.testing.assert_close(METHODS[name](model, scrambled, lengths), together, rtol=0, atol=0)
+    for b in range(tokens.shape[0]):
+        n = int(lengths[b])
+        alone = METHODS[name](model, tokens[b : b + 1, :n], lengths[b : b + 1])
+        torch.testing.assert_close(alone[0], together[b, : n - 1], rtol=1e-12, atol=1e-14)
+        assert (together[b, n - 2 :] == 0).all()  # [SEP] and padding
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_row_without_real_tokens_scores_nothing(name, model):
+    tokens = torch.tensor([[1, 2, 0, 0], [1, 9, 11, 2]])
+    lengths = torch.tensor([2, 4])
+    got = METHODS[name](model, tokens, lengths)
+    assert (got[0] == 0).all()
+    torch.testing.assert_close(got[1:], expected(name, model, tokens[1:], lengths[1:]), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_float32(name, inputs, references):
+    got = METHODS[name](tiny(dtype=torch.float32), *inputs)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), references[name], rtol=2e-4, atol=1e-6)
+
+
+def test_shares_sum_to_one_over_every_position(model, inputs):
+    """ALTI and Value Zeroing roll out row-stochastic matrices: with [CLS] and [SEP] (which the
+    importance drops) the pooled row sums to 1; here the real tokens take part of it."""
+    tokens, lengths = inputs
+    for name in ("alti", "value_zeroing"):
+        with torch.no_grad():
+            row = LOOPS[name](model, tokens[0].tolist())
+        assert abs(sum(row) - 1) < 1e-12
+        got = METHODS[name](model, tokens, lengths)
+        assert ((got >= 0) & (got <= 1)).all() and (got.sum(1) < 1).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", METHODS)
+def test_cuda_equals_cpu(name, model, inputs, references):
+    cuda = tiny().cuda()
+    got = METHODS[name](cuda, inputs[0].cuda(), inputs[1].cuda())
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got.cpu(), references[name], rtol=1e-9, atol=1e-11)
+
+
+# ---- errors -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_a_model_without_transformer_layers_is_refused(name, inputs):
+    from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+
+    lstm = EncoderAttentionClassifier(ModelConfig(60, embed_dim=8, hidden_size=6))
+    with pytest.raises(
+        TypeError, match=f"{name if name != 'value_norm' else 'attention_value_norm'}.*EncoderAttentionClassifier"
+    ):
+        METHODS[name](lstm, *inputs)
+    assert not supports(lstm)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_gpt2_is_refused_with_the_reason(name):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=60, n_embd=16, n_layer=1, n_head=2, n_positions=32, pad_token_id=0)
+    gpt2 = HFClassifier(transformers.GPT2ForSequenceClassification(config).eval())
+    tokens, lengths = torch.tensor([[5, 6, 7]]), torch.tensor([3])
+    with pytest.raises(ValueError, match="BERT-like.*GPT2ForSequenceClassification.*pre-LayerNorm"):
+        METHODS[name](gpt2, tokens, lengths)
+    assert not supports(gpt2)
+
+
+def test_supports_the_bert_adapter(model):
+    assert supports(model)
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_bad_inputs_are_named(name, model, inputs):
+    tokens, lengths = inputs
+    f = METHODS[name]
+    with pytest.raises(ValueError, match=r"tokens must be int64 token ids, got torch.float32"):
+        f(model, tokens.float(), lengths)
+    with pytest.raises(ValueError, match=r"lengths must lie in \[lead \+ trail, T\] = \[2, 9\].*got min 1"):
+        f(model, tokens, torch.where(torch.arange(6) == 0, 1, lengths))
+    with pytest.raises(ValueError, match=r"lengths must have shape \[B\] = \[6\], got \[5\]"):
+        f(model, tokens, lengths[:5])
+    with pytest.raises(ValueError, match=r"memory_budget must be a positive int \(bytes\), got 0"):
+        f(model, tokens, lengths, memory_budget=0)
+    with pytest.raises(TypeError, match="lengths must be a torch.Tensor, got list"):
+        f(model, tokens, lengths.tolist())
+
+
+def test_an_attention_without_probabilities_is_named(inputs):
+    sdpa = tiny(layers=1)
+    sdpa.hf.set_attn_implementation("sdpa")
+    with pytest.raises(ValueError, match=r"attention probabilities.*\(sdpa\) returns none"):
+        alti(sdpa, *inputs)
+
+
+def test_the_model_is_left_as_it_was(inputs):
+    """Eval mode during the call, its training flag restored; no hook left on the attention."""
+    m = tiny(layers=1)
+    m.train()
+    attention = m.hf.bert.encoder.layer[0].attention.self
+    before = METHODS["alti"](m, *inputs)
+    assert m.training
+    # transformers installs a hook of its own on the first forward; none of ours stays
+    assert not [h for h in attention._forward_hooks.values() if h.__module__.startswith("attnmetrics")]
+    torch.testing.assert_close(METHODS["alti"](m.eval(), *inputs), before, rtol=0, atol=0)  # no dropout used
+
+
+# ---- the battery ------------------------------------------------------------------------------
+
+BATTERY = {"value_norm": "value_norm", "globenc": "globenc", "alti": "alti", "value_zeroing": "value_zeroing"}
+
+
+def test_battery_runs_each_when_asked_and_only_then(model, inputs, references):
+    from attnmetrics.app.battery import collect, registry
+    from attnmetrics.app.parser import build_parser
+
+    tokens, lengths = inputs
+    chosen = dict(experiments=["flip", "kendall", "eraser"], orders=["attention"], progress=False)
+    options = {name: True for name in BATTERY}
+    values, seconds = collect(model, [(0, tokens, lengths)], options=options, **chosen)
+    for name in BATTERY:
+        assert values[f"kendall/attention vs {name}/tau"].shape == (6,)
+        assert values[f"flip/{name}/removed"].shape[0] == 6
+        assert values[f"eraser/{name}/comprehensiveness/aopc"].shape == (6,)
+        assert name in seconds
+    # per-head τ only for the last layer's value norm, not the rolled-out ones
+    importances = {i.name: i for i in registry.importances()}
+    assert importances["value_norm"].head_partner
+    assert not any(importances[n].head_partner for n in ("globenc", "alti", "value_zeroing"))
+    # what the battery computes is the library's function
+    s = registry.Settings(options=options)
+    for name in BATTERY:
+        torch.testing.assert_close(importances[name].compute(model, tokens, lengths, s), references[name])
+    # off by default: neither computed nor flagged
+    off, _ = collect(model, [(0, tokens, lengths)], **chosen)
+    assert not any(name in key for key in off for name in BATTERY)
+    args = build_parser().parse_args(["run", "--dataset", "sst"])
+    assert not any(getattr(args, name) for name in BATTERY)
+    args = build_parser().parse_args(
+        ["run", "--dataset", "sst", "--alti", "--globenc", "--value-zeroing", "--value-norm"]
+    )
+    assert all(getattr(args, name) for name in BATTERY)
+
+
+def test_battery_skips_them_where_they_do_not_apply():
+    from attnmetrics.app.battery import registry
+    from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+
+    lstm = EncoderAttentionClassifier(ModelConfig(60, embed_dim=8, hidden_size=6))
+    s = registry.Settings(options={name: True for name in BATTERY})
+    assert not set(BATTERY) & {i.name for i in registry.chosen(lstm, s)}
+    assert set(BATTERY) <= {i.name for i in registry.chosen(tiny(layers=1), s)}
