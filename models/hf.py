@@ -213,6 +213,9 @@ class HFClassifier(nn.Module):
         model.set_attn_implementation(ATTENTION)
         self.hf = model
         self.decoder = _Head(model, self.family)
+        # the wrapper takes the wrapped model's mode: a procedure's eval_mode restores the
+        # wrapper's flag on exit, which would otherwise switch an eval-mode model to training
+        self.train(model.training)
 
     @property
     def config(self) -> HFClassifierConfig:

@@ -186,3 +186,16 @@ def test_rollout_is_the_pooled_row_of_the_models_own_attentions_rolled_out(famil
         p = 0 if family == "bert" else int(lengths[b]) - 1
         want = rolled[b, p] * real[b]
         torch.testing.assert_close(got[b], want[model.lead :], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_the_wrapper_keeps_the_models_mode_through_a_procedure(family):
+    """HFClassifier(model.eval()) is in eval mode, and a procedure (whose eval_mode restores the
+    wrapper's mode on exit) leaves the Hugging Face model in eval mode: its dropout stays off."""
+    model = tiny(family)  # an eval-mode Hugging Face model, wrapped
+    assert not model.training and not model.hf.training
+    tokens, lengths = ragged(family)
+    attnmetrics.gradient_importance(model, tokens, lengths)
+    assert not model.hf.training and not any(m.training for m in model.hf.modules())
+    trained = HFClassifier(model.hf.train())
+    assert trained.training and trained.hf.training
