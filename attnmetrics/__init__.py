@@ -7,7 +7,7 @@ that is JIT-compiled on first import.
 
 from attnmetrics.adversarial import AdversarialResult, adversarial_attention
 from attnmetrics.distances import jsd, tvd
-from attnmetrics.eraser import EraserResult, comprehensiveness, sufficiency
+from attnmetrics.eraser import EraserResult, FullRows, comprehensiveness, full_rows, sufficiency
 from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
 from attnmetrics.importance import gradient_importance, input_x_gradient, integrated_gradients
 from attnmetrics.kendall import KendallTau, kendall_tau
@@ -31,6 +31,8 @@ __all__ = [
     "comprehensiveness",
     "decision",
     "EraserResult",
+    "FullRows",
+    "full_rows",
     "flip_fraction",
     "gradient_importance",
     "input_x_gradient",

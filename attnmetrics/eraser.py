@@ -10,8 +10,10 @@ shorter; the kept tokens stay in order between the row's special tokens) or, wit
 
 Model-agnostic like :func:`attnmetrics.leave_one_out`: any :class:`attnmetrics.AttentionClassifier`
 and token ids; every perturbed sequence of a block of rows and all its fractions is built at
-once, and the sequences run through the model grouped by length (no padding), each call within
-the memory budget.
+once (two fractions of a row with the same rationale size perturb it identically and run
+once), and the sequences run through the model grouped by length (no padding on the CPU; few
+padded calls on a GPU), each call within the memory budget. :func:`full_rows` computes the
+unperturbed rows' decisions once for several calls on the same rows.
 """
 
 from __future__ import annotations
@@ -58,6 +60,79 @@ class EraserResult(NamedTuple):
     k: Tensor
     probability: Tensor
     predicted: Tensor
+
+
+class FullRows(NamedTuple):
+    """The unperturbed rows' decisions that :func:`comprehensiveness` and :func:`sufficiency`
+    measure from (:func:`full_rows`). Computed once, they serve every ordering and both metrics
+    of the same rows (the battery's ERASER step), which otherwise each run every row again.
+
+    probability: ``[B]`` float64 p(ŷ | x) (NaN for rows without real tokens).
+    predicted: ``[B]`` int64 ŷ (-1 for rows without real tokens).
+    classes: C, the model's number of outputs.
+    dtype: the model's float dtype.
+    bytes_per_position: the activation bytes per position measured on the first call, which
+        size every later call to the memory budget (None when no row has a real token).
+    """
+
+    probability: Tensor
+    predicted: Tensor
+    classes: int
+    dtype: torch.dtype
+    bytes_per_position: int | None
+
+
+def full_rows(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> FullRows:
+    """The decisions on the unperturbed rows (:class:`FullRows`), to pass as ``full_rows`` to
+    several :func:`comprehensiveness` / :func:`sufficiency` calls on the same ``tokens`` and
+    ``lengths`` (any orderings, fractions and modes). Arguments and errors as theirs."""
+    lengths, _ = _check_loo_inputs(model, tokens, lengths, "delete", None, memory_budget)
+    return _full_rows(model, tokens, lengths, _call_budget(tokens, memory_budget))
+
+
+def _call_budget(tokens: Tensor, memory_budget: int) -> int:
+    return min(memory_budget, CPU_CALL_BYTES) if tokens.device.type == "cpu" else memory_budget
+
+
+def _full_rows(model, tokens: Tensor, lengths: Tensor, budget: int) -> FullRows:
+    batch, device = tokens.shape[0], tokens.device
+    real = lengths - model.lead - model.trail
+    predicted = torch.full((batch,), -1, dtype=torch.int64, device=device)
+    probability = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
+    with eval_mode(model), torch.no_grad():
+        has = (real > 0).nonzero()[:, 0]  # rows without a real token have nothing to remove
+        if not len(has):
+            return FullRows(probability, predicted, 0, model.embed(tokens[:1, :1]).dtype, None)
+        logits, per_position, dtype = _grouped_logits(model, tokens[has], lengths[has], None, budget, "the input rows")
+    predicted[has] = decision(logits)
+    probability[has] = output_distribution(logits).gather(1, predicted[has, None])[:, 0].to(torch.float64)
+    return FullRows(probability, predicted, logits.shape[1], dtype, per_position)
+
+
+def _check_full_rows(full: FullRows, batch: int, device: torch.device) -> FullRows:
+    if not isinstance(full, FullRows):
+        raise TypeError(
+            f"full_rows must be an attnmetrics.eraser.FullRows (from full_rows()), got {type(full).__name__}"
+        )
+    for name in ("probability", "predicted"):
+        t = getattr(full, name)
+        if t.shape != (batch,) or t.device != device:
+            raise ValueError(
+                f"full_rows.{name} must be [{batch}] on {device} (the tokens' rows), got {list(t.shape)} on {t.device}"
+            )
+    return full
+
+
+def _repeated_sizes(k: Tensor) -> Tensor:
+    """``[B, F]`` index of the first fraction of each row with the same counted rationale size
+    (itself where none comes earlier, or where the fraction does not count): two fractions of a
+    row with one k perturb it identically (the same top-k tokens), so it runs once."""
+    first = torch.arange(k.shape[1], device=k.device).expand_as(k).clone()
+    for j in range(1, k.shape[1]):
+        for i in range(j - 1, -1, -1):  # the earliest wins: assigned last
+            same = (k[:, j] == k[:, i]) & (k[:, j] >= 0)
+            first[:, j] = torch.where(same, i, first[:, j])
+    return first
 
 
 def _check_scores(scores, batch: int, real: Tensor) -> Tensor:
@@ -149,7 +224,18 @@ def rationale_sizes(
 
 
 def _effect(
-    model, tokens, lengths, scores, fractions, keep_rationale, variant, mode, mask_token, memory_budget, rounding="ceil"
+    model,
+    tokens,
+    lengths,
+    scores,
+    fractions,
+    keep_rationale,
+    variant,
+    mode,
+    mask_token,
+    memory_budget,
+    rounding="ceil",
+    full=None,
 ):
     lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
     if variant not in VARIANTS:
@@ -160,39 +246,33 @@ def _effect(
     device = tokens.device
     real = lengths - lead - trail
     scores = _check_scores(scores, batch, real)
-    budget = min(memory_budget, CPU_CALL_BYTES) if device.type == "cpu" else memory_budget
+    budget = _call_budget(tokens, memory_budget)
+    full = _full_rows(model, tokens, lengths, budget) if full is None else _check_full_rows(full, batch, device)
+    probability, predicted, dtype = full.probability, full.predicted, full.dtype
+    k = rationale_sizes(scores, real, fractions, variant, rounding)
+    values = torch.full((batch, len(fractions)), math.nan, dtype=dtype, device=device)
+    if full.bytes_per_position is None:  # no row has a real token
+        return EraserResult(values, values[:, 0].clone(), k, probability.to(dtype), predicted)
 
     with eval_mode(model):
         with torch.no_grad():
-            # The full rows' decisions; rows without a real token have nothing to remove.
-            has = (real > 0).nonzero()[:, 0]
-            if not len(has):
-                nan = torch.full((batch,), math.nan, dtype=model.embed(tokens[:1, :1]).dtype, device=device)
-                none = torch.full((batch, len(fractions)), -1, dtype=torch.int64, device=device)
-                return EraserResult(nan[:, None].expand(-1, len(fractions)).clone(), nan, none, nan, none[:, 0])
-            logits, per_position, dtype = _grouped_logits(
-                model, tokens[has], lengths[has], None, budget, "the input rows"
-            )
-            classes = logits.shape[1]
-            predicted = torch.full((batch,), -1, dtype=torch.int64, device=device)
-            predicted[has] = decision(logits)
-            probability = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
-            probability[has] = output_distribution(logits).gather(1, predicted[has, None])[:, 0].to(torch.float64)
             # rank[b, t]: place of real token t in the descending order (ties: lower index first)
             order = removal_order(scores.detach().to(torch.float64), real)
             places = torch.arange(order.shape[1], device=device).expand_as(order)
             rank = torch.empty_like(order).scatter_(1, order, places)
             if rank.shape[1] < width - lead:  # positions past the scores are padding: never ranked
                 rank = torch.cat([rank, rank.new_full((batch, width - lead - rank.shape[1]), width)], 1)
-            k = rationale_sizes(scores, real, fractions, variant, rounding)
-            values = torch.full((batch, len(fractions)), math.nan, dtype=dtype, device=device)
+            # a fraction whose k an earlier fraction of the row has is not run again (copied below)
+            first = _repeated_sizes(k)
+            columns_all = torch.arange(len(fractions), device=device)
+            run = k.masked_fill(first != columns_all, -1)
             # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget.
             block = max(1, budget // (len(fractions) * width * 8 * 8))
             for b0 in range(0, batch, block):
                 part = slice(b0, b0 + block)
                 # every counted fraction's perturbed row at once (kernels/loo.h), row-major
                 seqs, seq_lengths, rows, columns = ops.rationale_batch(
-                    *(t[part].contiguous() for t in (tokens, lengths, rank, k)),
+                    *(t[part].contiguous() for t in (tokens, lengths, rank, run)),
                     lead,
                     trail,
                     keep_rationale,
@@ -202,9 +282,12 @@ def _effect(
                 if not len(rows):
                     continue
                 rows += b0
-                out, _, _ = _grouped_logits(model, seqs, seq_lengths, per_position, budget, "a perturbed row", classes)
+                out, _, _ = _grouped_logits(
+                    model, seqs, seq_lengths, full.bytes_per_position, budget, "a perturbed row", full.classes
+                )
                 p = output_distribution(out).gather(1, predicted[rows, None])[:, 0]
                 values[rows, columns] = (probability[rows] - p.to(torch.float64)).to(dtype)
+            values = values.gather(1, first)
             aopc = values.nanmean(1)
     return EraserResult(values, aopc, k, probability.to(dtype), predicted)
 
@@ -231,6 +314,8 @@ _DOC = """
         mode: ``"delete"`` (ERASER) or ``"mask"`` (replace by ``mask_token``, length unchanged).
         mask_token: the replacing id with ``mode="mask"`` (required there, rejected otherwise).
         memory_budget: approximate bytes of activations per model call.
+        full_rows: the unperturbed rows' decisions from :func:`full_rows` on the same tokens and
+            lengths, shared by several calls (else computed here: one model call per row).
 
     Returns:
         :class:`EraserResult` (``values`` ``[B, F]``, ``aopc`` ``[B]``, unitless probability
@@ -241,7 +326,8 @@ _DOC = """
         ValueError: tokens, lengths or mode as :func:`leave_one_out` rejects them; scores not
             ``[B, >= L_max]`` floats on the tokens' device or not finite on a real token;
             fractions empty or outside (0, 1]; an unknown variant or rounding, or
-            ``rounding="floor"`` with ferret; model outputs that are not finite ``[N, C]`` logits.
+            ``rounding="floor"`` with ferret; model outputs that are not finite ``[N, C]`` logits;
+            ``full_rows`` of other rows or on another device (TypeError: not a :class:`FullRows`).
     """
 
 
@@ -257,12 +343,15 @@ def comprehensiveness(
     mode: str = "delete",
     mask_token: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    full_rows: FullRows | None = None,
 ) -> EraserResult:
     """ERASER's comprehensiveness (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
     ``p(ŷ | x) - p(ŷ | x without its top-k tokens)`` per fraction, and their AOPC. High: the
     tokens the scores rank first are the ones the decision needs."""
     _check_rounding(rounding)
-    return _effect(model, tokens, lengths, scores, fractions, False, variant, mode, mask_token, memory_budget, rounding)
+    return _effect(
+        model, tokens, lengths, scores, fractions, False, variant, mode, mask_token, memory_budget, rounding, full_rows
+    )
 
 
 def sufficiency(
@@ -277,12 +366,15 @@ def sufficiency(
     mode: str = "delete",
     mask_token: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    full_rows: FullRows | None = None,
 ) -> EraserResult:
     """ERASER's sufficiency (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
     ``p(ŷ | x) - p(ŷ | only its top-k tokens)`` per fraction, and their AOPC. Low: the tokens
     the scores rank first suffice for the decision."""
     _check_rounding(rounding)
-    return _effect(model, tokens, lengths, scores, fractions, True, variant, mode, mask_token, memory_budget, rounding)
+    return _effect(
+        model, tokens, lengths, scores, fractions, True, variant, mode, mask_token, memory_budget, rounding, full_rows
+    )
 
 
 comprehensiveness.__doc__ += _DOC

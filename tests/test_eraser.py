@@ -311,3 +311,71 @@ def test_rationale_kernel_rejects_bad_input():
     for args, match in cases:
         with pytest.raises(RuntimeError, match=match):
             ops.rationale_batch(*args, 1, 1, False, None, 0)
+
+
+# ---- shared full rows and repeated rationale sizes ------------------------------------------
+
+
+def _rows_run(model):
+    """Counts the rows every model call runs (embed is called once per call)."""
+    seen = []
+    original = model.embed
+
+    def embed(tokens):
+        seen.append(tokens.shape[0])
+        return original(tokens)
+
+    model.embed = embed
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["delete", "mask"])
+def test_full_rows_shared_give_the_same_values_and_run_the_rows_once(mode):
+    from attnmetrics import full_rows
+
+    model = real_model(3, F64).eval()
+    tokens, lengths = ragged(rows=14, width=13, seed=5)
+    lengths[2] = 2  # no real token
+    mask = MASK if mode == "mask" else None
+    g = torch.Generator().manual_seed(2)
+    orderings = [torch.randn(14, 11, generator=g, dtype=F64) for _ in range(3)]
+    alone = [
+        fn(model, tokens, lengths, s, mode=mode, mask_token=mask)
+        for s in orderings
+        for fn in (comprehensiveness, sufficiency)
+    ]
+    seen = _rows_run(model)
+    full = full_rows(model, tokens, lengths)
+    assert sum(seen) == 13  # every row with a real token, once
+    shared = [
+        fn(model, tokens, lengths, s, mode=mode, mask_token=mask, full_rows=full)
+        for s in orderings
+        for fn in (comprehensiveness, sufficiency)
+    ]
+    for a, b in zip(alone, shared):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=0, atol=0, equal_nan=True)
+    with pytest.raises(ValueError, match=r"full_rows.probability must be \[5\]"):
+        comprehensiveness(model, tokens[:5], lengths[:5], orderings[0][:5], full_rows=full)
+    with pytest.raises(TypeError, match="full_rows must be an attnmetrics.eraser.FullRows"):
+        comprehensiveness(model, tokens, lengths, orderings[0], full_rows=(full.probability, full.predicted))
+
+
+def test_a_rationale_size_repeated_across_fractions_runs_once():
+    """Short rows give several fractions the same k (e.g. 1 % and 5 % of 8 tokens: k = 1): the
+    perturbed row is the same, so it runs once and the value is copied; the values stay the
+    plain loop's."""
+    model = real_model(2, F64).eval()
+    tokens, lengths = ragged(rows=6, width=10, seed=8)
+    scores = torch.randn(6, 8, dtype=F64)
+    sizes = rationale_sizes(scores, lengths - 2, ERASER_FRACTIONS)
+    distinct = sum(len({int(v) for v in row if v >= 0}) for row in sizes)
+    assert distinct < int((sizes >= 0).sum())  # the case arises
+    seen = _rows_run(model)
+    from attnmetrics import full_rows
+
+    full = full_rows(model, tokens, lengths)
+    before = sum(seen)
+    got = comprehensiveness(model, tokens, lengths, scores, full_rows=full)
+    assert sum(seen) - before == distinct  # one perturbed row per distinct size of each row
+    check(got, reference(model, tokens, lengths, scores, ERASER_FRACTIONS, False), 1e-10)

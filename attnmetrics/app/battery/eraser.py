@@ -10,7 +10,7 @@ import numpy as np
 from attnmetrics.app.battery.registry import Context, Experiment
 from attnmetrics.app.markdown import fmt, table
 from attnmetrics.app.summaries import by_class, stats
-from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, sufficiency
+from attnmetrics.eraser import ERASER_FRACTIONS, comprehensiveness, full_rows, sufficiency
 
 #: ERASER's metrics (DeYoung et al. 2020, sec. 4), over every importance ordering the battery has
 ERASER_METRICS = {"comprehensiveness": comprehensiveness, "sufficiency": sufficiency}
@@ -32,9 +32,17 @@ def step(b) -> None:
         "random": b.keyed["eraser"].uniform(len(b.lengths), b.out.attention.shape[1:]),
     }
     ranked.update((k, v) for k, v in b.scores.items() if k != "attention")
+    full = full_rows(b.model, b.tokens, b.lengths)  # the unperturbed rows, once for every ordering and metric
     for name, ranking in ranked.items():
         for metric, fn in ERASER_METRICS.items():
-            r = fn(b.model, b.tokens, b.lengths, ranking.to(b.tokens.device), rounding=b.config.eraser_rounding)
+            r = fn(
+                b.model,
+                b.tokens,
+                b.lengths,
+                ranking.to(b.tokens.device),
+                rounding=b.config.eraser_rounding,
+                full_rows=full,
+            )
             b.keep(f"eraser/{name}/{metric}/aopc", r.aopc)
             b.keep(f"eraser/{name}/{metric}/values", r.values)
     b.lap("eraser")
