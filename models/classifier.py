@@ -84,10 +84,15 @@ class _BiRNNEncoder(nn.Module):
 
     def _direction(self, x: Tensor, suffix: str) -> Tensor:
         """One direction of the RNN (weights ``*_l0`` + ``suffix``) over x [B, T, E] from zero
-        states: [B, T, hidden]. Its four tensors lie side by side in the module's flattened
-        weights, so cuDNN takes them in place."""
+        states: [B, T, hidden]. cuDNN takes a direction's four tensors in place only from the
+        start of a weight buffer: the forward direction's begin the module's flattened weights;
+        the backward direction's are copied into a buffer of their own (one small copy a call,
+        differentiable), else cuDNN would copy them itself with a warning each call."""
         rnn = self.rnn
         weights = [getattr(rnn, f"{name}_l0{suffix}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        if suffix and x.is_cuda:
+            flat = torch.cat([w.reshape(-1) for w in weights])
+            weights = [part.view_as(w) for part, w in zip(flat.split([w.numel() for w in weights]), weights)]
         h0 = x.new_zeros(1, x.shape[0], rnn.hidden_size)
         if isinstance(rnn, nn.LSTM):
             out, _, _ = torch._VF.lstm(x, (h0, h0), weights, True, 1, 0.0, self.training, False, True)
