@@ -313,19 +313,7 @@ def globenc(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
         (non-negative, the product of norms: not normalised), zero past each row's real tokens.
     """
 
-    def per_chunk(layers, tokens, lengths, trace, budget):
-        matrices = []
-        pooled = _pooled(model, lengths)
-        for index, layer in enumerate(layers):
-            last = index == len(layers) - 1
-            matrices.append(
-                _per_query(
-                    layer, trace, index, lengths, pooled if last else None, budget, lambda *a: _norm_enc(layer, *a)
-                )
-            )
-        return _rollout_row(matrices)
-
-    return _run(model, tokens, lengths, memory_budget, "globenc", per_chunk)
+    return _run(model, tokens, lengths, memory_budget, "globenc", _rolled_out(model, _norm_enc))
 
 
 def alti(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
@@ -357,19 +345,30 @@ def alti(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT
         included, sum to 1), zero past each row's real tokens.
     """
 
+    return _run(model, tokens, lengths, memory_budget, "alti", _rolled_out(model, _alti_layer))
+
+
+def _rolled_out(model, layer_scores):
+    """A ``_run`` chunk function: each layer's token-to-token matrix by ``layer_scores(layer,
+    ...)`` (the last layer's at the pooled position only), multiplied through the layers."""
+
     def per_chunk(layers, tokens, lengths, trace, budget):
-        matrices = []
         pooled = _pooled(model, lengths)
-        for index, layer in enumerate(layers):
-            last = index == len(layers) - 1
-            matrices.append(
-                _per_query(
-                    layer, trace, index, lengths, pooled if last else None, budget, lambda *a: _alti_layer(layer, *a)
-                )
+        matrices = [
+            _per_query(
+                layer,
+                trace,
+                index,
+                lengths,
+                pooled if index == len(layers) - 1 else None,
+                budget,
+                lambda *a, layer=layer: layer_scores(layer, *a),
             )
+            for index, layer in enumerate(layers)
+        ]
         return _rollout_row(matrices)
 
-    return _run(model, tokens, lengths, memory_budget, "alti", per_chunk)
+    return per_chunk
 
 
 def _per_query(layer, trace, index, lengths, pooled, budget, score) -> Tensor:
