@@ -1,8 +1,14 @@
 """The command line end to end on the SST-format sample the tests write (tests/inputs.py)."""
 
+import errno
 import json
 import math
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -476,3 +482,72 @@ def test_gpt_flags_with_another_encoder_are_refused(tmp_path, capsys, flags, nam
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{named} applies to --encoder gpt only" in err and "--encoder lstm" in err, err
     assert not out.exists()
+
+
+def _unwritable(parent: Path, monkeypatch) -> None:
+    """Make the folder ``parent`` unwritable: mode 0o500; where that binds nobody (root), the calls
+    that would write in it fail as the kernel fails them (EACCES), existing paths as before."""
+    parent.chmod(0o500)
+    if not os.access(parent, os.W_OK):
+        return
+    real_mkdir, real_open = os.mkdir, os.open
+
+    def inside(path) -> bool:
+        return parent == Path(path).resolve() or parent in Path(path).resolve().parents
+
+    def mkdir(path, *args, **kwargs):
+        if inside(Path(path).parent) and not os.path.lexists(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    def open_(path, flags, *args, **kwargs):
+        if inside(Path(path).parent) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "open", open_)
+
+
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_an_out_in_an_unwritable_folder_is_refused_in_one_line_before_training(tmp_path, capsys, monkeypatch, command):
+    # issue 31, unclear errors: a PermissionError traceback
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    _unwritable(parent.resolve(), monkeypatch)
+    for out in (parent / "r", parent / "new" / "r"):  # the run folder, or a parent of it, to create
+        assert main([command, *QUICK, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "epoch" not in err, err
+        assert f"--out {out} cannot be written (Permission denied: {parent}" in err, err
+    monkeypatch.undo()
+    parent.chmod(0o700)
+    assert list(parent.iterdir()) == []
+
+
+def test_an_out_on_a_read_only_file_system_is_refused_in_one_line_before_training(tmp_path):
+    # issue 31, unclear errors: "OSError: [Errno 30] Read-only file system" as a traceback. A real
+    # read-only mount, in a mount namespace of the test's own (needs unshare and mount rights)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mount = f"mount -t tmpfs -o ro,size=1m tmpfs {ro}"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "sh", "-c", mount]).returncode:
+        pytest.skip("no private read-only mount here (unshare -m and mount)")
+    outs = [ro / "r", ro / "new" / "r"]
+    code = (
+        "import sys; from attnmetrics.app.cli import main; "
+        f"sys.exit(max(main(['run', *{QUICK!r}, '--out', o]) for o in {[str(o) for o in outs]!r}))"
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"{mount} && exec {sys.executable} -c {shlex.quote(code)}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 2 and "epoch" not in done.stderr, done.stderr
+    for out, line in zip(outs, lines, strict=True):
+        assert f"--out {out} cannot be written (Read-only file system: {ro}" in line, line
+    assert list(ro.iterdir()) == []  # outside the namespace, the folder the mount covered
