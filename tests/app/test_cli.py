@@ -1,6 +1,5 @@
 """The command line end to end on the SST-format sample the tests write (tests/inputs.py)."""
 
-import errno
 import json
 import math
 import os
@@ -16,7 +15,7 @@ import pytest
 from attnmetrics.app.cli import main
 from tests.inputs import FAST_BATTERY as FAST
 from tests.inputs import QUICK_SST as QUICK
-from tests.inputs import SST_SAMPLE
+from tests.inputs import SST_SAMPLE, unwritable_folder
 
 
 @pytest.fixture(scope="module")
@@ -484,37 +483,12 @@ def test_gpt_flags_with_another_encoder_are_refused(tmp_path, capsys, flags, nam
     assert not out.exists()
 
 
-def _unwritable(parent: Path, monkeypatch) -> None:
-    """Make the folder ``parent`` unwritable: mode 0o500; where that binds nobody (root), the calls
-    that would write in it fail as the kernel fails them (EACCES), existing paths as before."""
-    parent.chmod(0o500)
-    if not os.access(parent, os.W_OK):
-        return
-    real_mkdir, real_open = os.mkdir, os.open
-
-    def inside(path) -> bool:
-        return parent == Path(path).resolve() or parent in Path(path).resolve().parents
-
-    def mkdir(path, *args, **kwargs):
-        if inside(Path(path).parent) and not os.path.lexists(path):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_mkdir(path, *args, **kwargs)
-
-    def open_(path, flags, *args, **kwargs):
-        if inside(Path(path).parent) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
-            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
-        return real_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "mkdir", mkdir)
-    monkeypatch.setattr(os, "open", open_)
-
-
 @pytest.mark.parametrize("command", ["run", "train"])
 def test_an_out_in_an_unwritable_folder_is_refused_in_one_line_before_training(tmp_path, capsys, monkeypatch, command):
     # issue 31, unclear errors: a PermissionError traceback
     parent = tmp_path / "locked"
     parent.mkdir()
-    _unwritable(parent.resolve(), monkeypatch)
+    unwritable_folder(parent.resolve(), monkeypatch)
     for out in (parent / "r", parent / "new" / "r"):  # the run folder, or a parent of it, to create
         assert main([command, *QUICK, "--out", str(out)]) == 2
         err = capsys.readouterr().err
@@ -551,3 +525,29 @@ def test_an_out_on_a_read_only_file_system_is_refused_in_one_line_before_trainin
     for out, line in zip(outs, lines, strict=True):
         assert f"--out {out} cannot be written (Read-only file system: {ro}" in line, line
     assert list(ro.iterdir()) == []  # outside the namespace, the folder the mount covered
+
+
+def test_report_into_an_unwritable_folder_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    # issue 31, unclear errors: a PermissionError traceback
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(MINIMAL_RESULTS))
+    parent = (tmp_path / "locked").resolve()
+    (parent / "old").mkdir(parents=True)
+    unwritable_folder(parent, monkeypatch)
+    unwritable_folder(parent / "old", monkeypatch)
+    for out in (parent / "new", parent / "old"):
+        assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert f"--out {out} cannot be written (Permission denied: {out}" in err, err
+
+
+def test_an_out_inside_a_file_is_named_in_one_line(tmp_path, capsys):
+    # issue 31, unclear errors: "[Errno 17] File exists: 'FILE'" or "[Errno 20] Not a directory"
+    (tmp_path / "notes.txt").write_text("mine")
+    for out in (tmp_path / "notes.txt" / "r", tmp_path / "notes.txt" / "sub" / "r"):
+        assert main(["train", *QUICK, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: {tmp_path / 'notes.txt'} is a file, not a folder" in err, err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
