@@ -551,3 +551,21 @@ def test_an_out_inside_a_file_is_named_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"--out {out}: {tmp_path / 'notes.txt'} is a file, not a folder" in err, err
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_truncated_checkpoint_file_is_named_in_one_line(tmp_path, capsys):
+    # issue 31, unclear errors: a half-truncated model.pt ("[Errno 22] Invalid argument") and
+    # vocab.json (the JSON error without the file's name)
+    model = tmp_path / "m"
+    assert main(["train", *QUICK, "--out", str(model)]) == 0
+    capsys.readouterr()
+    for name, words in (("model.pt", "cannot read the weights"), ("vocab.json", "cannot read the vocabulary")):
+        path = model / "model" / name
+        whole = path.read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+        assert main(["evaluate", str(model), "--out", str(tmp_path / "e")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and len(err[0]) < 300, err
+        assert err[0].startswith(f"attnmetrics: {path}: {words}") and "truncated or damaged" in err[0], err
+        path.write_bytes(whole)
+    assert not (tmp_path / "e").exists()
