@@ -569,3 +569,78 @@ def test_a_truncated_checkpoint_file_is_named_in_one_line(tmp_path, capsys):
         assert err[0].startswith(f"attnmetrics: {path}: {words}") and "truncated or damaged" in err[0], err
         path.write_bytes(whole)
     assert not (tmp_path / "e").exists()
+
+
+def _typed_options():
+    """(command, flag, argparse type) of every option of every subcommand that converts its value."""
+    import argparse
+
+    from attnmetrics.app.parser import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command, p in sub.choices.items():
+        for action in p._actions:
+            if action.option_strings and action.type is not None:
+                yield command, action.option_strings[-1], action.type
+
+
+def _parses(kind, text) -> bool:
+    import argparse
+
+    try:
+        kind(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        return False
+    return True
+
+
+def test_every_number_flag_refuses_nan_infinities_and_negatives():
+    # issue 31, item 11 and unclear errors: --weight-decay nan failed after training; --lm-weight,
+    # --warmup, --dropout, the loss weights and lambdas took nan, inf and negatives, pretrain
+    # --warmup and sweep --jobs negatives. Every flag, so a flag added with type=float fails here
+    floats, ints = set(), set()
+    for command, flag, kind in _typed_options():
+        if _parses(kind, "0.5") and isinstance(kind("0.5"), float):
+            floats.add((command, flag))
+            accepted = [t for t in ("nan", "inf", "-inf", "1e999", "-1", "-0.5") if _parses(kind, t)]
+        elif _parses(kind, "1") and isinstance(kind("1"), int):
+            ints.add((command, flag))
+            accepted = [t for t in ("-1", "nan", "1.5") if _parses(kind, t)]
+        else:
+            continue
+        assert not accepted, f"{command} {flag} accepts {accepted}"
+    assert {
+        ("run", "--lr"),
+        ("run", "--weight-decay"),
+        ("run", "--lm-weight"),
+        ("run", "--warmup"),
+        ("run", "--tying-weight"),
+        ("run", "--mlm-weight"),
+        ("run", "--consistent-adversary"),
+        ("train", "--grad-clip"),
+        ("pretrain", "--dropout"),
+        ("pretrain", "--lr"),
+    } <= floats, sorted(floats)
+    assert {("pretrain", "--warmup"), ("sweep", "--jobs"), ("run", "--split-seed"), ("run", "--seed")} <= ints
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--lm-weight", "nan"], "argument --lm-weight: must be a finite number >= 0, got nan"),
+        (["run", "--weight-decay", "inf"], "argument --weight-decay: must be a finite number >= 0, got inf"),
+        (["run", "--warmup", "1"], "argument --warmup: must be a number in [0, 1), got 1"),
+        (["run", "--consistent-adversary", "0.1", "-1"], "argument --consistent-adversary: must be a finite number"),
+        (["pretrain", "--dropout", "1"], "argument --dropout: must be a number in [0, 1), got 1"),
+        (["pretrain", "--warmup", "-1"], "argument --warmup: must be a non-negative integer, got -1"),
+        (["sweep", "s.toml", "--jobs", "0"], "argument --jobs: must be a positive integer, got 0"),
+        (["run", "--split-seed", "-1"], "argument --split-seed: must be an integer in [0, 4294967295]"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_at_parse_naming_the_flag(capsys, argv, message):
+    from attnmetrics.app.parser import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err, err
