@@ -29,9 +29,12 @@ def dataset_folder(text: str) -> tuple[str, Path]:
     return dataset, Path(folder)
 
 
-#: ``--max-length`` of a Hugging Face model: [CLS]/[SEP] and two real tokens at least (a
-#: shorter row leaves no token the battery can test); the model's position limit is checked
-#: when it is loaded (app/factory.py)
+#: ``--max-length`` of a Hugging Face model: [CLS]/[SEP] and two real tokens at least. Not 3: a
+#: row of one real token has no Kendall tau and no flip (the battery tests rows of two or more;
+#: battery/flip.py), so every statistic would have n = 0. GPT-2-like models add no specials and
+#: could go lower, but 4 is the one bound that holds for both families at parse time, before the
+#: tokenizer loads (tests/app/test_hf_run.py). The model's position limit is checked when it is
+#: loaded (app/factory.py)
 MIN_HF_LENGTH, MAX_HF_LENGTH = 4, 1 << 16
 
 
