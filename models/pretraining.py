@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from attnmetrics.data import GUTENBERG_HELD_OUT, load_gutenberg, sha256_file
 from attnmetrics.models.bpe import DEFAULT_VOCAB_SIZE, BPETokenizer
+from attnmetrics.models.files import load_tensors
 from attnmetrics.models.gpt import GPT, GPTConfig
 from attnmetrics.models.parallel import all_reduce_gradients, data_parallel
 
@@ -368,10 +369,7 @@ def load_gpt(path: str | os.PathLike, map_location: str | torch.device = "cpu") 
     tokenizer = BPETokenizer.load(path / "tokenizer.json")
     if tokenizer.vocab_size != config.vocab_size:
         raise ValueError(f"{path}: tokenizer has {tokenizer.vocab_size} ids, model.json says {config.vocab_size}")
-    try:
-        state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated or foreign file: torch raises anything from OSError to pickle errors
-        raise ValueError(f"{path / 'model.pt'}: cannot read the weights (truncated or not a state dict): {e}") from None
+    state = load_tensors(path / "model.pt", "the weights")
     _check_shapes(path, config, state)
     model = GPT(config)
     model.load_state_dict(state)
@@ -395,8 +393,18 @@ def _check_shapes(path: Path, config: GPTConfig, state: object) -> None:
 
 
 def load_training_state(path: str | os.PathLike) -> TrainingState:
-    """``training.pt`` of a checkpoint (or a run's latest), read with ``weights_only=True``."""
-    return TrainingState(**torch.load(_resolve(path) / "training.pt", map_location="cpu", weights_only=True))
+    """``training.pt`` of a checkpoint (or a run's latest), read with ``weights_only=True``.
+
+    Raises:
+        ValueError: one line naming the file, if it cannot be read (truncated or damaged) or
+            does not hold a training state.
+    """
+    file = _resolve(path) / "training.pt"
+    state = load_tensors(file, "the training state")
+    try:
+        return TrainingState(**state)
+    except TypeError as e:  # not a dict, or other keys
+        raise ValueError(f"{file}: not a training state saved by attnmetrics ({e})") from None
 
 
 # --------------------------------------------------------------------------- the loop

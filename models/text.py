@@ -133,7 +133,16 @@ class Vocabulary(TextEncoder):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Vocabulary:
-        data = json.loads(Path(path).read_text())
+        """Read a file written by :meth:`save`; ValueError names a file that is not one."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            words = data["words"]
+        except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ValueError(f"{path}: cannot read the vocabulary (truncated or damaged: {e!r})") from None
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise ValueError(
+                f"{path}: cannot read the vocabulary (truncated or damaged: words is not a list of strings)"
+            )
         if data.get("specials") != list(SPECIALS):
             raise ValueError(
                 f"{path}: vocabulary was saved with specials {data.get('specials')}, expected {list(SPECIALS)}"

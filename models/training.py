@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+from attnmetrics.models.files import load_tensors
 from attnmetrics.models.gpt_classifier import GPTClassifier, GPTClassifierConfig, GPTInputs
 from attnmetrics.models.parallel import all_reduce_gradients, data_parallel
 from attnmetrics.models.text import Batch, EncodedSplit, Vocabulary
@@ -481,12 +482,7 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
             f"{directory / _CONFIG}: lead/trail must be 1/1 (the <SOS>/<EOS> the vocabulary adds), "
             f"got {config.lead}/{config.trail}"
         )
-    try:
-        state = torch.load(directory / _WEIGHTS, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # a truncated or foreign file: torch raises anything from OSError to pickle errors
-        raise ValueError(
-            f"{directory / _WEIGHTS}: cannot read the weights (truncated or not a state dict): {e}"
-        ) from None
+    state = load_tensors(directory / _WEIGHTS, "the weights", mmap=True)
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in _build(config).state_dict().items()}
     found = {k: tuple(v.shape) for k, v in state.items()} if isinstance(state, dict) else {}

@@ -2,6 +2,7 @@
 ATTNMETRICS_SST_DIR names it) and a small SST-format sample the tests write themselves, ragged
 attention batches and small decoders (float64 unless asked)."""
 
+import errno
 import math
 import os
 import random
@@ -164,3 +165,28 @@ def bench_decoder(kind, hidden, classes=2, seed=0):
     if kind == "linear":
         return nn.Linear(hidden, classes)
     return nn.Sequential(nn.Linear(hidden, 64), nn.Tanh(), nn.Linear(64, classes)).eval()
+
+
+def unwritable_folder(parent: Path, monkeypatch) -> None:
+    """Make the folder ``parent`` unwritable: mode 0o500; where that binds nobody (root), the calls
+    that would write in it fail as the kernel fails them (EACCES), existing paths as before."""
+    parent.chmod(0o500)
+    if not os.access(parent, os.W_OK):
+        return
+    real_mkdir, real_open = os.mkdir, os.open
+
+    def inside(path) -> bool:
+        return parent == Path(path).resolve() or parent in Path(path).resolve().parents
+
+    def mkdir(path, *args, **kwargs):
+        if inside(Path(path).parent) and not os.path.lexists(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    def open_(path, flags, *args, **kwargs):
+        if inside(Path(path).parent) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "open", open_)

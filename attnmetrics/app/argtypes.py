@@ -50,3 +50,21 @@ def non_negative_float(text: str) -> float:
     if not 0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
     return value
+
+
+def float_between(low: float, high: float, *, high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a float in ``[low, high]`` (``[low, high)`` with ``high_open``); NaN and
+    the infinities are refused (a NaN weight or rate would surface only after training)."""
+    bounds = f"[{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (low <= value < high if high_open else low <= value <= high):  # NaN compares False
+            raise argparse.ArgumentTypeError(f"must be a number in {bounds}, got {text}")
+        return value
+
+    parse.__name__ = f"number in {bounds}"
+    return parse

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import sys
 
+from attnmetrics.app.io import UnwritableFolder
 from attnmetrics.data import ArtifactError
 
 #: errors that a user's input causes (files, folders, flags, data): one line, no traceback
-INPUT_ERRORS = (FileExistsError, FileNotFoundError, ValueError, ArtifactError)
+INPUT_ERRORS = (FileExistsError, FileNotFoundError, ValueError, ArtifactError, UnwritableFolder)
 
 
 def input_error(e: Exception, debug: bool) -> int:

@@ -357,6 +357,39 @@ def _say(out: Path, lines: list[str]) -> None:
         print(f"attnmetrics: leftovers of earlier runs of {out}: {'; '.join(lines)}", file=sys.stderr)
 
 
+class UnwritableFolder(OSError):
+    """A folder a command must write (its ``--out``) cannot be written: a read-only file system, no
+    permission, no space; raised before any work, the message in one line."""
+
+
+@contextlib.contextmanager
+def writable(out: Path, flag: str = "--out") -> Iterator[None]:
+    """Turn an OSError of the block (the writes that claim ``out``) into an :class:`UnwritableFolder`
+    naming ``flag``, ``out``, the path refused and the cause (a traceback before)."""
+    try:
+        yield
+    except (FileExistsError, FileNotFoundError, UnwritableFolder):
+        raise  # their messages are ours already
+    except OSError as e:
+        if e.errno is None:
+            raise
+        where = f": {e.filename}" if e.filename else ""
+        error = UnwritableFolder(f"{flag} {out} cannot be written ({e.strerror}{where}); choose a folder you can write")
+        error.errno = e.errno
+        raise error from e
+
+
+def check_writable(folder: str | os.PathLike, flag: str = "--out") -> Path:
+    """Make ``folder`` (and its parents) if missing and write a temporary file in it, before any
+    work: :class:`UnwritableFolder` in one line if it cannot be written (for outputs that are not
+    claimed: a sweep's folder, a comparison's)."""
+    folder = Path(folder)
+    with writable(folder, flag):
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    return folder
+
+
 @contextlib.contextmanager
 def claimed_folder(folder: str | os.PathLike) -> Iterator[Path]:
     """Create ``folder`` if needed and hold its claim (a locked marker) while the block runs, for
@@ -364,10 +397,12 @@ def claimed_folder(folder: str | os.PathLike) -> Iterator[Path]:
 
     Raises:
         FileExistsError: another attnmetrics process holds the folder.
+        UnwritableFolder: ``folder`` cannot be made or written (read-only, no permission).
     """
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = _lock(folder)
+    with writable(folder):
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = _lock(folder)
     try:
         yield folder
     finally:
@@ -376,14 +411,19 @@ def claimed_folder(folder: str | os.PathLike) -> Iterator[Path]:
 
 
 def check_out(out: str | os.PathLike, protect: tuple[str | os.PathLike, ...] = ()) -> Path:
-    """Refuse an ``--out`` that a run could not write without harm, before any work: a file, the
-    working folder or one of its parents, a link to nowhere, or a folder holding (or inside) one of
-    ``protect``."""
+    """Refuse an ``--out`` that a run could not write without harm, before any work: a file or a
+    path inside one, the working folder or one of its parents, a link to nowhere, or a folder
+    holding (or inside) one of ``protect``."""
     out = Path(out)
     if out.is_symlink() and not out.exists():
         raise FileNotFoundError(f"--out {out} is a link to {os.readlink(out)}, which does not exist; choose a folder")
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"--out {out} is a file, not a folder; choose a folder for the run")
+    for parent in out.parents:  # the nearest that exists
+        if parent.exists():
+            if not parent.is_dir():
+                raise FileExistsError(f"--out {out}: {parent} is a file, not a folder; choose a folder for the run")
+            break
     resolved, cwd = out.resolve(), Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
         raise FileExistsError(f"--out {out} is the working folder or one of its parents; choose a new folder")
@@ -461,18 +501,20 @@ def run_folder(
         FileExistsError: ``out`` exists and ``overwrite`` is false; ``out`` is not a run folder;
             another run is writing it; or :func:`check_out` refuses it (a file, the working
             folder or a parent of it, a folder holding or inside one of ``protect``).
+        UnwritableFolder: ``out`` or its parent cannot be written (read-only, no permission).
     """
     out = check_out(out, protect)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _swap_lock(out):
-        _say(out, _remove_leftovers(out))
-        fd, created = _claim(out, overwrite)
-        try:
-            staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-            staging.chmod(0o777 & ~_UMASK)  # mkdtemp's 0700 would become the run folder's mode
-        except BaseException:
-            os.close(fd)
-            raise
+    with writable(out):  # a read-only file system, no permission: one line, before any work
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with _swap_lock(out):
+            _say(out, _remove_leftovers(out))
+            fd, created = _claim(out, overwrite)
+            try:
+                staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+                staging.chmod(0o777 & ~_UMASK)  # mkdtemp's 0700 would become the run folder's mode
+            except BaseException:
+                os.close(fd)
+                raise
     try:
         try:
             yield staging

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnmetrics.app.argtypes import int_between, non_negative_float, non_negative_int, positive_int
+from attnmetrics.app.argtypes import float_between, int_between, non_negative_float, non_negative_int, positive_int
 from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS, importances
 from attnmetrics.app.recipes import PRESETS
 from attnmetrics.data import DATASETS
@@ -29,9 +29,12 @@ def dataset_folder(text: str) -> tuple[str, Path]:
     return dataset, Path(folder)
 
 
-#: ``--max-length`` of a Hugging Face model: [CLS]/[SEP] and two real tokens at least (a
-#: shorter row leaves no token the battery can test); the model's position limit is checked
-#: when it is loaded (app/factory.py)
+#: ``--max-length`` of a Hugging Face model: [CLS]/[SEP] and two real tokens at least. Not 3: a
+#: row of one real token has no Kendall tau and no flip (the battery tests rows of two or more;
+#: battery/flip.py), so every statistic would have n = 0. GPT-2-like models add no specials and
+#: could go lower, but 4 is the one bound that holds for both families at parse time, before the
+#: tokenizer loads (tests/app/test_hf_run.py). The model's position limit is checked when it is
+#: loaded (app/factory.py)
 MIN_HF_LENGTH, MAX_HF_LENGTH = 4, 1 << 16
 
 
@@ -68,7 +71,10 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
         "--max-tokens", type=positive_int, help="truncate texts to N tokens (default: 400 for bbc, none otherwise)"
     )
     p.add_argument(
-        "--split-seed", type=int, default=0, help="seed of the train/dev/test split, independent of --seed (default: 0)"
+        "--split-seed",
+        type=int_between(0, 2**32 - 1, " (numpy's seed range, as --seed)"),
+        default=0,
+        help="seed of the train/dev/test split, independent of --seed (default: 0)",
     )
 
 
@@ -89,7 +95,9 @@ def _add_gpt_args(p: argparse.ArgumentParser) -> None:
         help="fine-tune the GPT pre-trained in this folder ('attnmetrics pretrain'); without it the model "
         "trains from scratch (the paper's no-pre-training ablation) with a BPE learnt on the training split",
     )
-    g.add_argument("--lm-weight", type=float, help="λ of the auxiliary language-model loss (default: 0.5; 0: off)")
+    g.add_argument(
+        "--lm-weight", type=non_negative_float, help="λ of the auxiliary language-model loss (default: 0.5; 0: off)"
+    )
     g.add_argument(
         "--transfer-layers",
         type=non_negative_int,
@@ -104,7 +112,7 @@ def _add_gpt_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--warmup",
-        type=float,
+        type=float_between(0, 1, high_open=True),
         help="linear warm-up, as a fraction of the steps (default: gpt 0.002, GPT-1's; hf 0.1, BERT's)",
     )
 
@@ -160,15 +168,19 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         default="none",
         help="Tutek & Šnajder 2020: concat/residual (embedding past the encoder), tying/mlm (auxiliary loss)",
     )
-    p.add_argument("--tying-weight", type=float, default=1.0, help="weight of the tying loss (--regulariser tying)")
-    p.add_argument("--mlm-weight", type=float, default=1.0, help="weight of the masked-LM loss (--regulariser mlm)")
+    p.add_argument(
+        "--tying-weight", type=non_negative_float, default=1.0, help="weight of the tying loss (--regulariser tying)"
+    )
+    p.add_argument(
+        "--mlm-weight", type=non_negative_float, default=1.0, help="weight of the masked-LM loss (--regulariser mlm)"
+    )
 
 
 def _add_wiegreffe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--consistent-adversary",
         nargs="+",
-        type=float,
+        type=non_negative_float,
         metavar="LAMBDA",
         help="Wiegreffe & Pinter 2019: train a model-consistent adversary for each λ",
     )
@@ -306,7 +318,9 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
             help=f"override the config's {help_} ({least} to {GPT_MAX_SIZES[field]})",
         )
     p.add_argument(
-        "--dropout", type=float, help="override the config's residual, embedding and attention dropout (GPT-1: 0.1)"
+        "--dropout",
+        type=float_between(0, 1, high_open=True),
+        help="override the config's residual, embedding and attention dropout (GPT-1: 0.1)",
     )
     p.add_argument("--steps", type=positive_int, help=f"optimiser steps (default: {defaults.steps})")
     p.add_argument(
@@ -317,7 +331,7 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=positive_float, help=f"max learning rate (default and GPT-1's: {defaults.lr:g})")
     p.add_argument(
         "--warmup",
-        type=int,
+        type=non_negative_int,
         help=f"linear warm-up steps, then cosine decay (default: {defaults.warmup})",
     )
     p.add_argument(
@@ -337,7 +351,7 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
 def _add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path, help="sweep config (TOML; see configs/sweep.toml)")
     p.add_argument("--out", type=Path, help="sweep folder (default: [sweep] out of the config)")
-    p.add_argument("--jobs", type=int, help="cells run at once (default: [sweep] jobs, else 1)")
+    p.add_argument("--jobs", type=positive_int, help="cells run at once (default: [sweep] jobs, else 1)")
     p.add_argument(
         "--data-dir",
         type=dataset_folder,

@@ -2,7 +2,12 @@
 
 import json
 import math
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,7 +15,7 @@ import pytest
 from attnmetrics.app.cli import main
 from tests.inputs import FAST_BATTERY as FAST
 from tests.inputs import QUICK_SST as QUICK
-from tests.inputs import SST_SAMPLE
+from tests.inputs import SST_SAMPLE, unwritable_folder
 
 
 @pytest.fixture(scope="module")
@@ -476,3 +481,166 @@ def test_gpt_flags_with_another_encoder_are_refused(tmp_path, capsys, flags, nam
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{named} applies to --encoder gpt only" in err and "--encoder lstm" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["run", "train"])
+def test_an_out_in_an_unwritable_folder_is_refused_in_one_line_before_training(tmp_path, capsys, monkeypatch, command):
+    # issue 31, unclear errors: a PermissionError traceback
+    parent = tmp_path / "locked"
+    parent.mkdir()
+    unwritable_folder(parent.resolve(), monkeypatch)
+    for out in (parent / "r", parent / "new" / "r"):  # the run folder, or a parent of it, to create
+        assert main([command, *QUICK, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "epoch" not in err, err
+        assert f"--out {out} cannot be written (Permission denied: {parent}" in err, err
+    monkeypatch.undo()
+    parent.chmod(0o700)
+    assert list(parent.iterdir()) == []
+
+
+def test_an_out_on_a_read_only_file_system_is_refused_in_one_line_before_training(tmp_path):
+    # issue 31, unclear errors: "OSError: [Errno 30] Read-only file system" as a traceback. A real
+    # read-only mount, in a mount namespace of the test's own (needs unshare and mount rights)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mount = f"mount -t tmpfs -o ro,size=1m tmpfs {ro}"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "sh", "-c", mount]).returncode:
+        pytest.skip("no private read-only mount here (unshare -m and mount)")
+    outs = [ro / "r", ro / "new" / "r"]
+    code = (
+        "import sys; from attnmetrics.app.cli import main; "
+        f"sys.exit(max(main(['run', *{QUICK!r}, '--out', o]) for o in {[str(o) for o in outs]!r}))"
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"{mount} && exec {sys.executable} -c {shlex.quote(code)}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 2 and "epoch" not in done.stderr, done.stderr
+    for out, line in zip(outs, lines, strict=True):
+        assert f"--out {out} cannot be written (Read-only file system: {ro}" in line, line
+    assert list(ro.iterdir()) == []  # outside the namespace, the folder the mount covered
+
+
+def test_report_into_an_unwritable_folder_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    # issue 31, unclear errors: a PermissionError traceback
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(MINIMAL_RESULTS))
+    parent = (tmp_path / "locked").resolve()
+    (parent / "old").mkdir(parents=True)
+    unwritable_folder(parent, monkeypatch)
+    unwritable_folder(parent / "old", monkeypatch)
+    for out in (parent / "new", parent / "old"):
+        assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert f"--out {out} cannot be written (Permission denied: {out}" in err, err
+
+
+def test_an_out_inside_a_file_is_named_in_one_line(tmp_path, capsys):
+    # issue 31, unclear errors: "[Errno 17] File exists: 'FILE'" or "[Errno 20] Not a directory"
+    (tmp_path / "notes.txt").write_text("mine")
+    for out in (tmp_path / "notes.txt" / "r", tmp_path / "notes.txt" / "sub" / "r"):
+        assert main(["train", *QUICK, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: {tmp_path / 'notes.txt'} is a file, not a folder" in err, err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_truncated_checkpoint_file_is_named_in_one_line(tmp_path, capsys):
+    # issue 31, unclear errors: a half-truncated model.pt ("[Errno 22] Invalid argument") and
+    # vocab.json (the JSON error without the file's name)
+    model = tmp_path / "m"
+    assert main(["train", *QUICK, "--out", str(model)]) == 0
+    capsys.readouterr()
+    for name, words in (("model.pt", "cannot read the weights"), ("vocab.json", "cannot read the vocabulary")):
+        path = model / "model" / name
+        whole = path.read_bytes()
+        path.write_bytes(whole[: len(whole) // 2])
+        assert main(["evaluate", str(model), "--out", str(tmp_path / "e")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and len(err[0]) < 300, err
+        assert err[0].startswith(f"attnmetrics: {path}: {words}") and "truncated or damaged" in err[0], err
+        path.write_bytes(whole)
+    assert not (tmp_path / "e").exists()
+
+
+def _typed_options():
+    """(command, flag, argparse type) of every option of every subcommand that converts its value."""
+    import argparse
+
+    from attnmetrics.app.parser import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command, p in sub.choices.items():
+        for action in p._actions:
+            if action.option_strings and action.type is not None:
+                yield command, action.option_strings[-1], action.type
+
+
+def _parses(kind, text) -> bool:
+    import argparse
+
+    try:
+        kind(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        return False
+    return True
+
+
+def test_every_number_flag_refuses_nan_infinities_and_negatives():
+    # issue 31, item 11 and unclear errors: --weight-decay nan failed after training; --lm-weight,
+    # --warmup, --dropout, the loss weights and lambdas took nan, inf and negatives, pretrain
+    # --warmup and sweep --jobs negatives. Every flag, so a flag added with type=float fails here
+    floats, ints = set(), set()
+    for command, flag, kind in _typed_options():
+        if _parses(kind, "0.5") and isinstance(kind("0.5"), float):
+            floats.add((command, flag))
+            accepted = [t for t in ("nan", "inf", "-inf", "1e999", "-1", "-0.5") if _parses(kind, t)]
+        elif _parses(kind, "1") and isinstance(kind("1"), int):
+            ints.add((command, flag))
+            accepted = [t for t in ("-1", "nan", "1.5") if _parses(kind, t)]
+        else:
+            continue
+        assert not accepted, f"{command} {flag} accepts {accepted}"
+    assert {
+        ("run", "--lr"),
+        ("run", "--weight-decay"),
+        ("run", "--lm-weight"),
+        ("run", "--warmup"),
+        ("run", "--tying-weight"),
+        ("run", "--mlm-weight"),
+        ("run", "--consistent-adversary"),
+        ("train", "--grad-clip"),
+        ("pretrain", "--dropout"),
+        ("pretrain", "--lr"),
+    } <= floats, sorted(floats)
+    assert {("pretrain", "--warmup"), ("sweep", "--jobs"), ("run", "--split-seed"), ("run", "--seed")} <= ints
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["run", "--lm-weight", "nan"], "argument --lm-weight: must be a finite number >= 0, got nan"),
+        (["run", "--weight-decay", "inf"], "argument --weight-decay: must be a finite number >= 0, got inf"),
+        (["run", "--warmup", "1"], "argument --warmup: must be a number in [0, 1), got 1"),
+        (["run", "--consistent-adversary", "0.1", "-1"], "argument --consistent-adversary: must be a finite number"),
+        (["pretrain", "--dropout", "1"], "argument --dropout: must be a number in [0, 1), got 1"),
+        (["pretrain", "--warmup", "-1"], "argument --warmup: must be a non-negative integer, got -1"),
+        (["sweep", "s.toml", "--jobs", "0"], "argument --jobs: must be a positive integer, got 0"),
+        (["run", "--split-seed", "-1"], "argument --split-seed: must be an integer in [0, 4294967295]"),
+    ],
+)
+def test_numbers_out_of_range_are_refused_at_parse_naming_the_flag(capsys, argv, message):
+    from attnmetrics.app.parser import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err, err

@@ -107,3 +107,29 @@ def test_extract_readout_runs_the_battery_on_the_models_own_attention(pretrained
     assert all(len(v) == 2 for v in per_head.values()) and all(0 < m <= 1 for m in per_head["max attention"])
     assert len(results["instances"]["heads"]["h1"]["tau vs loo"]) == n
     assert "Per head" in report and (out / "heads.png").is_file()
+
+
+def test_a_truncated_model_pt_is_named_in_one_line(pretrained, tmp_path, capsys):
+    # issue 31, unclear errors: a half-truncated GPT model.pt gave "OSError: [Errno 22] Invalid argument"
+    import shutil
+
+    model = tmp_path / "m"
+    assert main(["train", *QUICK_SST, "--encoder", "gpt", "--out", str(model)]) == 0
+    copy = tmp_path / "pre"
+    shutil.copytree(pretrained, copy)
+    latest = copy / (copy / "latest").read_text().strip()
+    capsys.readouterr()
+    for weights, argv in (
+        (model / "model" / "model.pt", ["evaluate", str(model), *FAST_BATTERY, "--out", str(tmp_path / "e")]),
+        (
+            latest / "model.pt",
+            ["train", *QUICK_SST, "--encoder", "gpt", "--pretrained", str(copy), "--out", str(tmp_path / "t")],
+        ),
+    ):
+        whole = weights.read_bytes()
+        weights.write_bytes(whole[: len(whole) // 2])
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"attnmetrics: {weights}: cannot read the weights") and len(err[-1]) < 300, err
+        assert "truncated or damaged" in err[-1] and "Traceback" not in "".join(err), err
+        assert not (tmp_path / "e").exists() and not (tmp_path / "t").exists()

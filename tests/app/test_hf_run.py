@@ -81,3 +81,19 @@ def test_a_max_length_past_the_position_limit_is_refused_before_training(checkpo
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--max-length 129" in err and "position limit 128" in err, err
     assert not out.exists()
+
+
+def test_the_least_max_length_leaves_two_real_tokens_to_test(checkpoint):
+    # issue 31, item 11: why --max-length starts at 4 (not 3, [CLS] x [SEP]): a row of one real
+    # token has no Kendall tau and no flip (the battery needs two, attnmetrics/app/battery/flip.py
+    # lengths > 1), so at 3 every statistic had n = 0. GPT-2-like models add no specials; 4 is the
+    # one bound at parse time that holds for both families without loading the tokenizer
+    from attnmetrics.app.parser import MIN_HF_LENGTH
+    from attnmetrics.models.hf import HFInputs
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    specials = tokenizer.num_special_tokens_to_add(pair=False)
+    text = "the film is good and the cast is fine"
+    assert specials == 2 and MIN_HF_LENGTH == specials + 2
+    assert [len(ids) - specials for ids in HFInputs(tokenizer, MIN_HF_LENGTH).encode([text])] == [2]
+    assert [len(ids) - specials for ids in HFInputs(tokenizer, MIN_HF_LENGTH - 1).encode([text])] == [1]

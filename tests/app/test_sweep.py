@@ -400,3 +400,21 @@ def test_sweep_writes_only_into_a_folder_of_its_own(tmp_path, capsys):
     assert (own / "report.md").is_file()
     assert main(["sweep", str(config), "--out", str(mine), "--report-only", "--overwrite"]) == 0
     assert (mine / "aggregate.json").is_file()
+
+
+def test_a_sweep_into_an_unwritable_folder_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    # issue 31, unclear errors: an OSError traceback (read-only file system, no permission)
+    from tests.inputs import unwritable_folder
+
+    config = _config(tmp_path, TINY)
+    parent = (tmp_path / "locked").resolve()
+    (parent / "old").mkdir(parents=True)  # an existing sweep folder in it, and a new one
+    (parent / "old" / "status.json").write_text("{}")
+    unwritable_folder(parent, monkeypatch)
+    unwritable_folder(parent / "old", monkeypatch)
+    for out in (parent / "new", parent / "old"):
+        for extra in (["--report-only"], ["--no-progress"]):
+            assert main(["sweep", str(config), "--out", str(out), *extra]) == 2
+            err = capsys.readouterr().err
+            assert len(err.strip().splitlines()) == 1, err
+            assert f"--out {out} cannot be written (Permission denied: {out}" in err, err

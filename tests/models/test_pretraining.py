@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -268,3 +269,35 @@ def test_pretraining_loss_falls_on_a_slice_of_gutenberg(tmp_path):
     train_loss = [h["train_loss"] for h in result.history]
     assert train_loss == sorted(train_loss, reverse=True)
     assert result.history[-1]["val_ppl"] == pytest.approx(math.exp(val[-1]))
+
+
+def test_a_truncated_checkpoint_file_is_named_in_one_line(tokenizer, tmp_path):
+    # issue 31, unclear errors: a half-truncated model.pt ("[Errno 22] Invalid argument") or
+    # training.pt (a RuntimeError traceback from torch's zip reader on --resume)
+    run(tmp_path, tokenizer, "run", stop_at=4)
+    step = tmp_path / "run" / "step-0000004"
+    for name, load in (
+        ("model.pt", lambda: P.load_gpt(tmp_path / "run")),
+        ("training.pt", lambda: P.load_training_state(tmp_path / "run")),
+        ("training.pt", lambda: P.pretrain(tmp_path / "run", resume=True, train_texts=[TEXT], valid_text=VALID)),
+    ):
+        whole = (step / name).read_bytes()
+        for cut in (len(whole) // 2, 10, len(whole) - 1):
+            (step / name).write_bytes(whole[:cut])
+            with pytest.raises(ValueError) as e:
+                load()
+            message = str(e.value)
+            assert "\n" not in message and len(message) < 300, message
+            assert message.startswith(f"{step / name}: cannot read") and "truncated or damaged" in message, message
+        (step / name).write_bytes(whole)
+    (step / "training.pt").write_bytes(_saved({"step": 4}))  # readable, not a training state
+    with pytest.raises(ValueError, match=f"^{re.escape(str(step / 'training.pt'))}: not a training state"):
+        P.load_training_state(tmp_path / "run")
+
+
+def _saved(obj) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()

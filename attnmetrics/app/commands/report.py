@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnmetrics.app.io import is_run_folder, read_results
+from attnmetrics.app.io import UnwritableFolder, check_writable, is_run_folder, read_results
 from attnmetrics.app.report import render, render_comparison
 
 
@@ -51,6 +51,11 @@ def report(args: ReportArgs) -> int:
             "another --out",
             file=sys.stderr,
         )
+        return 2
+    try:
+        check_writable(args.out)
+    except UnwritableFolder as e:
+        print(f"attnmetrics: {e}", file=sys.stderr)
         return 2
     print(render_comparison(runs, args.out))
     return 0

@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnmetrics.app.io import UnwritableFolder, check_writable
 from attnmetrics.app.sweep import Runner, cell_command, load_config, run_sweep
 from attnmetrics.app.sweep.config import SLURM_KEYS
 from attnmetrics.app.sweep.runner import invalid_cells
@@ -77,6 +78,11 @@ def sweep(args: SweepArgs) -> int:
         return 0
     if refused := refuse_out(grid.out, args.overwrite):
         print(f"attnmetrics sweep: {refused}", file=sys.stderr)
+        return 2
+    try:
+        check_writable(grid.out, "--out" if args.out else f"{args.config}'s [sweep] out")
+    except UnwritableFolder as e:
+        print(f"attnmetrics sweep: {e}", file=sys.stderr)
         return 2
     rc = 0
     if not args.report_only:
