@@ -187,6 +187,11 @@ class HFClassifierConfig:
         return cls(d["architecture"], d["hf_config"])
 
 
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class HFClassifier(nn.Module):
     """A Hugging Face ``BertForSequenceClassification`` or ``GPT2ForSequenceClassification`` on
     the protocol (``embed``, ``encode``, ``attend``, ``decoder``, ``lead``/``trail``) with
@@ -239,6 +244,14 @@ class HFClassifier(nn.Module):
             hf = transformers.AutoModelForSequenceClassification.from_pretrained(
                 path, num_labels=num_labels, local_files_only=True, ignore_mismatched_sizes=True
             )
+        except (OSError, ValueError, RuntimeError) as e:
+            raise ValueError(f"{path}: cannot load the Hugging Face model: {_first_line(e)}") from e
+        except Exception as e:  # safetensors' SafetensorError (a truncated or damaged weights file)
+            if type(e).__name__ != "SafetensorError":
+                raise
+            raise ValueError(
+                f"{path}: cannot read its weights (truncated or damaged safetensors file): {_first_line(e)}"
+            ) from e
         finally:
             transformers.logging.set_verbosity(verbosity)
         if hf.config.pad_token_id is None:  # GPT-2: padding is masked, the id is only a filler

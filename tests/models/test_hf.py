@@ -199,3 +199,20 @@ def test_the_wrapper_keeps_the_models_mode_through_a_procedure(family):
     assert not model.hf.training and not any(m.training for m in model.hf.modules())
     trained = HFClassifier(model.hf.train())
     assert trained.training and trained.hf.training
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "missing config"])
+def test_a_damaged_hugging_face_folder_is_named_in_one_line(damage, tmp_path):
+    """A Hugging Face folder whose weights are cut short or empty, or that lacks its config:
+    one ValueError naming the folder, not transformers' or safetensors' own traceback."""
+    tiny("bert").hf.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "empty":
+        weights.write_bytes(b"")
+    else:
+        (tmp_path / "config.json").unlink()
+    with pytest.raises(ValueError, match=f"^{tmp_path}: cannot ") as caught:
+        HFClassifier.from_pretrained(tmp_path, 2)
+    assert "\n" not in str(caught.value)
