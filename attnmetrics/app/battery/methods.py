@@ -106,9 +106,13 @@ def _cell(v: np.ndarray | None) -> dict | None:
     return {"mean": mean, "ci95": list(bootstrap_ci(v, np.mean, confidence=CONFIDENCE))}
 
 
+def _finite(cell: dict | None) -> bool:
+    """Whether a cell has a number (results.json writes NaN as null)."""
+    return cell is not None and cell["mean"] is not None and math.isfinite(cell["mean"])
+
+
 def _sort_key(row: dict) -> float:
-    c = row["comprehensiveness"]
-    return -c["mean"] if c is not None and math.isfinite(c["mean"]) else math.inf
+    return -row["comprehensiveness"]["mean"] if _finite(row["comprehensiveness"]) else math.inf
 
 
 def method_table(x: dict[str, Any], lengths: np.ndarray) -> dict | None:
@@ -148,7 +152,7 @@ def summarise(x: dict, c: Context):
 
 
 def _fmt_cell(cell: dict | None) -> str:
-    if cell is None or not math.isfinite(cell["mean"]):
+    if not _finite(cell):
         return "–"
     low, high = cell["ci95"]
     return f"{fmt(cell['mean'])} [{fmt(low)}, {fmt(high)}]"
@@ -195,14 +199,14 @@ def figure(results: dict, folder: Path) -> str | None:
         return None
     points = [(r["method"], r["comprehensiveness"], r["sufficiency"], None) for r in s["methods"]]
     points += [(f"{k} (baseline)", b["comprehensiveness"], b["sufficiency"], "grey") for k, b in s["baseline"].items()]
-    points = [p for p in points if p[1] and p[2] and math.isfinite(p[1]["mean"]) and math.isfinite(p[2]["mean"])]
+    points = [p for p in points if _finite(p[1]) and _finite(p[2])]
     if not points:
         return None
     fig, ax = subplots(figsize=(6.5, 4.5))
     for k, (name, comp, suff, color) in enumerate(points):
         err = [
             [[max(0.0, v["mean"] - v["ci95"][0])], [max(0.0, v["ci95"][1] - v["mean"])]]
-            if all(math.isfinite(b) for b in v["ci95"])
+            if all(b is not None and math.isfinite(b) for b in v["ci95"])
             else None
             for v in (comp, suff)
         ]
