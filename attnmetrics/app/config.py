@@ -5,7 +5,7 @@ read by the commands (:mod:`attnmetrics.app.commands`) and the model factory
 
 results.json's ``config`` is :meth:`RunConfig.to_dict`: the command's flags as argparse parsed
 them, in its order, and only those the command has (``train`` has no battery flags, ``evaluate``
-no training flags).
+no training flags); the optional importances' flags as ``--importances`` turned them on.
 """
 
 from __future__ import annotations

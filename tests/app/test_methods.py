@@ -255,10 +255,13 @@ def test_an_unknown_importance_is_refused_naming_the_valid_ones(capsys):
 def test_the_report_renders_the_section_and_its_figure(tmp_path):
     x = synthetic()
     table = {**method_table(x, x["lengths"]), "never_flipped": "nan"}
+    table["methods"][0]["flip_fraction"] = {"mean": None, "ci95": [None, None]}  # results.json's NaN
     results = {"config": {"dataset": "sst"}, "data": {"name": "sst", "sizes": {}, "classes": []}, "methods": table}
     results["data"]["sizes"] = {"train": 1, "dev": 1, "test": 1}
     text = render(json.loads(json.dumps(results)), tmp_path).read_text()
     assert "## The explanation methods side by side" in text and "![comprehensiveness vs sufficiency" in text
     assert (tmp_path / "methods.png").stat().st_size > 0
+    first = next(line for line in text.splitlines() if line.startswith(f"| {table['methods'][0]['method']} "))
+    assert first.split("|")[5].strip() == "–"
     del results["methods"]
     assert "side by side" not in render(results, tmp_path).read_text()
