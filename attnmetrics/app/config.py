@@ -5,7 +5,7 @@ read by the commands (:mod:`attnmetrics.app.commands`) and the model factory
 
 results.json's ``config`` is :meth:`RunConfig.to_dict`: the command's flags as argparse parsed
 them, in its order, and only those the command has (``train`` has no battery flags, ``evaluate``
-no training flags).
+no training flags); the optional importances' flags as ``--importances`` turned them on.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from attnmetrics.app.battery import importances
+from attnmetrics.app.battery.registry import with_importances
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,10 @@ class RunConfig:
     adversarial_steps: int | None = None
     orders: tuple[str, ...] = ()
     random_samples: int | None = None
-    #: the optional importances' flags (attnmetrics/app/battery/: each declared by its module), by dest
+    #: the optional importances' flags (attnmetrics/app/battery/: each declared by its module), by dest,
+    #: with those that ``--importances`` names turned on
     importance_options: Mapping[str, Any] = field(default_factory=dict)
+    importances: tuple[str, ...] = ()
     examples: int = 0
     never_flipped: str | None = None
     random_removal: str | None = None
@@ -90,7 +93,7 @@ class RunConfig:
         if unknown:
             raise TypeError(f"RunConfig has no field for {sorted(unknown)}")
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if k not in declared}
-        options = {k: v for k, v in given.items() if k in declared}
+        options = with_importances(given.get("importances") or (), {k: v for k, v in given.items() if k in declared})
         return cls(**values, importance_options=options, flags=tuple(given))
 
     def to_dict(self) -> dict:

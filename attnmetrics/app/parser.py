@@ -11,6 +11,7 @@ from pathlib import Path
 
 from attnmetrics.app.argtypes import float_between, int_between, non_negative_float, non_negative_int, positive_int
 from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS, importances
+from attnmetrics.app.battery.registry import ALL, optional_names
 from attnmetrics.app.recipes import PRESETS
 from attnmetrics.data import DATASETS
 from attnmetrics.flip import ORDERS
@@ -211,6 +212,18 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
         if importance.option:
             flags, kwargs = importance.option["flags"], {k: v for k, v in importance.option.items() if k != "flags"}
             p.add_argument(*flags, **kwargs)
+    names = optional_names()
+    p.add_argument(
+        "--importances",
+        nargs="+",
+        default=[],
+        choices=(ALL, *names),
+        metavar="NAME",
+        help=f"turn on these optional importances ({', '.join(names)}), or {ALL}: every one that applies to the "
+        "model (the attributions: BERT-like Hugging Face models only; integrated gradients and gradient x input: "
+        "where Captum is installed); with their own flags, those win (e.g. --integrated-gradients STEPS). "
+        "Default: none",
+    )
     p.add_argument(
         "--examples",
         type=non_negative_int,

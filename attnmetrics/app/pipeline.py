@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from attnmetrics.app.battery import missing_package
+from attnmetrics.app.battery.registry import left_out_of_all
 from attnmetrics.app.config import RunConfig
 from attnmetrics.app.distributed import World
 from attnmetrics.app.errors import INPUT_ERRORS, input_error
@@ -35,6 +36,9 @@ def execute(config: RunConfig, w: World, *, with_battery: bool, after_battery: A
     missing = missing_package(importance_settings(config))  # before training
     if missing:
         return input_error(ImportError(missing), config.debug)
+    left_out = left_out_of_all(config.importances)
+    if left_out and w.main:
+        print(f"attnmetrics: --importances all leaves out {', '.join(left_out)}", file=sys.stderr)
     results = new_results(config)
     if w.size > 1:  # training data-parallel, the battery sharded (app/distributed.py)
         results["distributed"] = {"ranks": w.size, "backend": "gloo"}

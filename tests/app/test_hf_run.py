@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 
@@ -17,20 +18,29 @@ from tests.inputs import FAST_BATTERY, SST_SAMPLE  # noqa: E402
 FLAGS = ["--dataset", "sst", "--data-dir", str(SST_SAMPLE), "--limit", "120", "--threads", "1", "--no-progress"]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-bert")
+def tiny_bert(folder, **overrides):
+    """A tiny random BERT classifier and a WordPiece tokenizer over SST's words, saved in ``folder``
+    (``overrides``: BertConfig's fields beside the tiny sizes)."""
+    folder.mkdir(exist_ok=True)
     splits = load_dataset("sst", data_dir=SST_SAMPLE)
     words = sorted({w for text, _ in splits.train[:400] for w in text.lower().split()})
-    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
-    tokenizer = transformers.BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
+    # transformers 5 ignores vocab_file= here (a tokenizer of the 5 special tokens: every word [UNK])
+    tokenizer = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=True)
+    assert tokenizer(words[0])["input_ids"][1] == vocab[words[0]]
     tokenizer.save_pretrained(folder)
     config = transformers.BertConfig(
         vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=128,
+        intermediate_size=64, max_position_embeddings=128, **overrides,
     )  # fmt: skip
+    torch.manual_seed(0)  # the same weights whichever tests ran before
     transformers.BertForSequenceClassification(config).save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
 def test_run_fine_tunes_a_local_checkpoint_and_tests_its_own_attention(checkpoint, tmp_path):
@@ -97,3 +107,33 @@ def test_the_least_max_length_leaves_two_real_tokens_to_test(checkpoint):
     assert specials == 2 and MIN_HF_LENGTH == specials + 2
     assert [len(ids) - specials for ids in HFInputs(tokenizer, MIN_HF_LENGTH).encode([text])] == [2]
     assert [len(ids) - specials for ids in HFInputs(tokenizer, MIN_HF_LENGTH - 1).encode([text])] == [1]
+
+
+def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
+    # issue 28: --importances all on a BERT-like model computes the four attention-derived
+    # attributions beside attention, gradient, leave-one-out and rollout (integrated gradients
+    # and gradient x input too where Captum is installed), and the report's table has them all
+    from tests.app.test_methods import check_against, plain_table
+
+    # weights drawn wider than BERT's 0.02, so that this briefly trained model's output depends on
+    # its input enough for leave-one-out, ERASER and the flip search to tell the orderings apart
+    checkpoint = tiny_bert(tmp_path / "bert", initializer_range=0.1)
+    out = tmp_path / "run"
+    skip = ["--skip", "permutation", "adversarial", "single_removal", "single_token", "--examples", "0"]
+    args = [*FLAGS, *skip, "--model", f"hf:{checkpoint}", "--epochs", "1", "--integrated-gradients", "2"]
+    assert main(["run", *args, "--importances", "all", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = [r["method"] for r in results["methods"]["methods"]]
+    assert {"attention", "gradient", "loo", "rollout", "value_norm", "globenc", "alti", "value_zeroing"} <= set(rows)
+    inst = results["instances"]
+    kendall = {k: v["tau"] for k, v in inst["kendall"].items()}
+    eraser = {k: {m: w["aopc"] for m, w in v.items()} for k, v in inst["eraser"].items()}
+    check_against(results["methods"], plain_table(kendall, eraser, inst["flip"], inst["lengths"]))
+    # the model reads its tokens: τ is defined and the orderings' AOPCs differ (an all-[UNK] input would tie them)
+    assert results["methods"]["rows"]["tau_loo"] > 0
+    assert len({round(r["comprehensiveness"]["mean"], 9) for r in results["methods"]["methods"]}) > 3
+    report = (out / "report.md").read_text()
+    assert "## The explanation methods side by side" in report and (out / "methods.png").stat().st_size > 0
+    table = report.split("## The explanation methods side by side")[1]
+    for name in ("value_norm", "globenc", "alti", "value_zeroing"):
+        assert f"| {name} " in table

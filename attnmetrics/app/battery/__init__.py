@@ -6,9 +6,11 @@
   block), :func:`merge` (ranks' shares as one) and :func:`summarise` (``results.json``);
 - :mod:`~attnmetrics.app.battery.block`: one instance block as the experiments see it;
 - the experiments: ``flip``, ``kendall``, ``loo``, ``heads``, ``permutation``, ``adversarial``,
-  ``single_removal``, ``single_token``, ``eraser`` (and the report sections of W&P's trainings,
+  ``single_removal``, ``single_token``, ``eraser`` (and the report sections built outside a
+  step: ``methods``, the importances side by side, from the others' values; W&P's trainings,
   ``consistent_adversary``, ``diagnostic``); the importances: ``gradient``, ``loo``,
-  ``rollout``, ``integrated_gradients``, ``input_x_gradient``.
+  ``rollout``, ``value_norm``, ``globenc``, ``alti``, ``value_zeroing``,
+  ``integrated_gradients``, ``input_x_gradient``.
 """
 
 from attnmetrics.app.battery.block import tested_forward

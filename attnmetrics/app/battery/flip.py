@@ -52,9 +52,7 @@ def paired_on_common_rows(fractions: dict[str, np.ndarray], lengths: np.ndarray,
     of a random one), each ordering's mean fraction there, and its paired difference from
     ``baseline`` with a 95% percentile bootstrap CI over those rows (attnmetrics.stats.bootstrap_ci,
     rows resampled in pairs). ``fractions[name]``: ``[N]`` or ``[N, samples]``."""
-    per_row = {k: np.asarray(v, dtype=float).reshape(len(lengths), -1) for k, v in fractions.items()}
-    common = (np.asarray(lengths) > 1) & np.all([np.isfinite(v).all(1) for v in per_row.values()], axis=0)
-    means = {k: v[common].mean(1) for k, v in per_row.items()}  # a random order's samples averaged per row
+    common, means = common_rows(fractions, lengths)
     out: dict[str, Any] = {"rows": int(common.sum()), "fraction": {k: _mean(v) for k, v in means.items()}}
     if baseline in means:
         base = means[baseline]
@@ -67,6 +65,17 @@ def paired_on_common_rows(fractions: dict[str, np.ndarray], lengths: np.ndarray,
             if k != baseline
         }
     return out
+
+
+def common_rows(fractions: dict[str, np.ndarray], lengths: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The rows every ordering of ``fractions`` is compared on (:func:`paired_on_common_rows`):
+    ``[N]`` booleans, True for the rows of >= 2 tokens whose fraction is finite under every
+    ordering (each sample of a random one), and each ordering's fraction on those rows (a random
+    order's samples averaged per row), in row order. ``fractions[name]``: ``[N]`` or ``[N, samples]``."""
+    per_row = {k: np.asarray(v, dtype=float).reshape(len(lengths), -1) for k, v in fractions.items()}
+    finite = [np.isfinite(v).all(1) for v in per_row.values()]
+    common = (np.asarray(lengths) > 1) & np.all(finite, axis=0) if finite else np.asarray(lengths) > 1
+    return common, {k: v[common].mean(1) for k, v in per_row.items()}
 
 
 def _mean(v: np.ndarray) -> float:

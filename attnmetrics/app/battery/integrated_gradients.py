@@ -23,4 +23,5 @@ IMPORTANCE = Importance(
         f"{MAX_IG_STEPS}); 0: off",
     },
     package=("captum", "Captum"),
+    on=50,  # --importances integrated_gradients: Captum's default number of steps
 )

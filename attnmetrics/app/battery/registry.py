@@ -54,7 +54,8 @@ class Importance:
     arguments of its command-line flag (``argparse``'s ``add_argument``, with ``"flags"`` and
     ``"dest"``), when the run asks for it by one; ``package``: (module to import, its name for
     the user), an optional dependency checked before any training. ``conventions``: the
-    definition written to ``results.json`` under "conventions".
+    definition written to ``results.json`` under "conventions". ``on``: the option's value when
+    ``--importances`` names it (by its ``dest``) and its own flag does not turn it on already.
     """
 
     name: str  # its key in results: "kendall/attention vs NAME", "eraser/NAME/...", "flip/NAME"
@@ -67,6 +68,7 @@ class Importance:
     option: Mapping[str, Any] | None = None
     package: tuple[str, str] | None = None
     conventions: Mapping[str, str] = field(default_factory=dict)
+    on: Any = True  # its option's value when ``--importances`` names it (a flag's True; IG's STEPS)
 
 
 @dataclass(frozen=True)
@@ -155,3 +157,55 @@ def missing_package(settings: Settings) -> str | None:
         if i.package and i.option and i.enabled(None, settings) and importlib.util.find_spec(i.package[0]) is None:
             return f"{i.option['flags'][0]} needs {i.package[1]}: pip install {i.package[0]}"
     return None
+
+
+#: ``--importances``' word for every optional importance (each one's ``enabled`` then decides on the model)
+ALL = "all"
+
+
+def optional_names() -> tuple[str, ...]:
+    """The names ``--importances`` takes: each optional importance's option ``dest`` (e.g.
+    ``"integrated_gradients"``, ``"alti"``), in :func:`importances`' order."""
+    return tuple(i.option["dest"] for i in importances() if i.option)
+
+
+def _installed(i: Importance) -> bool:
+    return i.package is None or importlib.util.find_spec(i.package[0]) is not None
+
+
+def with_importances(names: Sequence[str], options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` (the optional importances' values by ``dest``) with each importance that
+    ``names`` asks for turned on: set to its :attr:`Importance.on` unless its own flag turned it
+    on already (``--integrated-gradients 20`` keeps its 20 steps). ``"all"`` asks for every
+    optional importance whose package is installed (:func:`left_out_of_all` names the others);
+    whether one applies to the model is its ``enabled``'s to decide (the attention-derived
+    attributions: BERT-like Hugging Face models only). Raises ``ValueError`` naming the valid
+    names for one that is not."""
+    valid = optional_names()
+    unknown = [n for n in names if n != ALL and n not in valid]
+    if unknown:
+        raise ValueError(
+            f"unknown importance{'s' * (len(unknown) > 1)} {', '.join(map(repr, unknown))} for --importances; "
+            f"choose from {ALL}, {', '.join(valid)}"
+        )
+    out = dict(options)
+    for i in importances():
+        if not i.option:
+            continue
+        dest = i.option["dest"]
+        if (dest in names or (ALL in names and _installed(i))) and not out.get(dest):
+            out[dest] = i.on
+    return out
+
+
+def left_out_of_all(names: Sequence[str]) -> list[str]:
+    """The optional importances that ``--importances all`` leaves out because their package is
+    not installed, each as ``"NAME (needs PACKAGE: pip install MODULE)"``; [] when ``names``
+    does not say "all"."""
+    if ALL not in names:
+        return []
+    return [
+        f"{i.option['dest']} (needs {i.package[1]}: pip install {i.package[0]})"
+        for i in importances()
+        if i.option and not _installed(i)
+    ]

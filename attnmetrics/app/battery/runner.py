@@ -162,7 +162,9 @@ def summarise(x: dict[str, np.ndarray], seconds: dict[str, float], class_names: 
         chosen_here = experiment.name in cfg.experiments or not experiment.skippable
         done = experiment.summarise(x, context) if experiment.summarise and chosen_here else None
         if done is not None:
-            summary[experiment.name], instances[experiment.name] = done
+            summary[experiment.name] = done[0]
+            if done[1]:  # a section built from the others' values has none of its own
+                instances[experiment.name] = done[1]
     return summary, instances
 
 

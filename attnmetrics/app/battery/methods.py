@@ -1,0 +1,240 @@
+"""The explanation methods side by side (issue 28): one row per importance ordering the run
+computed (attention, gradient, leave-one-out, rollout, integrated gradients, gradient x input and
+the attention-derived attributions, where present), each with its Kendall τ with leave-one-out,
+ERASER's comprehensiveness and sufficiency AOPC, S&S's flip fraction and never-flip share, every
+cell a mean over the same instances for all methods with a bootstrap interval over them.
+
+A section of the report built from the other experiments' per-instance values (no step of its own);
+it is written when the run has at least two methods."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attnmetrics.app.battery.flip import common_rows
+from attnmetrics.app.battery.registry import Context, Experiment, importances
+from attnmetrics.app.figures import save_figure, subplots
+from attnmetrics.app.markdown import fmt, table
+from attnmetrics.stats import bootstrap_ci
+
+#: the table's columns: results key -> header
+COLUMNS = {
+    "tau_loo": "τ with leave-one-out",
+    "comprehensiveness": "comprehensiveness AOPC",
+    "sufficiency": "sufficiency AOPC",
+    "flip_fraction": "flip fraction",
+    "never_flips": "never flips",
+}
+#: the interval's confidence level
+CONFIDENCE = 0.95
+#: the ordering ERASER compares with, shown below the methods (its ERASER columns only)
+BASELINE = "random"
+
+
+def method_names(x: dict[str, Any]) -> list[str]:
+    """The importance orderings among ``x``'s keys (attention and every importance the run
+    computed: the Kendall pairs' members and ERASER's orderings, the random baseline left out),
+    attention first, then in the registry's order."""
+    found = {n for k in x if k.startswith("kendall/") for n in k.split("/")[1].split(" vs ")}
+    found |= {k.split("/")[1] for k in x if k.startswith("eraser/")}
+    found.discard(BASELINE)
+    order = ["attention", *(i.name for i in importances())]
+    return [n for n in order if n in found] + sorted(found - set(order))
+
+
+def _flips_in_its_order(name: str) -> bool:
+    """Whether the flip search's ``flip/NAME`` is this method's own order: attention's, and each
+    importance's that is a flip order (not leave-one-out, never one; not the gradient, whose
+    "gradient" flip order is S&S's gradient with respect to attention, another score)."""
+    return name == "attention" or any(i.name == name and i.flip_order for i in importances())
+
+
+def _tau_key(x: dict, name: str) -> str | None:
+    for key in (f"kendall/{name} vs loo/tau", f"kendall/loo vs {name}/tau"):
+        if key in x:
+            return key
+    return None
+
+
+def _columns(x: dict, names: list[str], lengths: np.ndarray) -> tuple[dict, dict[str, int]]:
+    """Each column's per-instance values of each method on the column's common instances
+    (``{column: {method: [n] float}}``; a method without the column is absent from it) and the
+    number of those instances per column."""
+    n = len(lengths)
+    per: dict[str, dict[str, np.ndarray]] = {c: {} for c in COLUMNS}
+    rows: dict[str, int] = {}
+
+    def on_common(column: str, values: dict[str, np.ndarray]) -> None:
+        if values:
+            common = np.all([np.isfinite(v) for v in values.values()], axis=0)
+            per[column] = {k: v[common] for k, v in values.items()}
+            rows[column] = int(common.sum())
+
+    tau = {m: np.asarray(x[k], dtype=float) for m in names if (k := _tau_key(x, m))}
+    on_common("tau_loo", tau)
+    eraser = {
+        (m, metric): np.asarray(x[f"eraser/{m}/{metric}/aopc"], dtype=float)
+        for m in [*names, BASELINE]
+        for metric in ("comprehensiveness", "sufficiency")
+        if f"eraser/{m}/{metric}/aopc" in x
+    }
+    if eraser:  # both metrics of every ordering on the same rows (those with real tokens)
+        common = np.all([np.isfinite(v) for v in eraser.values()], axis=0)
+        for (m, metric), v in eraser.items():
+            per[metric][m] = v[common]
+        rows["comprehensiveness"] = rows["sufficiency"] = int(common.sum())
+    flipped = [m for m in names if _flips_in_its_order(m) and f"flip/{m}/fraction" in x]
+    if flipped:
+        common, means = common_rows({m: x[f"flip/{m}/fraction"] for m in flipped}, lengths)
+        per["flip_fraction"], rows["flip_fraction"] = means, int(common.sum())
+        eligible = np.asarray(lengths) > 1  # S&S: a row of one token cannot flip
+        for m in flipped:
+            removed = np.asarray(x[f"flip/{m}/removed"]).reshape(n, -1)[:, 0]
+            per["never_flips"][m] = (~(removed > 0))[eligible].astype(float)
+        rows["never_flips"] = int(eligible.sum())
+    return per, rows
+
+
+def _cell(v: np.ndarray | None) -> dict | None:
+    if v is None:
+        return None
+    mean = float(v.mean()) if v.size else math.nan
+    return {"mean": mean, "ci95": list(bootstrap_ci(v, np.mean, confidence=CONFIDENCE))}
+
+
+def _finite(cell: dict | None) -> bool:
+    """Whether a cell has a number (results.json writes NaN as null)."""
+    return cell is not None and cell["mean"] is not None and math.isfinite(cell["mean"])
+
+
+def _sort_key(row: dict) -> float:
+    return -row["comprehensiveness"]["mean"] if _finite(row["comprehensiveness"]) else math.inf
+
+
+def method_table(x: dict[str, Any], lengths: np.ndarray) -> dict | None:
+    """The table from the battery's per-instance values ``x`` (``collect``'s keys: "kendall/A vs
+    B/tau", "eraser/NAME/METRIC/aopc", "flip/NAME/fraction" and "/removed"; ``lengths`` ``[N]``
+    real tokens), or None with fewer than two methods.
+
+    Each column is a mean over its common instances (the same for every method that has the
+    column): τ with leave-one-out where τ-b is defined for every method; ERASER's AOPCs where
+    every ordering (the random baseline included) has a value; the flip fraction over the rows of
+    >= 2 tokens whose fraction is finite in every method's order (``flip.common_rows``); the
+    never-flip share over the rows of >= 2 tokens. Each with a 95% percentile bootstrap interval
+    resampling those instances (:func:`attnmetrics.stats.bootstrap_ci`). ``methods``: one row
+    per method, sorted by comprehensiveness AOPC, descending (methods without it last)."""
+    names = method_names(x)
+    if len(names) < 2:
+        return None
+    per, rows = _columns(x, names, np.asarray(lengths))
+    methods = [{"method": m, **{c: _cell(per[c].get(m)) for c in COLUMNS}} for m in names]
+    methods.sort(key=_sort_key)  # stable: ties keep the registry's order
+    baseline = {m: _cell(per[m].get(BASELINE)) for m in ("comprehensiveness", "sufficiency")}
+    return {
+        "sorted_by": "comprehensiveness AOPC, descending",
+        "confidence": CONFIDENCE,
+        "rows": rows,
+        "methods": methods,
+        "baseline": {BASELINE: baseline} if baseline["comprehensiveness"] else {},
+    }
+
+
+def summarise(x: dict, c: Context):
+    done = method_table(x, c.lengths)
+    if done is None:
+        return None
+    done["never_flipped"] = "nan" if math.isnan(c.config.never_flipped) else "one"
+    return done, {}  # every per-instance value is the other experiments'
+
+
+def _fmt_cell(cell: dict | None) -> str:
+    if not _finite(cell):
+        return "–"
+    low, high = cell["ci95"]
+    return f"{fmt(cell['mean'])} [{fmt(low)}, {fmt(high)}]"
+
+
+def section(results: dict) -> list[str]:
+    s = results["methods"]
+    rows = [[r["method"], *(_fmt_cell(r[c]) for c in COLUMNS)] for r in s["methods"]]
+    for name, b in s.get("baseline", {}).items():
+        rows.append(
+            [f"{name} (baseline)", "–", _fmt_cell(b["comprehensiveness"]), _fmt_cell(b["sufficiency"]), "–", "–"]
+        )
+    n = s["rows"]
+    counted = "rows of ≥ 2 tokens whose fraction is defined under every method's order (those that flip"
+    counted += ", and those that never do, at 1.0)" if s.get("never_flipped") == "one" else ")"
+    level = f"{100 * s['confidence']:g} %"
+    return [
+        "## The explanation methods side by side",
+        "",
+        "One row per importance ordering of the run, **sorted by comprehensiveness AOPC, descending** (the most "
+        "faithful by ERASER first). Each cell is a mean over instances and, in brackets, its "
+        f"{level} percentile bootstrap interval, resampling those instances (9,999 resamples, seed 0). Within a "
+        "column every method is measured on the same instances (paired): τ with leave-one-out (Kendall τ-b, the "
+        f"mean as in the Kendall section) on the {n.get('tau_loo', 0)} instances where it is defined for every "
+        "method; comprehensiveness (higher: more faithful) and sufficiency (lower: more faithful) AOPC on the "
+        f"{n.get('comprehensiveness', 0)} instances with real tokens; the flip fraction (S&S's flip search in the "
+        "method's order, the share of the tokens removed before the decision changes; lower: more faithful) on "
+        f"the {n.get('flip_fraction', 0)} {counted}; never flips, the share of the {n.get('never_flips', 0)} "
+        "rows of ≥ 2 tokens that never flip in the method's order. Leave-one-out is never a flip order (S&S), "
+        "and the flip search's gradient order is S&S's gradient with respect to attention, not the gradient × "
+        "input of the gradient row, so neither row has flip columns; the random ordering, ERASER's baseline, "
+        "has its ERASER columns only.",
+        "",
+        table(rows, ["method", *(f"{h} [{level} CI]" for h in COLUMNS.values())]),
+        "",
+    ]
+
+
+def figure(results: dict, folder: Path) -> str | None:
+    """Comprehensiveness against sufficiency AOPC, one point per method with its bootstrap
+    intervals as error bars (the random baseline grey): faithful is to the lower right."""
+    s = results.get("methods")
+    if not s:
+        return None
+    points = [(r["method"], r["comprehensiveness"], r["sufficiency"], None) for r in s["methods"]]
+    points += [(f"{k} (baseline)", b["comprehensiveness"], b["sufficiency"], "grey") for k, b in s["baseline"].items()]
+    points = [p for p in points if _finite(p[1]) and _finite(p[2])]
+    if not points:
+        return None
+    fig, ax = subplots(figsize=(6.5, 4.5))
+    for k, (name, comp, suff, color) in enumerate(points):
+        err = [
+            [[max(0.0, v["mean"] - v["ci95"][0])], [max(0.0, v["ci95"][1] - v["mean"])]]
+            if all(b is not None and math.isfinite(b) for b in v["ci95"])
+            else None
+            for v in (comp, suff)
+        ]
+        ax.errorbar(
+            comp["mean"], suff["mean"], xerr=err[0], yerr=err[1], fmt="o", capsize=3, color=color or f"C{k % 10}",
+            label=name,
+        )  # fmt: skip
+    ax.set_xlabel("comprehensiveness AOPC (higher: more faithful)")
+    ax.set_ylabel("sufficiency AOPC (lower: more faithful)")
+    ax.set_title(f"The methods, ERASER ({100 * s['confidence']:g} % bootstrap intervals)")
+    ax.legend(fontsize=7, loc="best")
+    return save_figure(fig, folder / "methods.png")
+
+
+EXPERIMENT = Experiment(
+    "methods",
+    order=85,
+    summarise=summarise,
+    section=section,
+    figure=figure,
+    alt="comprehensiveness vs sufficiency per method",
+    skippable=False,
+    conventions=lambda config: {
+        "methods": "issue 28's table: each importance ordering's mean tau-b with leave-one-out, ERASER "
+        "comprehensiveness and sufficiency AOPC, S&S flip fraction and never-flip share, each column over the "
+        "instances every method has a value for (flip fraction: rows of >= 2 tokens finite under every method's "
+        "order; never flips: rows of >= 2 tokens), 95% percentile bootstrap CI resampling those instances "
+        "(attnmetrics.stats.bootstrap_ci, 9999 resamples, seed 0); rows sorted by comprehensiveness AOPC, "
+        "descending"
+    },
+)
