@@ -107,6 +107,34 @@ def bootstrap_ci(
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def bootstrap_ci_rows(
+    rows, statistic, confidence: float = 0.95, n_resamples: int = 9999, seed: int = 0
+) -> list[tuple[float, float]]:
+    """:func:`bootstrap_ci` of each row of ``rows`` ``[M, N]`` (M quantities over the same N
+    instances) in one ``scipy.stats.bootstrap`` call: every row is resampled with the same
+    instance draws (a paired comparison of the rows), M times faster than M calls.
+    ``statistic(x, axis=-1)`` as :func:`bootstrap_ci`'s. Returns ``[(low, high)] * M``."""
+    from scipy.stats import bootstrap
+
+    rows = np.asarray(rows, dtype=float)
+    if rows.ndim != 2:
+        raise ValueError(f"rows must be [M, N], got shape {list(rows.shape)}")
+    if rows.shape[1] < 2:
+        return [(float("nan"), float("nan"))] * rows.shape[0]
+    res = bootstrap(
+        (rows,),
+        statistic,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        vectorized=True,
+        axis=-1,
+        method="percentile",
+        rng=np.random.default_rng(seed),
+    )
+    low, high = np.atleast_1d(res.confidence_interval.low), np.atleast_1d(res.confidence_interval.high)
+    return [(float(a), float(b)) for a, b in zip(low, high)]
+
+
 class SeedInstanceCI(NamedTuple):
     """An estimate over seeds and instances and its interval (:func:`seed_instance_ci`)."""
 

@@ -223,3 +223,18 @@ def test_gpt_ablation_table_names_each_groups_setting(tmp_path):
     assert "![accuracy against the blocks transferred](gpt_transfer.png)" in render_sweep(agg, tmp_path).read_text()
     assert "none (from scratch)" in rows["scratch/sst-gpt-tanh"] and "0.00" in rows["scratch/sst-gpt-tanh"]
     assert "lstm (J&W)" in rows["bilstm/sst-lstm-tanh"] and "[0.790, 0.830]" in rows["bilstm/sst-lstm-tanh"]
+
+
+def test_bootstrap_ci_rows_is_bootstrap_ci_of_each_row():
+    """One scipy call for M rows over the same instances gives each row the interval that a call
+    of its own gives (the same seed draws the same instances), ties and a constant row included."""
+    import numpy as np
+
+    from attnmetrics.stats import bootstrap_ci, bootstrap_ci_rows
+
+    rng = np.random.default_rng(3)
+    rows = np.stack([rng.random(57), np.round(rng.random(57) * 3), np.full(57, 0.25), rng.normal(size=57)])
+    together = bootstrap_ci_rows(rows, np.mean, n_resamples=999)
+    for row, got in zip(rows, together):
+        np.testing.assert_allclose(got, bootstrap_ci(row, np.mean, n_resamples=999), rtol=1e-12)
+    assert all(np.isnan(v).all() for v in bootstrap_ci_rows(rows[:, :1], np.mean))  # one instance

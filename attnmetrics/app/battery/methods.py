@@ -19,7 +19,7 @@ from attnmetrics.app.battery.flip import common_rows
 from attnmetrics.app.battery.registry import Context, Experiment, importances
 from attnmetrics.app.figures import save_figure, subplots
 from attnmetrics.app.markdown import fmt, table
-from attnmetrics.stats import bootstrap_ci
+from attnmetrics.stats import bootstrap_ci_rows
 
 #: the table's columns: results key -> header
 COLUMNS = {
@@ -99,11 +99,16 @@ def _columns(x: dict, names: list[str], lengths: np.ndarray) -> tuple[dict, dict
     return per, rows
 
 
-def _cell(v: np.ndarray | None) -> dict | None:
-    if v is None:
-        return None
-    mean = float(v.mean()) if v.size else math.nan
-    return {"mean": mean, "ci95": list(bootstrap_ci(v, np.mean, confidence=CONFIDENCE))}
+def _cells(column: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Each method's mean of one column and its bootstrap interval; the methods share the
+    column's instances, so one call resamples them all with the same draws."""
+    names = list(column)
+    if not names:
+        return {}
+    values = np.stack([np.asarray(column[m], dtype=float) for m in names])
+    intervals = bootstrap_ci_rows(values, np.mean, confidence=CONFIDENCE)
+    means = values.mean(1) if values.shape[1] else np.full(len(names), math.nan)
+    return {m: {"mean": float(mean), "ci95": list(ci)} for m, mean, ci in zip(names, means, intervals)}
 
 
 def _finite(cell: dict | None) -> bool:
@@ -125,15 +130,16 @@ def method_table(x: dict[str, Any], lengths: np.ndarray) -> dict | None:
     every ordering (the random baseline included) has a value; the flip fraction over the rows of
     >= 2 tokens whose fraction is finite in every method's order (``flip.common_rows``); the
     never-flip share over the rows of >= 2 tokens. Each with a 95% percentile bootstrap interval
-    resampling those instances (:func:`attnmetrics.stats.bootstrap_ci`). ``methods``: one row
+    resampling those instances with the same draws for every method (:func:`attnmetrics.stats.bootstrap_ci_rows`). ``methods``: one row
     per method, sorted by comprehensiveness AOPC, descending (methods without it last)."""
     names = method_names(x)
     if len(names) < 2:
         return None
     per, rows = _columns(x, names, np.asarray(lengths))
-    methods = [{"method": m, **{c: _cell(per[c].get(m)) for c in COLUMNS}} for m in names]
+    cells = {c: _cells(per[c]) for c in per}
+    methods = [{"method": m, **{c: cells.get(c, {}).get(m) for c in COLUMNS}} for m in names]
     methods.sort(key=_sort_key)  # stable: ties keep the registry's order
-    baseline = {m: _cell(per[m].get(BASELINE)) for m in ("comprehensiveness", "sufficiency")}
+    baseline = {m: cells.get(m, {}).get(BASELINE) for m in ("comprehensiveness", "sufficiency")}
     return {
         "sorted_by": "comprehensiveness AOPC, descending",
         "confidence": CONFIDENCE,
@@ -234,7 +240,7 @@ EXPERIMENT = Experiment(
         "comprehensiveness and sufficiency AOPC, S&S flip fraction and never-flip share, each column over the "
         "instances every method has a value for (flip fraction: rows of >= 2 tokens finite under every method's "
         "order; never flips: rows of >= 2 tokens), 95% percentile bootstrap CI resampling those instances "
-        "(attnmetrics.stats.bootstrap_ci, 9999 resamples, seed 0); rows sorted by comprehensiveness AOPC, "
+        "(attnmetrics.stats.bootstrap_ci_rows, 9999 resamples, seed 0, the same draws for every method); rows sorted by comprehensiveness AOPC, "
         "descending"
     },
 )
