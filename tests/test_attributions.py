@@ -1,16 +1,13 @@
-"""The attention-derived attributions (attnmetrics/attributions.py) against plain loops written here
-from the papers' equations: one sentence at a time, explicit loops over layers, heads and tokens,
-every state recomputed from the Hugging Face model's weights (embeddings included), on a small
-random ``BertForSequenceClassification`` (no download). The loop's own forward is checked against
-the model's first, so the references cannot drift from the model they explain."""
+"""The attention-derived attributions (attnmetrics/attributions.py) against plain loops written from
+the papers' equations (attnmetrics/testing/reference.py): one sentence at a time, explicit loops over
+layers, heads and tokens, every state recomputed from the Hugging Face model's weights (embeddings
+included), on a small random ``BertForSequenceClassification`` (no download). The loop's own forward
+is checked against the model's first, so the references cannot drift from the model they explain."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,6 +20,16 @@ from attnmetrics.attributions import (  # noqa: E402
 )
 from attnmetrics.models.hf import HFClassifier  # noqa: E402
 from attnmetrics.protocol import token_mask  # noqa: E402
+from attnmetrics.testing.reference import (  # noqa: E402
+    alti_reference,
+    alti_sentence_reference,
+    attention_value_norm_reference,
+    attention_value_norm_sentence_reference,
+    globenc_reference,
+    globenc_sentence_reference,
+    value_zeroing_reference,
+    value_zeroing_sentence_reference,
+)
 
 F64 = torch.float64
 METHODS = {"value_norm": attention_value_norm, "globenc": globenc, "alti": alti, "value_zeroing": value_zeroing}
@@ -56,167 +63,25 @@ def batch(rows: int = 6, width: int = 9, seed: int = 0):
     return tokens, lengths
 
 
-# ---- the plain loop: one sentence, every state from the weights --------------------------------
+# ---- the plain loops (attnmetrics/testing/reference.py) -----------------------------------------
 
-
-def layer_norm(u, ln):
-    mean = sum(u[k] for k in range(len(u))) / len(u)
-    var = sum((u[k] - mean) ** 2 for k in range(len(u))) / len(u)
-    return ln.weight * (u - mean) / torch.sqrt(var + ln.eps) + ln.bias, torch.sqrt(var + ln.eps)
-
-
-def ln_linear(u, ln, s):
-    """LayerNorm's linear part at the fixed denominator s: gamma * (u - mean(u)) / s."""
-    return ln.weight * (u - u.mean()) / s
-
-
-def embeddings(hf, ids):
-    e = hf.bert.embeddings
-    return [
-        layer_norm(
-            e.word_embeddings.weight[t] + e.position_embeddings.weight[i] + e.token_type_embeddings.weight[0],
-            e.LayerNorm,
-        )[0]
-        for i, t in enumerate(ids)
-    ]
-
-
-def layer_loop(layer, x, zeroed: int | None = None):
-    """One BERT layer on token states ``x`` (a list of [d] vectors), token by token and head by
-    head; ``zeroed``: that token's value vectors set to 0 in every head (Value Zeroing). Returns
-    the attention weights ``A[h][i][j]``, ``f[h][j]`` (value through head h's slice of W_O, b_V in,
-    b_O out), the pre-LayerNorm states, their LayerNorm denominators and the outputs."""
-    sa, so = layer.attention.self, layer.attention.output
-    heads, dh, n = sa.num_attention_heads, sa.attention_head_size, len(x)
-    A, f = [], []
-    for h in range(heads):
-        cols = slice(h * dh, (h + 1) * dh)
-        q = [sa.query.weight[cols] @ x[i] + sa.query.bias[cols] for i in range(n)]
-        k = [sa.key.weight[cols] @ x[j] + sa.key.bias[cols] for j in range(n)]
-        v = [sa.value.weight[cols] @ x[j] + sa.value.bias[cols] for j in range(n)]
-        if zeroed is not None:
-            v[zeroed] = torch.zeros_like(v[zeroed])
-        rows = []
-        for i in range(n):
-            s = [float(q[i] @ k[j]) / math.sqrt(dh) for j in range(n)]
-            top = max(s)
-            e = [math.exp(sj - top) for sj in s]
-            rows.append([ej / sum(e) for ej in e])
-        A.append(rows)
-        f.append([so.dense.weight[:, cols] @ v[j] for j in range(n)])
-    pre1, s1, a, pre2, s2, out = [], [], [], [], [], []
-    for i in range(n):
-        p = so.dense.bias + x[i]
-        for h in range(heads):
-            for j in range(n):
-                p = p + A[h][i][j] * f[h][j]
-        ai, si = layer_norm(p, so.LayerNorm)
-        mid = F.gelu(layer.intermediate.dense.weight @ ai + layer.intermediate.dense.bias)
-        p2 = layer.output.dense.weight @ mid + layer.output.dense.bias + ai
-        oi, s2i = layer_norm(p2, layer.output.LayerNorm)
-        pre1.append(p), s1.append(si), a.append(ai), pre2.append(p2), s2.append(s2i), out.append(oi)
-    return dict(A=A, f=f, pre1=pre1, s1=s1, a=a, pre2=pre2, s2=s2, out=out)
-
-
-def states_loop(model, ids):
-    """Every layer's input (the embeddings' output first) and loop results; the loop's outputs are
-    checked against the model's own forward."""
-    hf, x = model.hf, embeddings(model.hf, ids)
-    layers = []
-    for layer in hf.bert.encoder.layer:
-        r = layer_loop(layer, x)
-        layers.append((x, r))
-        x = r["out"]
-    own = hf.bert(input_ids=torch.tensor([ids]), output_hidden_states=True).last_hidden_state[0]
-    torch.testing.assert_close(torch.stack(x), own, rtol=1e-9, atol=1e-9)
-    return layers
-
-
-def mixing(layer_result, x, i, j):
-    """z_ij = sum_h A_h[i, j] f_h(x_j) + [i = j] x_i."""
-    A, f = layer_result["A"], layer_result["f"]
-    z = sum(A[h][i][j] * f[h][j] for h in range(len(A)))
-    return z + x[i] if i == j else z
-
-
-def rollout_loop(matrices):
-    """The pooled ([CLS]) row of C_{L-1} ... C_1 C_0, by plain sums."""
-    n = len(matrices[0])
-    rolled = [row[:] for row in matrices[0]]
-    for c in matrices[1:]:
-        rolled = [[sum(c[i][k] * rolled[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
-    return rolled[0]
-
-
-def value_norm_loop(model, ids):
-    x, r = states_loop(model, ids)[-1]
-    heads, n = len(r["A"]), len(ids)
-    return [
-        float(torch.linalg.vector_norm(sum(r["A"][h][0][j] * r["f"][h][j] for h in range(heads)))) for j in range(n)
-    ]
-
-
-def globenc_loop(model, ids):
-    n, matrices = len(ids), []
-    for layer, (x, r) in zip(model.hf.bert.encoder.layer, states_loop(model, ids)):
-        ln1, ln2 = layer.attention.output.LayerNorm, layer.output.LayerNorm
-        matrices.append(
-            [
-                [
-                    float(
-                        torch.linalg.vector_norm(
-                            ln_linear(ln_linear(mixing(r, x, i, j), ln1, r["s1"][i]), ln2, r["s2"][i])
-                        )
-                    )
-                    for j in range(n)
-                ]
-                for i in range(n)
-            ]
-        )
-    return rollout_loop(matrices)
-
-
-def alti_loop(model, ids):
-    n, matrices = len(ids), []
-    for layer, (x, r) in zip(model.hf.bert.encoder.layer, states_loop(model, ids)):
-        ln, b_o = layer.attention.output.LayerNorm, layer.attention.output.dense.bias
-        rows = []
-        for i in range(n):
-            t = [ln_linear(mixing(r, x, i, j), ln, r["s1"][i]) for j in range(n)]
-            y = r["a"][i]
-            # the decomposition is exact: y_i = sum_j T_i(x_j) + LN'(b_O) + beta
-            torch.testing.assert_close(sum(t) + ln_linear(b_o, ln, r["s1"][i]) + ln.bias, y, rtol=1e-10, atol=1e-10)
-            c = [max(0.0, float(y.abs().sum()) - float((y - t[j]).abs().sum())) for j in range(n)]
-            rows.append([cj / sum(c) for cj in c])
-        matrices.append(rows)
-    return rollout_loop(matrices)
-
-
-def value_zeroing_loop(model, ids):
-    n, matrices = len(ids), []
-    for layer, (x, r) in zip(model.hf.bert.encoder.layer, states_loop(model, ids)):
-        distance = [[0.0] * n for _ in range(n)]
-        for j in range(n):  # one recomputation of the layer per zeroed token, as the authors' loop
-            changed = layer_loop(layer, x, zeroed=j)["out"]
-            for i in range(n):
-                cos = float(changed[i] @ r["out"][i]) / float(changed[i].norm() * r["out"][i].norm())
-                distance[i][j] = max(0.0, 1 - cos)
-        matrices.append([[d / sum(row) for d in row] for row in distance])
-    return rollout_loop(matrices)
-
-
-LOOPS = {"value_norm": value_norm_loop, "globenc": globenc_loop, "alti": alti_loop, "value_zeroing": value_zeroing_loop}
+LOOPS = {
+    "value_norm": attention_value_norm_sentence_reference,
+    "globenc": globenc_sentence_reference,
+    "alti": alti_sentence_reference,
+    "value_zeroing": value_zeroing_sentence_reference,
+}
+REFERENCES = {
+    "value_norm": attention_value_norm_reference,
+    "globenc": globenc_reference,
+    "alti": alti_reference,
+    "value_zeroing": value_zeroing_reference,
+}
 
 
 def expected(name, model, tokens, lengths):
     """[B, T - 1]: the loop's scores of each row's real tokens ([SEP] and padding 0)."""
-    out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, dtype=F64)
-    with torch.no_grad():
-        for b in range(tokens.shape[0]):
-            n = int(lengths[b])
-            scores = LOOPS[name](model, tokens[b, :n].tolist())
-            out[b, : n - 2] = torch.tensor(scores[1 : n - 1], dtype=F64)
-    return out
+    return REFERENCES[name](model, tokens, lengths)
 
 
 # ---- tests ------------------------------------------------------------------------------------

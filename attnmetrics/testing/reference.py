@@ -500,3 +500,210 @@ def attention_rollout_reference(attentions, lengths=None, residual=0.5):
             rollout = mixed if rollout is None else mixed @ rollout
         out[b, :n, :n] = rollout
     return out
+
+
+# ---- attention-derived attributions (Kobayashi 2020, GlobEnc, ALTI, Value Zeroing) --------------
+#
+# One sentence at a time, explicit loops over layers, heads and tokens, every state recomputed from
+# a Hugging Face BERT classifier's weights (embeddings included); the loop's forward is checked
+# against the model's own. ``model`` is a protocol model whose ``hf`` is a
+# ``BertForSequenceClassification`` (``attnmetrics.models.hf.HFClassifier``); ``ids`` one
+# sentence's token ids (``[CLS] ... [SEP]``, no padding). Each ``*_sentence_reference`` returns the
+# pooled ([CLS]) position's score of every position (a list of n floats); each ``*_reference``
+# the library's ``[B, T - 1]`` layout (real tokens' scores, [SEP] and padding 0), float64.
+
+
+def _loop_tolerance(dtype, float64):
+    """(rtol, atol) of the loops' self-checks: ``float64`` in float64, float32's rounding otherwise."""
+    return (float64, float64) if dtype == torch.float64 else (1e-4, 1e-4)
+
+
+def _layer_norm(u, ln):
+    """LayerNorm by plain sums: (output, the denominator sqrt(var + eps))."""
+    mean = sum(u[k] for k in range(len(u))) / len(u)
+    var = sum((u[k] - mean) ** 2 for k in range(len(u))) / len(u)
+    return ln.weight * (u - mean) / torch.sqrt(var + ln.eps) + ln.bias, torch.sqrt(var + ln.eps)
+
+
+def _ln_linear(u, ln, s):
+    """LayerNorm's linear part at the fixed denominator s: gamma * (u - mean(u)) / s."""
+    return ln.weight * (u - u.mean()) / s
+
+
+def _embeddings(hf, ids):
+    e = hf.bert.embeddings
+    return [
+        _layer_norm(
+            e.word_embeddings.weight[t] + e.position_embeddings.weight[i] + e.token_type_embeddings.weight[0],
+            e.LayerNorm,
+        )[0]
+        for i, t in enumerate(ids)
+    ]
+
+
+def bert_layer_loop(layer, x, zeroed=None):
+    """One BERT layer on token states ``x`` (a list of [d] vectors), token by token and head by
+    head; ``zeroed``: that token's value vectors set to 0 in every head (Value Zeroing). Returns
+    the attention weights ``A[h][i][j]``, ``f[h][j]`` (value through head h's slice of W_O, b_V in,
+    b_O out), the pre-LayerNorm states, their LayerNorm denominators and the outputs."""
+    import torch.nn.functional as F
+
+    sa, so = layer.attention.self, layer.attention.output
+    heads, dh, n = sa.num_attention_heads, sa.attention_head_size, len(x)
+    A, f = [], []
+    for h in range(heads):
+        cols = slice(h * dh, (h + 1) * dh)
+        q = [sa.query.weight[cols] @ x[i] + sa.query.bias[cols] for i in range(n)]
+        k = [sa.key.weight[cols] @ x[j] + sa.key.bias[cols] for j in range(n)]
+        v = [sa.value.weight[cols] @ x[j] + sa.value.bias[cols] for j in range(n)]
+        if zeroed is not None:
+            v[zeroed] = torch.zeros_like(v[zeroed])
+        rows = []
+        for i in range(n):
+            s = [float(q[i] @ k[j]) / math.sqrt(dh) for j in range(n)]
+            top = max(s)
+            e = [math.exp(sj - top) for sj in s]
+            rows.append([ej / sum(e) for ej in e])
+        A.append(rows)
+        f.append([so.dense.weight[:, cols] @ v[j] for j in range(n)])
+    pre1, s1, a, pre2, s2, out = [], [], [], [], [], []
+    for i in range(n):
+        p = so.dense.bias + x[i]
+        for h in range(heads):
+            for j in range(n):
+                p = p + A[h][i][j] * f[h][j]
+        ai, si = _layer_norm(p, so.LayerNorm)
+        mid = F.gelu(layer.intermediate.dense.weight @ ai + layer.intermediate.dense.bias)
+        p2 = layer.output.dense.weight @ mid + layer.output.dense.bias + ai
+        oi, s2i = _layer_norm(p2, layer.output.LayerNorm)
+        pre1.append(p), s1.append(si), a.append(ai), pre2.append(p2), s2.append(s2i), out.append(oi)
+    return dict(A=A, f=f, pre1=pre1, s1=s1, a=a, pre2=pre2, s2=s2, out=out)
+
+
+def bert_states_loop(model, ids):
+    """Every layer's input (the embeddings' output first) with :func:`bert_layer_loop`'s results,
+    ``[(x, result), ...]``; the loop's outputs are checked against the model's own forward."""
+    hf, x = model.hf, _embeddings(model.hf, ids)
+    layers = []
+    for layer in hf.bert.encoder.layer:
+        r = bert_layer_loop(layer, x)
+        layers.append((x, r))
+        x = r["out"]
+    own = hf.bert(input_ids=torch.tensor([ids], device=x[0].device), output_hidden_states=True).last_hidden_state[0]
+    rtol, atol = _loop_tolerance(own.dtype, 1e-9)
+    torch.testing.assert_close(torch.stack(x), own, rtol=rtol, atol=atol)
+    return layers
+
+
+def _mixing(layer_result, x, i, j):
+    """z_ij = sum_h A_h[i, j] f_h(x_j) + [i = j] x_i."""
+    A, f = layer_result["A"], layer_result["f"]
+    z = sum(A[h][i][j] * f[h][j] for h in range(len(A)))
+    return z + x[i] if i == j else z
+
+
+def _rollout_loop(matrices):
+    """The pooled ([CLS]) row of C_{L-1} ... C_1 C_0, by plain sums."""
+    n = len(matrices[0])
+    rolled = [row[:] for row in matrices[0]]
+    for c in matrices[1:]:
+        rolled = [[sum(c[i][k] * rolled[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
+    return rolled[0]
+
+
+def attention_value_norm_sentence_reference(model, ids):
+    """Kobayashi et al. 2020 (sec. 3): ||sum_h A_h[0, j] f_h(x_j)|| in the last layer, per position j."""
+    x, r = bert_states_loop(model, ids)[-1]
+    heads, n = len(r["A"]), len(ids)
+    return [
+        float(torch.linalg.vector_norm(sum(r["A"][h][0][j] * r["f"][h][j] for h in range(heads)))) for j in range(n)
+    ]
+
+
+def globenc_sentence_reference(model, ids):
+    """GlobEnc (Modarressi et al. 2022, sec. 3): per layer ||LN_2'(LN_1'(z_ij))|| (both LayerNorms'
+    linear parts at the token's own denominators), rolled out over the layers."""
+    n, matrices = len(ids), []
+    for layer, (x, r) in zip(model.hf.bert.encoder.layer, bert_states_loop(model, ids)):
+        ln1, ln2 = layer.attention.output.LayerNorm, layer.output.LayerNorm
+        matrices.append(
+            [
+                [
+                    float(
+                        torch.linalg.vector_norm(
+                            _ln_linear(_ln_linear(_mixing(r, x, i, j), ln1, r["s1"][i]), ln2, r["s2"][i])
+                        )
+                    )
+                    for j in range(n)
+                ]
+                for i in range(n)
+            ]
+        )
+    return _rollout_loop(matrices)
+
+
+def alti_sentence_reference(model, ids):
+    """ALTI (Ferrando et al. 2022, sec. 3): per layer c_ij = max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1),
+    T_i(x_j) = LN_1'(z_ij), each row normalised to sum 1, rolled out over the layers. Checks that
+    the decomposition is exact on the way."""
+    n, matrices = len(ids), []
+    for layer, (x, r) in zip(model.hf.bert.encoder.layer, bert_states_loop(model, ids)):
+        ln, b_o = layer.attention.output.LayerNorm, layer.attention.output.dense.bias
+        rtol, atol = _loop_tolerance(b_o.dtype, 1e-10)
+        rows = []
+        for i in range(n):
+            t = [_ln_linear(_mixing(r, x, i, j), ln, r["s1"][i]) for j in range(n)]
+            y = r["a"][i]
+            # the decomposition is exact: y_i = sum_j T_i(x_j) + LN'(b_O) + beta
+            torch.testing.assert_close(sum(t) + _ln_linear(b_o, ln, r["s1"][i]) + ln.bias, y, rtol=rtol, atol=atol)
+            c = [max(0.0, float(y.abs().sum()) - float((y - t[j]).abs().sum())) for j in range(n)]
+            rows.append([cj / sum(c) for cj in c])
+        matrices.append(rows)
+    return _rollout_loop(matrices)
+
+
+def value_zeroing_sentence_reference(model, ids):
+    """Value Zeroing (Mohebbi et al. 2023, sec. 2): per layer and token j, the layer recomputed with
+    j's value vectors zeroed in every head (one recomputation per token, as the authors' loop);
+    d_ij = max(0, 1 - cos(out_i, out_i with j zeroed)), rows normalised, rolled out over the layers."""
+    n, matrices = len(ids), []
+    for layer, (x, r) in zip(model.hf.bert.encoder.layer, bert_states_loop(model, ids)):
+        distance = [[0.0] * n for _ in range(n)]
+        for j in range(n):
+            changed = bert_layer_loop(layer, x, zeroed=j)["out"]
+            for i in range(n):
+                cos = float(changed[i] @ r["out"][i]) / float(changed[i].norm() * r["out"][i].norm())
+                distance[i][j] = max(0.0, 1 - cos)
+        matrices.append([[d / sum(row) for d in row] for row in distance])
+    return _rollout_loop(matrices)
+
+
+def _attribution_rows(sentence_reference, model, tokens, lengths):
+    """[B, T - 1] float64: each row's real tokens' scores ([CLS] dropped, [SEP] and padding 0)."""
+    out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, dtype=torch.float64)
+    with torch.no_grad():
+        for b in range(tokens.shape[0]):
+            n = int(lengths[b])
+            scores = sentence_reference(model, tokens[b, :n].tolist())
+            out[b, : n - 2] = torch.tensor(scores[1 : n - 1], dtype=torch.float64)
+    return out
+
+
+def attention_value_norm_reference(model, tokens, lengths):
+    """:func:`attention_value_norm_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    return _attribution_rows(attention_value_norm_sentence_reference, model, tokens, lengths)
+
+
+def globenc_reference(model, tokens, lengths):
+    """:func:`globenc_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    return _attribution_rows(globenc_sentence_reference, model, tokens, lengths)
+
+
+def alti_reference(model, tokens, lengths):
+    """:func:`alti_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    return _attribution_rows(alti_sentence_reference, model, tokens, lengths)
+
+
+def value_zeroing_reference(model, tokens, lengths):
+    """:func:`value_zeroing_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    return _attribution_rows(value_zeroing_sentence_reference, model, tokens, lengths)
