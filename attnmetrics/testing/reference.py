@@ -671,8 +671,9 @@ def value_zeroing_sentence_reference(model, ids):
         distance = [[0.0] * n for _ in range(n)]
         for j in range(n):
             changed = bert_layer_loop(layer, x, zeroed=j)["out"]
-            for i in range(n):
-                cos = float(changed[i] @ r["out"][i]) / float(changed[i].norm() * r["out"][i].norm())
+            for i in range(n):  # in float64: 1 - cos cancels, float32's rounding would swamp small distances
+                u, w = changed[i].double(), r["out"][i].double()
+                cos = float(u @ w) / float(u.norm() * w.norm())
                 distance[i][j] = max(0.0, 1 - cos)
         matrices.append([[d / sum(row) for d in row] for row in distance])
     return _rollout_loop(matrices)

@@ -1,0 +1,135 @@
+"""The attention-derived attributions (attnmetrics/attributions.py: attention × value norm,
+GlobEnc, ALTI, Value Zeroing) against the plain per-sentence loops of their reference tests
+(attnmetrics/testing/reference.py: one sentence at a time, per layer, head and token, every state
+from the weights; Value Zeroing recomputes the layer once per zeroed token, as the authors' loop
+does). Same model, same inputs, one run; values checked equal first, the ratio (the loop's median
+over ours) in ``extra_info["ratio_vs_loop"]``.
+
+    OMP_NUM_THREADS=1 python -m pytest benchmarks/test_bench_attributions.py --benchmark-only -k "not cuda"
+
+Model: a random ``BertForSequenceClassification`` shaped like all-MiniLM-L6-v2 (6 layers, d = 384,
+12 heads, FFN 1536, WordPiece vocabulary 30,522; offline, no download), float32, eval mode, through
+the adapter ``HFClassifier``. Inputs, random WordPiece ids between ``[CLS]`` and ``[SEP]``:
+
+- ``loop``: the rows the plain loops of all four run on (on the CPU, also for the cuda cases' ratio):
+  few and short (the Value Zeroing loop takes ~10 s per 8-10-id sentence on one CPU thread), so that
+  each loop stays under ~30 s;
+- ``sst``: SST-like, 64 rows of 10-50 real tokens: each method's own cost (no loop).
+
+The loops are Python loops over scalars and small vectors; the authors' code is vectorised within a
+sentence, so these ratios are against the plain reference, not the authors' code. Under
+``--benchmark-disable`` (CI's smoke run) everything is cut to a tiny model and two short rows.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from attnmetrics.attributions import alti, attention_value_norm, globenc, value_zeroing
+from attnmetrics.testing.reference import (
+    alti_reference,
+    attention_value_norm_reference,
+    globenc_reference,
+    value_zeroing_reference,
+)
+from benchmarks.measure import median_seconds, skip_without, synchronised
+
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[hf])")
+
+METHODS = {"value_norm": attention_value_norm, "globenc": globenc, "alti": alti, "value_zeroing": value_zeroing}
+LOOPS = {
+    "value_norm": attention_value_norm_reference,
+    "globenc": globenc_reference,
+    "alti": alti_reference,
+    "value_zeroing": value_zeroing_reference,
+}
+#: case -> (rows, fewest ids, most ids), [CLS] and [SEP] included
+CASES = {"loop": (3, 8, 10), "sst": (64, 12, 52)}
+SMOKE = (2, 5, 7)
+#: float32 against float32 (tests/test_attributions.py's float32 tolerance)
+RTOL, ATOL = 2e-4, 1e-6
+
+_models: dict = {}
+_inputs: dict = {}
+_loops: dict = {}
+
+
+def model(small=False):
+    """The random MiniLM-shaped classifier (a 2-layer d = 32 one when ``small``), CPU, float32."""
+    if small not in _models:
+        from attnmetrics.models.hf import HFClassifier
+
+        torch.manual_seed(0)
+        shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+        if not small:
+            shape = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+        config = transformers.BertConfig(vocab_size=30522, num_labels=2, **shape)
+        _models[small] = HFClassifier(transformers.BertForSequenceClassification(config)).eval()
+    return _models[small]
+
+
+def inputs(case, small=False):
+    """(tokens [B, T] int64, lengths [B]): right-padded ``[CLS]=101 ... [SEP]=102`` rows of random
+    WordPiece ids past the special ones."""
+    key = (case, small)
+    if key not in _inputs:
+        rows, low, high = SMOKE if small else CASES[case]
+        g = torch.Generator().manual_seed(0)
+        lengths = torch.randint(low, high + 1, (rows,), generator=g)
+        tokens = torch.randint(1000, 30522, (rows, int(lengths.max())), generator=g)
+        tokens[:, 0] = 101
+        tokens[torch.arange(rows), lengths - 1] = 102
+        tokens[torch.arange(tokens.shape[1]) >= lengths[:, None]] = 0
+        _inputs[key] = tokens, lengths
+    return _inputs[key]
+
+
+def _record(benchmark, name, case, tokens, lengths, device):
+    benchmark.group = f"attributions {case} {name}"
+    benchmark.extra_info.update(
+        case=case,
+        rows=int(tokens.shape[0]),
+        tokens=int(lengths.sum()),
+        width=int(tokens.shape[1]),
+        device=device,
+        threads=torch.get_num_threads(),
+        load_average=os.getloadavg()[0],
+    )
+
+
+@pytest.mark.parametrize("name", LOOPS)
+def test_plain_loop(benchmark, name):
+    small = benchmark.disabled
+    m, (tokens, lengths) = model(small), inputs("loop", small)
+    _record(benchmark, name, "loop", tokens, lengths, "cpu")
+    got = benchmark.pedantic(LOOPS[name], args=(m, tokens, lengths), rounds=1, iterations=1)
+    _loops[name, small] = (got, None if small else benchmark.stats.stats.median)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", METHODS)
+def test_ours(benchmark, name, case, device):
+    skip_without(device)
+    small = benchmark.disabled
+    m, (tokens, lengths) = model(small), inputs(case, small)
+    _record(benchmark, name, case, tokens, lengths, device)
+    m, args = m.to(device), (tokens.to(device), lengths.to(device))
+    try:
+        run = synchronised(lambda: METHODS[name](m, *args), device)
+        with torch.no_grad():
+            got = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1).cpu()
+            assert got.shape == (tokens.shape[0], tokens.shape[1] - 1) and torch.isfinite(got).all()
+            if case == "loop" and (name, small) in _loops:
+                want, loop_s = _loops[name, small]
+                torch.testing.assert_close(got.double(), want, rtol=RTOL, atol=ATOL)
+                if loop_s is not None:
+                    ours = median_seconds(benchmark, run)
+                    benchmark.extra_info.update(
+                        loop_s=loop_s, loop_device="cpu", ours_s=ours, ratio_vs_loop=loop_s / ours
+                    )
+    finally:
+        m.cpu()
