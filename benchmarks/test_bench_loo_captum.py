@@ -93,6 +93,40 @@ def captum_loo_bucketed(model, tokens, lengths, output=sigmoid_output, mask=MASK
     return out
 
 
+def measure_against_captum(benchmark, model, tokens, lengths, per_evals, output=sigmoid_output, mask=MASK):
+    """Ours (``leave_one_out(mode="mask")``, the benchmark's timing) and Captum stock at each of
+    ``per_evals`` and length-bucketed, the values checked equal first (float32: batch composition
+    moves the last bits); returns ours' values and ``extra_info``'s common entries."""
+    load_before = os.getloadavg()[0]
+
+    def ours():
+        return leave_one_out(model, tokens, lengths, mode="mask", mask_token=mask)
+
+    masked = benchmark.pedantic(ours, rounds=1)
+    mask_s = median_seconds(benchmark, ours)
+    bucketed, bucketed_s = timed(lambda: captum_loo_bucketed(model, tokens, lengths, output, mask))
+    torch.testing.assert_close(masked, bucketed, rtol=1e-3, atol=1e-5)
+    stock_s = {}
+    for per_eval in per_evals:
+        stock, stock_s[per_eval] = timed(lambda: captum_loo(model, tokens, lengths, per_eval, output, mask))
+        torch.testing.assert_close(masked, stock, rtol=1e-3, atol=1e-5)
+    best = min(stock_s, key=stock_s.get)
+    return masked, dict(
+        rows=int(lengths.shape[0]),
+        mean_length=float(lengths.double().mean()),
+        maskings=int((lengths - 2).sum()),
+        threads=torch.get_num_threads(),
+        load_average_before=load_before,
+        leave_one_out_mask_s=mask_s,
+        captum_bucketed_s=bucketed_s,
+        captum_stock_s={str(k): v for k, v in stock_s.items()},
+        captum_stock_best_per_eval=best,
+        mask_speedup_vs_bucketed=bucketed_s / mask_s,
+        mask_speedup_vs_stock=stock_s[best] / mask_s,
+        max_abs_diff_vs_captum=float((masked - bucketed).abs().max()),
+    )
+
+
 @pytest.mark.parametrize("embed_dim", [50, 300], ids=lambda e: f"E{e}")
 @pytest.mark.parametrize("case", list(CASES))
 def test_leave_one_out_vs_captum(benchmark, case, embed_dim):
@@ -102,38 +136,16 @@ def test_leave_one_out_vs_captum(benchmark, case, embed_dim):
     if benchmark.disabled:  # CI's smoke run: the same code paths on a fraction of the work
         batch, hi, per_evals = min(batch, 16), min(hi, lo + 10), PER_EVAL[:1]
     tokens, lengths = make_batch(batch, lo, hi)
-    load_before = os.getloadavg()[0]
     benchmark.group = f"loo-captum-{case}-E{embed_dim}"
-    masked = benchmark.pedantic(
-        leave_one_out, args=(model, tokens, lengths), kwargs=dict(mode="mask", mask_token=MASK), rounds=1
-    )
-    mask_s = median_seconds(benchmark, lambda: leave_one_out(model, tokens, lengths, mode="mask", mask_token=MASK))
+    _, info = measure_against_captum(benchmark, model, tokens, lengths, per_evals)
     _, delete_s = timed(lambda: leave_one_out(model, tokens, lengths))
-    bucketed, bucketed_s = timed(lambda: captum_loo_bucketed(model, tokens, lengths))
-    # numbers first: Captum's masking equals ours (float32 BiLSTM: batch composition moves the last bits)
-    torch.testing.assert_close(masked, bucketed, rtol=1e-3, atol=1e-5)
-    stock_s = {}
-    for per_eval in per_evals:
-        stock, stock_s[per_eval] = timed(lambda: captum_loo(model, tokens, lengths, per_eval))
-        torch.testing.assert_close(masked, stock, rtol=1e-3, atol=1e-5)
-    best = min(stock_s, key=stock_s.get)
+    stock_s = info["captum_stock_s"][str(info["captum_stock_best_per_eval"])]
     benchmark.extra_info.update(
         embed_dim=embed_dim,
-        rows=int(lengths.shape[0]),
-        mean_length=float(lengths.double().mean()),
-        maskings=int((lengths - 2).sum()),
-        threads=torch.get_num_threads(),
-        load_average_before=load_before,
-        leave_one_out_mask_s=mask_s,
+        **info,
         leave_one_out_delete_s=delete_s,
-        captum_bucketed_s=bucketed_s,
-        captum_stock_s={str(k): v for k, v in stock_s.items()},
-        captum_stock_best_per_eval=best,
-        mask_speedup_vs_bucketed=bucketed_s / mask_s,
-        mask_speedup_vs_stock=stock_s[best] / mask_s,
-        delete_speedup_vs_bucketed=bucketed_s / delete_s,
-        delete_speedup_vs_stock=stock_s[best] / delete_s,
-        max_abs_diff_vs_captum=float((masked - bucketed).abs().max()),
+        delete_speedup_vs_bucketed=info["captum_bucketed_s"] / delete_s,
+        delete_speedup_vs_stock=stock_s / delete_s,
         load_average_after=os.getloadavg()[0],
     )
 
@@ -162,35 +174,10 @@ def test_leave_one_out_vs_captum_on_a_transformer(benchmark):
     config = transformers.BertConfig(vocab_size=30522, num_labels=2, **shape)
     model = HFClassifier(transformers.BertForSequenceClassification(config)).eval()
     tokens, lengths = inputs("sst", small)
-    load_before = os.getloadavg()[0]
     benchmark.group = "loo-captum-transformer"
-
-    def ours():
-        return leave_one_out(model, tokens, lengths, mode="mask", mask_token=BERT_MASK)
-
-    masked = benchmark.pedantic(ours, rounds=1)
-    mask_s = median_seconds(benchmark, ours)
-    bucketed, bucketed_s = timed(lambda: captum_loo_bucketed(model, tokens, lengths, second_class, BERT_MASK))
-    # numbers first (float32 transformer: batch composition moves the last bits)
-    torch.testing.assert_close(masked, bucketed, rtol=1e-3, atol=1e-5)
-    stock_s = {}
-    for per_eval in per_evals:
-        stock, stock_s[per_eval] = timed(lambda: captum_loo(model, tokens, lengths, per_eval, second_class, BERT_MASK))
-        torch.testing.assert_close(masked, stock, rtol=1e-3, atol=1e-5)
-    best = min(stock_s, key=stock_s.get)
+    _, info = measure_against_captum(benchmark, model, tokens, lengths, per_evals, second_class, BERT_MASK)
     benchmark.extra_info.update(
         model="random BertForSequenceClassification " + ", ".join(f"{k}={v}" for k, v in shape.items()),
-        rows=int(lengths.shape[0]),
-        mean_length=float(lengths.double().mean()),
-        maskings=int((lengths - 2).sum()),
-        threads=torch.get_num_threads(),
-        load_average_before=load_before,
-        leave_one_out_mask_s=mask_s,
-        captum_bucketed_s=bucketed_s,
-        captum_stock_s={str(k): v for k, v in stock_s.items()},
-        captum_stock_best_per_eval=best,
-        mask_speedup_vs_bucketed=bucketed_s / mask_s,
-        mask_speedup_vs_stock=stock_s[best] / mask_s,
-        max_abs_diff_vs_captum=float((masked - bucketed).abs().max()),
+        **info,
         load_average_after=os.getloadavg()[0],
     )
