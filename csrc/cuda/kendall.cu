@@ -49,10 +49,9 @@ __global__ void __launch_bounds__(kBlock)
     const int64_t n = lengths[row];
     kendall::PairCounts c =
         kendall::pair_counts(x + row * width, y + row * width, n, threadIdx.x, kBlock);
-    const int64_t* f = kendall::pair_count_fields(&c);
 #pragma unroll
     for (int k = 0; k < kFields; ++k) {
-      long long v = static_cast<long long>(f[k]);
+      long long v = static_cast<long long>(c.field(k));
 #pragma unroll
       for (int offset = kWarp / 2; offset > 0; offset /= 2) {
         v += __shfl_down_sync(0xffffffffu, v, offset);
@@ -62,9 +61,8 @@ __global__ void __launch_bounds__(kBlock)
     __syncthreads();
     if (threadIdx.x == 0) {
       kendall::PairCounts total;
-      int64_t* t = kendall::pair_count_fields(&total);
       for (int w = 0; w < kWarps; ++w) {
-        for (int k = 0; k < kFields; ++k) t[k] += static_cast<int64_t>(sums[w][k]);
+        for (int k = 0; k < kFields; ++k) total.field(k) += static_cast<int64_t>(sums[w][k]);
       }
       double tv, pv;
       kendall::tau_from_pair_counts(total, n, exact_table, &tv, &pv);

@@ -357,11 +357,25 @@ struct PairCounts {
     yv1 += o.yv1;
     nan += o.nan;
   }
+  // Field k of kPairCountFields, by name (a constant k folds the switch away).
+  AM_HOST_DEVICE int64_t& field(int k) {
+    switch (k) {
+      case 0: return dis2;
+      case 1: return joint2;
+      case 2: return xpairs2;
+      case 3: return ypairs2;
+      case 4: return xv0;
+      case 5: return xv1;
+      case 6: return yv0;
+      case 7: return yv1;
+      default: return nan;
+    }
+  }
 };
 
-// The number of int64 fields of PairCounts, for reductions that go field by field.
+// The number of int64 fields of PairCounts, for reductions that go field by field
+// (PairCounts::field).
 constexpr int kPairCountFields = 9;
-AM_HOST_DEVICE inline int64_t* pair_count_fields(PairCounts* c) { return &c->dis2; }
 
 template <typename scalar_t>
 AM_HOST_DEVICE inline PairCounts pair_counts(const scalar_t* x, const scalar_t* y, int64_t n,

@@ -272,9 +272,14 @@ static void check_kendall(std::mt19937_64& rng) {
              "kendall row %lld", (long long)r);
       // kendall_pairwise_kernel: a block of kBlock lanes (and an odd 7) sharing the row
       for (int64_t lanes : {int64_t(kBlock), int64_t(7)}) {
-        kendall::PairCounts total;
+        kendall::PairCounts total, by_field;  // by_field: the kernel's field-by-field sum
         for (int64_t lane = 0; lane < lanes; ++lane) {
-          total.add(kendall::pair_counts(x.data() + r * width, y.data() + r * width, len[r], lane, lanes));
+          kendall::PairCounts c = kendall::pair_counts(x.data() + r * width, y.data() + r * width, len[r], lane, lanes);
+          total.add(c);
+          for (int k = 0; k < kendall::kPairCountFields; ++k) by_field.field(k) += c.field(k);
+        }
+        for (int k = 0; k < kendall::kPairCountFields; ++k) {
+          EXPECT(by_field.field(k) == total.field(k), "kendall pair count field %d", k);
         }
         double t2, p2;
         kendall::tau_from_pair_counts(total, len[r], table.data(), &t2, &p2);
