@@ -25,6 +25,7 @@ from attnmetrics import _ops, flip_fraction, jsd, kendall_tau, tvd
 from attnmetrics._ops import ops
 from attnmetrics.flip import random_scores, removal_order
 from attnmetrics.permutation import attention_permutations, permutation_test
+from attnmetrics.protocol import token_mask
 
 DEVICE = torch.device(os.environ.get("ATTNMETRICS_TEST_DEVICE") or "cuda")
 ON_GPU = DEVICE.type == "cuda"
@@ -910,3 +911,38 @@ def test_inputs_on_another_gpu_than_the_current_one():
         got = ops.kendall_tau(x.to("cuda:1"), y.to("cuda:1"), lengths.to("cuda:1"))
     assert got[0].device == torch.device("cuda:1")
     torch.testing.assert_close(host(got[0]), want[0], rtol=0, atol=0, equal_nan=True)
+
+
+@gpu_only
+@pytest.mark.parametrize("rnn", [nn.LSTM, nn.GRU])
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_padded_rnn_runs_match_packing_on_the_device(rnn, dtype, monkeypatch):
+    """The RNN encoders' padded runs (their CUDA path: the backward direction over each row's
+    real positions reversed in place, its weights in a buffer of their own) against packed
+    sequences on the same GPU and against the CPU's packing: outputs and every gradient, in
+    training and eval mode, ragged rows with a one-position and a full-width row."""
+    import attnmetrics.models.classifier as classifier
+
+    torch.manual_seed(0)
+    encoder = classifier.LSTMEncoder(6, 5) if rnn is nn.LSTM else classifier.GRUEncoder(6, 5)
+    lengths = torch.tensor([9, 1, 4, 9, 2, 5, 7])
+    x = torch.randn(7, 9, 6, dtype=dtype)
+
+    def run(device, padded):
+        monkeypatch.setattr(classifier, "padded_runs", lambda _: padded)
+        module = encoder.to(device=device, dtype=dtype)
+        module.zero_grad()
+        xi = x.to(device).requires_grad_(True)
+        out = module(xi, lengths.to(device))
+        (out * torch.linspace(-1, 1, out.numel(), dtype=dtype, device=device).view_as(out)).sum().backward()
+        return [out.detach().cpu(), xi.grad.cpu()] + [p.grad.cpu() for p in module.parameters()]
+
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-11)
+    for mode in ("train", "eval"):
+        getattr(encoder, mode)()
+        want = run(torch.device("cpu"), False)
+        for padded in (False, True):
+            got = run(DEVICE, padded)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, **tol)
+        assert (got[0][~token_mask(lengths, 9)] == 0).all()
