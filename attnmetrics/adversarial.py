@@ -153,7 +153,7 @@ def _gradient(z, alpha, y0, feats, decoder, bias, classes, penalty, margin, dive
     # the output hinge, through the contexts mixed = sum_h a_h @ feats_h
     with torch.enable_grad():
         mixed = _mix(a, feats).requires_grad_(True)
-        change = 0.5 * (_decode(mixed, decoder, bias, classes) - y0).abs().sum(-1)
+        change = 0.5 * (_decode(mixed, decoder, bias, classes, finite=False) - y0).abs().sum(-1)
         hinge = torch.relu(change - margin).sum() * (penalty / k)
     if hinge.requires_grad:  # else a decoder that ignores its input: the output term is inert
         (d_mixed,) = torch.autograd.grad(hinge, [mixed])  # [n, K, F]
@@ -162,15 +162,19 @@ def _gradient(z, alpha, y0, feats, decoder, bias, classes, penalty, margin, dive
     return grad.sub_((a * grad).sum(-1, keepdim=True)).mul_(a)
 
 
-def _decode(mixed: Tensor, decoder: Decoder | None, bias: Tensor | None, classes: list[int]) -> Tensor:
+def _decode(
+    mixed: Tensor, decoder: Decoder | None, bias: Tensor | None, classes: list[int], finite: bool = True
+) -> Tensor:
     """Output distributions [n, K, C'] from contexts mixed [n, K, F]: plus bias (linear
-    decoder, projected values) or decoder(contexts)."""
+    decoder, projected values) or decoder(contexts). ``finite=False`` (the optimiser's steps)
+    leaves out the decoder's one check that reads the device: a NaN there reaches the
+    candidates, whose outputs after the last step are checked."""
     n, k, f = mixed.shape
     if decoder is None:
         logits = (mixed + bias).reshape(n * k, f)
     else:
         logits = check_logits(
-            decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None, dtype=mixed.dtype
+            decoder(mixed.reshape(n * k, f)), n * k, classes[0] if classes else None, dtype=mixed.dtype, finite=finite
         )
         classes[:] = [logits.shape[1]]
     return output_distribution(logits).view(n, k, -1)
@@ -344,8 +348,9 @@ def adversarial_attention(
 
         with torch.no_grad():
             a = torch.softmax(z.detach().masked_fill(~valid, -math.inf), -1)  # [n, K, heads, w]
-            far = jsd(a, alpha.expand_as(a), memory_budget=budget).mean(-1)  # [n, K]: mean over heads
+            # the outputs first: their check names the decoder if a NaN reached the candidates
             change = tvd(_outputs(a, feats, head, bias, classes), y0, memory_budget=budget)
+            far = jsd(a, alpha.expand_as(a), memory_budget=budget).mean(-1)  # [n, K]: mean over heads
             score = torch.where(change <= threshold, far, -1.0)
             best = score.argmax(1)  # first of equal maxima
             take = score.gather(1, best[:, None]).squeeze(1) > 0  # else the original (JSD 0)

@@ -367,6 +367,17 @@ def test_clear_errors():
             call(**kw)
     with pytest.raises(TypeError, match="decoder must be callable"):
         call(decoder=3)
+    # the optimiser's steps skip the check that reads the device: a decoder finite on the
+    # original contexts but NaN inside the search is still caught, on the candidates' outputs
+    calls = []
+
+    def nan_inside(x):
+        calls.append(len(x))
+        return x[:, :2] * (math.nan if len(calls) > 1 else 1.0)
+
+    with pytest.raises(ValueError, match="NaN or infinite logits"):
+        call(decoder=nan_inside)
+    assert len(calls) > 2  # it did run the steps
 
 
 def test_diversity_weight_changes_the_search_and_is_validated():

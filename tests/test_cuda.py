@@ -951,3 +951,13 @@ def test_padded_rnn_runs_match_packing_on_the_device(rnn, dtype, monkeypatch):
             for g, w in zip(got, want):
                 torch.testing.assert_close(g, w, **tol)
         assert (got[0][~token_mask(lengths, 9)] == 0).all()
+
+
+@gpu_only
+def test_battery_memory_budget_on_the_device():
+    """The battery's chunks on a GPU: more than the CPU's 256 MiB, at most 4 GiB."""
+    from attnmetrics._validation import DEFAULT_MEMORY_BUDGET
+    from attnmetrics.app.battery.registry import GPU_MEMORY_BUDGET, memory_budget
+
+    assert memory_budget(torch.device("cpu")) == DEFAULT_MEMORY_BUDGET
+    assert DEFAULT_MEMORY_BUDGET <= memory_budget(DEVICE) <= GPU_MEMORY_BUDGET

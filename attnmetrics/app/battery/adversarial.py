@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 import attnmetrics
-from attnmetrics.app.battery.registry import Context, Experiment
+from attnmetrics.app.battery.registry import Context, Experiment, memory_budget
 from attnmetrics.app.figures import per_class_by_bins, save_figure, subplots
 from attnmetrics.app.markdown import breakdown, fmt
 from attnmetrics.app.summaries import as_floats, by_class, by_max_attention, nanmean, stats
@@ -22,6 +22,7 @@ def step(b) -> None:
         steps=b.config.adversarial_steps,
         diversity_weight=b.config.adversarial_diversity,
         generator=b.keyed["adversarial"],
+        memory_budget=memory_budget(b.lengths.device),
     )
     b.keep("adversarial/max_jsd", r.max_jsd)
     b.keep("adversarial/output_tvd", r.output_tvd)

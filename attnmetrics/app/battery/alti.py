@@ -2,12 +2,12 @@
 partner, a flip-search and an ERASER ordering, and a token-view row (not a per-head partner: it mixes
 every layer's heads)."""
 
-from attnmetrics.app.battery.registry import Importance
+from attnmetrics.app.battery.registry import Importance, memory_budget
 from attnmetrics.attributions import alti, supports
 
 IMPORTANCE = Importance(
     "alti",
-    lambda model, tokens, lengths, s: alti(model, tokens, lengths),
+    lambda model, tokens, lengths, s: alti(model, tokens, lengths, memory_budget=memory_budget(tokens.device)),
     lambda model, s: bool(s.option("alti")) and (model is None or supports(model)),
     order=35,
     head_partner=False,

@@ -2,12 +2,12 @@
 τ partner, a flip-search and an ERASER ordering, and a token-view row (not a per-head partner: it mixes
 every layer's heads)."""
 
-from attnmetrics.app.battery.registry import Importance
+from attnmetrics.app.battery.registry import Importance, memory_budget
 from attnmetrics.attributions import globenc, supports
 
 IMPORTANCE = Importance(
     "globenc",
-    lambda model, tokens, lengths, s: globenc(model, tokens, lengths),
+    lambda model, tokens, lengths, s: globenc(model, tokens, lengths, memory_budget=memory_budget(tokens.device)),
     lambda model, s: bool(s.option("globenc")) and (model is None or supports(model)),
     order=34,
     head_partner=False,

@@ -21,7 +21,26 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
+
+from attnmetrics._validation import DEFAULT_MEMORY_BUDGET
+
+#: The most working memory a battery procedure's chunk of rows may hold on a GPU
+GPU_MEMORY_BUDGET = 4 * 2**30
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes of working memory a battery procedure's chunk of rows may hold on ``device``: the
+    procedures' default (256 MiB) on the CPU, where chunks that size already run at the
+    arithmetic's pace; on a GPU up to :data:`GPU_MEMORY_BUDGET` and at most an eighth of the
+    device's free memory, so SST's test set is one chunk: every chunk repeats its launches
+    (the adversary's 500 optimiser steps; the attributions' per-layer calls), which on a GPU
+    cost more than the arithmetic."""
+    if device.type != "cuda":
+        return DEFAULT_MEMORY_BUDGET
+    free, _ = torch.cuda.mem_get_info(device)
+    return max(DEFAULT_MEMORY_BUDGET, min(GPU_MEMORY_BUDGET, free // 8))
 
 
 @dataclass(frozen=True)

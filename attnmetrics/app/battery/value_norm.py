@@ -1,12 +1,14 @@
 """Attention × value norm (Kobayashi et al. 2020, sec. 3) of a BERT-like Hugging Face classifier, with
 ``--value-norm``: a Kendall τ partner, a flip-search and an ERASER ordering, and a token-view row."""
 
-from attnmetrics.app.battery.registry import Importance
+from attnmetrics.app.battery.registry import Importance, memory_budget
 from attnmetrics.attributions import attention_value_norm, supports
 
 IMPORTANCE = Importance(
     "value_norm",
-    lambda model, tokens, lengths, s: attention_value_norm(model, tokens, lengths),
+    lambda model, tokens, lengths, s: attention_value_norm(
+        model, tokens, lengths, memory_budget=memory_budget(tokens.device)
+    ),
     lambda model, s: bool(s.option("value_norm")) and (model is None or supports(model)),
     order=33,
     option={

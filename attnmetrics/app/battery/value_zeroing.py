@@ -2,12 +2,12 @@
 a Kendall τ partner, a flip-search and an ERASER ordering, and a token-view row (not a per-head partner:
 it mixes every layer's heads)."""
 
-from attnmetrics.app.battery.registry import Importance
+from attnmetrics.app.battery.registry import Importance, memory_budget
 from attnmetrics.attributions import supports, value_zeroing
 
 IMPORTANCE = Importance(
     "value_zeroing",
-    lambda model, tokens, lengths, s: value_zeroing(model, tokens, lengths),
+    lambda model, tokens, lengths, s: value_zeroing(model, tokens, lengths, memory_budget=memory_budget(tokens.device)),
     lambda model, s: bool(s.option("value_zeroing")) and (model is None or supports(model)),
     order=36,
     head_partner=False,
