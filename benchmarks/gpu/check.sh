@@ -25,7 +25,7 @@ if ls .gpu/wheels/captum-*.whl > /dev/null 2>&1; then
 fi
 timeout 240 python3 -c "import attnmetrics._ops as o; o.load(); print('CUDA kernels:', o.CUDA_KERNELS)" > "$OUT/build.log" 2>&1
 stamp "build rc=$? $(tail -1 "$OUT/build.log")"
-timeout 150 python3 -m pytest tests -q -rfE --tb=short -p no:cacheprovider -n 8 -m cuda > "$OUT/tests-cuda.log" 2>&1
+timeout 100 python3 -m pytest tests -q -rfE --tb=short -p no:cacheprovider -n 8 -m cuda > "$OUT/tests-cuda.log" 2>&1
 stamp "tests -m cuda rc=$? $(tail -1 "$OUT/tests-cuda.log")"
 # the same main job on one CPU thread of this machine, beside the GPU stages (one core of many)
 ( OMP_NUM_THREADS=1 timeout 400 python3 -m attnmetrics run --dataset sst --data-dir "$SST" --embeddings random \
