@@ -34,6 +34,27 @@ def test_bootstrap_exact_cases():
     assert bootstrap_ci(x, np.mean) == bootstrap_ci(x, np.mean)  # fixed seed: reproducible
 
 
+def test_bootstrap_in_batches_gives_scipys_all_at_once_intervals():
+    """bootstrap_ci and bootstrap_ci_rows evaluate scipy's resamples 100 at a time (bounded
+    memory): the same draws, so the very intervals of scipy's one call over all resamples;
+    the rows' intervals are each row's own (paired draws: one call per row, same seed)."""
+    from scipy.stats import bootstrap
+
+    from attnmetrics.stats import bootstrap_ci_rows
+
+    rows = np.random.default_rng(5).gamma(2.0, 0.1, size=(3, 257))
+
+    def scipy_ci(x):
+        r = bootstrap(
+            (x,), np.mean, n_resamples=9999, vectorized=True, axis=-1, method="percentile", rng=np.random.default_rng(0)
+        )
+        return float(r.confidence_interval.low), float(r.confidence_interval.high)
+
+    assert bootstrap_ci(rows[0], np.mean) == scipy_ci(rows[0])
+    # the same draws; the rows' means summed in another order: equal to rounding
+    np.testing.assert_allclose(bootstrap_ci_rows(rows, np.mean), [scipy_ci(r) for r in rows], rtol=1e-13, atol=0)
+
+
 def test_macro_f1_matches_sklearn():
     rng = np.random.default_rng(1)
     for classes in (2, 3, 5):
