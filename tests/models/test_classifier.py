@@ -464,33 +464,3 @@ def test_padded_runs_give_the_packed_outputs_and_gradients(rnn, bidirectional, m
         torch.testing.assert_close(padded[1], packed[1], rtol=0, atol=1e-12)
         for got, want in zip(padded[2], packed[2]):
             torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-
-
-def test_own_buffer_keeps_the_flattened_layout():
-    """The backward direction's weights copied into a buffer of their own (the padded runs'
-    CUDA path): where the module's weights share one flattened buffer, each keeps its offset
-    from the direction's first and the buffer spans the forward direction's span (cuDNN's
-    layout may leave gaps and slack); elsewhere back to back. Values and gradients pass through."""
-    from attnmetrics.models.classifier import _own_buffer
-
-    sizes, offsets = (6, 4, 2, 2), (0, 8, 12, 15)  # a gap after the first, one before the last
-    buffer = torch.randn(2 * 20, dtype=torch.float64, requires_grad=True)
-    params = buffer.detach().clone().requires_grad_(True)
-    first = params[:6]
-    weights = [params[20 + o : 20 + o + n] for o, n in zip(offsets, sizes)]
-    got = _own_buffer(weights, first)
-    base = got[0].untyped_storage().data_ptr()
-    assert [(g.data_ptr() - base) // 8 for g in got] == list(offsets)
-    assert got[0].untyped_storage().nbytes() == 20 * 8  # the forward direction's span
-    for g, w in zip(got, weights):
-        assert torch.equal(g, w)
-    sum(g.sum() * (i + 1) for i, g in enumerate(got)).backward()
-    want = torch.zeros(40, dtype=torch.float64)
-    for i, (o, n) in enumerate(zip(offsets, sizes)):
-        want[20 + o : 20 + o + n] = i + 1
-    assert torch.equal(params.grad, want)
-    apart = [torch.randn(n, dtype=torch.float64) for n in sizes]  # not one buffer: back to back
-    got = _own_buffer(apart, torch.randn(3))
-    base = got[0].untyped_storage().data_ptr()
-    assert [(g.data_ptr() - base) // 8 for g in got] == [0, 6, 10, 12]
-    assert all(torch.equal(g, w) for g, w in zip(got, apart))
