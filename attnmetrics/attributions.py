@@ -570,8 +570,9 @@ def gradient_weighted_rollout(
 
     Returns:
         ``[B, T - lead]`` in the model's float dtype: each real token's relevance ``R[p, j]``
-        (non-negative, unitless: sums of products of attention probabilities with logit gradients,
-        in units of the logit; not normalised), zero past each row's real tokens.
+        (non-negative, not normalised nor bounded, of no single unit: each ``Ā_b`` is in the
+        logit's units, ``R`` sums products of them across layers), zero past each row's real
+        tokens.
 
     Raises:
         TypeError, ValueError: as :func:`attention_value_norm`; also logits that are not
