@@ -304,6 +304,22 @@ def test_the_model_is_left_as_it_was(inputs):
     torch.testing.assert_close(METHODS["alti"](m.eval(), *inputs), before, rtol=0, atol=0)  # no dropout used
 
 
+def test_chefer_leaves_no_gradients_and_needs_none_enabled(inputs, references):
+    """Gradients are taken inside the call: under no_grad, with every parameter frozen, it gives
+    the same numbers and leaves no ``.grad`` and no ``requires_grad`` changed."""
+    m = tiny()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad():
+        got = gradient_weighted_rollout(m, *inputs)
+    torch.testing.assert_close(got, references["chefer"], rtol=1e-10, atol=1e-12)
+    assert not got.requires_grad
+    assert all(p.grad is None and not p.requires_grad for p in m.parameters())
+    m = tiny()
+    gradient_weighted_rollout(m, *inputs)
+    assert all(p.grad is None and p.requires_grad for p in m.parameters())
+
+
 # ---- the battery ------------------------------------------------------------------------------
 
 BATTERY = {
