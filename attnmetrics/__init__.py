@@ -6,6 +6,7 @@ that is JIT-compiled on first import.
 """
 
 from attnmetrics.adversarial import AdversarialResult, adversarial_attention
+from attnmetrics.attributions import gradient_weighted_rollout
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.eraser import EraserResult, FullRows, comprehensiveness, full_rows, sufficiency
 from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
@@ -35,6 +36,7 @@ __all__ = [
     "full_rows",
     "flip_fraction",
     "gradient_importance",
+    "gradient_weighted_rollout",
     "input_x_gradient",
     "integrated_gradients",
     "is_attention_classifier",

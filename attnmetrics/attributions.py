@@ -1,7 +1,8 @@
 """Attention-derived token attributions of a BERT-like Hugging Face classifier (docs/definitions.md
 §20): attention × value norm (Kobayashi et al. 2020), GlobEnc (Modarressi et al. 2022), ALTI
-(Ferrando et al. 2022) and Value Zeroing (Mohebbi et al. 2023), each the importance of every real
-token for the pooled position's (``[CLS]``'s) decision.
+(Ferrando et al. 2022), Value Zeroing (Mohebbi et al. 2023) and gradient-weighted attention
+rollout (Chefer et al. 2021, ICCV), each the importance of every real token for the pooled
+position's (``[CLS]``'s) decision.
 
 Every function takes a model on the protocol whose ``hf`` attribute is a post-LayerNorm BERT
 encoder classifier (``BertForSequenceClassification``: BERT, MiniLM, ...; the adapter
@@ -11,7 +12,7 @@ implementation must return its probabilities, as eager attention and the adapter
 recomputes what it needs from the layers' weights. Batched over rows (padding masked: padded keys
 carry no attention, padded queries are zeroed), chunked to a memory budget, device-agnostic.
 
-The layer notation of all four: layer ``l`` maps its input ``x`` ``[T, d]`` (the embeddings'
+The layer notation of the first four: layer ``l`` maps its input ``x`` ``[T, d]`` (the embeddings'
 output for ``l = 0``) through heads ``h`` with attention ``A_h`` ``[T, T]`` and values
 ``v_h(x_j) = x_j W_V^h + b_V^h``; ``f_h(x_j) = v_h(x_j) W_O^h`` is head h's value through its slice
 of the output projection (``b_V`` included, ``b_O`` not: Kobayashi et al. 2020, sec. 3, and every
@@ -23,13 +24,15 @@ belongs to the token itself), its output ``a_i = LN_1(p_i)``, and the layer's ou
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_model_inputs
+from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
+from attnmetrics.outputs import decision
 from attnmetrics.protocol import eval_mode, token_mask
 
 #: the layer parts every method reads (BertLayer's attribute paths)
@@ -102,9 +105,15 @@ def _has(module: nn.Module, path: str) -> bool:
 class _Trace:
     """One forward of a chunk of rows: every layer's input ``x[l]`` ``[B, T, d]`` (``x[L]`` the last
     layer's output), attention probabilities ``probs[l]`` ``[B, H, T, T]`` and values ``v[l]``
-    ``[B, H, T, dh]`` (``x W_V + b_V``, split into heads)."""
+    ``[B, H, T, dh]`` (``x W_V + b_V``, split into heads).
 
-    def __init__(self, model, layers: nn.ModuleList, tokens: Tensor, lengths: Tensor, method: str):
+    ``gradients``: the forward runs from word embeddings that require gradients (detached from the
+    embedding table), so that every state and probability is in an autograd graph whatever the
+    parameters' ``requires_grad``; the caller enables gradients."""
+
+    def __init__(
+        self, model, layers: nn.ModuleList, tokens: Tensor, lengths: Tensor, method: str, gradients: bool = False
+    ):
         probs: list[Tensor | None] = []
 
         def keep(module, inputs, output):
@@ -113,7 +122,11 @@ class _Trace:
         handles = [layer.attention.self.register_forward_hook(keep) for layer in layers]
         try:
             mask = token_mask(lengths, tokens.shape[1]).long()
-            out = model.hf.bert(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+            if gradients:  # the same embeddings as from the ids (positions and token types added by the model)
+                words = model.hf.bert.get_input_embeddings()(tokens).detach().requires_grad_(True)
+                out = model.hf.bert(inputs_embeds=words, attention_mask=mask, output_hidden_states=True)
+            else:
+                out = model.hf.bert(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
         finally:
             for handle in handles:
                 handle.remove()
@@ -221,9 +234,17 @@ def _real(score: Tensor, lengths: Tensor, model, method: str) -> Tensor:
     return score[:, model.lead :]
 
 
-def _run(model, tokens, lengths, memory_budget, method, per_chunk) -> Tensor:
+#: a differentiable trace's bytes a row against a plain one's: autograd keeps every layer's scores,
+#: probabilities, queries, keys, feed-forward states and LayerNorm inputs, and the backward adds a
+#: gradient the size of the probabilities
+_GRADIENT_ROW_FACTOR = 4
+
+
+def _run(model, tokens, lengths, memory_budget, method, per_chunk, gradients: bool = False) -> Tensor:
     """Check the inputs, then ``per_chunk(layers, tokens, lengths, trace)`` -> ``[b, width]`` over
-    chunks of rows trimmed to their longest (one forward each), assembled into ``[B, T - lead]``."""
+    chunks of rows trimmed to their longest (one forward each), assembled into ``[B, T - lead]``.
+    ``gradients``: each chunk's trace is recorded for autograd (``_Trace``'s ``gradients``) and
+    ``per_chunk`` runs with gradients enabled."""
     layers = bert_layers(model, method)
     lengths = check_model_inputs(model, tokens, lengths)
     budget = check_budget(memory_budget)
@@ -232,11 +253,14 @@ def _run(model, tokens, lengths, memory_budget, method, per_chunk) -> Tensor:
     used = int(lengths.max())  # one read: the columns past every row's length are padding
     out = torch.zeros(batch, width, dtype=dtype, device=tokens.device)
     itemsize = torch.finfo(dtype).bits // 8
+    row_bytes = _row_bytes(layers, used, itemsize) * (_GRADIENT_ROW_FACTOR if gradients else 1)
     with eval_mode(model), torch.no_grad():
-        for rows in _chunks(batch, _row_bytes(layers, used, itemsize), budget // 2):
+        for rows in _chunks(batch, row_bytes, budget // 2):
             t, n = tokens[rows, :used], lengths[rows]
-            trace = _Trace(model, layers, t, n, method)
-            out[rows, :used] = per_chunk(layers, t, n, trace, budget // 2).to(dtype)
+            with torch.enable_grad() if gradients else contextlib.nullcontext():
+                trace = _Trace(model, layers, t, n, method, gradients)
+                score = per_chunk(layers, t, n, trace, budget // 2)
+            out[rows, :used] = score.detach().to(dtype)
     return _real(out, lengths, model, method)
 
 
@@ -508,3 +532,87 @@ def _cosine_distance(a: Tensor, b: Tensor) -> Tensor:
     tiny = torch.finfo(a.dtype).tiny
     half = 0.5 * (a / na.clamp_min(tiny) - b / nb.clamp_min(tiny)).square().sum(-1)
     return torch.where((na > 0).squeeze(-1) & (nb > 0).squeeze(-1), half, torch.ones_like(half))
+
+
+def gradient_weighted_rollout(
+    model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET
+) -> Tensor:
+    """Gradient-weighted attention rollout (Chefer, Gur & Wolf 2021, ICCV, "Generic
+    Attention-model Explainability for Interpreting Bi-Modal and Encoder-Decoder Transformers",
+    sec. 3, eqs. 5-6, the rule for self-attention encoders): each layer's attention weighted by
+    its gradient, heads averaged, accumulated through the layers with the identity.
+
+    With ``A_b`` ``[H, T, T]`` layer b's attention probabilities (after the softmax, as the model
+    multiplies the values with them) and ``∇A_b = ∂y_t / ∂A_b`` the gradient of the predicted
+    class's logit ``y_t`` (the class :func:`attnmetrics.outputs.decision` picks; a one-logit
+    sigmoid model's class-0 logit is ``-z``, so ``y_t = ±z``), each ``A_b`` held as a free variable
+    (the gradient is not taken through its softmax): ``R = I`` ``[T, T]``, then for
+    ``b = 0 .. L-1`` ``Ā_b = E_h[(∇A_b ⊙ A_b)^+]`` (elementwise product, negatives clipped to 0,
+    mean over heads) and ``R <- R + Ā_b R``, i.e. the pooled row of
+    ``(I + Ā_{L-1}) ⋯ (I + Ā_1)(I + Ā_0)``. The importance of token j is ``R[p, j]``, p the pooled
+    position (``[CLS]``). This is the ICCV 2021 rule, not the same authors' CVPR 2021
+    "Transformer Interpretability Beyond Attention Visualization", which weights LRP relevances of
+    the attention, not the attention itself, by the gradients. The logit is the target as in the
+    authors' code (a one-hot of the logits), not a probability; :func:`attnmetrics.gradient_importance`
+    differentiates every class's probability and sums their absolute values, which this rule, whose
+    clip needs the gradient's sign for one class, cannot take.
+
+    As the other methods here, the returned layout drops the lead token's column, so ``R[p, p]``
+    (the ``[CLS]`` self-relevance, at least 1 from the identity) is not in the result; ``[SEP]``
+    and padding are 0. Padded keys and queries are masked out of every ``Ā_b`` and of ``I``, so a
+    row's scores do not depend on the batch's padding. One forward and one backward per chunk of
+    rows: the rows' target logits are summed (rows do not interact), and the gradient is taken with
+    respect to every layer's probabilities at once; the product is taken in float64.
+
+    Args:
+        model, tokens, lengths, memory_budget: as :func:`attention_value_norm` (a chunk's
+            differentiable trace is budgeted at about four times a plain one's).
+
+    Returns:
+        ``[B, T - lead]`` in the model's float dtype: each real token's relevance ``R[p, j]``
+        (non-negative, not normalised nor bounded, of no single unit: each ``Ā_b`` is in the
+        logit's units, ``R`` sums products of them across layers), zero past each row's real
+        tokens.
+
+    Raises:
+        TypeError, ValueError: as :func:`attention_value_norm`; also logits that are not
+            ``[B, C]`` or not finite.
+    """
+
+    def per_chunk(layers, tokens, lengths, trace, budget):
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        pooled = _pooled(model, lengths)
+        logits = check_logits(
+            model.decoder(trace.x[-1][rows, pooled]),
+            tokens.shape[0],
+            source="model",
+            inputs="the input rows",
+            on=" on the input rows",
+        )
+        target = _predicted_logit(logits)
+        grads = torch.autograd.grad(target.sum(), trace.probs)
+        width = tokens.shape[1]
+        valid = token_mask(lengths, width)
+        eye = torch.diag_embed(valid.to(trace.probs[0].dtype))  # I on each row's real positions
+        matrices = []
+        for index, (g, a) in enumerate(zip(grads, trace.probs)):
+            last = index == len(layers) - 1
+            if last:  # only the pooled row of the last factor is read
+                g, a, identity = g[rows, :, pooled][:, :, None], a[rows, :, pooled][:, :, None], eye[rows, pooled]
+            cam = (g * a.detach()).clamp_min(0).mean(1)  # [b, T, T] (last: [b, 1, T])
+            if last:
+                matrices.append((identity + cam[:, 0]) * valid.to(cam.dtype))
+            else:
+                matrices.append(eye + _masked_rows(cam, lengths))
+        return _rollout_row(matrices)
+
+    return _run(model, tokens, lengths, memory_budget, "gradient_weighted_rollout", per_chunk, gradients=True)
+
+
+def _predicted_logit(logits: Tensor) -> Tensor:
+    """``[B]``: each row's logit of its predicted class (``decision``); one sigmoid logit ``z`` is
+    class 1's, ``-z`` class 0's (``sigmoid(-z) = 1 - sigmoid(z)``)."""
+    predicted = decision(logits.detach())
+    if logits.shape[1] == 1:
+        return torch.where(predicted == 1, logits[:, 0], -logits[:, 0])
+    return logits.gather(1, predicted[:, None])[:, 0]

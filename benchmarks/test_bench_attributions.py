@@ -1,8 +1,9 @@
 """The attention-derived attributions (attnmetrics/attributions.py: attention × value norm,
-GlobEnc, ALTI, Value Zeroing) against the plain per-sentence loops of their reference tests
-(attnmetrics/testing/reference.py: one sentence at a time, per layer, head and token, every state
-from the weights; Value Zeroing recomputes the layer once per zeroed token, as the authors' loop
-does). Same model, same inputs, one run; values checked equal first, the ratio (the loop's median
+GlobEnc, ALTI, Value Zeroing, Chefer et al.'s gradient-weighted rollout) against the plain
+per-sentence loops of their reference tests (attnmetrics/testing/reference.py: one sentence at a
+time, per layer, head and token, every state from the weights; Value Zeroing recomputes the layer
+once per zeroed token, as the authors' loop does; Chefer's loop runs one forward and one backward
+per sentence, ours one of each per chunk of rows). Same model, same inputs, one run; values checked equal first, the ratio (the loop's median
 over ours) in ``extra_info["ratio_vs_loop"]``.
 
     OMP_NUM_THREADS=1 python -m pytest benchmarks/test_bench_attributions.py --benchmark-only -k "not cuda"
@@ -11,7 +12,7 @@ Model: a random ``BertForSequenceClassification`` shaped like all-MiniLM-L6-v2 (
 12 heads, FFN 1536, WordPiece vocabulary 30,522; offline, no download), float32, eval mode, through
 the adapter ``HFClassifier``. Inputs, random WordPiece ids between ``[CLS]`` and ``[SEP]``:
 
-- ``loop``: the rows the plain loops of all four run on (on the CPU, also for the cuda cases' ratio):
+- ``loop``: the rows the plain loops of all five run on (on the CPU, also for the cuda cases' ratio):
   few and short (the Value Zeroing loop takes ~10 s per 8-10-id sentence on one CPU thread), so that
   each loop stays under ~30 s;
 - ``sst``: SST-like, 64 rows of 10-50 real tokens: each method's own cost (no loop).
@@ -28,23 +29,31 @@ import os
 import pytest
 import torch
 
-from attnmetrics.attributions import alti, attention_value_norm, globenc, value_zeroing
+from attnmetrics.attributions import alti, attention_value_norm, globenc, gradient_weighted_rollout, value_zeroing
 from attnmetrics.testing.reference import (
     alti_reference,
     attention_value_norm_reference,
     globenc_reference,
+    gradient_weighted_rollout_reference,
     value_zeroing_reference,
 )
 from benchmarks.measure import median_seconds, skip_without, synchronised
 
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[hf])")
 
-METHODS = {"value_norm": attention_value_norm, "globenc": globenc, "alti": alti, "value_zeroing": value_zeroing}
+METHODS = {
+    "value_norm": attention_value_norm,
+    "globenc": globenc,
+    "alti": alti,
+    "value_zeroing": value_zeroing,
+    "chefer": gradient_weighted_rollout,
+}
 LOOPS = {
     "value_norm": attention_value_norm_reference,
     "globenc": globenc_reference,
     "alti": alti_reference,
     "value_zeroing": value_zeroing_reference,
+    "chefer": gradient_weighted_rollout_reference,
 }
 #: case -> (rows, fewest ids, most ids), [CLS] and [SEP] included
 CASES = {"loop": (3, 8, 10), "sst": (64, 12, 52)}

@@ -15,6 +15,7 @@ from attnmetrics.attributions import (  # noqa: E402
     alti,
     attention_value_norm,
     globenc,
+    gradient_weighted_rollout,
     supports,
     value_zeroing,
 )
@@ -27,12 +28,22 @@ from attnmetrics.testing.reference import (  # noqa: E402
     attention_value_norm_sentence_reference,
     globenc_reference,
     globenc_sentence_reference,
+    gradient_weighted_rollout_reference,
+    gradient_weighted_rollout_sentence_reference,
     value_zeroing_reference,
     value_zeroing_sentence_reference,
 )
 
 F64 = torch.float64
-METHODS = {"value_norm": attention_value_norm, "globenc": globenc, "alti": alti, "value_zeroing": value_zeroing}
+METHODS = {
+    "value_norm": attention_value_norm,
+    "globenc": globenc,
+    "alti": alti,
+    "value_zeroing": value_zeroing,
+    "chefer": gradient_weighted_rollout,
+}
+#: the name each function gives itself in its errors
+FUNCTION = {"value_norm": "attention_value_norm", "chefer": "gradient_weighted_rollout"}
 
 
 def tiny(layers: int = 3, seed: int = 0, dtype=F64) -> HFClassifier:
@@ -70,12 +81,14 @@ LOOPS = {
     "globenc": globenc_sentence_reference,
     "alti": alti_sentence_reference,
     "value_zeroing": value_zeroing_sentence_reference,
+    "chefer": gradient_weighted_rollout_sentence_reference,
 }
 REFERENCES = {
     "value_norm": attention_value_norm_reference,
     "globenc": globenc_reference,
     "alti": alti_reference,
     "value_zeroing": value_zeroing_reference,
+    "chefer": gradient_weighted_rollout_reference,
 }
 
 
@@ -174,6 +187,51 @@ def test_shares_sum_to_one_over_every_position(model, inputs):
         assert ((got >= 0) & (got <= 1)).all() and (got.sum(1) < 1).all()
 
 
+def tiny_labels(labels: int, seed: int = 2) -> HFClassifier:
+    """:func:`tiny` with ``labels`` outputs (1: one sigmoid logit, the protocol's binary head)."""
+    torch.manual_seed(seed)
+    config = transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+        num_labels=labels, max_position_embeddings=32,
+    )  # fmt: skip
+    model = transformers.BertForSequenceClassification(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    return HFClassifier(model.to(F64)).eval()
+
+
+@pytest.mark.parametrize(("labels", "seed", "rows_seed"), [(1, 4, 3), (3, 8, 4)])
+def test_chefer_differentiates_the_predicted_class_logit(labels, seed, rows_seed):
+    """Chefer et al.'s target is the predicted class's logit: with one sigmoid logit z that is z
+    for class 1 and -z for class 0, with three classes the argmax (seeds chosen so that the rows'
+    predictions differ: each row's own class is differentiated in the one backward)."""
+    m = tiny_labels(labels, seed)
+    tokens, lengths = batch(rows=8, width=8, seed=rows_seed)
+    with torch.no_grad():
+        logits, _ = m(tokens, lengths)
+    predicted = set((logits[:, 0] > 0).long().tolist() if labels == 1 else logits.argmax(1).tolist())
+    assert len(predicted) > 1  # more than one class predicted: each row's own target is used
+    want = expected("chefer", m, tokens, lengths)
+    torch.testing.assert_close(gradient_weighted_rollout(m, tokens, lengths), want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(
+        gradient_weighted_rollout(m, tokens, lengths, memory_budget=1), want, rtol=1e-10, atol=1e-12
+    )
+
+
+def test_chefer_is_the_cls_row_of_the_identity_plus_clipped_products(model, inputs):
+    """R starts at I and only adds non-negative terms: the [CLS] self-relevance (which the result
+    drops, as the other methods drop the lead token) is at least 1, every other entry >= 0, and
+    some real token gets relevance (the gradients are not all clipped away)."""
+    tokens, lengths = inputs
+    with torch.no_grad():
+        row = LOOPS["chefer"](model, tokens[0].tolist())
+    assert row[0] >= 1 and min(row) >= 0
+    got = gradient_weighted_rollout(model, tokens, lengths)
+    assert (got >= 0).all() and (got[0] > 0).any()
+    torch.testing.assert_close(got[0, : len(row) - 2], torch.tensor(row[1:-1], dtype=F64), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", METHODS)
 def test_cuda_equals_cpu(name, model, inputs, references):
@@ -191,9 +249,7 @@ def test_a_model_without_transformer_layers_is_refused(name, inputs):
     from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 
     lstm = EncoderAttentionClassifier(ModelConfig(60, embed_dim=8, hidden_size=6))
-    with pytest.raises(
-        TypeError, match=f"{name if name != 'value_norm' else 'attention_value_norm'}.*EncoderAttentionClassifier"
-    ):
+    with pytest.raises(TypeError, match=f"{FUNCTION.get(name, name)}.*EncoderAttentionClassifier"):
         METHODS[name](lstm, *inputs)
     assert not supports(lstm)
 
@@ -248,9 +304,31 @@ def test_the_model_is_left_as_it_was(inputs):
     torch.testing.assert_close(METHODS["alti"](m.eval(), *inputs), before, rtol=0, atol=0)  # no dropout used
 
 
+def test_chefer_leaves_no_gradients_and_needs_none_enabled(inputs, references):
+    """Gradients are taken inside the call: under no_grad, with every parameter frozen, it gives
+    the same numbers and leaves no ``.grad`` and no ``requires_grad`` changed."""
+    m = tiny()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad():
+        got = gradient_weighted_rollout(m, *inputs)
+    torch.testing.assert_close(got, references["chefer"], rtol=1e-10, atol=1e-12)
+    assert not got.requires_grad
+    assert all(p.grad is None and not p.requires_grad for p in m.parameters())
+    m = tiny()
+    gradient_weighted_rollout(m, *inputs)
+    assert all(p.grad is None and p.requires_grad for p in m.parameters())
+
+
 # ---- the battery ------------------------------------------------------------------------------
 
-BATTERY = {"value_norm": "value_norm", "globenc": "globenc", "alti": "alti", "value_zeroing": "value_zeroing"}
+BATTERY = {
+    "value_norm": "value_norm",
+    "globenc": "globenc",
+    "alti": "alti",
+    "value_zeroing": "value_zeroing",
+    "chefer": "chefer",
+}
 
 
 def test_battery_runs_each_when_asked_and_only_then(model, inputs, references):
@@ -269,7 +347,7 @@ def test_battery_runs_each_when_asked_and_only_then(model, inputs, references):
     # per-head τ only for the last layer's value norm, not the rolled-out ones
     importances = {i.name: i for i in registry.importances()}
     assert importances["value_norm"].head_partner
-    assert not any(importances[n].head_partner for n in ("globenc", "alti", "value_zeroing"))
+    assert not any(importances[n].head_partner for n in ("globenc", "alti", "value_zeroing", "chefer"))
     # what the battery computes is the library's function
     s = registry.Settings(options=options)
     for name in BATTERY:
@@ -280,7 +358,7 @@ def test_battery_runs_each_when_asked_and_only_then(model, inputs, references):
     args = build_parser().parse_args(["run", "--dataset", "sst"])
     assert not any(getattr(args, name) for name in BATTERY)
     args = build_parser().parse_args(
-        ["run", "--dataset", "sst", "--alti", "--globenc", "--value-zeroing", "--value-norm"]
+        ["run", "--dataset", "sst", "--alti", "--globenc", "--value-zeroing", "--value-norm", "--chefer"]
     )
     assert all(getattr(args, name) for name in BATTERY)
 

@@ -502,7 +502,7 @@ def attention_rollout_reference(attentions, lengths=None, residual=0.5):
     return out
 
 
-# ---- attention-derived attributions (Kobayashi 2020, GlobEnc, ALTI, Value Zeroing) --------------
+# ---- attention-derived attributions (Kobayashi 2020, GlobEnc, ALTI, Value Zeroing, Chefer 2021) --
 #
 # One sentence at a time, explicit loops over layers, heads and tokens, every state recomputed from
 # a Hugging Face BERT classifier's weights (embeddings included); the loop's forward is checked
@@ -708,3 +708,87 @@ def alti_reference(model, tokens, lengths):
 def value_zeroing_reference(model, tokens, lengths):
     """:func:`value_zeroing_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
     return _attribution_rows(value_zeroing_sentence_reference, model, tokens, lengths)
+
+
+# ---- gradient-weighted attention rollout (Chefer, Gur & Wolf 2021, ICCV) -------------------------
+
+
+def _differentiable_layer_loop(layer, x):
+    """One BERT layer on token states ``x`` (a list of [d] tensors), head by head and token by
+    token, kept in autograd's graph: (each head's attention probabilities ``A[h]`` [n, n], one
+    tensor a head, the tensors to differentiate with respect to; the outputs, a list of [d])."""
+    import torch.nn.functional as F
+
+    sa, so = layer.attention.self, layer.attention.output
+    heads, dh, n = sa.num_attention_heads, sa.attention_head_size, len(x)
+    A, context = [], []
+    for h in range(heads):
+        cols = slice(h * dh, (h + 1) * dh)
+        q = torch.stack([sa.query.weight[cols] @ x[i] + sa.query.bias[cols] for i in range(n)])
+        k = torch.stack([sa.key.weight[cols] @ x[j] + sa.key.bias[cols] for j in range(n)])
+        v = torch.stack([sa.value.weight[cols] @ x[j] + sa.value.bias[cols] for j in range(n)])
+        a = torch.softmax(q @ k.T / math.sqrt(dh), dim=-1)  # [n, n]: row i, query i's weights
+        A.append(a)
+        context.append([sum(a[i, j] * v[j] for j in range(n)) for i in range(n)])
+    out = []
+    for i in range(n):
+        p = so.dense.bias + x[i]
+        for h in range(heads):
+            p = p + so.dense.weight[:, h * dh : (h + 1) * dh] @ context[h][i]
+        ai = _differentiable_layer_norm(p, so.LayerNorm)
+        mid = F.gelu(layer.intermediate.dense.weight @ ai + layer.intermediate.dense.bias)
+        out.append(
+            _differentiable_layer_norm(
+                layer.output.dense.weight @ mid + layer.output.dense.bias + ai, layer.output.LayerNorm
+            )
+        )
+    return A, out
+
+
+def _differentiable_layer_norm(u, ln):
+    mean = u.mean()
+    return ln.weight * (u - mean) / torch.sqrt(((u - mean) ** 2).mean() + ln.eps) + ln.bias
+
+
+def gradient_weighted_rollout_sentence_reference(model, ids):
+    """Chefer, Gur & Wolf 2021 (ICCV, sec. 3, eqs. 5-6) for one sentence: the forward recomputed
+    from the weights (checked against the model's states and logits), the gradient of the
+    predicted class's logit with respect to every layer's and head's attention probabilities
+    (autograd, this one sentence), then R = I and, layer by layer,
+    ``Ā[i][j] = (1/H) sum_h max(0, ∇A_h[i][j] * A_h[i][j])`` and ``R <- R + Ā R`` by plain sums.
+    Returns the [CLS] row of R, every position (a list of n floats; the identity's 1 at [CLS])."""
+    hf = model.hf
+    with torch.enable_grad():
+        x = _embeddings(hf, ids)
+        attention = []
+        for layer in hf.bert.encoder.layer:
+            A, x = _differentiable_layer_loop(layer, x)
+            attention.append(A)
+        with torch.no_grad():
+            own = hf(input_ids=torch.tensor([ids], device=x[0].device), output_hidden_states=True)
+        rtol, atol = _loop_tolerance(x[0].dtype, 1e-9)
+        torch.testing.assert_close(torch.stack(x), own.hidden_states[-1][0], rtol=rtol, atol=atol)
+        logits = model.decoder(x[0][None])[0]  # the head at [CLS]: pooler, dropout (eval), classifier
+        torch.testing.assert_close(logits, own.logits[0], rtol=rtol, atol=atol)
+        if len(logits) == 1:  # one sigmoid logit z: class 1 when z > 0, whose logit is z; class 0's is -z
+            target = logits[0] if float(logits[0].detach()) > 0 else -logits[0]
+        else:  # the first largest (ties to the lower class)
+            target = logits[max(range(len(logits)), key=lambda c: (float(logits[c].detach()), -c))]
+        flat = [a for layer_attention in attention for a in layer_attention]
+        grads = torch.autograd.grad(target, flat)
+    n, heads = len(ids), len(attention[0])
+    R = [[1.0 if i == j else 0.0 for j in range(n)] for i in range(n)]
+    for b in range(len(attention)):
+        A, G = attention[b], grads[b * heads : (b + 1) * heads]
+        bar = [
+            [sum(max(0.0, float(G[h][i, j]) * float(A[h][i, j])) for h in range(heads)) / heads for j in range(n)]
+            for i in range(n)
+        ]
+        AR = [[sum(bar[i][k] * R[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
+        R = [[R[i][j] + AR[i][j] for j in range(n)] for i in range(n)]
+    return R[0]
+
+
+def gradient_weighted_rollout_reference(model, tokens, lengths):
+    """:func:`gradient_weighted_rollout_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    return _attribution_rows(gradient_weighted_rollout_sentence_reference, model, tokens, lengths)

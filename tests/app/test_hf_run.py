@@ -110,7 +110,7 @@ def test_the_least_max_length_leaves_two_real_tokens_to_test(checkpoint):
 
 
 def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
-    # issue 28: --importances all on a BERT-like model computes the four attention-derived
+    # issue 28: --importances all on a BERT-like model computes the five attention-derived
     # attributions beside attention, gradient, leave-one-out and rollout (integrated gradients
     # and gradient x input too where Captum is installed), and the report's table has them all
     from tests.app.test_methods import check_against, plain_table
@@ -124,7 +124,17 @@ def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
     assert main(["run", *args, "--importances", "all", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     rows = [r["method"] for r in results["methods"]["methods"]]
-    assert {"attention", "gradient", "loo", "rollout", "value_norm", "globenc", "alti", "value_zeroing"} <= set(rows)
+    assert {
+        "attention",
+        "gradient",
+        "loo",
+        "rollout",
+        "value_norm",
+        "globenc",
+        "alti",
+        "value_zeroing",
+        "chefer",
+    } <= set(rows)
     inst = results["instances"]
     kendall = {k: v["tau"] for k, v in inst["kendall"].items()}
     eraser = {k: {m: w["aopc"] for m, w in v.items()} for k, v in inst["eraser"].items()}
@@ -135,5 +145,5 @@ def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
     report = (out / "report.md").read_text()
     assert "## The explanation methods side by side" in report and (out / "methods.png").stat().st_size > 0
     table = report.split("## The explanation methods side by side")[1]
-    for name in ("value_norm", "globenc", "alti", "value_zeroing"):
+    for name in ("value_norm", "globenc", "alti", "value_zeroing", "chefer"):
         assert f"| {name} " in table
