@@ -18,7 +18,6 @@ exactly zero on padding, and treats a row the same alone or in a padded batch.
 from __future__ import annotations
 
 import warnings
-
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from functools import partial
