@@ -6,7 +6,7 @@ that is JIT-compiled on first import.
 """
 
 from attnmetrics.adversarial import AdversarialResult, adversarial_attention
-from attnmetrics.attributions import gradient_weighted_rollout
+from attnmetrics.attributions import alti, attention_value_norm, globenc, gradient_weighted_rollout, value_zeroing
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.eraser import EraserResult, FullRows, comprehensiveness, full_rows, sufficiency
 from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
@@ -26,8 +26,10 @@ __version__ = "0.1.0"
 __all__ = [
     "adversarial_attention",
     "AdversarialResult",
+    "alti",
     "attention_gradient",
     "attention_rollout",
+    "attention_value_norm",
     "AttentionClassifier",
     "comprehensiveness",
     "decision",
@@ -41,6 +43,7 @@ __all__ = [
     "integrated_gradients",
     "is_attention_classifier",
     "FlipResult",
+    "globenc",
     "jsd",
     "kendall_tau",
     "KeyedRows",
@@ -55,4 +58,5 @@ __all__ = [
     "SingleTokenResult",
     "sufficiency",
     "tvd",
+    "value_zeroing",
 ]
