@@ -6,7 +6,7 @@ that is JIT-compiled on first import.
 """
 
 from attnmetrics.adversarial import AdversarialResult, adversarial_attention
-from attnmetrics.attributions import gradient_weighted_rollout
+from attnmetrics.attributions import decompx, gradient_weighted_rollout
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.eraser import EraserResult, FullRows, comprehensiveness, full_rows, sufficiency
 from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
@@ -31,6 +31,7 @@ __all__ = [
     "AttentionClassifier",
     "comprehensiveness",
     "decision",
+    "decompx",
     "EraserResult",
     "FullRows",
     "full_rows",
