@@ -763,14 +763,20 @@ def _decompx_chunk(model, predicted: bool):
             n = rows.stop - rows.start
             sub = _SubTrace(trace, rows)
             parts.append(
-                _decompx_rows(layers, pooler, classifier, sub, lengths[rows], pooled[rows], n * fixed, n * per_query, budget)
+                _decompx_rows(
+                    layers, pooler, classifier, sub, lengths[rows], pooled[rows], n * fixed, n * per_query, budget
+                )
             )
         y = torch.cat(parts)  # [b, T, C]
         if not predicted:
             return y
         rows = torch.arange(batch, device=tokens.device)
         logits = check_logits(
-            model.decoder(trace.x[-1][rows, pooled]), batch, source="model", inputs="the input rows", on=" on the input rows"
+            model.decoder(trace.x[-1][rows, pooled]),
+            batch,
+            source="model",
+            inputs="the input rows",
+            on=" on the input rows",
         )
         chosen = decision(logits)
         if logits.shape[1] == 1:  # one sigmoid logit z: class 0's logit is -z
@@ -827,7 +833,9 @@ def _decompx_rows(layers, pooler, classifier, trace, lengths, pooled, fixed, per
             pre2, _ = _ffn_block(layer, a[r, queries])
             ln2 = layer.output.LayerNorm
             outs.append(_absdot(_ln_linear(t + ffn, ln2, _scale(pre2, ln2)[:, :, None]), ln2.bias))
-        comps = torch.cat(outs, 1) * (keep[:, None, :, None] if last else (keep[:, :, None] * keep[:, None, :])[..., None])
+        comps = torch.cat(outs, 1) * (
+            keep[:, None, :, None] if last else (keep[:, :, None] * keep[:, None, :])[..., None]
+        )
     cls = comps[:, 0]  # the pooled query's components [b, T (k), d]
     q = _absdot(cls @ pooler.dense.weight.T, pooler.dense.bias)
     theta = _ratio(pooler.activation, pooler.dense(trace.x[-1][rows, pooled]))  # [b, d]

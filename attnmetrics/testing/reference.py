@@ -830,7 +830,7 @@ def decompx_sentence_contributions(model, ids):
     x0 = states[0][0]
     zero = torch.zeros_like(x0[0])
     comps = [[x0[i] if i == k else zero for k in range(n)] for i in range(n)]
-    for layer, (x, r) in zip(hf.bert.encoder.layer, states):
+    for layer, (_x, r) in zip(hf.bert.encoder.layer, states):
         sa, so = layer.attention.self, layer.attention.output
         inner, out = layer.intermediate, layer.output
         heads, dh = sa.num_attention_heads, sa.attention_head_size
@@ -838,7 +838,10 @@ def decompx_sentence_contributions(model, ids):
         # each head's W_O^h W_V^h x_{j<-k} (no bias), for every j and k
         f = [
             [
-                [so.dense.weight[:, h * dh : (h + 1) * dh] @ (sa.value.weight[h * dh : (h + 1) * dh] @ comps[j][k]) for k in range(n)]
+                [
+                    so.dense.weight[:, h * dh : (h + 1) * dh] @ (sa.value.weight[h * dh : (h + 1) * dh] @ comps[j][k])
+                    for k in range(n)
+                ]
                 for j in range(n)
             ]
             for h in range(heads)
