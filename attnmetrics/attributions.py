@@ -755,19 +755,28 @@ def _decompx_chunk(model, predicted: bool):
         x = trace.x[0]
         d, inter = x.shape[-1], layers[0].intermediate.dense.weight.shape[0]
         size = x.element_size()
-        fixed = size * 4 * width * width * d  # the components in and out, their values and mixtures
-        per_query = size * width * (3 * inter + 8 * d)
+
+        def fixed(w):  # a row's components in and out, their values and mixtures
+            return size * 4 * w * w * d
+
+        def per_query(w):  # a query's LayerNorm and feed-forward terms
+            return size * w * (3 * inter + 8 * d)
+
         pooled = _pooled(model, lengths)
-        parts = []
-        for rows in _chunks(batch, fixed + width * per_query, budget):
-            n = rows.stop - rows.start
-            sub = _SubTrace(trace, rows)
-            parts.append(
-                _decompx_rows(
-                    layers, pooler, classifier, sub, lengths[rows], pooled[rows], n * fixed, n * per_query, budget
-                )
+        y = torch.zeros(batch, width, classifier.out_features, dtype=x.dtype, device=x.device)
+        # the rows longest first, in groups trimmed to their longest (the cost grows as T^2 per layer)
+        lens = lengths.tolist()
+        order = sorted(range(batch), key=lambda b: -lens[b])
+        start = 0
+        while start < batch:
+            w = lens[order[start]]
+            n = max(1, min(batch - start, budget // max(fixed(w) + w * per_query(w), 1)))
+            group = torch.tensor(order[start : start + n], device=x.device)
+            sub = _SubTrace(trace, group, w)
+            y[group, :w] = _decompx_rows(
+                layers, pooler, classifier, sub, lengths[group], pooled[group], n * fixed(w), n * per_query(w), budget
             )
-        y = torch.cat(parts)  # [b, T, C]
+            start += n
         if not predicted:
             return y
         rows = torch.arange(batch, device=tokens.device)
@@ -787,12 +796,13 @@ def _decompx_chunk(model, predicted: bool):
 
 
 class _SubTrace:
-    """A ``_Trace``'s rows ``rows`` (a slice)."""
+    """A ``_Trace``'s rows ``rows`` (indices) trimmed to their first ``width`` positions (padded keys
+    carry no attention, so the real positions' states and probabilities are the same)."""
 
-    def __init__(self, trace: _Trace, rows: slice):
-        self.x = [x[rows] for x in trace.x]
-        self.probs = [p[rows] for p in trace.probs]
-        self.v = [v[rows] for v in trace.v]
+    def __init__(self, trace: _Trace, rows: Tensor, width: int):
+        self.x = [x[rows, :width] for x in trace.x]
+        self.probs = [p[rows, :, :width, :width] for p in trace.probs]
+        self.v = [v[rows, :, :width] for v in trace.v]
 
 
 def _decompx_rows(layers, pooler, classifier, trace, lengths, pooled, fixed, per_query, budget) -> Tensor:
