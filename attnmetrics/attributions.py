@@ -1,8 +1,8 @@
 """Attention-derived token attributions of a BERT-like Hugging Face classifier (docs/definitions.md
 §20): attention × value norm (Kobayashi et al. 2020), GlobEnc (Modarressi et al. 2022), ALTI
-(Ferrando et al. 2022), Value Zeroing (Mohebbi et al. 2023) and gradient-weighted attention
-rollout (Chefer et al. 2021, ICCV), each the importance of every real token for the pooled
-position's (``[CLS]``'s) decision.
+(Ferrando et al. 2022), Value Zeroing (Mohebbi et al. 2023), gradient-weighted attention
+rollout (Chefer et al. 2021, ICCV) and DecompX (Modarressi et al. 2023, ACL), each the importance of
+every real token for the pooled position's (``[CLS]``'s) decision.
 
 Every function takes a model on the protocol whose ``hf`` attribute is a post-LayerNorm BERT
 encoder classifier (``BertForSequenceClassification``: BERT, MiniLM, ...; the adapter
@@ -651,8 +651,8 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
       0), the same ``theta`` applied to every component; then ``W_2`` and ``b_2`` by AbsDot;
       residual and the second LayerNorm as above;
     - head (eqs. 13-14), at the pooled position p (``[CLS]``) of the last layer: the pooler's
-      ``W_pool`` and ``b_pool`` (AbsDot), its tanh linearised by the same ratio rule (1 is not
-      used at 0: ``theta = 0`` there as for the FFN), then the classifier's ``W_cls`` and ``b_cls``
+      ``W_pool`` and ``b_pool`` (AbsDot), its tanh linearised by the same ratio rule (``theta = 0``
+      where the pre-activation is 0, as for the FFN, not tanh's limit 1), then the classifier's ``W_cls`` and ``b_cls``
       (AbsDot): ``y_c = sum_k y_{c<-k}`` for every class c.
 
     The ratio rule makes every step exact, not an approximation of the sum: ``sum_k`` of the
