@@ -6,7 +6,14 @@ that is JIT-compiled on first import.
 """
 
 from attnmetrics.adversarial import AdversarialResult, adversarial_attention
-from attnmetrics.attributions import alti, attention_value_norm, globenc, gradient_weighted_rollout, value_zeroing
+from attnmetrics.attributions import (
+    alti,
+    attention_value_norm,
+    decompx,
+    globenc,
+    gradient_weighted_rollout,
+    value_zeroing,
+)
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.eraser import EraserResult, FullRows, comprehensiveness, full_rows, sufficiency
 from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
@@ -33,6 +40,7 @@ __all__ = [
     "AttentionClassifier",
     "comprehensiveness",
     "decision",
+    "decompx",
     "EraserResult",
     "FullRows",
     "full_rows",

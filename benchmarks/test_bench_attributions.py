@@ -1,9 +1,10 @@
 """The attention-derived attributions (attnmetrics/attributions.py: attention × value norm,
-GlobEnc, ALTI, Value Zeroing, Chefer et al.'s gradient-weighted rollout) against the plain
+GlobEnc, ALTI, Value Zeroing, Chefer et al.'s gradient-weighted rollout, DecompX) against the plain
 per-sentence loops of their reference tests (attnmetrics/testing/reference.py: one sentence at a
 time, per layer, head and token, every state from the weights; Value Zeroing recomputes the layer
 once per zeroed token, as the authors' loop does; Chefer's loop runs one forward and one backward
-per sentence, ours one of each per chunk of rows). Same model, same inputs, one run; values checked equal first, the ratio (the loop's median
+per sentence, ours one of each per chunk of rows; DecompX's loop propagates every (query, input
+token) vector one matrix-vector product at a time). Same model, same inputs, one run; values checked equal first, the ratio (the loop's median
 over ours) in ``extra_info["ratio_vs_loop"]``.
 
     OMP_NUM_THREADS=1 python -m pytest benchmarks/test_bench_attributions.py --benchmark-only -k "not cuda"
@@ -12,7 +13,7 @@ Model: a random ``BertForSequenceClassification`` shaped like all-MiniLM-L6-v2 (
 12 heads, FFN 1536, WordPiece vocabulary 30,522; offline, no download), float32, eval mode, through
 the adapter ``HFClassifier``. Inputs, random WordPiece ids between ``[CLS]`` and ``[SEP]``:
 
-- ``loop``: the rows the plain loops of all five run on (on the CPU, also for the cuda cases' ratio):
+- ``loop``: the rows the plain loops of all six run on (on the CPU, also for the cuda cases' ratio):
   few and short (the Value Zeroing loop takes ~10 s per 8-10-id sentence on one CPU thread), so that
   each loop stays under ~30 s;
 - ``sst``: SST-like, 64 rows of 10-50 real tokens: each method's own cost (no loop).
@@ -29,10 +30,18 @@ import os
 import pytest
 import torch
 
-from attnmetrics.attributions import alti, attention_value_norm, globenc, gradient_weighted_rollout, value_zeroing
+from attnmetrics.attributions import (
+    alti,
+    attention_value_norm,
+    decompx,
+    globenc,
+    gradient_weighted_rollout,
+    value_zeroing,
+)
 from attnmetrics.testing.reference import (
     alti_reference,
     attention_value_norm_reference,
+    decompx_reference,
     globenc_reference,
     gradient_weighted_rollout_reference,
     value_zeroing_reference,
@@ -47,6 +56,7 @@ METHODS = {
     "alti": alti,
     "value_zeroing": value_zeroing,
     "chefer": gradient_weighted_rollout,
+    "decompx": decompx,
 }
 LOOPS = {
     "value_norm": attention_value_norm_reference,
@@ -54,6 +64,7 @@ LOOPS = {
     "alti": alti_reference,
     "value_zeroing": value_zeroing_reference,
     "chefer": gradient_weighted_rollout_reference,
+    "decompx": decompx_reference,
 }
 #: case -> (rows, fewest ids, most ids), [CLS] and [SEP] included
 CASES = {"loop": (3, 8, 10), "sst": (64, 12, 52)}

@@ -14,6 +14,8 @@ transformers = pytest.importorskip("transformers")
 from attnmetrics.attributions import (  # noqa: E402
     alti,
     attention_value_norm,
+    decompx,
+    decompx_contributions,
     globenc,
     gradient_weighted_rollout,
     supports,
@@ -26,6 +28,9 @@ from attnmetrics.testing.reference import (  # noqa: E402
     alti_sentence_reference,
     attention_value_norm_reference,
     attention_value_norm_sentence_reference,
+    decompx_reference,
+    decompx_sentence_contributions,
+    decompx_sentence_reference,
     globenc_reference,
     globenc_sentence_reference,
     gradient_weighted_rollout_reference,
@@ -41,6 +46,7 @@ METHODS = {
     "alti": alti,
     "value_zeroing": value_zeroing,
     "chefer": gradient_weighted_rollout,
+    "decompx": decompx,
 }
 #: the name each function gives itself in its errors
 FUNCTION = {"value_norm": "attention_value_norm", "chefer": "gradient_weighted_rollout"}
@@ -82,6 +88,7 @@ LOOPS = {
     "alti": alti_sentence_reference,
     "value_zeroing": value_zeroing_sentence_reference,
     "chefer": gradient_weighted_rollout_sentence_reference,
+    "decompx": decompx_sentence_reference,
 }
 REFERENCES = {
     "value_norm": attention_value_norm_reference,
@@ -89,6 +96,7 @@ REFERENCES = {
     "alti": alti_reference,
     "value_zeroing": value_zeroing_reference,
     "chefer": gradient_weighted_rollout_reference,
+    "decompx": decompx_reference,
 }
 
 
@@ -232,6 +240,63 @@ def test_chefer_is_the_cls_row_of_the_identity_plus_clipped_products(model, inpu
     torch.testing.assert_close(got[0, : len(row) - 2], torch.tensor(row[1:-1], dtype=F64), rtol=1e-10, atol=1e-12)
 
 
+def test_decompx_contributions_sum_to_the_logits(model, inputs):
+    """Completeness (DecompX eq. 14): every bias is assigned to the tokens by AbsDot and the
+    activations are linearised by their own ratio at each token's pre-activation, so the
+    contributions of every position ([CLS] and [SEP] included) sum to the model's logits exactly,
+    in the batched function as in the loop; padding contributes nothing."""
+    tokens, lengths = inputs
+    y = decompx_contributions(model, tokens, lengths)
+    assert y.shape == (6, 9, 2) and y.dtype == F64
+    with torch.no_grad():
+        logits, _ = model(tokens, lengths)
+    torch.testing.assert_close(y.sum(1), logits, rtol=1e-8, atol=1e-8)
+    assert (y[~token_mask(lengths, 9)] == 0).all()
+    # the loop's contributions are the same numbers, and the importance is the predicted class's
+    for b in (0, 1):
+        n = int(lengths[b])
+        with torch.no_grad():
+            loop = torch.tensor(decompx_sentence_contributions(model, tokens[b, :n].tolist()), dtype=F64)
+        torch.testing.assert_close(y[b, :n], loop, rtol=1e-10, atol=1e-12)
+    chosen = logits.argmax(1)
+    want = y.gather(2, chosen[:, None, None].expand(-1, 9, 1))[..., 0] * token_mask(lengths, 9, 1, 1)
+    torch.testing.assert_close(decompx(model, tokens, lengths), want[:, 1:], rtol=1e-12, atol=1e-14)
+    # signed: some tokens argue against the predicted class
+    assert (want[:, 1:] < 0).any() and (want[:, 1:] > 0).any()
+
+
+def test_decompx_contributions_sum_to_the_logits_in_float32(inputs):
+    m = tiny(dtype=torch.float32)
+    tokens, lengths = inputs
+    with torch.no_grad():
+        logits, _ = m(tokens, lengths)
+    y = decompx_contributions(m, tokens, lengths, memory_budget=1)
+    torch.testing.assert_close(y.sum(1), logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("labels", "seed", "rows_seed"), [(1, 4, 3), (3, 8, 4)])
+def test_decompx_explains_the_predicted_class(labels, seed, rows_seed):
+    """One sigmoid logit z: class 1's contributions are z's, class 0's those of -z; three classes:
+    the argmax's. The contributions of each class sum to its logit."""
+    m = tiny_labels(labels, seed)
+    tokens, lengths = batch(rows=8, width=8, seed=rows_seed)
+    with torch.no_grad():
+        logits, _ = m(tokens, lengths)
+    predicted = set((logits[:, 0] > 0).long().tolist() if labels == 1 else logits.argmax(1).tolist())
+    assert len(predicted) > 1
+    torch.testing.assert_close(decompx_contributions(m, tokens, lengths).sum(1), logits, rtol=1e-8, atol=1e-8)
+    want = expected("decompx", m, tokens, lengths)
+    torch.testing.assert_close(decompx(m, tokens, lengths), want, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(decompx(m, tokens, lengths, memory_budget=1), want, rtol=1e-10, atol=1e-12)
+
+
+def test_decompx_needs_the_classification_head(model, inputs):
+    headless = tiny(layers=1)
+    headless.hf.bert.pooler = None
+    with pytest.raises(ValueError, match="decompx decomposes the classification head.*no pooler"):
+        decompx(headless, *inputs)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", METHODS)
 def test_cuda_equals_cpu(name, model, inputs, references):
@@ -328,6 +393,7 @@ BATTERY = {
     "alti": "alti",
     "value_zeroing": "value_zeroing",
     "chefer": "chefer",
+    "decompx": "decompx",
 }
 
 
@@ -347,7 +413,7 @@ def test_battery_runs_each_when_asked_and_only_then(model, inputs, references):
     # per-head τ only for the last layer's value norm, not the rolled-out ones
     importances = {i.name: i for i in registry.importances()}
     assert importances["value_norm"].head_partner
-    assert not any(importances[n].head_partner for n in ("globenc", "alti", "value_zeroing", "chefer"))
+    assert not any(importances[n].head_partner for n in ("globenc", "alti", "value_zeroing", "chefer", "decompx"))
     # what the battery computes is the library's function
     s = registry.Settings(options=options)
     for name in BATTERY:
@@ -358,7 +424,7 @@ def test_battery_runs_each_when_asked_and_only_then(model, inputs, references):
     args = build_parser().parse_args(["run", "--dataset", "sst"])
     assert not any(getattr(args, name) for name in BATTERY)
     args = build_parser().parse_args(
-        ["run", "--dataset", "sst", "--alti", "--globenc", "--value-zeroing", "--value-norm", "--chefer"]
+        ["run", "--dataset", "sst", "--alti", "--globenc", "--value-zeroing", "--value-norm", "--chefer", "--decompx"]
     )
     assert all(getattr(args, name) for name in BATTERY)
 

@@ -792,3 +792,109 @@ def gradient_weighted_rollout_sentence_reference(model, ids):
 def gradient_weighted_rollout_reference(model, tokens, lengths):
     """:func:`gradient_weighted_rollout_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
     return _attribution_rows(gradient_weighted_rollout_sentence_reference, model, tokens, lengths)
+
+
+# ---- DecompX (Modarressi et al. 2023, ACL) ---------------------------------------------------------
+
+
+def _absdot_loop(parts, bias):
+    """AbsDot (DecompX eq. 5): the bias split over the K terms ``parts`` (a list of vectors) by
+    |bias . part_k| / sum_k' |bias . part_k'|; all-zero weights assign nothing."""
+    w = [abs(float(bias @ part)) for part in parts]
+    total = sum(w)
+    return [part + (w[k] / total) * bias if total > 0 else part for k, part in enumerate(parts)]
+
+
+def _ratio_loop(act, pre):
+    """act(pre) / pre elementwise (DecompX eq. 10), 0 where pre is 0, one element at a time."""
+    out = torch.zeros_like(pre)
+    for t in range(len(pre)):
+        if float(pre[t]) != 0:
+            out[t] = act(pre[t : t + 1])[0] / pre[t]
+    return out
+
+
+def decompx_sentence_contributions(model, ids):
+    """DecompX (Modarressi et al. 2023, ACL, sec. 3, eqs. 1-14) for one sentence, from the paper's
+    equations: ``x_{i<-k} = [i = k] x_i`` after the embeddings' LayerNorm; per layer, query i and
+    input token k, the attention terms ``sum_h sum_j A_h[i][j] W_O^h W_V^h x_{j<-k}`` plus their
+    AbsDot share of ``b_Att = sum_h W_O^h b_V^h + b_O``, the residual ``x_{i<-k}``, LayerNorm's
+    ``gamma * (u - mean(u)) / s(i)`` plus the AbsDot share of beta, the feed-forward network
+    (``W_1`` plus AbsDot share of ``b_1``, the activation's ratio ``act(zeta_i) / zeta_i`` at the
+    token's own pre-activation applied to every term, ``W_2`` plus AbsDot share of ``b_2``), the
+    residual and the second LayerNorm; then at [CLS] the pooler (tanh by the same ratio) and the
+    classifier, every bias by AbsDot. Checks on the way that the terms sum to the model's states
+    and logits (the decomposition is exact). Returns ``y[k][c]``, a list of n lists of C floats."""
+    hf, n = model.hf, len(ids)
+    states = bert_states_loop(model, ids)
+    x0 = states[0][0]
+    zero = torch.zeros_like(x0[0])
+    comps = [[x0[i] if i == k else zero for k in range(n)] for i in range(n)]
+    for layer, (_x, r) in zip(hf.bert.encoder.layer, states):
+        sa, so = layer.attention.self, layer.attention.output
+        inner, out = layer.intermediate, layer.output
+        heads, dh = sa.num_attention_heads, sa.attention_head_size
+        rtol, atol = _loop_tolerance(x0[0].dtype, 1e-10)
+        # each head's W_O^h W_V^h x_{j<-k} (no bias), for every j and k
+        f = [
+            [
+                [
+                    so.dense.weight[:, h * dh : (h + 1) * dh] @ (sa.value.weight[h * dh : (h + 1) * dh] @ comps[j][k])
+                    for k in range(n)
+                ]
+                for j in range(n)
+            ]
+            for h in range(heads)
+        ]
+        b_att = so.dense.weight @ sa.value.bias + so.dense.bias
+        new = []
+        for i in range(n):
+            z = []
+            for k in range(n):
+                zk = zero
+                for h in range(heads):
+                    for j in range(n):
+                        zk = zk + r["A"][h][i][j] * f[h][j][k]
+                z.append(zk)
+            z = _absdot_loop(z, b_att)  # eqs. 4-6
+            z = [z[k] + comps[i][k] for k in range(n)]  # eq. 7, the residual
+            ln1 = so.LayerNorm
+            t = _absdot_loop([_ln_linear(z[k], ln1, r["s1"][i]) for k in range(n)], ln1.bias)  # eq. 8
+            torch.testing.assert_close(sum(t), r["a"][i], rtol=rtol, atol=atol)
+            zeta = _absdot_loop([inner.dense.weight @ t[k] for k in range(n)], inner.dense.bias)  # eq. 9
+            theta = _ratio_loop(inner.intermediate_act_fn, inner.dense.weight @ r["a"][i] + inner.dense.bias)
+            g = _absdot_loop([out.dense.weight @ (theta * zeta[k]) for k in range(n)], out.dense.bias)  # eq. 11
+            ln2 = out.LayerNorm
+            o = _absdot_loop([_ln_linear(t[k] + g[k], ln2, r["s2"][i]) for k in range(n)], ln2.bias)
+            torch.testing.assert_close(sum(o), r["out"][i], rtol=rtol, atol=atol)
+            new.append(o)
+        comps = new
+    pooler, classifier = hf.bert.pooler, hf.classifier
+    last = states[-1][1]["out"][0]  # [CLS]'s final state
+    q = _absdot_loop([pooler.dense.weight @ comps[0][k] for k in range(n)], pooler.dense.bias)  # eq. 13
+    theta = _ratio_loop(pooler.activation, pooler.dense.weight @ last + pooler.dense.bias)
+    y = _absdot_loop([classifier.weight @ (theta * q[k]) for k in range(n)], classifier.bias)
+    with torch.no_grad():
+        own = hf(input_ids=torch.tensor([ids], device=last.device)).logits[0]
+    rtol, atol = _loop_tolerance(own.dtype, 1e-10)
+    torch.testing.assert_close(sum(y), own, rtol=rtol, atol=atol)  # eq. 14: the terms sum to the logits
+    return [[float(v) for v in yk] for yk in y]
+
+
+def decompx_sentence_reference(model, ids):
+    """DecompX's importance for one sentence: each position's contribution to the predicted class's
+    logit (the first largest logit; one sigmoid logit z: class 1 when z > 0, else class 0 with
+    logit -z and contributions -z_k), a list of n floats."""
+    y = decompx_sentence_contributions(model, ids)
+    with torch.no_grad():
+        device = model.hf.classifier.weight.device
+        own = model.hf(input_ids=torch.tensor([ids], device=device)).logits[0].tolist()
+    if len(own) == 1:
+        return [yk[0] if own[0] > 0 else -yk[0] for yk in y]
+    c = max(range(len(own)), key=lambda c: (own[c], -c))
+    return [yk[c] for yk in y]
+
+
+def decompx_reference(model, tokens, lengths):
+    """:func:`decompx_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    return _attribution_rows(decompx_sentence_reference, model, tokens, lengths)

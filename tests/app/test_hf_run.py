@@ -110,7 +110,7 @@ def test_the_least_max_length_leaves_two_real_tokens_to_test(checkpoint):
 
 
 def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
-    # issue 28: --importances all on a BERT-like model computes the five attention-derived
+    # issue 28: --importances all on a BERT-like model computes the six attention-derived
     # attributions beside attention, gradient, leave-one-out and rollout (integrated gradients
     # and gradient x input too where Captum is installed), and the report's table has them all
     from tests.app.test_methods import check_against, plain_table
@@ -134,6 +134,7 @@ def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
         "alti",
         "value_zeroing",
         "chefer",
+        "decompx",
     } <= set(rows)
     inst = results["instances"]
     kendall = {k: v["tau"] for k, v in inst["kendall"].items()}
@@ -145,5 +146,5 @@ def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
     report = (out / "report.md").read_text()
     assert "## The explanation methods side by side" in report and (out / "methods.png").stat().st_size > 0
     table = report.split("## The explanation methods side by side")[1]
-    for name in ("value_norm", "globenc", "alti", "value_zeroing", "chefer"):
+    for name in ("value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx"):
         assert f"| {name} " in table

@@ -9,7 +9,7 @@
   ``single_removal``, ``single_token``, ``eraser`` (and the report sections built outside a
   step: ``methods``, the importances side by side, from the others' values; W&P's trainings,
   ``consistent_adversary``, ``diagnostic``); the importances: ``gradient``, ``loo``,
-  ``rollout``, ``value_norm``, ``globenc``, ``alti``, ``value_zeroing``, ``chefer``,
+  ``rollout``, ``value_norm``, ``globenc``, ``alti``, ``value_zeroing``, ``chefer``, ``decompx``,
   ``integrated_gradients``, ``input_x_gradient``.
 """
 
