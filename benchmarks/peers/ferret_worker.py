@@ -122,7 +122,10 @@ def main(inp: str, out: str) -> None:
         import_s=import_s,
         threads=torch.get_num_threads(),
         versions=dict(
-            ferret=version("ferret-xai"), torch=torch.__version__, transformers=transformers.__version__, numpy=np.__version__
+            ferret=version("ferret-xai"),
+            torch=torch.__version__,
+            transformers=transformers.__version__,
+            numpy=np.__version__,
         ),
     )
     with open(out, "w") as f:
