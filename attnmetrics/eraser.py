@@ -190,8 +190,9 @@ def rationale_sizes(
     (``rounding="floor"``, as ERASER's ``encode_attend.py`` sizes the rationale it keeps for
     sufficiency), where a fraction whose k is 0 does not count (the empty rationale: nothing
     deleted, or nothing left to run). ferret: ``k = floor(f L)`` tokens by score, of which only
-    those with a positive score form the rationale (possibly none); a fraction whose k is 0, or
-    whose rationale equals the previous counted one, does not count (``rounding`` must be left
+    those with a positive score form the rationale; a fraction whose k is 0, whose rationale is
+    empty (no positive score among its top k: ferret 0.4.2's ``_get_id_tokens_top_k`` gives None),
+    or whose rationale equals the previous counted one, does not count (``rounding`` must be left
     at its default). Rows with L = 0 count nothing. ``f L`` is rounded to 9 decimals first, so
     0.1 · 30 is 3 under either rounding.
 
@@ -213,7 +214,7 @@ def rationale_sizes(
     k = torch.floor(exact).to(torch.int64)
     valid = torch.arange(scores.shape[1], device=real.device) < real[:, None]
     positive = ((scores > 0) & valid).sum(1, keepdim=True)
-    size = torch.where(k > 0, torch.minimum(k, positive), -1)
+    size = torch.where((k > 0) & (positive > 0), torch.minimum(k, positive), -1)
     counted = torch.full_like(size, -1)
     previous = torch.full_like(size[:, 0], -1)
     for j in range(size.shape[1]):  # "the previous" in the order the fractions are given
@@ -304,7 +305,7 @@ _DOC = """
         fractions: the fractions f in (0, 1] (default ERASER's 0.01, 0.05, 0.1, 0.2, 0.5; ferret:
             :data:`FERRET_FRACTIONS`).
         variant: ``"eraser"`` (k = ceil(f L), or floor with ``rounding``) or ``"ferret"`` (k =
-            floor(f L) tokens, only the positive-scored among them; fractions with k = 0 or the
+            floor(f L) tokens, only the positive-scored among them; fractions with k = 0, an empty or the
             previous fraction's rationale do not count).
         rounding: the ERASER variant's k from f L: ``"ceil"`` (default; this library's
             definition, DESIGN §7: every fraction removes at least one token) or ``"floor"``

@@ -92,7 +92,9 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
         lengths: [B] integer positions per row, special tokens included, in
             ``[lead + trail, T]``.
         steps: integration points (>= 1; Captum's default 50). Each runs the model forward
-            and backward on the batch, so memory stays that of one batch.
+            and backward on the batch, so memory stays that of one batch: on a GPU the padded
+            batch, one step a forward; on the CPU the rows of one length at a time, cut to it
+            (no padding computed), as many steps a forward as keep it within the batch's rows.
 
     Returns:
         [B, T - lead] importance in the embeddings' float dtype, laid out as
@@ -110,15 +112,31 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_IG_STEPS:
         raise ValueError(f"steps must be an int >= 1 and <= {MAX_IG_STEPS}, got {steps!r}")
 
+    from attnmetrics.loo import padded_calls
+
     def attribute(probability, embedded, real, target, lengths):
-        return IntegratedGradients(probability).attribute(
-            embedded,
-            baselines=embedded.masked_fill(real.unsqueeze(-1), 0),
-            target=target,
-            additional_forward_args=(lengths,),
-            n_steps=steps,
-            internal_batch_size=embedded.shape[0],  # one batch per forward: memory as for one gradient
-        )
+        method = IntegratedGradients(probability)
+
+        def rows(x, real, target, lengths):
+            return method.attribute(
+                x,
+                baselines=x.masked_fill(real.unsqueeze(-1), 0),
+                target=target,
+                additional_forward_args=(lengths,),
+                n_steps=steps,
+                # at most as many rows a forward as the batch has: memory as for one gradient
+                internal_batch_size=embedded.shape[0],
+            )
+
+        if padded_calls(embedded.device):
+            return rows(embedded, real, target, lengths)
+        # On the CPU a forward's cost follows its positions: rows of one length at a time, cut
+        # to it, compute no padding (each call's forwards hold several steps of its rows).
+        out = torch.zeros_like(embedded)
+        for n in lengths.unique().tolist():
+            group = torch.nonzero(lengths == n).squeeze(1)
+            out[group, :n] = rows(embedded[group, :n], real[group, :n], target[group], lengths[group])
+        return out
 
     return _captum_importance(model, tokens, lengths, attribute, "integrated gradients")
 

@@ -51,6 +51,7 @@ def reference(
             else:  # ferret: floor(f L) tokens by score, the positive ones; repeats and k = 0 skipped
                 k = math.floor(exact)
                 rationale = {t for t in by_score[:k] if float(scores[b, t]) > 0} if k else None
+                rationale = rationale or None  # an empty rationale does not count (ferret 0.4.2)
                 if rationale is None or rationale == previous:
                     row_values.append(None)
                     continue
@@ -176,7 +177,7 @@ def test_rationale_sizes_follow_the_definitions(length, fractions, positive):
         assert eraser[j] == (math.ceil(exact) if length else -1)
         assert floor[j] == (math.floor(exact) if math.floor(exact) else -1)  # k = 0 does not count
         k = math.floor(exact)
-        size = min(k, positive, length) if k else None
+        size = min(k, positive, length) if k and positive else None
         assert ferret[j] == (-1 if size is None or size == previous else size)
         previous = previous if size is None else size
 
