@@ -8,6 +8,7 @@ that is JIT-compiled on first import.
 from attnmetrics.adversarial import AdversarialResult, adversarial_attention
 from attnmetrics.attributions import (
     alti,
+    attention_flow,
     attention_value_norm,
     decompx,
     globenc,
@@ -34,6 +35,7 @@ __all__ = [
     "adversarial_attention",
     "AdversarialResult",
     "alti",
+    "attention_flow",
     "attention_gradient",
     "attention_rollout",
     "attention_value_norm",

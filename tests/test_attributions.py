@@ -12,7 +12,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from attnmetrics.attributions import (  # noqa: E402
+    FLOW_SCALE,
+    _max_flows,
     alti,
+    attention_flow,
     attention_value_norm,
     decompx,
     decompx_contributions,
@@ -26,6 +29,8 @@ from attnmetrics.protocol import token_mask  # noqa: E402
 from attnmetrics.testing.reference import (  # noqa: E402
     alti_reference,
     alti_sentence_reference,
+    attention_flow_reference,
+    attention_flow_sentence_reference,
     attention_value_norm_reference,
     attention_value_norm_sentence_reference,
     decompx_reference,
@@ -47,6 +52,7 @@ METHODS = {
     "value_zeroing": value_zeroing,
     "chefer": gradient_weighted_rollout,
     "decompx": decompx,
+    "attention_flow": attention_flow,
 }
 #: the name each function gives itself in its errors
 FUNCTION = {"value_norm": "attention_value_norm", "chefer": "gradient_weighted_rollout"}
@@ -89,6 +95,7 @@ LOOPS = {
     "value_zeroing": value_zeroing_sentence_reference,
     "chefer": gradient_weighted_rollout_sentence_reference,
     "decompx": decompx_sentence_reference,
+    "attention_flow": attention_flow_sentence_reference,
 }
 REFERENCES = {
     "value_norm": attention_value_norm_reference,
@@ -97,6 +104,7 @@ REFERENCES = {
     "value_zeroing": value_zeroing_reference,
     "chefer": gradient_weighted_rollout_reference,
     "decompx": decompx_reference,
+    "attention_flow": attention_flow_reference,
 }
 
 
@@ -297,6 +305,104 @@ def test_decompx_needs_the_classification_head(model, inputs):
         decompx(headless, *inputs)
 
 
+def rollout_matrices(model, ids):
+    """Attention flow's (and rollout's) per-layer capacities of one sentence, from the reference
+    loop's attention: ``[L, n, n]`` float64, ``0.5 * mean_h A_h + 0.5 * I``, rows renormalised."""
+    from attnmetrics.testing.reference import bert_states_loop
+
+    with torch.no_grad():
+        states = bert_states_loop(model, ids)
+    a = torch.stack([torch.tensor(r["A"], dtype=F64).mean(0) for _, r in states])
+    m = 0.5 * a + 0.5 * torch.eye(len(ids), dtype=F64)
+    return m / m.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_attention_flow_with_one_or_two_layers_is_the_edge_or_the_disjoint_paths(layers):
+    """L = 1: the one edge, ``Â_0[p, j]``; L = 2: the paths ``(0, j) -> (1, k) -> (2, p)`` share no
+    edge, so the flow is ``sum_k min(Â_0[k, j], Â_1[p, k])``; both equal networkx's max flow."""
+    m = tiny(layers=layers, seed=3)
+    tokens, lengths = batch(rows=4, width=8, seed=5)
+    got = attention_flow(m, tokens, lengths)
+    for b in range(4):
+        n = int(lengths[b])
+        c = rollout_matrices(m, tokens[b, :n].tolist())
+        if layers == 1:
+            want = c[0, 0]
+        else:
+            want = torch.minimum(c[0], c[1, 0][:, None]).sum(0)
+        torch.testing.assert_close(got[b, : n - 2], want[1 : n - 1], rtol=1e-12, atol=1e-14)
+        with torch.no_grad():
+            loop = torch.tensor(attention_flow_sentence_reference(m, tokens[b, :n].tolist()), dtype=F64)
+        torch.testing.assert_close(loop, want, rtol=1e-12, atol=1e-14)
+
+
+def test_attention_flow_is_bounded_by_the_cuts_at_either_end(model, inputs):
+    """Every flow is >= 0, at most the pooled node's in-capacity (one row of the last matrix: 1)
+    and at most the source's out-capacity (its column of the first matrix); it is not rollout."""
+    tokens, lengths = inputs
+    got = attention_flow(model, tokens, lengths)
+    assert (got >= 0).all()
+    for b in range(tokens.shape[0]):
+        n = int(lengths[b])
+        c = rollout_matrices(model, tokens[b, :n].tolist())
+        flows = got[b, : n - 2]
+        assert (flows <= c[-1, 0].sum() + 1e-12).all()
+        assert (flows <= c[0].sum(0)[1 : n - 1] + 1e-12).all()
+    # some flows are strictly inside both bounds (not merely a cut at one end)
+    rolled = model.rollout(tokens, lengths)
+    assert not torch.allclose(got, rolled)
+
+
+def _networkx_flows(m, pooled, sources):
+    import networkx as nx
+
+    layers, n = m.shape[0], m.shape[1]
+    graph = nx.DiGraph()
+    for layer in range(layers):
+        for i in range(n):
+            for k in range(n):
+                graph.add_edge((layer, k), (layer + 1, i), capacity=float(m[layer, i, k]))
+    return [nx.maximum_flow_value(graph, (0, int(j)), (layers, pooled)) for j in sources]
+
+
+@pytest.mark.parametrize("kind", ["stochastic", "ties", "tiny"])
+def test_max_flows_equal_networkx_on_hard_graphs(kind):
+    """The integer max flow (capacities floored to multiples of 2^-30) then the exact capacity of
+    its minimum cut: equal to networkx's float max flow on row-stochastic graphs, on capacities in
+    eighths (many tied cuts); with capacities far below 2^-30 (floored to 0) the rounded graph's
+    cut may take some of them in, and the result is then above the max flow by at most their sum:
+    never below it, never past the documented bound (``attention_flow``'s precision note)."""
+    import numpy as np
+
+    rng = np.random.default_rng({"stochastic": 0, "ties": 1, "tiny": 2}[kind])
+    for layers, n in [(3, 5), (4, 7), (6, 4)]:
+        m = rng.random((layers, n, n)) ** 3
+        if kind == "ties":
+            m = (np.floor(m * 8) + np.eye(n)) / 8  # no row all 0
+        elif kind == "tiny":
+            m = np.where(rng.random((layers, n, n)) < 0.5, m * 1e-12, m)
+        m = m / m.sum(-1, keepdims=True)
+        sources = np.arange(n)
+        got = _max_flows(m, 1, sources)
+        want = np.array(_networkx_flows(m, 1, sources))
+        # never below the max flow, and within the documented bound |C| 2^-30 above it
+        bound = ((layers - 2) * n * n + 2 * n) / FLOW_SCALE
+        assert (got >= want - 1e-15).all() and (got < want + bound).all()
+        if kind != "tiny":  # the rounded graph's minimum cut is a minimum cut: exact
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+        else:  # off by at most the sub-2^-30 capacities the rounded cut took in (here 4e-12)
+            np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
+
+
+def test_attention_flow_names_a_row_that_is_not_finite(inputs):
+    m = tiny(layers=3)
+    with torch.no_grad():
+        m.hf.bert.encoder.layer[1].attention.self.query.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="attention_flow is not finite in row 0"):
+        attention_flow(m, *inputs)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", METHODS)
 def test_cuda_equals_cpu(name, model, inputs, references):
@@ -394,6 +500,7 @@ BATTERY = {
     "value_zeroing": "value_zeroing",
     "chefer": "chefer",
     "decompx": "decompx",
+    "attention_flow": "attention_flow",
 }
 
 
@@ -413,7 +520,8 @@ def test_battery_runs_each_when_asked_and_only_then(model, inputs, references):
     # per-head τ only for the last layer's value norm, not the rolled-out ones
     importances = {i.name: i for i in registry.importances()}
     assert importances["value_norm"].head_partner
-    assert not any(importances[n].head_partner for n in ("globenc", "alti", "value_zeroing", "chefer", "decompx"))
+    rolled = ("globenc", "alti", "value_zeroing", "chefer", "decompx", "attention_flow")
+    assert not any(importances[n].head_partner for n in rolled)
     # what the battery computes is the library's function
     s = registry.Settings(options=options)
     for name in BATTERY:
@@ -424,8 +532,11 @@ def test_battery_runs_each_when_asked_and_only_then(model, inputs, references):
     args = build_parser().parse_args(["run", "--dataset", "sst"])
     assert not any(getattr(args, name) for name in BATTERY)
     args = build_parser().parse_args(
-        ["run", "--dataset", "sst", "--alti", "--globenc", "--value-zeroing", "--value-norm", "--chefer", "--decompx"]
-    )
+        [
+            "run", "--dataset", "sst", "--alti", "--globenc", "--value-zeroing", "--value-norm", "--chefer",
+            "--decompx", "--attention-flow",
+        ]
+    )  # fmt: skip
     assert all(getattr(args, name) for name in BATTERY)
 
 

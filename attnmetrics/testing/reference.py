@@ -898,3 +898,35 @@ def decompx_sentence_reference(model, ids):
 def decompx_reference(model, tokens, lengths):
     """:func:`decompx_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
     return _attribution_rows(decompx_sentence_reference, model, tokens, lengths)
+
+
+# ---- attention flow (Abnar & Zuidema 2020, ACL, sec. 3) -------------------------------------------
+
+
+def attention_flow_sentence_reference(model, ids, residual=0.5):
+    """Attention flow as the paper defines it (sec. 3) and the authors' code builds it: one networkx
+    ``DiGraph`` for the sentence, a node ``(l, t)`` per layer boundary l = 0 .. L and position t, an
+    edge ``(l, k) -> (l + 1, i)`` of float capacity ``Â_l[i, k]`` (the heads' mean attention of the
+    loop's layer l mixed with the identity, ``(1 - residual) A + residual I``, each row divided by its
+    sum: the rollout's matrix), and one ``networkx.maximum_flow_value`` from ``(0, j)`` to
+    ``(L, 0)`` per position j (the flows not normalised)."""
+    import networkx as nx
+
+    n, graph = len(ids), nx.DiGraph()
+    states = bert_states_loop(model, ids)
+    for layer, (_, r) in enumerate(states):
+        heads = len(r["A"])
+        for i in range(n):
+            row = [
+                (1 - residual) * sum(r["A"][h][i][k] for h in range(heads)) / heads + (residual if i == k else 0.0)
+                for k in range(n)
+            ]
+            total = sum(row)
+            for k in range(n):
+                graph.add_edge((layer, k), (layer + 1, i), capacity=float(row[k]) / float(total))
+    return [nx.maximum_flow_value(graph, (0, j), (len(states), 0)) for j in range(n)]
+
+
+def attention_flow_reference(model, tokens, lengths):
+    """:func:`attention_flow_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    return _attribution_rows(attention_flow_sentence_reference, model, tokens, lengths)

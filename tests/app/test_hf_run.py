@@ -135,6 +135,7 @@ def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
         "value_zeroing",
         "chefer",
         "decompx",
+        "attention_flow",
     } <= set(rows)
     inst = results["instances"]
     kendall = {k: v["tau"] for k, v in inst["kendall"].items()}
@@ -146,5 +147,5 @@ def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
     report = (out / "report.md").read_text()
     assert "## The explanation methods side by side" in report and (out / "methods.png").stat().st_size > 0
     table = report.split("## The explanation methods side by side")[1]
-    for name in ("value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx"):
+    for name in ("value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx", "attention_flow"):
         assert f"| {name} " in table

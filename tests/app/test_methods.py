@@ -22,8 +22,8 @@ from tests.toy import toy_batch
 #: the methods whose flip search runs in their own order (not gradient: S&S's gradient order is
 #: another score; not leave-one-out: never a flip order)
 FLIP_ORDERS = {
-    "attention", "rollout", "value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx", "ig",
-    "input_x_gradient",
+    "attention", "rollout", "value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx",
+    "attention_flow", "ig", "input_x_gradient",
 }  # fmt: skip
 
 
@@ -229,7 +229,7 @@ def test_importances_all_is_every_optional_one_installed_and_those_that_apply_to
     # the attention-derived attributions apply to BERT-like Hugging Face models only: not to a BiLSTM
     settings = registry.Settings((), everything)
     names = {i.name for i in registry.chosen(toy_model, settings)}
-    assert not names & {"value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx"}
+    assert not names & {"value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx", "attention_flow"}
     assert {i.name for i in registry.chosen(None, settings)} >= {
         "value_norm",
         "globenc",
@@ -237,11 +237,12 @@ def test_importances_all_is_every_optional_one_installed_and_those_that_apply_to
         "value_zeroing",
         "chefer",
         "decompx",
+        "attention_flow",
     }
     # without Captum "all" leaves its two out and says so; naming one of them is the missing package's error
     monkeypatch.setattr(registry.importlib.util, "find_spec", lambda name, *a: None)
     without = {k for k, v in parsed("--importances", "all").importance_options.items() if v}
-    assert without == {"value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx"}
+    assert without == {"value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx", "attention_flow"}
     assert registry.left_out_of_all(("all",)) == [
         "integrated_gradients (needs Captum: pip install captum)",
         "input_x_gradient (needs Captum: pip install captum)",
