@@ -970,9 +970,9 @@ def _max_flows(m: np.ndarray, pooled: int, sources: np.ndarray) -> np.ndarray:
     exact = np.concatenate([np.zeros(n), *[m[b].T.reshape(-1) for b in range(1, layers - 1)], m[layers - 1, pooled]])
     tails = np.repeat(np.arange(sink + 1), np.diff(indptr))  # each edge's tail node
     flows = np.empty(len(sources))
+    graph = csr_array((data, indices, indptr), shape=(sink + 1, sink + 1))  # scipy copies it, never writes it
     for index, j in enumerate(sources):
-        data[:n], exact[:n] = caps[0, :, j], m[0, :, j]
-        graph = csr_array((data.copy(), indices, indptr), shape=(sink + 1, sink + 1))
+        graph.data[:n], exact[:n] = caps[0, :, j], m[0, :, j]
         residual = graph - maximum_flow(graph, 0, sink, method="dinic").flow
         residual.data[residual.data < 0] = 0
         residual.eliminate_zeros()

@@ -1,10 +1,12 @@
 """The attention-derived attributions (attnmetrics/attributions.py: attention × value norm,
-GlobEnc, ALTI, Value Zeroing, Chefer et al.'s gradient-weighted rollout, DecompX) against the plain
+GlobEnc, ALTI, Value Zeroing, Chefer et al.'s gradient-weighted rollout, DecompX, attention flow) against the plain
 per-sentence loops of their reference tests (attnmetrics/testing/reference.py: one sentence at a
 time, per layer, head and token, every state from the weights; Value Zeroing recomputes the layer
 once per zeroed token, as the authors' loop does; Chefer's loop runs one forward and one backward
 per sentence, ours one of each per chunk of rows; DecompX's loop propagates every (query, input
-token) vector one matrix-vector product at a time). Same model, same inputs, one run; values checked equal first, the ratio (the loop's median
+token) vector one matrix-vector product at a time; attention flow's builds a networkx graph per
+sentence and calls ``networkx.maximum_flow_value`` per token, as the authors' code, where ours runs
+scipy's Dinic on one reused graph a row). Same model, same inputs, one run; values checked equal first, the ratio (the loop's median
 over ours) in ``extra_info["ratio_vs_loop"]``.
 
     OMP_NUM_THREADS=1 python -m pytest benchmarks/test_bench_attributions.py --benchmark-only -k "not cuda"
@@ -13,7 +15,7 @@ Model: a random ``BertForSequenceClassification`` shaped like all-MiniLM-L6-v2 (
 12 heads, FFN 1536, WordPiece vocabulary 30,522; offline, no download), float32, eval mode, through
 the adapter ``HFClassifier``. Inputs, random WordPiece ids between ``[CLS]`` and ``[SEP]``:
 
-- ``loop``: the rows the plain loops of all six run on (on the CPU, also for the cuda cases' ratio):
+- ``loop``: the rows the plain loops of all seven run on (on the CPU, also for the cuda cases' ratio):
   few and short (the Value Zeroing loop takes ~10 s per 8-10-id sentence on one CPU thread), so that
   each loop stays under ~30 s;
 - ``sst``: SST-like, 64 rows of 10-50 real tokens: each method's own cost (no loop).
@@ -32,6 +34,7 @@ import torch
 
 from attnmetrics.attributions import (
     alti,
+    attention_flow,
     attention_value_norm,
     decompx,
     globenc,
@@ -40,6 +43,7 @@ from attnmetrics.attributions import (
 )
 from attnmetrics.testing.reference import (
     alti_reference,
+    attention_flow_reference,
     attention_value_norm_reference,
     decompx_reference,
     globenc_reference,
@@ -57,6 +61,7 @@ METHODS = {
     "value_zeroing": value_zeroing,
     "chefer": gradient_weighted_rollout,
     "decompx": decompx,
+    "attention_flow": attention_flow,
 }
 LOOPS = {
     "value_norm": attention_value_norm_reference,
@@ -65,6 +70,7 @@ LOOPS = {
     "value_zeroing": value_zeroing_reference,
     "chefer": gradient_weighted_rollout_reference,
     "decompx": decompx_reference,
+    "attention_flow": attention_flow_reference,
 }
 #: case -> (rows, fewest ids, most ids), [CLS] and [SEP] included
 CASES = {"loop": (3, 8, 10), "sst": (64, 12, 52)}
@@ -153,3 +159,69 @@ def test_ours(benchmark, name, case, device):
                     )
     finally:
         m.cpu()
+
+
+def _flow_graphs(m, tokens, lengths):
+    """Each row's rollout matrices ``[L, n, n]`` float64 (attention flow's capacities) from one
+    forward of the model, as ``attention_flow`` builds them."""
+    from attnmetrics.attributions import _masked_rows, _row_normalised, _Trace, bert_layers
+    from attnmetrics.protocol import token_mask
+
+    layers = bert_layers(m, "attention_flow")
+    with torch.no_grad():
+        trace = _Trace(m, layers, tokens, lengths, "attention_flow")
+    eye = torch.diag_embed(token_mask(lengths, tokens.shape[1]).double())
+    mixed = torch.stack(
+        [_row_normalised(0.5 * _masked_rows(p.double().mean(1), lengths) + 0.5 * eye) for p in trace.probs], 1
+    )
+    return [mixed[b, :, :n, :n].numpy() for b, n in enumerate(lengths.tolist())]
+
+
+def _networkx_row(c):
+    """The authors' way: a networkx DiGraph of the row, ``maximum_flow_value`` per real token."""
+    import networkx as nx
+
+    layers, n = c.shape[0], c.shape[1]
+    graph = nx.DiGraph()
+    for layer in range(layers):
+        for i in range(n):
+            for k in range(n):
+                graph.add_edge((layer, k), (layer + 1, i), capacity=float(c[layer, i, k]))
+    return [nx.maximum_flow_value(graph, (0, j), (layers, 0)) for j in range(1, n - 1)]
+
+
+@pytest.mark.parametrize("side", ["networkx", "ours"])
+@pytest.mark.parametrize("rows", [3, 8])
+def test_flow_step(benchmark, rows, side):
+    """The max flows alone (the forward left out): the first ``rows`` SST-like rows' graphs, every
+    real token's flow to [CLS], by networkx per token (the authors' code) or by ours; ours
+    checked equal to networkx (1e-12) first, the ratio in ``extra_info["ratio_vs_loop"]``."""
+    import numpy as np
+
+    from attnmetrics.attributions import _max_flows
+
+    small = benchmark.disabled
+    tokens, lengths = inputs("sst", small)
+    tokens, lengths = tokens[:rows], lengths[:rows]
+    tokens = tokens[:, : int(lengths.max())]
+    graphs = _flow_graphs(model(small), tokens, lengths)
+    _record(benchmark, "flow step", f"sst[:{rows}]", tokens, lengths, "cpu")
+    benchmark.group = f"attention flow's max flows, sst[:{rows}]"
+
+    def ours():
+        return [_max_flows(c, 0, np.arange(1, c.shape[1] - 1)) for c in graphs]
+
+    def loop():
+        return [_networkx_row(c) for c in graphs]
+
+    if side == "ours":
+        want = _loops.get(("flow step", rows, small), (None,))[0] or loop()
+        for got, w in zip(ours(), want):
+            np.testing.assert_allclose(got, w, rtol=1e-12, atol=1e-15)
+        benchmark.pedantic(ours, rounds=3, iterations=1, warmup_rounds=1)
+        if ("flow step", rows, small) in _loops and not small:
+            loop_s, ours_s = _loops["flow step", rows, small][1], benchmark.stats.stats.median
+            benchmark.extra_info.update(loop_s=loop_s, ours_s=ours_s, ratio_vs_loop=loop_s / ours_s)
+    else:
+        got = benchmark.pedantic(loop, rounds=1, iterations=1)
+        _loops["flow step", rows, small] = (got, None if small else benchmark.stats.stats.median)
