@@ -891,8 +891,10 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
     with ``scipy.sparse.csgraph.maximum_flow`` (Dinic's algorithm, sequential, one thread). With
     ``L >= 3`` a row's graph has ``(L - 1) n + 2`` nodes and ``(L - 2) n^2 + 2n`` edges (the input
     layer reduced to the source, the last to the pooled node), so a row costs n max flows of at
-    most ``O(V^2 E)`` each; measured, about quadratic to cubic in n and linear in L (a 6-layer
-    MiniLM-shaped model, 64 rows of 12-52 ids: see benchmarks/test_bench_attributions.py).
+    most ``O(V^2 E)`` each. Measured on one thread (random attention, 12 heads): a row takes about
+    n^3 and a little more than L (L = 6: 16 ms at n = 32, 0.56 s at n = 128; L = 12: 28 ms and
+    1.9 s), so a 512-token row of a 12-layer model takes minutes; 64 SST-like rows of a 6-layer
+    MiniLM-shaped model, 1.8 s (benchmarks/test_bench_attributions.py).
 
     Precision: scipy's max flow takes int32 capacities, so for ``L >= 3`` every capacity is
     rounded down to a multiple of ``2^-30`` (:data:`FLOW_SCALE`; no capacity, residual or flow of

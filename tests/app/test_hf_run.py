@@ -110,7 +110,7 @@ def test_the_least_max_length_leaves_two_real_tokens_to_test(checkpoint):
 
 
 def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
-    # issue 28: --importances all on a BERT-like model computes the six attention-derived
+    # issue 28: --importances all on a BERT-like model computes the seven attention-derived
     # attributions beside attention, gradient, leave-one-out and rollout (integrated gradients
     # and gradient x input too where Captum is installed), and the report's table has them all
     from tests.app.test_methods import check_against, plain_table
