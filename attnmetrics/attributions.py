@@ -925,7 +925,7 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
         eye = torch.diag_embed(valid.to(torch.float64))
         mixed = []
         for probs in trace.probs:
-            m = _row_normalised(0.5 * _masked_rows(probs.double().mean(1), lengths) + 0.5 * eye)
+            m = _row_normalised(0.5 * _masked_rows(probs.mean(1, dtype=torch.float64), lengths) + 0.5 * eye)
             mixed.append(m)
         graphs = torch.stack(mixed, 1).cpu().numpy()  # [b, L, T, T] float64
         pooled = _pooled(model, lengths).tolist()
