@@ -58,6 +58,7 @@ class RunConfig:
     skip: tuple[str, ...] = ()
     permutations: int | None = None
     adversarial_steps: int | None = None
+    adversarial_optimiser: str | None = None  # None: the protocol preset's
     orders: tuple[str, ...] = ()
     random_samples: int | None = None
     #: the optional importances' flags (attnmetrics/app/battery/: each declared by its module), by dest,

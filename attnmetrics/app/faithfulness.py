@@ -39,10 +39,21 @@ def block_rows(device, instances: int, ranks: int = 1) -> int:
     return max(CPU_BLOCK_ROWS, min(GPU_BLOCK_ROWS, math.ceil(instances / ranks)))
 
 
-def battery(config: RunConfig, model, test, splits, adversarial_diversity: float, results: Results, w: World) -> bool:
+def battery(
+    config: RunConfig,
+    model,
+    test,
+    splits,
+    adversarial_diversity: float,
+    results: Results,
+    w: World,
+    adversarial_amsgrad: bool = False,
+) -> bool:
     """The battery on the test split, into ``results``; under torchrun on this rank's share of
     the batches, gathered on rank 0. False on the other ranks (they write nothing).
-    ``adversarial_diversity``: the protocol preset's weight of the adversarial candidates' diversity."""
+    ``adversarial_diversity``: the protocol preset's weight of the adversarial candidates' diversity;
+    ``adversarial_amsgrad``: the preset's adversarial optimiser (AMSGrad or not), which
+    ``--adversarial-optimiser`` overrides."""
     t0 = time.perf_counter()
     rows = block_rows(next(model.parameters()).device, len(test), w.size)
     batches = [(int(b.index[0]), b.tokens, b.lengths) for b in test.batches(rows)]
@@ -58,6 +69,9 @@ def battery(config: RunConfig, model, test, splits, adversarial_diversity: float
         permutations=config.permutations,
         adversarial_steps=config.adversarial_steps,
         adversarial_diversity=adversarial_diversity,
+        adversarial_amsgrad=adversarial_amsgrad
+        if config.adversarial_optimiser is None
+        else config.adversarial_optimiser == "amsgrad",
         options=config.importance_options,
     )
     settings = {f.name: getattr(battery_config, f.name) for f in fields(battery_config)}

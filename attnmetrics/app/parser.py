@@ -201,6 +201,13 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
         "--adversarial-steps", type=positive_int, default=500, help="Adam steps of the adversarial search (J&W: 500)"
     )
     p.add_argument(
+        "--adversarial-optimiser",
+        choices=("adam", "amsgrad"),
+        default=None,
+        help="the adversarial search's optimiser: Adam (the paper; the default) or Adam with AMSGrad (J&W's "
+        "code, model/Binary_Classification.py:38; the default of --protocol jain-wallace)",
+    )
+    p.add_argument(
         "--orders",
         nargs="+",
         default=list(DEFAULT_ORDERS),

@@ -95,7 +95,10 @@ def _in_folder(
     if with_battery:
         if tested := tested_attention(model):
             results["battery"] = tested
-        if not battery(config, model, test, built.splits, built.protocol.diversity_weight, results, w):
+        protocol = built.protocol
+        if not battery(
+            config, model, test, built.splits, protocol.diversity_weight, results, w, protocol.adversarial_amsgrad
+        ):
             return False
         if after_battery is not None:
             after_battery(config, built, test, results)

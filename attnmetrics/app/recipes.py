@@ -14,7 +14,9 @@ What the preset sets (each recorded under ``protocol`` in results.json):
 - Training: a positive-class weight N / N_pos - 1 in the binary loss, batches of rows of similar
   length in a shuffled order, AMSGrad (which attnmetrics uses by default too).
 - Adversarial attention: their weighting of the candidates' diversity term, 6.25 times smaller
-  than attnmetrics' (``diversity_weight = 0.16``).
+  than attnmetrics' (``diversity_weight = 0.16``), and their optimiser, Adam with AMSGrad
+  (``adversarial_amsgrad``; ``AdversaryMulti``, model/Binary_Classification.py:38).
+  ``--adversarial-optimiser adam|amsgrad`` overrides it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Preset:
     sort_by_length: bool = False  # length-sorted batches in a shuffled order
     amsgrad: bool = True
     diversity_weight: float = 1.0  # weight of the adversarial candidates' mean pairwise JSD
+    adversarial_amsgrad: bool = False  # the adversarial search's Adam with AMSGrad (J&W's code)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,7 +48,12 @@ class Preset:
 PRESETS = {
     "attnmetrics": Preset("attnmetrics"),
     "jain-wallace": Preset(
-        "jain-wallace", sst_length_filter=True, pos_weight="balanced", sort_by_length=True, diversity_weight=1 / 6.25
+        "jain-wallace",
+        sst_length_filter=True,
+        pos_weight="balanced",
+        sort_by_length=True,
+        diversity_weight=1 / 6.25,
+        adversarial_amsgrad=True,
     ),
 }
 

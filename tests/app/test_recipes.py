@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import attnmetrics
 from attnmetrics.app.battery import EXPERIMENTS
 from attnmetrics.app.cli import main
 from attnmetrics.app.recipes import PRESETS, jain_wallace_length_filter
@@ -64,7 +65,7 @@ def test_length_sorted_batches_cover_every_row_once_in_a_seeded_order():
 
 
 @needs_sst
-def test_cli_records_and_applies_the_preset(tmp_path):
+def test_cli_records_and_applies_the_preset(tmp_path, monkeypatch):
     common = [
         "--dataset",
         "sst",
@@ -90,5 +91,21 @@ def test_cli_records_and_applies_the_preset(tmp_path):
     evaluated = json.loads((tmp_path / "e" / "results.json").read_text())
     assert evaluated["protocol"]["name"] == "jain-wallace"
     assert evaluated["adversarial"]["diversity_weight"] == pytest.approx(1 / 6.25)
+    # J&W's adversary optimises with AMSGrad (model/Binary_Classification.py:38): the preset's default,
+    # which --adversarial-optimiser overrides; the flag reaches adversarial_attention itself
+    assert evaluated["adversarial"]["amsgrad"] is True
+    assert "AMSGrad steps" in evaluated["conventions"]["adversarial"]
+    seen = []
+    real = attnmetrics.adversarial_attention
+
+    def spy(*a, **kw):
+        seen.append(kw["amsgrad"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(attnmetrics, "adversarial_attention", spy)
+    assert main([*args, "--no-progress", "--out", str(tmp_path / "e2")]) == 0
+    assert main([*args, "--adversarial-optimiser", "adam", "--no-progress", "--out", str(tmp_path / "e3")]) == 0
+    assert seen and set(seen[: len(seen) // 2]) == {True} and set(seen[len(seen) // 2 :]) == {False}
+    assert json.loads((tmp_path / "e3" / "results.json").read_text())["adversarial"]["amsgrad"] is False
     assert main(["train", *common, "--limit", "50", "--out", str(tmp_path / "default")]) == 0
     assert json.loads((tmp_path / "default" / "results.json").read_text())["protocol"]["name"] == "attnmetrics"

@@ -21,6 +21,7 @@ def step(b) -> None:
         *b.args,
         steps=b.config.adversarial_steps,
         diversity_weight=b.config.adversarial_diversity,
+        amsgrad=b.config.adversarial_amsgrad,
         generator=b.keyed["adversarial"],
         memory_budget=memory_budget(b.lengths.device),
     )
@@ -59,6 +60,7 @@ def summarise(x: dict, c: Context):
     summary = adversarial_summary(jsd, tvd, c.max_attention, c.lengths, c.predicted, c.class_names)
     summary["steps"] = c.config.adversarial_steps
     summary["diversity_weight"] = c.config.adversarial_diversity
+    summary["amsgrad"] = c.config.adversarial_amsgrad
     return summary, {"max_jsd": jsd.tolist(), "output_tvd": tvd.tolist()}
 
 
@@ -111,7 +113,8 @@ EXPERIMENT = Experiment(
     figure=figure,
     alt="adversarial",
     conventions=lambda config: {
-        "adversarial": f"J&W: 5 candidates, {config.adversarial_steps} Adam steps lr 0.01, "
+        "adversarial": f"J&W: 5 candidates, {config.adversarial_steps} "
+        f"{'AMSGrad' if config.adversarial_amsgrad else 'Adam'} steps lr 0.01, "
         "loss -JSD + 500 ReLU(TVD - 0.01) - pairwise JSD; max JSD among outputs with TVD <= 0.05"
     },
     statistics=statistics,

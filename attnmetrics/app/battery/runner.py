@@ -52,6 +52,7 @@ class BatteryConfig:
     permutations: int = 100
     adversarial_steps: int = 500
     adversarial_diversity: float = 1.0
+    adversarial_amsgrad: bool = False
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
