@@ -982,3 +982,15 @@ def _max_flows(m: np.ndarray, pooled: int, sources: np.ndarray) -> np.ndarray:
         side[breadth_first_order(residual, 0, directed=True, return_predecessors=False)] = True
         flows[index] = exact[side[tails] & ~side[indices]].sum()
     return flows
+
+
+#: The attention-derived attributions by the battery's names for them (``--importances NAME``)
+METHODS = {
+    "value_norm": attention_value_norm,
+    "globenc": globenc,
+    "alti": alti,
+    "value_zeroing": value_zeroing,
+    "chefer": gradient_weighted_rollout,
+    "decompx": decompx,
+    "attention_flow": attention_flow,
+}

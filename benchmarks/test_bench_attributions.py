@@ -33,13 +33,7 @@ import pytest
 import torch
 
 from attnmetrics.attributions import (
-    alti,
-    attention_flow,
-    attention_value_norm,
-    decompx,
-    globenc,
-    gradient_weighted_rollout,
-    value_zeroing,
+    METHODS,
 )
 from attnmetrics.testing.reference import (
     alti_reference,
@@ -54,15 +48,6 @@ from benchmarks.measure import median_seconds, skip_without, synchronised
 
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[hf])")
 
-METHODS = {
-    "value_norm": attention_value_norm,
-    "globenc": globenc,
-    "alti": alti,
-    "value_zeroing": value_zeroing,
-    "chefer": gradient_weighted_rollout,
-    "decompx": decompx,
-    "attention_flow": attention_flow,
-}
 LOOPS = {
     "value_norm": attention_value_norm_reference,
     "globenc": globenc_reference,

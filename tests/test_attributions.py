@@ -13,16 +13,14 @@ transformers = pytest.importorskip("transformers")
 
 from attnmetrics.attributions import (  # noqa: E402
     FLOW_SCALE,
+    METHODS,
     _max_flows,
     alti,
     attention_flow,
-    attention_value_norm,
     decompx,
     decompx_contributions,
-    globenc,
     gradient_weighted_rollout,
     supports,
-    value_zeroing,
 )
 from attnmetrics.models.hf import HFClassifier  # noqa: E402
 from attnmetrics.protocol import token_mask  # noqa: E402
@@ -45,15 +43,6 @@ from attnmetrics.testing.reference import (  # noqa: E402
 )
 
 F64 = torch.float64
-METHODS = {
-    "value_norm": attention_value_norm,
-    "globenc": globenc,
-    "alti": alti,
-    "value_zeroing": value_zeroing,
-    "chefer": gradient_weighted_rollout,
-    "decompx": decompx,
-    "attention_flow": attention_flow,
-}
 #: the name each function gives itself in its errors
 FUNCTION = {"value_norm": "attention_value_norm", "chefer": "gradient_weighted_rollout"}
 
