@@ -64,3 +64,31 @@ def peak_extra_mib(fn):
     before = _status_mib("VmRSS")
     fn()
     return _status_mib("VmHWM") - before
+
+
+def matmul_gmacs(n: int = 1024, repeats: int = 5) -> float:
+    """This process's multiply-add rate in GMAC/s at its torch threads: the best of ``repeats``
+    float32 ``n x n`` matrix products, the pace a transformer's dense layers can reach here."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm: the library's kernels and buffers
+    best = min(timed(lambda: torch.mm(a, b))[1] for _ in range(repeats))
+    return n**3 / best / 1e9
+
+
+def encoder_macs(config, positions: int) -> int:
+    """Multiply-adds of one forward pass of a BERT-like encoder (a Hugging Face ``config``:
+    ``hidden_size`` d, ``intermediate_size`` d_ff, ``num_hidden_layers``, ``num_labels`` C) over a
+    row of ``positions`` tokens at its own length: per layer 4 T d² (query, key, value, output),
+    2 T² d (scores and mixing) and 2 T d d_ff (feed-forward), then the pooler and the classifier
+    at the pooled position (d² + d C). The embeddings and LayerNorms (O(T d)) are left out: a
+    floor, not an estimate."""
+    t, d, f = positions, config.hidden_size, config.intermediate_size
+    per_layer = 4 * t * d * d + 2 * t * t * d + 2 * t * d * f
+    return config.num_hidden_layers * per_layer + d * d + d * config.num_labels
+
+
+def floor_info(macs: int, seconds: float) -> dict:
+    """``extra_info`` entries for a time against its multiply-add floor at this machine's rate."""
+    rate = matmul_gmacs()
+    floor = macs / (rate * 1e9)
+    return dict(multiply_adds=int(macs), machine_gmacs=rate, multiply_add_floor_s=floor, times_floor=seconds / floor)

@@ -35,7 +35,7 @@ import torch
 
 from attnmetrics import leave_one_out
 from benchmarks.jw_inputs import CASES, make_batch, make_model
-from benchmarks.measure import median_seconds, timed
+from benchmarks.measure import encoder_macs, floor_info, median_seconds, timed
 
 captum_attr = pytest.importorskip("captum.attr", reason="Captum is optional: pip install captum")
 
@@ -176,8 +176,12 @@ def test_leave_one_out_vs_captum_on_a_transformer(benchmark):
     tokens, lengths = inputs("sst", small)
     benchmark.group = "loo-captum-transformer"
     _, info = measure_against_captum(benchmark, model, tokens, lengths, per_evals, second_class, BERT_MASK)
+    # the floor: every masking re-encodes its whole row (nothing is reusable: docs/speed.md), and
+    # the rows themselves once, each at its own length
+    macs = sum((n - 1) * encoder_macs(config, n) for n in lengths.tolist())
     benchmark.extra_info.update(
         model="random BertForSequenceClassification " + ", ".join(f"{k}={v}" for k, v in shape.items()),
         **info,
+        **floor_info(macs, info["leave_one_out_mask_s"]),
         load_average_after=os.getloadavg()[0],
     )

@@ -64,7 +64,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.measure import median_seconds, timed
+from benchmarks.measure import encoder_macs, floor_info, median_seconds, timed
 
 transformers = pytest.importorskip("transformers", reason="transformers is optional")
 
@@ -317,6 +317,9 @@ def test_integrated_gradients_vs_captum(benchmark, setup):
         speedup_vs_stock=stock_s / ours_s,
         speedup_vs_bucketed=bucketed_s / ours_s,
         max_abs_diff_vs_captum=float((mine - stock).abs().max()),
+        # the floor: per step a forward and the backward to the inputs (at least one more
+        # forward's multiply-adds), each row at its own length
+        **floor_info(sum(2 * steps * encoder_macs(model.hf.config, n) for n in lengths.tolist()), ours_s),
         numpy=np.__version__,
         python=sys.version.split()[0],
         load_average_after=os.getloadavg()[0],
