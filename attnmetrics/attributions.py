@@ -919,29 +919,54 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
         tokens.
     """
 
-    def per_chunk(layers, tokens, lengths, trace, budget):
-        batch, width = tokens.shape
-        valid = token_mask(lengths, width)
-        eye = torch.diag_embed(valid.to(torch.float64))
-        mixed = []
-        for probs in trace.probs:
-            m = _row_normalised(0.5 * _masked_rows(probs.mean(1, dtype=torch.float64), lengths) + 0.5 * eye)
-            mixed.append(m)
-        graphs = torch.stack(mixed, 1).cpu().numpy()  # [b, L, T, T] float64
-        pooled = _pooled(model, lengths).tolist()
-        out = np.zeros((batch, width))
-        for row, n in enumerate(lengths.tolist()):
-            sources = np.arange(model.lead, n - model.trail)
-            if sources.size == 0:
-                continue
-            m = graphs[row, :, :n, :n]
-            if not np.isfinite(m).all():  # _real names the row
-                out[row, sources] = np.nan
-                continue
-            out[row, sources] = _max_flows(m, pooled[row], sources)
-        return torch.from_numpy(out).to(tokens.device)
+    from attnmetrics.rollout import layer_attentions, layer_matrices
 
-    return _run(model, tokens, lengths, memory_budget, "attention_flow", per_chunk)
+    attentions = layer_attentions(model, "attention_flow")
+    lengths = check_model_inputs(model, tokens, lengths)
+    budget = check_budget(memory_budget)
+    batch, width = tokens.shape
+    used = int(lengths.max())  # one read: the columns past every row's length are padding
+    pooled = _pooled(model, lengths)
+    out = None
+    with eval_mode(model), torch.no_grad():
+        row_bytes = _flow_row_bytes(model, attentions, tokens[:1, :used], lengths[:1])
+        for rows in _chunks(batch, row_bytes, budget // 2):
+            n = lengths[rows]
+            probs = attentions(tokens[rows, :used], n)
+            if out is None:  # the model's float dtype
+                out = torch.zeros(batch, width, dtype=probs.dtype, device=tokens.device)
+            graphs = layer_matrices(probs, n).cpu().numpy()  # [b, L, T, T] float64
+            out[rows, :used] = _flows(graphs, n.tolist(), pooled[rows].tolist(), model).to(out.device, out.dtype)
+    return _real(out, lengths, model, "attention_flow")
+
+
+def _flow_row_bytes(model, attentions, tokens: Tensor, lengths: Tensor) -> int:
+    """About what a row of attention flow's forward holds. A BERT-like model: :func:`_row_bytes` (its
+    chunks as they always were); any other, a one-row probe of its attention: twice its
+    probabilities and their float64 per-layer matrices (for the forward's activations)."""
+    if supports(model):
+        layers = bert_layers(model, "attention_flow")
+        dtype = layers[0].attention.output.dense.weight.dtype
+        return _row_bytes(layers, tokens.shape[1], torch.finfo(dtype).bits // 8)
+    probs = attentions(tokens, lengths)
+    return 2 * (probs.numel() * probs.element_size() + probs[:, :, 0].numel() * 8)
+
+
+def _flows(graphs: np.ndarray, lengths: list[int], pooled: list[int], model) -> Tensor:
+    """``[b, T]`` float64: each row's real tokens' max flows to its pooled position through
+    ``graphs`` ``[b, L, T, T]`` (:func:`attnmetrics.rollout.layer_matrices`), NaN for a row whose
+    matrices are not finite (:func:`_real` names it), zero elsewhere."""
+    out = np.zeros(graphs.shape[0:1] + graphs.shape[-1:])
+    for row, n in enumerate(lengths):
+        sources = np.arange(model.lead, n - model.trail)
+        if sources.size == 0:
+            continue
+        m = graphs[row, :, :n, :n]
+        if not np.isfinite(m).all():  # _real names the row
+            out[row, sources] = np.nan
+            continue
+        out[row, sources] = _max_flows(m, pooled[row], sources)
+    return torch.from_numpy(out)
 
 
 def _max_flows(m: np.ndarray, pooled: int, sources: np.ndarray) -> np.ndarray:
