@@ -3,9 +3,11 @@
 (Ferrando et al. 2022), Value Zeroing (Mohebbi et al. 2023), gradient-weighted attention
 rollout (Chefer et al. 2021, ICCV), DecompX (Modarressi et al. 2023, ACL) and attention flow (Abnar &
 Zuidema 2020, ACL), each the importance of every real token for the pooled position's (``[CLS]``'s)
-decision.
+decision. Attention flow needs the layers' attention alone and runs on every model attention
+rollout runs on (our GPT classifier and GPT-2-like Hugging Face classifiers too: see
+:func:`attention_flow`).
 
-Every function takes a model on the protocol whose ``hf`` attribute is a post-LayerNorm BERT
+Every other function takes a model on the protocol whose ``hf`` attribute is a post-LayerNorm BERT
 encoder classifier (``BertForSequenceClassification``: BERT, MiniLM, ...; the adapter
 ``attnmetrics.models.hf.HFClassifier`` is one) and reads each layer's attention probabilities from
 the module's own forward (forward hooks on the self-attention modules: the model's attention
@@ -87,8 +89,9 @@ def bert_layers(model, method: str) -> nn.ModuleList:
 
 
 def supports(model) -> bool:
-    """Whether the attributions of this module apply to ``model`` (a BERT-like Hugging Face
-    classifier); the battery's capability check."""
+    """Whether the decompositions of this module apply to ``model`` (a BERT-like Hugging Face
+    classifier); the battery's capability check for all but attention flow, which applies wherever
+    rollout does (``model.layer_attentions``)."""
     try:
         bert_layers(model, "")
     except (TypeError, ValueError):
@@ -865,10 +868,19 @@ FLOW_SCALE = 2**30
 
 def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
     """Attention flow (Abnar & Zuidema 2020, ACL, "Quantifying Attention Flow in Transformers",
-    sec. 3): the maximum flow from each input token to the pooled position's (``[CLS]``'s) last
-    representation through the layers' attention graph.
+    sec. 3): the maximum flow from each input token to the pooled position's last representation
+    through the layers' attention graph.
 
-    The graph of a row with n real positions (``[CLS]`` and ``[SEP]`` included, padding not) has a
+    It needs the layers' attention alone, so it runs on every model whose attention rollout runs
+    (our GPT classifier, BERT-like and GPT-2-like Hugging Face classifiers), reading what rollout
+    reads: the model's ``layer_attentions(tokens, lengths)`` (every layer's probabilities
+    ``[B, L, H, T, T]``), mixed into rollout's per-layer matrices by
+    :func:`attnmetrics.rollout.layer_matrices`, and its pooled position ``model.pooled(lengths)``
+    (``[CLS]``; a causal model's last real token; position 0 for a model without ``pooled``). A
+    causal model's attention is 0 on later keys, so its graph only has edges to the same or later
+    positions; nothing below changes.
+
+    The graph of a row with n real positions (special tokens included, padding not) has a
     node ``(l, t)`` for every layer boundary ``l = 0 .. L`` (0 the embeddings, ``l + 1`` layer l's
     output) and position t, and an edge from ``(l, k)`` to ``(l + 1, i)`` of capacity
     ``Â_l[i, k]``: attention rollout's per-layer matrix (docs/definitions.md §17, the residual 0.5
@@ -882,8 +894,8 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
     The flows are not normalised: the authors' code (samiraabnar/attention_flow,
     ``attention_graph_util.compute_flows``) divides each output node's flows by their sum over
     every input position, special tokens included, a positive constant per row that changes no
-    order within a row. As the other methods here, ``[CLS]``'s own flow is dropped with the lead
-    token's column and ``[SEP]`` and padding are 0.
+    order within a row. As rollout's importance, the lead special tokens' columns are dropped
+    (``[CLS]``, ``<start>``) and the trailing ones (``[SEP]``, ``<extract>``) and padding are 0.
 
     Runs on the CPU, whatever the model's device: one forward per chunk of rows on the model's
     device (as the other methods), then the per-layer matrices in float64 move to the CPU and each
@@ -909,8 +921,14 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
     2^-30 that round to 0 (a random graph with such capacities: 4e-12 above F). The result is then
     cast to the model's dtype.
 
-    Args, Raises: as :func:`attention_value_norm` (``memory_budget`` bounds the forward's chunks;
-    the flows hold one row's graph at a time).
+    Args: as :func:`attention_value_norm` (``memory_budget`` bounds the forward's chunks; the flows
+    hold one row's graph at a time).
+
+    Raises:
+        TypeError: the model has no attention layers (no ``layer_attentions``, e.g. the BiLSTM:
+            nothing to roll out either).
+        ValueError: bad ``tokens``, ``lengths`` or ``memory_budget``; an attention implementation
+            that returns no probabilities (``sdpa``); a row whose flows are not finite.
 
     Returns:
         ``[B, T - lead]`` in the model's float dtype: each real token's maximum flow to the pooled
@@ -919,29 +937,54 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
         tokens.
     """
 
-    def per_chunk(layers, tokens, lengths, trace, budget):
-        batch, width = tokens.shape
-        valid = token_mask(lengths, width)
-        eye = torch.diag_embed(valid.to(torch.float64))
-        mixed = []
-        for probs in trace.probs:
-            m = _row_normalised(0.5 * _masked_rows(probs.mean(1, dtype=torch.float64), lengths) + 0.5 * eye)
-            mixed.append(m)
-        graphs = torch.stack(mixed, 1).cpu().numpy()  # [b, L, T, T] float64
-        pooled = _pooled(model, lengths).tolist()
-        out = np.zeros((batch, width))
-        for row, n in enumerate(lengths.tolist()):
-            sources = np.arange(model.lead, n - model.trail)
-            if sources.size == 0:
-                continue
-            m = graphs[row, :, :n, :n]
-            if not np.isfinite(m).all():  # _real names the row
-                out[row, sources] = np.nan
-                continue
-            out[row, sources] = _max_flows(m, pooled[row], sources)
-        return torch.from_numpy(out).to(tokens.device)
+    from attnmetrics.rollout import layer_attentions, layer_matrices
 
-    return _run(model, tokens, lengths, memory_budget, "attention_flow", per_chunk)
+    attentions = layer_attentions(model, "attention_flow")
+    lengths = check_model_inputs(model, tokens, lengths)
+    budget = check_budget(memory_budget)
+    batch, width = tokens.shape
+    used = int(lengths.max())  # one read: the columns past every row's length are padding
+    pooled = _pooled(model, lengths)
+    out = None
+    with eval_mode(model), torch.no_grad():
+        row_bytes = _flow_row_bytes(model, attentions, tokens[:1, :used], lengths[:1])
+        for rows in _chunks(batch, row_bytes, budget // 2):
+            n = lengths[rows]
+            probs = attentions(tokens[rows, :used], n)
+            if out is None:  # the model's float dtype
+                out = torch.zeros(batch, width, dtype=probs.dtype, device=tokens.device)
+            graphs = layer_matrices(probs, n).cpu().numpy()  # [b, L, T, T] float64
+            out[rows, :used] = _flows(graphs, n.tolist(), pooled[rows].tolist(), model).to(out.device, out.dtype)
+    return _real(out, lengths, model, "attention_flow")
+
+
+def _flow_row_bytes(model, attentions, tokens: Tensor, lengths: Tensor) -> int:
+    """About what a row of attention flow's forward holds. A BERT-like model: :func:`_row_bytes` (its
+    chunks as they always were); any other, a one-row probe of its attention: twice its
+    probabilities and their float64 per-layer matrices (for the forward's activations)."""
+    if supports(model):
+        layers = bert_layers(model, "attention_flow")
+        dtype = layers[0].attention.output.dense.weight.dtype
+        return _row_bytes(layers, tokens.shape[1], torch.finfo(dtype).bits // 8)
+    probs = attentions(tokens, lengths)
+    return 2 * (probs.numel() * probs.element_size() + probs[:, :, 0].numel() * 8)
+
+
+def _flows(graphs: np.ndarray, lengths: list[int], pooled: list[int], model) -> Tensor:
+    """``[b, T]`` float64: each row's real tokens' max flows to its pooled position through
+    ``graphs`` ``[b, L, T, T]`` (:func:`attnmetrics.rollout.layer_matrices`), NaN for a row whose
+    matrices are not finite (:func:`_real` names it), zero elsewhere."""
+    out = np.zeros(graphs.shape[0:1] + graphs.shape[-1:])
+    for row, n in enumerate(lengths):
+        sources = np.arange(model.lead, n - model.trail)
+        if sources.size == 0:
+            continue
+        m = graphs[row, :, :n, :n]
+        if not np.isfinite(m).all():  # _real names the row
+            out[row, sources] = np.nan
+            continue
+        out[row, sources] = _max_flows(m, pooled[row], sources)
+    return torch.from_numpy(out)
 
 
 def _max_flows(m: np.ndarray, pooled: int, sources: np.ndarray) -> np.ndarray:

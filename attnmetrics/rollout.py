@@ -10,6 +10,7 @@ from torch import Tensor
 
 from attnmetrics._ops import ops
 from attnmetrics._validation import check_float, check_lengths
+from attnmetrics.protocol import token_mask
 
 
 def attention_rollout(attentions: Tensor, lengths: Tensor | None = None, residual: float = 0.5) -> Tensor:
@@ -117,3 +118,39 @@ def _overflows(attentions: Tensor, lengths: Tensor, dtype: torch.dtype) -> bool:
         return False
     largest = _valid_max(attentions, lengths)
     return math.isfinite(largest) and largest > limit  # NaN and infinity: the kernel names the row
+
+
+def layer_matrices(attentions: Tensor, lengths: Tensor | None = None, residual: float = 0.5) -> Tensor:
+    """Rollout's per-layer matrices before the product, in float64: ``[B, layers, T, T]`` with
+    ``M_l = (1 − residual) · mean_h attentions[b, l, h] + residual · I`` on each row's valid
+    ``L × L`` block, each row divided by its sum (a row summing to 0 stays 0), zero elsewhere
+    (docs/definitions.md §17). :func:`attention_rollout` forms the same matrices in its kernel and
+    multiplies them; attention flow (:func:`attnmetrics.attention_flow`) takes them as its graph's
+    capacities. ``attentions`` as :func:`attention_rollout`'s, read as they are (no value checks:
+    the caller's); ``lengths`` ``[B]`` integers (None: T)."""
+    batch, layers, heads, width = attentions.shape[:4]
+    lengths = torch.full((batch,), width, device=attentions.device) if lengths is None else lengths
+    valid = token_mask(lengths, width)
+    block = (valid[:, :, None] & valid[:, None, :]).to(torch.float64)
+    eye = torch.diag_embed(valid.to(torch.float64))
+    mixed = []
+    for layer in range(layers):  # one layer at a time: the heads' mean in float64, no float64 copy of them
+        m = (1.0 - residual) * (attentions[:, layer].mean(1, dtype=torch.float64) * block) + residual * eye
+        total = m.sum(-1, keepdim=True)
+        mixed.append(torch.where(total > 0, m / total.clamp_min(torch.finfo(m.dtype).tiny), m))
+    return torch.stack(mixed, 1)
+
+
+def layer_attentions(model, method: str):
+    """``model.layer_attentions``: the callable ``(tokens, lengths) -> [B, layers, heads, T, T]``
+    every layer's attention probabilities (what the models' ``rollout`` rolls out: our GPT
+    classifier, BERT-like and GPT-2-like Hugging Face classifiers), or a TypeError naming the model
+    and why ``method`` does not apply to it."""
+    get = getattr(model, "layer_attentions", None)
+    if not callable(get):
+        raise TypeError(
+            f"{method} needs a transformer's attention layers (model.layer_attentions, as attention rollout: our "
+            f"GPT classifier, BERT-like or GPT-2-like Hugging Face classifiers), got {type(model).__name__}: it "
+            "has no attention layers to roll out"
+        )
+    return get

@@ -210,18 +210,38 @@ class GPTClassifier(AttentionForward, nn.Module):
         None for a model with an attention head (its head's attention is the tested one)."""
         return None if self.attention is not None else extract_attention(self, tokens, lengths)
 
+    def pooled(self, lengths: Tensor) -> Tensor:
+        """[B] int64: the position whose final state GPT-1 classifies from, each row's
+        ``<extract>`` (its last position); rollout's and attention flow's pooled row."""
+        return lengths - 1
+
+    def layer_attentions(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """Every block's causal self-attention probabilities ``[B, layers, heads, T, T]`` (query ×
+        key, zero on later and padded keys), first to last: what :meth:`rollout` rolls out and
+        :func:`attnmetrics.attention_flow` takes as its graph. The blocks alone (no language-model
+        head); call in eval mode (no dropout). ValueError for lengths outside ``[1, T]``."""
+        B, T = tokens.shape
+        if lengths.shape != (B,) or bool(((lengths < 1) | (lengths > T)).any()):
+            raise ValueError(f"lengths must be [B] = [{B}] with values in [1, {T}], got {lengths.tolist()}")
+        mask = causal_mask(lengths, T)
+        x, probs = self.embed(tokens), []
+        for block in self.gpt.blocks:
+            x, p = block(x, mask)
+            probs.append(p)
+        return torch.stack(probs, 1)
+
     @torch.no_grad()
     def rollout(self, tokens: Tensor, lengths: Tensor, residual: float = 0.5) -> Tensor:
         """Attention rollout's importance (Abnar & Zuidema 2020; docs/definitions.md §17): the
-        ``<extract>`` row (each row's last position) of :func:`attnmetrics.attention_rollout` over
-        every block's self-attention, at the real tokens: ``[B, T - lead]``, zero past each row's.
+        ``<extract>`` row (:meth:`pooled`, each row's last position) of
+        :func:`attnmetrics.attention_rollout` over every block's self-attention
+        (:meth:`layer_attentions`), at the real tokens: ``[B, T - lead]``, zero past each row's.
         Call in eval mode (no dropout)."""
         from attnmetrics.rollout import attention_rollout
 
         B, T = tokens.shape
-        attentions = self.gpt(tokens, lengths, return_attention=True).attentions
-        rolled = attention_rollout(torch.stack(attentions, 1), lengths, residual)  # [B, T, T]
-        row = rolled[torch.arange(B, device=tokens.device), lengths - 1]
+        rolled = attention_rollout(self.layer_attentions(tokens, lengths), lengths, residual)  # [B, T, T]
+        row = rolled[torch.arange(B, device=tokens.device), self.pooled(lengths)]
         return (row * token_mask(lengths, T, self.lead, self.trail))[:, self.lead :]
 
     def deletion_logits(self, embedded: Tensor, lengths: Tensor) -> Callable[[Tensor, Tensor], Tensor]:

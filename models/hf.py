@@ -309,19 +309,35 @@ class HFClassifier(nn.Module):
             return [layer.attention.self for layer in self.base.encoder.layer]
         return [block.attn for block in self.base.h]
 
-    @torch.no_grad()
-    def rollout(self, tokens: Tensor, lengths: Tensor, residual: float = 0.5) -> Tensor:
-        """Attention rollout's importance (Abnar & Zuidema 2020; docs/definitions.md §17): the
-        pooled position's row of :func:`attnmetrics.attention_rollout` over every layer's
-        attention, at the real tokens: ``[B, T - lead]``, zero past each row's."""
-        from attnmetrics.rollout import attention_rollout
-
-        B, T = tokens.shape
+    def layer_attentions(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """Every layer's attention probabilities ``[B, layers, heads, T, T]`` (query × key), first
+        to last, from one forward of the model's own attention (padded keys get no weight; padded
+        queries' rows are the mask's, never read): what :meth:`rollout` rolls out and
+        :func:`attnmetrics.attention_flow` takes as its graph. ValueError when the model's
+        attention implementation is not this adapter's (e.g. ``sdpa``: no probabilities)."""
+        T = tokens.shape[1]
         probs: list[Tensor] = []
         layers = self.attention_layers
         with hooked(layers, lambda q, k, v, p, scaling: probs.append(p) or p):
             self.base(input_ids=tokens, attention_mask=token_mask(lengths, T).long())
-        rolled = attention_rollout(torch.stack(probs, 1), lengths, residual)  # [B, T, T]
+        if len(probs) != len(layers):
+            raise ValueError(
+                f"the layers' attention probabilities: {type(self.hf).__name__}'s attention implementation "
+                f"({getattr(self.hf.config, '_attn_implementation', '?')}) returns none; set it back with "
+                f"model.hf.set_attn_implementation({ATTENTION!r})"
+            )
+        return torch.stack(probs, 1)
+
+    @torch.no_grad()
+    def rollout(self, tokens: Tensor, lengths: Tensor, residual: float = 0.5) -> Tensor:
+        """Attention rollout's importance (Abnar & Zuidema 2020; docs/definitions.md §17): the
+        pooled position's row of :func:`attnmetrics.attention_rollout` over every layer's
+        attention (:meth:`layer_attentions`), at the real tokens: ``[B, T - lead]``, zero past
+        each row's."""
+        from attnmetrics.rollout import attention_rollout
+
+        B, T = tokens.shape
+        rolled = attention_rollout(self.layer_attentions(tokens, lengths), lengths, residual)  # [B, T, T]
         row = rolled[torch.arange(B, device=tokens.device), self.pooled(lengths)]
         real = token_mask(lengths, T, self.lead, self.trail)
         return (row * real)[:, self.lead :]

@@ -414,7 +414,7 @@ def test_a_model_without_transformer_layers_is_refused(name, inputs):
     assert not supports(lstm)
 
 
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name", [name for name in METHODS if name != "attention_flow"])  # flow: rollout's models
 def test_gpt2_is_refused_with_the_reason(name):
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=60, n_embd=16, n_layer=1, n_head=2, n_positions=32, pad_token_id=0)
@@ -537,3 +537,150 @@ def test_battery_skips_them_where_they_do_not_apply():
     s = registry.Settings(options={name: True for name in BATTERY})
     assert not set(BATTERY) & {i.name for i in registry.chosen(lstm, s)}
     assert set(BATTERY) <= {i.name for i in registry.chosen(tiny(layers=1), s)}
+
+
+# ---- attention flow on every model attention rollout supports -------------------------------------
+
+
+def tiny_gpt(layers: int = 3, seed: int = 0, dtype=F64):
+    """Our GPT classifier (post-LayerNorm causal blocks, pooled at ``<extract>``), every parameter
+    drawn from N(0, 0.5^2) so that the attention is far from uniform."""
+    from attnmetrics.models.gpt import GPTConfig
+    from attnmetrics.models.gpt_classifier import GPTClassifier
+
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=50, n_layer=layers, d_model=16, n_head=2, context=16, dropout=0.1)
+    model = GPTClassifier(config, num_classes=2, attention="tanh")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    return model.to(dtype).eval()
+
+
+def tiny_gpt2(layers: int = 3, seed: int = 0, dtype=F64) -> HFClassifier:
+    """A GPT-2 Hugging Face classifier (pre-LayerNorm causal blocks, pooled at the last real
+    token, no special tokens), parameters drawn as :func:`tiny`'s."""
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        vocab_size=50, n_embd=16, n_layer=layers, n_head=2, n_positions=32, num_labels=2, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    model = transformers.GPT2ForSequenceClassification(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    return HFClassifier(model.to(dtype)).eval()
+
+
+CAUSAL = {"gpt": tiny_gpt, "gpt2": tiny_gpt2}
+
+
+def causal_batch(family: str, rows: int = 6, width: int = 9, seed: int = 0):
+    """Right-padded rows: ours ``<start> ... <extract>`` (one real token in row 1: length 3), GPT-2's
+    ids alone (one token in row 1: length 1); the first full width, the rest ragged."""
+    from attnmetrics.models.gpt_classifier import EXTRACT, START
+
+    tokens, lengths = batch(rows, width, seed)
+    if family == "gpt":
+        tokens[:, 0] = START
+        tokens[torch.arange(rows), lengths - 1] = EXTRACT
+    else:
+        lengths = lengths - 2
+        lengths[0] = width
+        tokens = torch.where(token_mask(lengths, width), tokens.roll(-1, 1).clamp_min(5), 0)
+    return tokens, lengths
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_attention_flow_of_a_causal_model_equals_networkx(family):
+    """Our GPT classifier and a GPT-2 classifier, 3 layers (the min-cut path), ragged rows and a
+    one-token row: the networkx loop over each sentence alone, unpadded, pooled at its last token."""
+    m = CAUSAL[family]()
+    tokens, lengths = causal_batch(family)
+    got = attention_flow(m, tokens, lengths)
+    want = attention_flow_reference(m, tokens, lengths)
+    assert got.dtype == F64 and got.shape == (6, 9 - m.lead)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    real = token_mask(lengths - m.lead - m.trail, 9 - m.lead)
+    assert (got[~real] == 0).all() and (got[real] > 0).all()
+    assert float(want[0].std()) > 1e-3 * float(want[0].abs().max())  # something to tell apart
+    if family == "gpt2":  # one position: every capacity is 1, so is its flow
+        assert int(lengths[1]) == 1 and float(got[1, 0]) == 1.0
+    # chunked one row at a time: the same flows
+    torch.testing.assert_close(attention_flow(m, tokens, lengths, memory_budget=1), got, rtol=1e-12, atol=1e-14)
+    assert not torch.allclose(got, m.rollout(tokens, lengths))
+
+
+@pytest.mark.parametrize("family", ["bert", *CAUSAL])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_attention_flow_closed_forms_on_every_model(family, layers):
+    """The per-layer matrices are rollout's (``layer_matrices`` of the model's ``layer_attentions``),
+    a causal model's zero above the diagonal; one layer: the flow is the pooled row of the matrix,
+    which is also rollout's importance; two: ``sum_k min(Â_0[k, j], Â_1[p, k])``."""
+    from attnmetrics.rollout import layer_matrices
+
+    m = (lambda layers, seed: tiny(layers, seed)) if family == "bert" else CAUSAL[family]
+    m = m(layers, seed=3)
+    tokens, lengths = causal_batch(family, rows=4, width=8, seed=5) if family != "bert" else batch(4, 8, 5)
+    got = attention_flow(m, tokens, lengths)
+    if layers == 1:
+        torch.testing.assert_close(got, m.rollout(tokens, lengths), rtol=1e-12, atol=1e-14)
+    pooled = m.pooled(lengths)
+    for b in range(4):
+        n = int(lengths[b])
+        with torch.no_grad():
+            c = layer_matrices(m.layer_attentions(tokens[b : b + 1, :n], lengths[b : b + 1]))[0]
+        if family != "bert":
+            assert (torch.triu(c, 1) == 0).all() and int(pooled[b]) == n - 1
+        p = int(pooled[b])
+        want = c[0, p] if layers == 1 else torch.minimum(c[0], c[1, p][:, None]).sum(0)
+        torch.testing.assert_close(got[b, : n - m.lead - m.trail], want[m.lead : n - m.trail], rtol=1e-12, atol=1e-14)
+
+
+def test_max_flows_equal_networkx_on_causal_graphs():
+    """Lower-triangular row-stochastic graphs (a decoder's), pooled at the last position: the
+    integer max flow's minimum cut in exact capacities equals networkx's float max flow."""
+    import numpy as np
+
+    rng = np.random.default_rng(4)
+    for layers, n in [(3, 5), (4, 7), (6, 4)]:
+        m = np.tril(rng.random((layers, n, n)) ** 3) + 0.5 * np.eye(n)
+        m = m / m.sum(-1, keepdims=True)
+        sources = np.arange(n)
+        np.testing.assert_allclose(
+            _max_flows(m, n - 1, sources), _networkx_flows(m, n - 1, sources), rtol=1e-12, atol=1e-15
+        )
+
+
+def test_attention_flow_refuses_a_model_without_attention_layers_with_the_reason(inputs):
+    from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+
+    lstm = EncoderAttentionClassifier(ModelConfig(60, embed_dim=8, hidden_size=6))
+    with pytest.raises(
+        TypeError,
+        match=r"attention_flow needs a transformer's attention layers .*got EncoderAttentionClassifier: it has no "
+        "attention layers to roll out",
+    ):
+        attention_flow(lstm, *inputs)
+
+
+def test_an_attention_without_probabilities_is_named_for_gpt2():
+    sdpa = tiny_gpt2(layers=1)
+    sdpa.hf.set_attn_implementation("sdpa")
+    with pytest.raises(ValueError, match=r"attention probabilities.*\(sdpa\) returns none"):
+        attention_flow(sdpa, *causal_batch("gpt2"))
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_battery_runs_attention_flow_wherever_rollout_applies(family):
+    from attnmetrics.app.battery import registry
+
+    m = CAUSAL[family](layers=2)
+    tokens, lengths = causal_batch(family)
+    s = registry.Settings(options={name: True for name in BATTERY})
+    chosen = {i.name: i for i in registry.chosen(m, s)}
+    assert "rollout" in chosen and "attention_flow" in chosen
+    assert not (set(BATTERY) - {"attention_flow"}) & set(chosen)  # the decompositions: BERT-like only
+    torch.testing.assert_close(
+        chosen["attention_flow"].compute(m, tokens, lengths, s), attention_flow_reference(m, tokens, lengths)
+    )

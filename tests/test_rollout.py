@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from attnmetrics import attention_rollout
 from attnmetrics._ops import ops
+from attnmetrics.rollout import layer_matrices
 from attnmetrics.testing.reference import attention_rollout_reference
 
 F64 = torch.float64
@@ -212,3 +213,22 @@ def test_huge_float32_attention_does_not_overflow(residual):
 def test_attention_past_float64_head_sums_is_refused():
     with pytest.raises(ValueError, match=r"^attentions holds values up to 1e\+308.*overflow"):
         attention_rollout(torch.full((1, 1, 2, 3, 3), 1e308, dtype=F64))
+
+
+@pytest.mark.parametrize("residual", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_layer_matrices_are_each_layer_rolled_out_alone(residual, causal):
+    """``layer_matrices`` (attention flow's capacities) are the matrices the kernel multiplies: each
+    layer rolled out alone, float64, zero off each row's valid block (garbage there never read), a
+    causal attention's zero above the diagonal."""
+    rng = np.random.default_rng(11)
+    lengths = torch.tensor([6, 1, 0, 4])
+    att = attentions(rng, 4, 3, 2, 6, lengths, torch.float32, causal)
+    got = layer_matrices(att, lengths, residual)
+    assert got.dtype == F64 and got.shape == (4, 3, 6, 6)
+    for layer in range(3):
+        alone = attention_rollout(att[:, layer : layer + 1].double(), lengths, residual)
+        torch.testing.assert_close(got[:, layer], alone, rtol=1e-12, atol=1e-14)
+    if causal:
+        assert (torch.triu(got, 1) == 0).all()
+    torch.testing.assert_close(layer_matrices(att[:1], None, residual), layer_matrices(att[:1], lengths[:1], residual))

@@ -903,30 +903,60 @@ def decompx_reference(model, tokens, lengths):
 # ---- attention flow (Abnar & Zuidema 2020, ACL, sec. 3) -------------------------------------------
 
 
+def _layer_attentions_loop(model, ids):
+    """Every layer's attention of one unpadded sentence, ``[L][H][n][n]`` nested lists, from the
+    model's ``layer_attentions`` (what attention rollout and ``attention_flow`` read: our GPT
+    classifier, BERT-like and GPT-2-like Hugging Face classifiers); for a BERT-like model checked
+    against :func:`bert_states_loop`'s recomputation from the weights first."""
+    device = next(model.parameters()).device
+    tokens = torch.tensor([ids], device=device)
+    with torch.no_grad():
+        probs = model.layer_attentions(tokens, torch.tensor([len(ids)], device=device))[0]
+    if getattr(getattr(model, "hf", None), "bert", None) is not None:
+        with torch.no_grad():
+            states = bert_states_loop(model, ids)
+        loop = torch.stack([torch.tensor(r["A"], dtype=probs.dtype) for _, r in states])
+        rtol, atol = _loop_tolerance(probs.dtype, 1e-10)
+        torch.testing.assert_close(probs.cpu(), loop, rtol=rtol, atol=atol)
+    return probs.tolist()
+
+
 def attention_flow_sentence_reference(model, ids, residual=0.5):
     """Attention flow as the paper defines it (sec. 3) and the authors' code builds it: one networkx
     ``DiGraph`` for the sentence, a node ``(l, t)`` per layer boundary l = 0 .. L and position t, an
-    edge ``(l, k) -> (l + 1, i)`` of float capacity ``Â_l[i, k]`` (the heads' mean attention of the
-    loop's layer l mixed with the identity, ``(1 - residual) A + residual I``, each row divided by its
-    sum: the rollout's matrix), and one ``networkx.maximum_flow_value`` from ``(0, j)`` to
-    ``(L, 0)`` per position j (the flows not normalised)."""
+    edge ``(l, k) -> (l + 1, i)`` of float capacity ``Â_l[i, k]`` (the heads' mean attention of
+    layer l, :func:`_layer_attentions_loop`'s, mixed with the identity, ``(1 - residual) A +
+    residual I``, each row divided by its sum: the rollout's matrix; a causal model's attention is 0
+    on later keys, so its edges of capacity 0 carry nothing), and one ``networkx.maximum_flow_value``
+    from ``(0, j)`` to ``(L, p)`` per position j, p the model's pooled position (``model.pooled``:
+    ``[CLS]``, or a causal model's last token; 0 without one); the flows not normalised."""
     import networkx as nx
 
     n, graph = len(ids), nx.DiGraph()
-    states = bert_states_loop(model, ids)
-    for layer, (_, r) in enumerate(states):
-        heads = len(r["A"])
+    attentions = _layer_attentions_loop(model, ids)
+    for layer, a in enumerate(attentions):
+        heads = len(a)
         for i in range(n):
             row = [
-                (1 - residual) * sum(r["A"][h][i][k] for h in range(heads)) / heads + (residual if i == k else 0.0)
+                (1 - residual) * sum(a[h][i][k] for h in range(heads)) / heads + (residual if i == k else 0.0)
                 for k in range(n)
             ]
             total = sum(row)
             for k in range(n):
                 graph.add_edge((layer, k), (layer + 1, i), capacity=float(row[k]) / float(total))
-    return [nx.maximum_flow_value(graph, (0, j), (len(states), 0)) for j in range(n)]
+    pooled = int(model.pooled(torch.tensor([n]))[0]) if hasattr(model, "pooled") else 0
+    return [nx.maximum_flow_value(graph, (0, j), (len(attentions), pooled)) for j in range(n)]
 
 
 def attention_flow_reference(model, tokens, lengths):
-    """:func:`attention_flow_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
-    return _attribution_rows(attention_flow_sentence_reference, model, tokens, lengths)
+    """:func:`attention_flow_sentence_reference` one row at a time, ``[B, T - lead]`` float64: each
+    row's real tokens' flows (``model.lead`` and ``model.trail`` special positions dropped), zero
+    past them."""
+    lead, trail = model.lead, model.trail
+    out = torch.zeros(tokens.shape[0], tokens.shape[1] - lead, dtype=torch.float64)
+    for b in range(tokens.shape[0]):
+        n = int(lengths[b])
+        if n > lead + trail:
+            scores = attention_flow_sentence_reference(model, tokens[b, :n].tolist())
+            out[b, : n - lead - trail] = torch.tensor(scores[lead : n - trail], dtype=torch.float64)
+    return out
