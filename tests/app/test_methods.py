@@ -226,7 +226,7 @@ def test_importances_all_is_every_optional_one_installed_and_those_that_apply_to
     )
     if captum:
         assert registry.left_out_of_all(("all",)) == []
-    # the attention-derived attributions apply to BERT-like Hugging Face models only: not to a BiLSTM
+    # the attention-derived attributions need a transformer (attention flow any, the rest BERT-like): not a BiLSTM
     settings = registry.Settings((), everything)
     names = {i.name for i in registry.chosen(toy_model, settings)}
     assert not names & {"value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx", "attention_flow"}
