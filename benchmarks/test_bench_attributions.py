@@ -36,27 +36,12 @@ from attnmetrics.attributions import (
     METHODS,
 )
 from attnmetrics.testing.reference import (
-    alti_reference,
-    attention_flow_reference,
-    attention_value_norm_reference,
-    decompx_reference,
-    globenc_reference,
-    gradient_weighted_rollout_reference,
-    value_zeroing_reference,
+    ATTRIBUTION_REFERENCES,
 )
 from benchmarks.measure import median_seconds, skip_without, synchronised
 
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[hf])")
 
-LOOPS = {
-    "value_norm": attention_value_norm_reference,
-    "globenc": globenc_reference,
-    "alti": alti_reference,
-    "value_zeroing": value_zeroing_reference,
-    "chefer": gradient_weighted_rollout_reference,
-    "decompx": decompx_reference,
-    "attention_flow": attention_flow_reference,
-}
 #: case -> (rows, fewest ids, most ids), [CLS] and [SEP] included
 CASES = {"loop": (3, 8, 10), "sst": (64, 12, 52)}
 SMOKE = (2, 5, 7)
@@ -111,12 +96,12 @@ def _record(benchmark, name, case, tokens, lengths, device):
     )
 
 
-@pytest.mark.parametrize("name", LOOPS)
+@pytest.mark.parametrize("name", ATTRIBUTION_REFERENCES)
 def test_plain_loop(benchmark, name):
     small = benchmark.disabled
     m, (tokens, lengths) = model(small), inputs("loop", small)
     _record(benchmark, name, "loop", tokens, lengths, "cpu")
-    got = benchmark.pedantic(LOOPS[name], args=(m, tokens, lengths), rounds=1, iterations=1)
+    got = benchmark.pedantic(ATTRIBUTION_REFERENCES[name], args=(m, tokens, lengths), rounds=1, iterations=1)
     _loops[name, small] = (got, None if small else benchmark.stats.stats.median)
 
 

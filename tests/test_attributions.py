@@ -25,20 +25,15 @@ from attnmetrics.attributions import (  # noqa: E402
 from attnmetrics.models.hf import HFClassifier  # noqa: E402
 from attnmetrics.protocol import token_mask  # noqa: E402
 from attnmetrics.testing.reference import (  # noqa: E402
-    alti_reference,
+    ATTRIBUTION_REFERENCES,
     alti_sentence_reference,
     attention_flow_reference,
     attention_flow_sentence_reference,
-    attention_value_norm_reference,
     attention_value_norm_sentence_reference,
-    decompx_reference,
     decompx_sentence_contributions,
     decompx_sentence_reference,
-    globenc_reference,
     globenc_sentence_reference,
-    gradient_weighted_rollout_reference,
     gradient_weighted_rollout_sentence_reference,
-    value_zeroing_reference,
     value_zeroing_sentence_reference,
 )
 
@@ -86,20 +81,11 @@ LOOPS = {
     "decompx": decompx_sentence_reference,
     "attention_flow": attention_flow_sentence_reference,
 }
-REFERENCES = {
-    "value_norm": attention_value_norm_reference,
-    "globenc": globenc_reference,
-    "alti": alti_reference,
-    "value_zeroing": value_zeroing_reference,
-    "chefer": gradient_weighted_rollout_reference,
-    "decompx": decompx_reference,
-    "attention_flow": attention_flow_reference,
-}
 
 
 def expected(name, model, tokens, lengths):
     """[B, T - 1]: the loop's scores of each row's real tokens ([SEP] and padding 0)."""
-    return REFERENCES[name](model, tokens, lengths)
+    return ATTRIBUTION_REFERENCES[name](model, tokens, lengths)
 
 
 # ---- tests ------------------------------------------------------------------------------------

@@ -960,3 +960,16 @@ def attention_flow_reference(model, tokens, lengths):
             scores = attention_flow_sentence_reference(model, tokens[b, :n].tolist())
             out[b, : n - lead - trail] = torch.tensor(scores[lead : n - trail], dtype=torch.float64)
     return out
+
+
+#: The plain loops of the attention-derived attributions by their battery names
+#: (``attnmetrics.attributions.METHODS``): whole batches, one sentence at a time
+ATTRIBUTION_REFERENCES = {
+    "value_norm": attention_value_norm_reference,
+    "globenc": globenc_reference,
+    "alti": alti_reference,
+    "value_zeroing": value_zeroing_reference,
+    "chefer": gradient_weighted_rollout_reference,
+    "decompx": decompx_reference,
+    "attention_flow": attention_flow_reference,
+}
