@@ -591,40 +591,42 @@ def gradient_weighted_rollout(
     def per_chunk(layers, tokens, lengths, trace, budget):
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         pooled = _pooled(model, lengths)
-        logits = check_logits(
-            model.decoder(trace.x[-1][rows, pooled]),
-            tokens.shape[0],
-            source="model",
-            inputs="the input rows",
-            on=" on the input rows",
-        )
-        target = _predicted_logit(logits)
+        target = _predicted_logit(_pooled_logits(model, trace, rows, pooled))
         grads = torch.autograd.grad(target.sum(), trace.probs)
         width = tokens.shape[1]
         valid = token_mask(lengths, width)
         eye = torch.diag_embed(valid.to(trace.probs[0].dtype))  # I on each row's real positions
         matrices = []
         for index, (g, a) in enumerate(zip(grads, trace.probs)):
-            last = index == len(layers) - 1
-            if last:  # only the pooled row of the last factor is read
-                g, a, identity = g[rows, :, pooled][:, :, None], a[rows, :, pooled][:, :, None], eye[rows, pooled]
-            cam = (g * a.detach()).clamp_min(0).mean(1)  # [b, T, T] (last: [b, 1, T])
-            if last:
-                matrices.append((identity + cam[:, 0]) * valid.to(cam.dtype))
+            if index == len(layers) - 1:  # only the pooled row of the last factor is read
+                cam = (g[rows, :, pooled] * a[rows, :, pooled].detach()).clamp_min(0).mean(1)  # [b, T]
+                matrices.append((eye[rows, pooled] + cam) * valid.to(cam.dtype))
             else:
+                cam = (g * a.detach()).clamp_min(0).mean(1)  # [b, T, T]
                 matrices.append(eye + _masked_rows(cam, lengths))
         return _rollout_row(matrices)
 
     return _run(model, tokens, lengths, memory_budget, "gradient_weighted_rollout", per_chunk, gradients=True)
 
 
-def _predicted_logit(logits: Tensor) -> Tensor:
-    """``[B]``: each row's logit of its predicted class (``decision``); one sigmoid logit ``z`` is
-    class 1's, ``-z`` class 0's (``sigmoid(-z) = 1 - sigmoid(z)``)."""
+def _pooled_logits(model, trace, rows: Tensor, pooled: Tensor) -> Tensor:
+    """The checked logits ``[b, C]`` of the traced rows, from the last layer's pooled states."""
+    return check_logits(
+        model.decoder(trace.x[-1][rows, pooled]), len(rows), source="model", inputs="the input rows",
+        on=" on the input rows",
+    )  # fmt: skip
+
+
+def _predicted_logit(logits: Tensor, values: Tensor | None = None) -> Tensor:
+    """Each row's entries of its predicted class (``decision`` of ``logits`` ``[B, C]``) in
+    ``values`` ``[B, ..., C]`` (default the logits: ``[B]``, the predicted class's logit); with
+    one sigmoid logit ``z``, class 1's is ``z`` and class 0's ``-z`` (``sigmoid(-z) = 1 - sigmoid(z)``)."""
     predicted = decision(logits.detach())
+    values = logits if values is None else values
+    predicted = predicted.view(-1, *(1,) * (values.dim() - 2))
     if logits.shape[1] == 1:
-        return torch.where(predicted == 1, logits[:, 0], -logits[:, 0])
-    return logits.gather(1, predicted[:, None])[:, 0]
+        return torch.where(predicted == 1, values[..., 0], -values[..., 0])
+    return values.gather(-1, predicted[..., None].expand(*values.shape[:-1], 1))[..., 0]
 
 
 # ---- DecompX (Modarressi et al. 2023) -------------------------------------------------------------
@@ -785,17 +787,7 @@ def _decompx_chunk(model, predicted: bool):
         if not predicted:
             return y
         rows = torch.arange(batch, device=tokens.device)
-        logits = check_logits(
-            model.decoder(trace.x[-1][rows, pooled]),
-            batch,
-            source="model",
-            inputs="the input rows",
-            on=" on the input rows",
-        )
-        chosen = decision(logits)
-        if logits.shape[1] == 1:  # one sigmoid logit z: class 0's logit is -z
-            return y[..., 0] * torch.where(chosen == 1, 1.0, -1.0).to(y.dtype)[:, None]
-        return y.gather(2, chosen[:, None, None].expand(-1, width, 1))[..., 0]
+        return _predicted_logit(_pooled_logits(model, trace, rows, pooled), y)
 
     return per_chunk
 
@@ -843,9 +835,11 @@ def _decompx_rows(layers, pooler, classifier, trace, lengths, pooled, fixed, per
             t = _absdot(_ln_linear(z, ln1, _scale(pre1[r, queries], ln1)[:, :, None]), ln1.bias)  # eq. 8
             inner = layer.intermediate
             zeta = _absdot(t @ inner.dense.weight.T, inner.dense.bias)  # [b, Q, T, d_ff]
-            theta = _ratio(inner.intermediate_act_fn, inner.dense(a[r, queries]))  # [b, Q, d_ff]
+            aq = a[r, queries]
+            hidden = inner.dense(aq)  # the FFN's pre-activation, once for theta and the state
+            theta = _ratio(inner.intermediate_act_fn, hidden)  # [b, Q, d_ff]
             ffn = _absdot((theta[:, :, None] * zeta) @ layer.output.dense.weight.T, layer.output.dense.bias)
-            pre2, _ = _ffn_block(layer, a[r, queries])
+            pre2 = layer.output.dense(inner.intermediate_act_fn(hidden)) + aq  # _ffn_block's pre-LayerNorm state
             ln2 = layer.output.LayerNorm
             outs.append(_absdot(_ln_linear(t + ffn, ln2, _scale(pre2, ln2)[:, :, None]), ln2.bias))
         comps = torch.cat(outs, 1) * (
