@@ -13,7 +13,7 @@ from attnmetrics.app.argtypes import float_between, int_between, non_negative_fl
 from attnmetrics.app.battery import DEFAULT_ORDERS, EXPERIMENTS, importances
 from attnmetrics.app.battery.registry import ALL, optional_names
 from attnmetrics.app.recipes import PRESETS
-from attnmetrics.data import DATASETS
+from attnmetrics.data import DATASETS, GUTENBERG_HELD_OUT
 from attnmetrics.flip import ORDERS
 from attnmetrics.models.classifier import ATTENTIONS, ENCODERS, REGULARISERS
 from attnmetrics.models.gpt import CONFIGS as GPT_CONFIGS
@@ -360,6 +360,16 @@ def _add_pretrain_args(p: argparse.ArgumentParser) -> None:
         help=f"BPE vocabulary size (default: {defaults.vocab_size})",
     )
     p.add_argument("--max-chars", type=positive_int, help="use only the first N characters of each book (quick runs)")
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        help="pre-train on the UTF-8 .txt files in this folder instead of NLTK's Gutenberg books (one book a file)",
+    )
+    p.add_argument(
+        "--held-out",
+        metavar="FILE",
+        help=f"the book (file name) kept for validation perplexity (default: {GUTENBERG_HELD_OUT})",
+    )
     p.add_argument(
         "--resume",
         action="store_true",

