@@ -61,7 +61,7 @@ def captum_loo(model, tokens, lengths, per_eval, output=sigmoid_output, mask=MAS
     out as ``leave_one_out``'s (entry k is real token k + 1). ``output``: the probability whose
     change is the TVD (two outputs); ``mask``: the replacing token id."""
     batch, width = tokens.shape
-    positions = torch.arange(width)
+    positions = torch.arange(width, device=tokens.device)
     real = (positions >= 1) & (positions < (lengths - 1)[:, None])
     # real token k -> feature k; <SOS>, <EOS> and padding -> feature width (ablated, ignored)
     feature_mask = torch.where(real, positions - 1, width).expand(batch, width)
@@ -78,14 +78,14 @@ def captum_loo(model, tokens, lengths, per_eval, output=sigmoid_output, mask=MAS
         feature_mask=feature_mask,
         perturbations_per_eval=per_eval,
     )
-    out = torch.zeros(batch, width - 1, dtype=torch.float32)
+    out = torch.zeros(batch, width - 1, dtype=torch.float32, device=tokens.device)
     out[real[:, 1:]] = attribution[:, 1:][real[:, 1:]].abs().float()
     return out
 
 
 def captum_loo_bucketed(model, tokens, lengths, output=sigmoid_output, mask=MASK):
     """:func:`captum_loo` per group of rows of one length, cut to that length."""
-    out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1)
+    out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, device=tokens.device)
     for n in lengths.unique().tolist():
         rows = torch.nonzero(lengths == n).squeeze(1)
         per_eval = max(1, BUCKET_ROWS // len(rows))

@@ -250,8 +250,9 @@ def test_ferret_side_by_side(benchmark, setup, tmp_path):
 def captum_ig(captum_attr, user, tokens, lengths, internal_batch_size, steps=IG_STEPS):
     """Integrated gradients as a Captum user computes them on a transformers model: ``[B, T - 1]``
     normalised |sum_e| per real token (entry k is real token k + 1), laid out as ours."""
-    mask = torch.arange(tokens.shape[1]) < lengths[:, None]
-    real = mask & (torch.arange(tokens.shape[1]) >= 1) & (torch.arange(tokens.shape[1]) < (lengths - 1)[:, None])
+    positions = torch.arange(tokens.shape[1], device=tokens.device)
+    mask = positions < lengths[:, None]
+    real = mask & (positions >= 1) & (positions < (lengths - 1)[:, None])
     embedded = user.get_input_embeddings()(tokens).detach()
     with torch.no_grad():
         target = user(input_ids=tokens, attention_mask=mask.long()).logits.argmax(-1)
@@ -271,12 +272,12 @@ def captum_ig(captum_attr, user, tokens, lengths, internal_batch_size, steps=IG_
     return score / score.sum(1, keepdim=True)
 
 
-def captum_ig_bucketed(captum_attr, user, tokens, lengths):
+def captum_ig_bucketed(captum_attr, user, tokens, lengths, internal_batch_size=IG_INTERNAL_BATCH, steps=IG_STEPS):
     """:func:`captum_ig` per group of rows of one length, cut to that length."""
-    out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1)
+    out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, device=tokens.device)
     for n in lengths.unique().tolist():
         rows = torch.nonzero(lengths == n).squeeze(1)
-        out[rows, : n - 1] = captum_ig(captum_attr, user, tokens[rows, :n], lengths[rows], IG_INTERNAL_BATCH)
+        out[rows, : n - 1] = captum_ig(captum_attr, user, tokens[rows, :n], lengths[rows], internal_batch_size, steps)
     return out
 
 
