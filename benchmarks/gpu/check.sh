@@ -7,15 +7,17 @@
 # Run from a checkout on a GPU machine with the SST files in .gpu/sst (ignored by git):
 #   bash benchmarks/gpu/check.sh
 # Logs and JSON under $OUT (default /tmp/gpu-out), also packed into $OUT/all.tgz. Optional:
-# .gpu/wheels/captum-*.whl is installed (--no-deps) for the MiniLM battery's integrated gradients.
+# .gpu/wheels/captum-*.whl is installed (--no-deps) for the MiniLM battery's integrated gradients;
+# SST=DIR reads the SST files from DIR; CHECK_CPU=0 skips the CPU side (the main job and battery on
+# one CPU thread), CHECK_MINILM=0 the MiniLM battery (its widened weights are still written to /tmp/minilm).
 # The torch.profiler view of 40 training steps: python benchmarks/gpu/profile_training.py (OUT set).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-export CXX=/usr/bin/g++ CC=/usr/bin/gcc PYTHONPATH=$PWD PYTHONUNBUFFERED=1 MAX_JOBS=16 \
-  TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} TORCH_EXTENSIONS_DIR=/tmp/attnmetrics-ext \
-  ATTNMETRICS_CUDA=1 ATTNMETRICS_OFFLINE=1
-SST=.gpu/sst
+. benchmarks/gpu/env.sh
+SST=${SST:-.gpu/sst}
+CHECK_CPU=${CHECK_CPU:-1}
+CHECK_MINILM=${CHECK_MINILM:-1}
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/stages.txt"; }
 { nvidia-smi -L; nvcc --version | tail -1; $CXX --version | head -1; nproc; lscpu | grep -m1 "Model name"
@@ -28,7 +30,8 @@ stamp "build rc=$? $(tail -1 "$OUT/build.log")"
 timeout 100 python3 -m pytest tests -q -rfE --tb=short -p no:cacheprovider -n 8 -m cuda > "$OUT/tests-cuda.log" 2>&1
 stamp "tests -m cuda rc=$? $(tail -1 "$OUT/tests-cuda.log")"
 # the same main job on one CPU thread of this machine, beside the GPU stages (one core of many)
-( OMP_NUM_THREADS=1 timeout 400 python3 -m attnmetrics run --dataset sst --data-dir "$SST" --embeddings random \
+CPU_JOB=
+[ "$CHECK_CPU" = 1 ] && ( OMP_NUM_THREADS=1 timeout 400 python3 -m attnmetrics run --dataset sst --data-dir "$SST" --embeddings random \
     --device cpu --threads 1 --out /tmp/sst-cpu --no-progress > "$OUT/sst-cpu.log" 2>&1
   echo "rc=$?" >> "$OUT/sst-cpu.log"; cp /tmp/sst-cpu/results.json "$OUT/sst-cpu-results.json" 2>/dev/null ) &
 CPU_JOB=$!
@@ -40,10 +43,12 @@ timeout 60 python3 -m attnmetrics evaluate /tmp/sst-cuda --data-dir "$SST" --dev
   --no-progress > "$OUT/eval-cuda.log" 2>&1
 stamp "battery on cuda (evaluate) rc=$? $(tail -1 "$OUT/eval-cuda.log")"
 cp /tmp/eval-cuda/results.json "$OUT/eval-cuda-results.json" 2>/dev/null
-OMP_NUM_THREADS=1 timeout 100 python3 -m attnmetrics evaluate /tmp/sst-cuda --data-dir "$SST" --device cpu --threads 1 \
-  --out /tmp/eval-cpu --no-progress > "$OUT/eval-cpu.log" 2>&1
-stamp "battery on one CPU thread (evaluate) rc=$? $(tail -1 "$OUT/eval-cpu.log")"
-cp /tmp/eval-cpu/results.json "$OUT/eval-cpu-results.json" 2>/dev/null
+if [ "$CHECK_CPU" = 1 ]; then
+  OMP_NUM_THREADS=1 timeout 100 python3 -m attnmetrics evaluate /tmp/sst-cuda --data-dir "$SST" --device cpu --threads 1 \
+    --out /tmp/eval-cpu --no-progress > "$OUT/eval-cpu.log" 2>&1
+  stamp "battery on one CPU thread (evaluate) rc=$? $(tail -1 "$OUT/eval-cpu.log")"
+  cp /tmp/eval-cpu/results.json "$OUT/eval-cpu-results.json" 2>/dev/null
+fi
 if [ -f .gpu/minilm16/model.safetensors ]; then
   python3 - <<'PY'
 import os, shutil
@@ -56,6 +61,8 @@ for name in os.listdir(".gpu/minilm16"):
     if name != "model.safetensors":
         shutil.copy(f".gpu/minilm16/{name}", "/tmp/minilm/")
 PY
+fi
+if [ -f .gpu/minilm16/model.safetensors ] && [ "$CHECK_MINILM" = 1 ]; then
   timeout 150 python3 -m attnmetrics run --dataset sst --data-dir "$SST" --model hf:/tmp/minilm --device cuda --epochs 1 \
     --importances all --integrated-gradients 16 --out /tmp/minilm-cuda --no-progress > "$OUT/minilm.log" 2>&1
   stamp "MiniLM run (1 epoch, battery with every importance) on cuda rc=$? $(tail -1 "$OUT/minilm.log")"
@@ -64,8 +71,10 @@ fi
 timeout 60 python3 -m pytest benchmarks/test_bench_distances.py benchmarks/test_bench_kendall.py -q -k cuda -p no:cacheprovider \
   --benchmark-json="$OUT/bench-cuda.json" --benchmark-max-time=0.3 --benchmark-min-rounds=3 > "$OUT/bench.log" 2>&1
 stamp "benchmarks (distances, kendall) -k cuda rc=$? $(tail -1 "$OUT/bench.log")"
-left=$(( 330 - ($(date +%s) - T0) ))
-timeout "$(( left > 5 ? left : 5 ))" tail --pid=$CPU_JOB -f /dev/null || pkill -f "/tmp/sst-cpu --no-progress"
-stamp "sst main job on one CPU thread: $(tail -2 "$OUT/sst-cpu.log" | tr '\n' ' ')"
+if [ "$CHECK_CPU" = 1 ]; then
+  left=$(( 330 - ($(date +%s) - T0) ))
+  timeout "$(( left > 5 ? left : 5 ))" tail --pid=$CPU_JOB -f /dev/null || pkill -f "/tmp/sst-cpu --no-progress"
+  stamp "sst main job on one CPU thread: $(tail -2 "$OUT/sst-cpu.log" | tr '\n' ' ')"
+fi
 tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
 stamp "done"
