@@ -1,0 +1,369 @@
+"""The README's and docs' numbers that come from committed results, filled from those files.
+
+A quoted number is wrapped in a named marker, invisible in rendered markdown::
+
+    ALTI <!-- n:minilm.alti.comprehensiveness -->0.252<!-- /n --> > integrated gradients ...
+
+and its key names, in ``SOURCES`` below, the committed JSON file it comes from, the path into it
+and the format it is quoted in (``<!-- n:KEY:SPEC -->`` quotes a one-value key with another format
+spec, e.g. ``.1f``). ``python scripts/readme_numbers.py`` rewrites every marked number from its
+source (each file atomically; it prints what changed); ``--check`` changes nothing and exits 1,
+listing each marked number that differs from its source (file, line, key, both values) and each
+marker whose key, source file or path into it is missing. ``tests/test_readme_numbers.py`` runs
+the check. Standard library only: it reads JSON and markdown and imports nothing of attnmetrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# The markdown files whose markers are checked and rewritten, relative to the repository root.
+DOCUMENTS = ("README.md", "docs/results.md", "docs/speed.md")
+
+MARKER = re.compile(r"<!-- n:(?P<key>[A-Za-z0-9_.\-]+)(?::(?P<spec>[^ >]+))? -->(?P<text>.*?)<!-- /n -->")
+OPENING = re.compile(r"<!-- n:")
+
+Step = str | int | Mapping[str, Any]
+
+
+class SourceError(Exception):
+    """A marker's key is not in the mapping, or its source file or path is missing."""
+
+
+@dataclass(frozen=True)
+class Value:
+    """One value read from a committed JSON file: ``path`` steps into it (a ``str`` is a key, an
+    ``int`` an index, a mapping picks the one list element whose fields equal it), and ``then``, if
+    given, maps what was found (e.g. a sum)."""
+
+    file: str
+    path: tuple[Step, ...] = ()
+    then: Callable[[Any], Any] | None = None
+
+    def resolve(self, root: Path, cache: dict[str, Any]) -> Any:
+        if self.file not in cache:
+            source = root / self.file
+            if not source.is_file():
+                raise SourceError(f"source file {self.file} not found")
+            try:
+                cache[self.file] = json.loads(source.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise SourceError(f"source file {self.file} is not JSON: {e}") from None
+        x = cache[self.file]
+        for i, step in enumerate(self.path):
+            x = _step(x, step, self.file, self.path[: i + 1])
+        return self.then(x) if self.then is not None else x
+
+
+def _step(x: Any, step: Step, file: str, where: tuple[Step, ...]) -> Any:
+    missing = SourceError(f"{file} has no {_show(where)}")
+    if isinstance(step, Mapping):
+        if not isinstance(x, list):
+            raise missing
+        found = [e for e in x if isinstance(e, dict) and all(e.get(k) == v for k, v in step.items())]
+        if len(found) != 1:
+            raise SourceError(f"{file}: {len(found)} elements match {_show(where)}, not one")
+        return found[0]
+    if isinstance(step, int) and not isinstance(step, bool):
+        if not isinstance(x, list) or not -len(x) <= step < len(x):
+            raise missing
+        return x[step]
+    if not isinstance(x, dict) or step not in x:
+        raise missing
+    return x[step]
+
+
+def _show(path: Iterable[Step]) -> str:
+    return "".join(f"[{dict(s)!r}]" if isinstance(s, Mapping) else f"[{s!r}]" for s in path)
+
+
+@dataclass(frozen=True)
+class Quote:
+    """How a key is quoted: ``fmt`` (a ``str.format`` template) applied to its values, or to
+    ``combine(*values)`` when ``combine`` is given (a ratio, a minimum)."""
+
+    fmt: str
+    values: tuple[Value, ...]
+    combine: Callable[..., Any] | None = None
+
+    def text(self, root: Path, cache: dict[str, Any], spec: str | None = None) -> str:
+        values = [v.resolve(root, cache) for v in self.values]
+        if self.combine is not None:
+            values = [self.combine(*values)]
+        fmt = self.fmt
+        if spec is not None:
+            if len(values) != 1:
+                raise SourceError(f"a format spec ({spec}) quotes one value; this key has {len(values)}")
+            fmt = "{:" + spec + "}"
+        for v in values:
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                raise SourceError(f"value {v!r} is not a number")
+        return fmt.format(*values)
+
+
+def one(fmt: str, file: str, *path: Step, then: Callable[[Any], Any] | None = None) -> Quote:
+    """A key quoting one value: ``fmt`` is a format spec (``.3f``)."""
+    return Quote("{:" + fmt + "}", (Value(file, path, then),))
+
+
+def ratio(fmt: str, numerator: Value, denominator: Value) -> Quote:
+    return Quote("{:" + fmt + "}", (numerator, denominator), lambda a, b: a / b)
+
+
+# --- the committed sources ---------------------------------------------------------------------
+
+GPU = "benchmarks/results/gpu-check-h100-2026-11-26-674e96a.json"
+GPU_MAIN = ("runs", "sst main job, cuda")
+CPU_MAIN = ("runs", "sst main job, one CPU thread of the same machine (beside the GPU stages)")
+GPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cuda")
+CPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cpu --threads 1")
+MINILM = ("runs", "MiniLM run --epochs 1 --importances all --integrated-gradients 16, cuda")
+ATTRIBUTIONS = "benchmarks/results/attributions-cpu-1thread.json"
+# The attention-derived attributions whose ours-vs-loop ratios are in ATTRIBUTIONS.
+ATTRIBUTION_RATIOS = ("value_norm", "globenc", "alti", "value_zeroing")
+# The battery's methods in the MiniLM run's method table, by their battery names (the keys' middle part).
+MINILM_METHODS = (
+    "alti",
+    "loo",
+    "ig",
+    "globenc",
+    "value_zeroing",
+    "value_norm",
+    "gradient",
+    "input_x_gradient",
+    "rollout",
+    "attention",
+)
+MINILM_COLUMNS = ("tau_loo", "comprehensiveness", "sufficiency", "flip_fraction", "never_flips")
+# The columns the table leaves empty (null in the JSON): leave-one-out is the τ's reference, and the
+# plain gradient has no ordering of its own in the flip search.
+MINILM_EMPTY = {"loo": ("tau_loo", "flip_fraction", "never_flips"), "gradient": ("flip_fraction", "never_flips")}
+
+
+def _sum(d: Mapping[str, float]) -> float:
+    return sum(d.values())
+
+
+def _wall(run: tuple[str, ...], *path: Step, then: Callable[[Any], Any] | None = None) -> Value:
+    return Value(GPU, (*run, "wall_time_s", *path), then)
+
+
+def _sources() -> dict[str, Quote]:
+    s: dict[str, Quote] = {}
+
+    # The H100 check (docs/speed.md, "On a GPU (NVIDIA H100)"; the README's speed sentence).
+    for name, run in (("gpu.main.cuda", GPU_MAIN), ("gpu.main.cpu", CPU_MAIN)):
+        s[f"{name}.total_s"] = Quote("{:.1f}", (_wall(run, "total"),))
+        s[f"{name}.training_s"] = Quote("{:.1f}", (_wall(run, "training"),))
+        s[f"{name}.battery_s"] = Quote("{:.1f}", (_wall(run, "experiments"),))
+    s["gpu.main.speedup"] = ratio(".1f", _wall(CPU_MAIN, "total"), _wall(GPU_MAIN, "total"))
+    s["gpu.main.training_speedup"] = ratio(".1f", _wall(CPU_MAIN, "training"), _wall(GPU_MAIN, "training"))
+    epochs = Value(GPU, (*GPU_MAIN, "training", "history"))
+    s["gpu.main.cuda.epoch_min_s"] = Quote("{:.1f}", (epochs,), lambda h: min(e["seconds"] for e in h))
+    s["gpu.main.cuda.epoch_max_s"] = Quote("{:.1f}", (epochs,), lambda h: max(e["seconds"] for e in h))
+    s["gpu.main.cuda.accuracy"] = one(".4f", GPU, *GPU_MAIN, "test", "accuracy")
+    s["gpu.main.cuda.loss"] = one(".4f", GPU, *GPU_MAIN, "test", "loss")
+    for name, run, fmt in (("gpu.battery.cuda", GPU_BATTERY, "{:.2f}"), ("gpu.battery.cpu", CPU_BATTERY, "{:.1f}")):
+        s[f"{name}.battery_s"] = Quote(fmt, (_wall(run, "experiments"),))
+        s[f"{name}.procedures_s"] = Quote(fmt, (_wall(run, "per_experiment", then=_sum),))
+    s["gpu.battery.speedup"] = ratio(".1f", _wall(CPU_BATTERY, "experiments"), _wall(GPU_BATTERY, "experiments"))
+    s["gpu.battery.procedures_speedup"] = ratio(
+        ".1f", _wall(CPU_BATTERY, "per_experiment", then=_sum), _wall(GPU_BATTERY, "per_experiment", then=_sum)
+    )
+    for part in ("eraser", "adversarial", "gradient", "loo"):
+        cuda, cpu = _wall(GPU_BATTERY, "per_experiment", part), _wall(CPU_BATTERY, "per_experiment", part)
+        s[f"gpu.battery.cuda.{part}_s"] = Quote("{:.2f}", (cuda,))
+        s[f"gpu.battery.cpu.{part}_s"] = Quote("{:.3g}", (cpu,))
+        s[f"gpu.battery.{part}_speedup"] = ratio(".2g", cpu, cuda)
+    s["gpu.minilm.battery_s"] = Quote("{:.1f}", (_wall(MINILM, "experiments"),))
+    for part, fmt in (
+        ("adversarial", "{:.1f}"),
+        ("ig", "{:.1f}"),
+        ("eraser", "{:.1f}"),
+        ("loo", "{:.1f}"),
+        ("value_zeroing", "{:.1f}"),
+        ("globenc", "{:.2f}"),
+        ("alti", "{:.2f}"),
+    ):
+        s[f"gpu.minilm.{part}_s"] = Quote(fmt, (_wall(MINILM, "per_experiment", part),))
+
+    # The MiniLM run's method table (docs/results.md; the README's ranking).
+    s["minilm.accuracy"] = one(".3f", GPU, *MINILM, "test", "accuracy")
+    s["minilm.instances"] = one(",", GPU, *MINILM, "methods", "rows", "comprehensiveness")
+    s["minilm.flip_rows"] = one(",", GPU, *MINILM, "methods", "rows", "flip_fraction")
+    methods = (*MINILM, "methods", "methods")
+    for method in MINILM_METHODS:
+        for column in (c for c in MINILM_COLUMNS if c not in MINILM_EMPTY.get(method, ())):
+            at = (*methods, {"method": method}, column)
+            s[f"minilm.{method}.{column}"] = one(".3f", GPU, *at, "mean")
+            s[f"minilm.{method}.{column}.ci"] = Quote(
+                "{:.3f} [{:.3f}, {:.3f}]",
+                (Value(GPU, (*at, "mean")), Value(GPU, (*at, "ci95", 0)), Value(GPU, (*at, "ci95", 1))),
+            )
+    for column in ("comprehensiveness", "sufficiency"):
+        at = (*MINILM, "methods", "baseline", "random", column)
+        s[f"minilm.random.{column}"] = one(".3f", GPU, *at, "mean")
+        s[f"minilm.random.{column}.ci"] = Quote(
+            "{:.3f} [{:.3f}, {:.3f}]",
+            (Value(GPU, (*at, "mean")), Value(GPU, (*at, "ci95", 0)), Value(GPU, (*at, "ci95", 1))),
+        )
+
+    # The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md).
+    def loop_ratio(method: str) -> Value:
+        return Value(
+            ATTRIBUTIONS, ("benchmarks", {"name": f"test_ours[{method}-loop-cpu]"}, "extra_info", "ratio_vs_loop")
+        )
+
+    ratios = tuple(loop_ratio(m) for m in ATTRIBUTION_RATIOS)
+    s["attributions.loop_speedup.min"] = Quote("{:.0f}", ratios, lambda *r: min(r))
+    s["attributions.loop_speedup.max"] = Quote("{:.0f}", ratios, lambda *r: max(r))
+    return s
+
+
+SOURCES: dict[str, Quote] = _sources()
+
+
+# --- the markers -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A marked number that differs from its source (``problem`` None), or a marker that cannot
+    be resolved (``problem`` says why)."""
+
+    document: str
+    line: int
+    key: str
+    quoted: str
+    source: str | None = None  # the source's file, or None when the key is not in the mapping
+    expected: str | None = None
+    problem: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.document}:{self.line}: {self.key}"
+        if self.problem is not None:
+            return f"{where}: {self.problem}"
+        return f"{where}: quoted {self.quoted!r}, {self.source} gives {self.expected!r}"
+
+
+def fill(
+    text: str, document: str, sources: Mapping[str, Quote], root: Path, cache: dict[str, Any] | None = None
+) -> tuple[str, list[Finding]]:
+    """``text`` with every marked number replaced by its source's, and the findings: each number
+    that differed and each marker that could not be resolved (left as it was)."""
+    cache = {} if cache is None else cache
+    findings: list[Finding] = []
+    out: list[str] = []
+    for n, line in enumerate(text.splitlines(keepends=True), 1):
+        if len(OPENING.findall(line)) != len(MARKER.findall(line)):
+            findings.append(Finding(document, n, "?", "", problem="a marker not closed by <!-- /n --> on its line"))
+
+        def replace(m: re.Match[str], n: int = n) -> str:
+            key, spec, quoted = m["key"], m["spec"], m["text"]
+            quote = sources.get(key)
+            if quote is None:
+                findings.append(Finding(document, n, key, quoted, problem=f"key {key!r} is not in the mapping"))
+                return m[0]
+            files = ", ".join(dict.fromkeys(v.file for v in quote.values))
+            try:
+                expected = quote.text(root, cache, spec)
+            except SourceError as e:
+                findings.append(Finding(document, n, key, quoted, files, problem=str(e)))
+                return m[0]
+            if expected == quoted:
+                return m[0]
+            findings.append(Finding(document, n, key, quoted, files, expected))
+            return m[0].replace(f"-->{quoted}<!--", f"-->{expected}<!--", 1)
+
+        out.append(MARKER.sub(replace, line))
+    return "".join(out), findings
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in its folder (the file keeps its mode)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(
+    root: Path,
+    documents: Sequence[str] = DOCUMENTS,
+    sources: Mapping[str, Quote] = SOURCES,
+    write: bool = True,
+) -> list[Finding]:
+    """Check (``write`` False) or rewrite every marked number in ``documents``; the findings. A
+    document is rewritten only when every marker in it resolved, and nothing is written when a
+    document is missing."""
+    cache: dict[str, Any] = {}
+    filled: list[tuple[Path, str, list[Finding]]] = []
+    for document in documents:
+        path = root / document
+        if not path.is_file():
+            raise SourceError(f"document {document} not found under {root}")
+        original = path.read_text(encoding="utf-8")
+        text, findings = fill(original, document, sources, root, cache)
+        filled.append((path, text if text != original else "", findings))
+    if write:
+        for path, text, findings in filled:
+            if text and not any(f.problem for f in findings):
+                write_atomic(path, text)
+    return [f for _, _, findings in filled for f in findings]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "documents", nargs="*", default=list(DOCUMENTS), help=f"markdown files (default: {' '.join(DOCUMENTS)})"
+    )
+    parser.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this script's checkout)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if any marked number differs")
+    parser.add_argument("--list", action="store_true", help="print every key with its value and source, and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for key, quote in SOURCES.items():
+            try:
+                value = quote.text(args.root, {})
+            except SourceError as e:
+                value = f"ERROR: {e}"
+            print(f"{key} = {value}  ({', '.join(dict.fromkeys(v.file for v in quote.values))})")
+        return 0
+    try:
+        findings = run(args.root, args.documents, write=not args.check)
+    except SourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    problems = [f for f in findings if f.problem]
+    for f in findings:
+        print(f, file=sys.stderr if f.problem or args.check else sys.stdout)
+    if problems:
+        print(
+            f"{len(problems)} marker(s) could not be resolved; their documents were left as they were", file=sys.stderr
+        )
+        return 1
+    if args.check and findings:
+        print(f"{len(findings)} number(s) differ from their sources: python scripts/readme_numbers.py", file=sys.stderr)
+        return 1
+    if findings:
+        print(f"rewrote {len(findings)} number(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
