@@ -32,6 +32,7 @@ DOCUMENTS = ("README.md", "docs/results.md", "docs/speed.md")
 
 MARKER = re.compile(r"<!-- n:(?P<key>[A-Za-z0-9_.\-]+)(?::(?P<spec>[^ >]+))? -->(?P<text>.*?)<!-- /n -->")
 OPENING = re.compile(r"<!-- n:")
+LINE_START = re.compile(r" {0,3}<!--")
 
 Step = str | int | Mapping[str, Any]
 
@@ -267,6 +268,11 @@ def fill(
     for n, line in enumerate(text.splitlines(keepends=True), 1):
         if len(OPENING.findall(line)) != len(MARKER.findall(line)):
             findings.append(Finding(document, n, "?", "", problem="a marker not closed by <!-- /n --> on its line"))
+        if LINE_START.match(line):
+            # CommonMark: "<!--" opening a line starts an HTML block, which would show the line raw.
+            findings.append(
+                Finding(document, n, "?", "", problem="a marker opens the line (an HTML block in markdown)")
+            )
 
         def replace(m: re.Match[str], n: int = n) -> str:
             key, spec, quoted = m["key"], m["spec"], m["text"]
