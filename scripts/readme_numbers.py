@@ -225,6 +225,16 @@ def _sources() -> dict[str, Quote]:
             ATTRIBUTIONS, ("benchmarks", {"name": f"test_ours[{method}-loop-cpu]"}, "extra_info", "ratio_vs_loop")
         )
 
+    def ours(method: str, case: str) -> tuple[Step, ...]:
+        return ("benchmarks", {"name": f"test_ours[{method}-{case}-cpu]"})
+
+    for method, sst_fmt in zip(ATTRIBUTION_RATIOS, (".2f", ".2f", ".2f", ".1f")):
+        s[f"attributions.{method}.ours_ms"] = one(
+            ".1f", ATTRIBUTIONS, *ours(method, "loop"), "extra_info", "ours_s", then=lambda x: 1e3 * x
+        )
+        s[f"attributions.{method}.loop_s"] = one(".3g", ATTRIBUTIONS, *ours(method, "loop"), "extra_info", "loop_s")
+        s[f"attributions.{method}.loop_speedup"] = Quote("{:.0f}", (loop_ratio(method),))
+        s[f"attributions.{method}.sst_s"] = one(sst_fmt, ATTRIBUTIONS, *ours(method, "sst"), "stats", "median")
     ratios = tuple(loop_ratio(m) for m in ATTRIBUTION_RATIOS)
     s["attributions.loop_speedup.min"] = Quote("{:.0f}", ratios, lambda *r: min(r))
     s["attributions.loop_speedup.max"] = Quote("{:.0f}", ratios, lambda *r: max(r))

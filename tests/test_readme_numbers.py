@@ -1,0 +1,157 @@
+"""The README's and docs' quoted results equal the committed files they come from
+(``scripts/readme_numbers.py``), and the script's mechanism on small markdown and JSON files."""
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("readme_numbers", ROOT / "scripts" / "readme_numbers.py")
+rn = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = rn  # dataclasses look their module up
+_spec.loader.exec_module(rn)
+
+
+def test_committed_documents_quote_their_sources():
+    findings = rn.run(ROOT, write=False)
+    assert not findings, "run python scripts/readme_numbers.py:\n" + "\n".join(map(str, findings))
+
+
+def test_committed_documents_are_marked():
+    """The check above passes vacuously if the markers go; each document keeps its quoted numbers marked."""
+    for document, least in (("README.md", 17), ("docs/results.md", 60), ("docs/speed.md", 30)):
+        text = (ROOT / document).read_text(encoding="utf-8")
+        assert len(rn.MARKER.findall(text)) >= least, document
+
+
+def test_every_key_resolves():
+    cache = {}
+    for key, quote in rn.SOURCES.items():
+        assert quote.text(ROOT, cache), key
+
+
+# --- the mechanism on a temporary markdown file and JSON source ---------------------------------
+
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text(
+        json.dumps(
+            {
+                "test": {"accuracy": 0.8337, "n": 1821},
+                "rows": [{"name": "a", "s": 2.0}, {"name": "b", "s": 0.5}],
+            }
+        )
+    )
+    sources = {
+        "acc": rn.one(".3f", "r/results.json", "test", "accuracy"),
+        "n": rn.one(",", "r/results.json", "test", "n"),
+        "speedup": rn.ratio(
+            ".1f",
+            rn.Value("r/results.json", ("rows", {"name": "a"}, "s")),
+            rn.Value("r/results.json", ("rows", {"name": "b"}, "s")),
+        ),
+        "pair": rn.Quote(
+            "{:.3f} of {:,}",
+            (rn.Value("r/results.json", ("test", "accuracy")), rn.Value("r/results.json", ("test", "n"))),
+        ),
+        "gone": rn.one(".3f", "r/missing.json", "test"),
+        "nopath": rn.one(".3f", "r/results.json", "test", "f1"),
+    }
+    return tmp_path, sources
+
+
+def _doc(root, text):
+    (root / "doc.md").write_text(text, encoding="utf-8")
+    return root / "doc.md"
+
+
+def test_matching_numbers_leave_the_file(tree):
+    root, sources = tree
+    text = "Accuracy <!-- n:acc -->0.834<!-- /n --> on <!-- n:n -->1,821<!-- /n --> rows, <!-- n:speedup -->4.0<!-- /n -->×, <!-- n:pair -->0.834 of 1,821<!-- /n -->.\n"
+    doc = _doc(root, text)
+    assert rn.run(root, ["doc.md"], sources, write=True) == []
+    assert doc.read_text(encoding="utf-8") == text
+
+
+def test_a_mismatch_names_key_file_and_both_values(tree):
+    root, sources = tree
+    text = "intro\n\nAccuracy <!-- n:acc -->0.833<!-- /n --> and <!-- n:acc:.2f -->0.83<!-- /n -->.\n"
+    doc = _doc(root, text)
+    findings = rn.run(root, ["doc.md"], sources, write=False)
+    assert len(findings) == 1
+    f = findings[0]
+    assert (f.document, f.line, f.key, f.quoted, f.source, f.expected, f.problem) == (
+        "doc.md",
+        3,
+        "acc",
+        "0.833",
+        "r/results.json",
+        "0.834",
+        None,
+    )
+    assert str(f) == "doc.md:3: acc: quoted '0.833', r/results.json gives '0.834'"
+    assert doc.read_text(encoding="utf-8") == text  # the check writes nothing
+    # the rewrite changes the number and nothing else
+    assert rn.run(root, ["doc.md"], sources, write=True) == findings
+    assert doc.read_text(encoding="utf-8") == text.replace("-->0.833<!--", "-->0.834<!--")
+    assert rn.run(root, ["doc.md"], sources, write=False) == []
+
+
+@pytest.mark.parametrize(
+    "marker, named",
+    [
+        ("<!-- n:nokey -->1<!-- /n -->", "'nokey' is not in the mapping"),
+        ("<!-- n:gone -->1<!-- /n -->", "r/missing.json not found"),
+        ("<!-- n:nopath -->1<!-- /n -->", "r/results.json has no ['test']['f1']"),
+        ("<!-- n:pair:.1f -->1<!-- /n -->", "quotes one value"),
+        ("<!-- n:acc -->0.834", "not closed"),
+    ],
+)
+def test_an_unresolved_marker_is_an_error_naming_it(tree, marker, named):
+    root, sources = tree
+    text = f"A <!-- n:acc -->0.000<!-- /n --> and {marker}.\n"
+    doc = _doc(root, text)
+    findings = rn.run(root, ["doc.md"], sources, write=True)
+    problems = [f for f in findings if f.problem]
+    assert len(problems) == 1 and named in str(problems[0]), findings
+    assert doc.read_text(encoding="utf-8") == text  # a document with a problem is not rewritten
+
+
+def test_a_marker_opening_a_line_is_refused(tree):
+    root, sources = tree
+    _doc(root, "text\n<!-- n:acc -->0.834<!-- /n --> opens the line\n")
+    (f,) = rn.run(root, ["doc.md"], sources, write=False)
+    assert f.line == 2 and "opens the line" in f.problem
+
+
+def test_a_missing_document_is_an_error(tree):
+    root, sources = tree
+    with pytest.raises(rn.SourceError, match="nodoc.md"):
+        rn.run(root, ["nodoc.md"], sources, write=False)
+
+
+def test_the_command_line_on_a_copy_of_the_readme(tmp_path, capsys):
+    """--check fails on a README whose quoted number drifted and names it; the rewrite restores it."""
+    original = (ROOT / "README.md").read_text(encoding="utf-8")
+    for file in {v.file for q in rn.SOURCES.values() for v in q.values}:
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / file, tmp_path / file)
+    marker = "<!-- n:minilm.alti.comprehensiveness -->"
+    assert original.count(marker + "0.252<") == 1
+    drifted = original.replace(marker + "0.252<", marker + "0.253<")
+    (tmp_path / "README.md").write_text(drifted, encoding="utf-8")
+
+    assert rn.main(["--root", str(tmp_path), "README.md", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "minilm.alti.comprehensiveness: quoted '0.253'" in err and "gives '0.252'" in err
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == drifted
+
+    assert rn.main(["--root", str(tmp_path), "README.md"]) == 0
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == original
+    assert rn.main(["--root", str(tmp_path), "README.md", "--check"]) == 0
