@@ -226,22 +226,21 @@ def _sources() -> dict[str, Quote]:
     s["minilm.accuracy"] = one(".3f", GPU, *MINILM, "test", "accuracy")
     s["minilm.instances"] = one(",", GPU, *MINILM, "methods", "rows", "comprehensiveness")
     s["minilm.flip_rows"] = one(",", GPU, *MINILM, "methods", "rows", "flip_fraction")
-    methods = (*MINILM, "methods", "methods")
-    for method in MINILM_METHODS:
-        for column in (c for c in MINILM_COLUMNS if c not in MINILM_EMPTY.get(method, ())):
-            at = (*methods, {"method": method}, column)
-            s[f"minilm.{method}.{column}"] = one(".3f", GPU, *at, "mean")
-            s[f"minilm.{method}.{column}.ci"] = Quote(
-                "{:.3f} [{:.3f}, {:.3f}]",
-                (Value(GPU, (*at, "mean")), Value(GPU, (*at, "ci95", 0)), Value(GPU, (*at, "ci95", 1))),
-            )
-    for column in ("comprehensiveness", "sufficiency"):
-        at = (*MINILM, "methods", "baseline", "random", column)
-        s[f"minilm.random.{column}"] = one(".3f", GPU, *at, "mean")
-        s[f"minilm.random.{column}.ci"] = Quote(
-            "{:.3f} [{:.3f}, {:.3f}]",
-            (Value(GPU, (*at, "mean")), Value(GPU, (*at, "ci95", 0)), Value(GPU, (*at, "ci95", 1))),
-        )
+    cells = [
+        ((*MINILM, "methods", "methods", {"method": m}, c), f"{m}.{c}")
+        for m in MINILM_METHODS
+        for c in MINILM_COLUMNS
+        if c not in MINILM_EMPTY.get(m, ())
+    ]
+    cells += [
+        ((*MINILM, "methods", "baseline", "random", c), f"random.{c}") for c in ("comprehensiveness", "sufficiency")
+    ]
+    for at, name in cells:
+        mean, lo, hi = Value(GPU, (*at, "mean")), Value(GPU, (*at, "ci95", 0)), Value(GPU, (*at, "ci95", 1))
+        s[f"minilm.{name}"] = Quote("{:.3f}", (mean,))
+        s[f"minilm.{name}.lo"] = Quote("{:.3f}", (lo,))
+        s[f"minilm.{name}.hi"] = Quote("{:.3f}", (hi,))
+        s[f"minilm.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", (mean, lo, hi))  # a table cell: mean [low, high]
 
     # The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md).
     def loop_ratio(method: str) -> Value:
