@@ -130,6 +130,7 @@ GPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cuda"
 CPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cpu --threads 1")
 MINILM = ("runs", "MiniLM run --epochs 1 --importances all --integrated-gradients 16, cuda")
 EARLY = "benchmarks/results/sst-main-job-cuda-h100-2026-11-26-4a9fea4.json"
+SWEEP = "reports/sweep/aggregate.json"
 ATTRIBUTIONS = "benchmarks/results/attributions-cpu-1thread.json"
 # The attention-derived attributions whose ours-vs-loop ratios are in ATTRIBUTIONS.
 ATTRIBUTION_RATIOS = ("value_norm", "globenc", "alti", "value_zeroing")
@@ -160,10 +161,9 @@ def _wall(run: tuple[str, ...], *path: Step, then: Callable[[Any], Any] | None =
     return Value(GPU, (*run, "wall_time_s", *path), then)
 
 
-def _sources() -> dict[str, Quote]:
+def _gpu_check() -> dict[str, Quote]:
+    """The H100 check (docs/speed.md, "On a GPU (NVIDIA H100)"; the README's speed sentence)."""
     s: dict[str, Quote] = {}
-
-    # The H100 check (docs/speed.md, "On a GPU (NVIDIA H100)"; the README's speed sentence).
     for name, run in (("gpu.main.cuda", GPU_MAIN), ("gpu.main.cpu", CPU_MAIN)):
         s[f"{name}.total_s"] = Quote("{:.1f}", (_wall(run, "total"),))
         s[f"{name}.training_s"] = Quote("{:.1f}", (_wall(run, "training"),))
@@ -198,8 +198,12 @@ def _sources() -> dict[str, Quote]:
         ("alti", "{:.2f}"),
     ):
         s[f"gpu.minilm.{part}_s"] = Quote(fmt, (_wall(MINILM, "per_experiment", part),))
+    return s
 
-    # The earlier H100 check (docs/speed.md, "the battery shaped for the device (an earlier run)").
+
+def _gpu_check_earlier() -> dict[str, Quote]:
+    """The earlier H100 check (docs/speed.md, "the battery shaped for the device (an earlier run)")."""
+    s: dict[str, Quote] = {}
     run_, ev_, cpu_ = (
         ("runs", k) for k in ("run --device cuda", "evaluate --device cuda", "evaluate --device cpu --threads 1")
     )
@@ -221,8 +225,12 @@ def _sources() -> dict[str, Quote]:
     s["gpu_early.run.epoch_min_s"] = one(".1f", EARLY, *run_, "epoch_seconds", then=min)
     s["gpu_early.run.epoch_max_s"] = one(".1f", EARLY, *run_, "epoch_seconds", then=max)
     s["gpu_early.run.accuracy"] = one(".3f", EARLY, *run_, "test", "accuracy")
+    return s
 
-    # The MiniLM run's method table (docs/results.md; the README's ranking).
+
+def _minilm_table() -> dict[str, Quote]:
+    """The MiniLM run's method table (docs/results.md; the README's ranking)."""
+    s: dict[str, Quote] = {}
     s["minilm.accuracy"] = one(".3f", GPU, *MINILM, "test", "accuracy")
     s["minilm.instances"] = one(",", GPU, *MINILM, "methods", "rows", "comprehensiveness")
     s["minilm.flip_rows"] = one(",", GPU, *MINILM, "methods", "rows", "flip_fraction")
@@ -241,8 +249,58 @@ def _sources() -> dict[str, Quote]:
         s[f"minilm.{name}.lo"] = Quote("{:.3f}", (lo,))
         s[f"minilm.{name}.hi"] = Quote("{:.3f}", (hi,))
         s[f"minilm.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", (mean, lo, hi))  # a table cell: mean [low, high]
+    return s
 
-    # The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md).
+
+def _sweep() -> dict[str, Quote]:
+    """The target sweep's aggregate (docs/results.md, "The target sweep")."""
+    s: dict[str, Quote] = {}
+
+    def stat(group: str, name: str, field: str = "mean") -> Value:
+        return Value(SWEEP, ("groups", group, "statistics", name, field))
+
+    for group in ("sst-lstm-tanh", "sst-average-tanh", "mr-lstm-tanh", "mr-average-tanh"):
+        for field in ("mean", "std"):
+            s[f"sweep.wp.{group}.tau_attention_gradient.{field}"] = Quote(
+                "{:.2f}", (stat(f"wp/{group}", "τ attention vs gradient", field),)
+            )
+    lstm = "wp/sst-lstm-tanh"
+    s["sweep.wp.sst-lstm-tanh.adversarial_jsd"] = Quote("{:.2f}", (stat(lstm, "adversarial max JSD (mean)"),))
+    for order in ("attention", "random"):
+        s[f"sweep.wp.sst-lstm-tanh.flip_fraction.{order}.percent"] = Quote(
+            "{:.0f}", (stat(lstm, f"flip fraction ({order})"),), lambda x: 100 * x
+        )
+    for group in ("sst-lstm-tanh", "sst-lstm-uniform"):
+        s[f"sweep.wp.{group}.accuracy"] = Quote("{:.3f}", (stat(f"wp/{group}", "test accuracy"),))
+    variance = ("groups", lstm, "seed_variance")
+    s["sweep.wp.sst-lstm-tanh.seed_median_jsd"] = one(".2f", SWEEP, *variance, "median_jsd", "mean")
+    s["sweep.wp.sst-lstm-tanh.seed_mean_tvd"] = one(".2f", SWEEP, *variance, "mean_tvd", "mean")
+    adversary = ("groups", "adversary/sst-lstm-tanh")
+    at = (*adversary, "consistent_adversary", "per_lambda", {"lambda": 0.01})
+    s["sweep.adversary.lambda_0.01.jsd"] = one(".2f", SWEEP, *at, "jsd_mean", "mean")
+    s["sweep.adversary.lambda_0.01.tvd"] = one(".2f", SWEEP, *at, "tvd_mean", "mean")
+    for attention in ("base", "uniform"):
+        s[f"sweep.diagnostic.{attention}.macro_f1"] = one(
+            ".3f", SWEEP, *adversary, "diagnostic", attention, "macro_f1", "mean"
+        )
+    for regulariser, fmt in (("none", "{:.3f}"), ("tying", "{:.2f}"), ("mlm", "{:.2f}")):
+        s[f"sweep.tutek.{regulariser}.permutation_tvd"] = Quote(
+            fmt, (stat(f"tutek/sst-lstm-tanh-{regulariser}", "permutation median TVD"),)
+        )
+    for regulariser in ("none", "tying"):
+        s[f"sweep.tutek.{regulariser}.accuracy"] = Quote(
+            "{:.3f}", (stat(f"tutek/sst-lstm-tanh-{regulariser}", "test accuracy"),)
+        )
+    s["sweep.tutek.tying.mcnemar_p"] = one(
+        ".2f", SWEEP, "paired_tests", {"group": "tutek/sst-lstm-tanh-tying", "seed": 0}, "pvalue"
+    )
+    return s
+
+
+def _attributions() -> dict[str, Quote]:
+    """The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md)."""
+    s: dict[str, Quote] = {}
+
     def loop_ratio(method: str) -> Value:
         return Value(
             ATTRIBUTIONS, ("benchmarks", {"name": f"test_ours[{method}-loop-cpu]"}, "extra_info", "ratio_vs_loop")
@@ -264,7 +322,16 @@ def _sources() -> dict[str, Quote]:
     return s
 
 
-SOURCES: dict[str, Quote] = _sources()
+def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
+    sources: dict[str, Quote] = {}
+    for part in parts:
+        if twice := sources.keys() & part.keys():
+            raise ValueError(f"keys defined twice: {sorted(twice)}")
+        sources.update(part)
+    return sources
+
+
+SOURCES: dict[str, Quote] = _sources(_gpu_check(), _gpu_check_earlier(), _minilm_table(), _sweep(), _attributions())
 
 
 # --- the markers -------------------------------------------------------------------------------
