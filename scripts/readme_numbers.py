@@ -43,7 +43,8 @@ class SourceError(Exception):
 
 @dataclass(frozen=True)
 class Value:
-    """One value read from a committed JSON file: ``path`` steps into it (a ``str`` is a key, an
+    """One value read from a committed JSON file (or a markdown file's table rows, ``table_rows``):
+    ``path`` steps into it (a ``str`` is a key, an
     ``int`` an index, a mapping picks the one list element whose fields equal it), and ``then``, if
     given, maps what was found (e.g. a sum)."""
 
@@ -56,14 +57,51 @@ class Value:
             source = root / self.file
             if not source.is_file():
                 raise SourceError(f"source file {self.file} not found")
-            try:
-                cache[self.file] = json.loads(source.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as e:
-                raise SourceError(f"source file {self.file} is not JSON: {e}") from None
+            text = source.read_text(encoding="utf-8")
+            if source.suffix == ".md":
+                cache[self.file] = table_rows(text)
+            else:
+                try:
+                    cache[self.file] = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise SourceError(f"source file {self.file} is not JSON: {e}") from None
         x = cache[self.file]
         for i, step in enumerate(self.path):
             x = _step(x, step, self.file, self.path[: i + 1])
         return self.then(x) if self.then is not None else x
+
+
+def table_rows(markdown: str) -> list[dict[str, str]]:
+    """Every row of every pipe table in a markdown file (a committed report.md whose JSON is not
+    committed), each a mapping from its table's header to the cell's stripped text."""
+    rows: list[dict[str, str]] = []
+    header: list[str] | None = None
+    lines = markdown.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            rule = lines[i + 1] if i + 1 < len(lines) else ""
+            if re.fullmatch(r"\|?(\s*:?-+:?\s*\|)+\s*:?-*:?\s*", rule):
+                header = cells
+            continue
+        if not all(set(c) <= set("-: ") for c in cells):
+            rows.append(dict(zip(header, cells)))
+    return rows
+
+
+def cell_number(text: str) -> float:
+    return float(text)
+
+
+def interval_low(text: str) -> float:
+    return float(text.strip("[]").split(",")[0])
+
+
+def interval_high(text: str) -> float:
+    return float(text.strip("[]").split(",")[1])
 
 
 def _step(x: Any, step: Step, file: str, where: tuple[Step, ...]) -> Any:
@@ -131,6 +169,14 @@ CPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cpu -
 MINILM = ("runs", "MiniLM run --epochs 1 --importances all --integrated-gradients 16, cuda")
 EARLY = "benchmarks/results/sst-main-job-cuda-h100-2026-11-26-4a9fea4.json"
 SWEEP = "reports/sweep/aggregate.json"
+GPT1 = "reports/gpt1/report.md"
+GPT1_GROUPS = (
+    *(f"{g}/sst-gpt-tanh" for g in ("pretrained", "scratch", "no-lm", "pretrained-lr", "scratch-lr")),
+    *(f"transfer-{k}/sst-gpt-tanh" for k in range(4)),
+    *(f"{g}/tweets-gpt-tanh" for g in ("pretrained", "no-lm")),
+    "bilstm/sst-lstm-tanh",
+    "bilstm/tweets-lstm-tanh",
+)
 ATTRIBUTIONS = "benchmarks/results/attributions-cpu-1thread.json"
 # The attention-derived attributions whose ours-vs-loop ratios are in ATTRIBUTIONS.
 ATTRIBUTION_RATIOS = ("value_norm", "globenc", "alti", "value_zeroing")
@@ -297,6 +343,33 @@ def _sweep() -> dict[str, Quote]:
     return s
 
 
+def _gpt1() -> dict[str, Quote]:
+    """GPT-1's ablations (docs/results.md): reports/gpt1/report.md's models table (its aggregate.json
+    is not committed)."""
+    s: dict[str, Quote] = {}
+
+    def cell(group: str, column: str, then: Callable[[str], float] = cell_number) -> Value:
+        return Value(GPT1, ({"group": group, "statistic": "test accuracy"}, column), then)
+
+    for group in GPT1_GROUPS:
+        name = group.split("/")[0] + "." + group.split("/")[1].split("-")[0]  # e.g. transfer-0.sst
+        mean = cell(group, "mean over seeds")
+        s[f"gpt1.{name}.accuracy"] = Quote("{:.3f}", (mean,))
+        s[f"gpt1.{name}.accuracy.ci"] = Quote(
+            "{:.3f} [{:.3f}, {:.3f}]",
+            (mean, cell(group, "95% CI (instances)", interval_low), cell(group, "95% CI (instances)", interval_high)),
+        )
+        s[f"gpt1.{name}.seeds"] = Quote("{:.0f}", (cell(group, "seeds"),))
+    s["gpt1.scratch.sst.accuracy.min"] = Quote("{:.3f}", (cell("scratch/sst-gpt-tanh", "min"),))
+    # the blocks' gain in points: all 4 transferred against the embeddings only, as the table rounds them
+    s["gpt1.transfer.gain_points"] = Quote(
+        "{:.1f}",
+        (cell("pretrained/sst-gpt-tanh", "mean over seeds"), cell("transfer-0/sst-gpt-tanh", "mean over seeds")),
+        lambda a, b: 100 * (a - b),
+    )
+    return s
+
+
 def _attributions() -> dict[str, Quote]:
     """The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md)."""
     s: dict[str, Quote] = {}
@@ -331,7 +404,9 @@ def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
     return sources
 
 
-SOURCES: dict[str, Quote] = _sources(_gpu_check(), _gpu_check_earlier(), _minilm_table(), _sweep(), _attributions())
+SOURCES: dict[str, Quote] = _sources(
+    _gpu_check(), _gpu_check_earlier(), _minilm_table(), _sweep(), _gpt1(), _attributions()
+)
 
 
 # --- the markers -------------------------------------------------------------------------------
