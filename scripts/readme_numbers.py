@@ -34,7 +34,7 @@ MARKER = re.compile(r"<!-- n:(?P<key>[A-Za-z0-9_.\-]+)(?::(?P<spec>[^ >]+))? -->
 OPENING = re.compile(r"<!-- n:")
 LINE_START = re.compile(r" {0,3}<!--")
 
-Step = str | int | Mapping[str, Any]
+Step = str | int | Mapping[str, Any] | re.Pattern[str]
 
 
 class SourceError(Exception):
@@ -43,10 +43,10 @@ class SourceError(Exception):
 
 @dataclass(frozen=True)
 class Value:
-    """One value read from a committed JSON file (or a markdown file's table rows, ``table_rows``):
-    ``path`` steps into it (a ``str`` is a key, an
-    ``int`` an index, a mapping picks the one list element whose fields equal it), and ``then``, if
-    given, maps what was found (e.g. a sum)."""
+    """One value read from a committed file: ``path`` steps into its JSON, or into
+    ``markdown_source`` of a ``.md`` file (a ``str`` is a key, an ``int`` an index, a mapping picks
+    the one list element whose fields equal it, ``...`` standing for any value, a compiled pattern
+    takes its first group's match in a string); ``then``, if given, maps what was found (a sum)."""
 
     file: str
     path: tuple[Step, ...] = ()
@@ -59,7 +59,7 @@ class Value:
                 raise SourceError(f"source file {self.file} not found")
             text = source.read_text(encoding="utf-8")
             if source.suffix == ".md":
-                cache[self.file] = table_rows(text)
+                cache[self.file] = markdown_source(text)
             else:
                 try:
                     cache[self.file] = json.loads(text)
@@ -68,18 +68,30 @@ class Value:
         x = cache[self.file]
         for i, step in enumerate(self.path):
             x = _step(x, step, self.file, self.path[: i + 1])
-        return self.then(x) if self.then is not None else x
+        if self.then is None:
+            return x
+        try:
+            return self.then(x)
+        except (ValueError, TypeError, IndexError) as e:
+            raise SourceError(f"{self.file}{_show(self.path)}: {x!r}: {e}") from None
 
 
-def table_rows(markdown: str) -> list[dict[str, str]]:
-    """Every row of every pipe table in a markdown file (a committed report.md whose JSON is not
-    committed), each a mapping from its table's header to the cell's stripped text."""
+def markdown_source(markdown: str) -> dict[str, Any]:
+    """A committed report.md whose JSON is not committed: ``text``, and ``tables``, every row of
+    every pipe table, each a mapping from its table's header to the cell's stripped text, with
+    ``_section`` (the heading above it, less a trailing parenthetical) and ``_label`` (a bold line
+    above it under that heading, e.g. ``attention vs gradient``, or "")."""
     rows: list[dict[str, str]] = []
     header: list[str] | None = None
+    section = label = ""
     lines = markdown.splitlines()
     for i, line in enumerate(lines):
         if not line.startswith("|"):
             header = None
+            if line.startswith("#"):
+                section, label = re.sub(r"\s*\(.*\)$", "", line.lstrip("#").strip()), ""
+            elif re.fullmatch(r"\*\*[^*]+\*\*", line.strip()):
+                label = line.strip().strip("*")
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if header is None:
@@ -88,8 +100,8 @@ def table_rows(markdown: str) -> list[dict[str, str]]:
                 header = cells
             continue
         if not all(set(c) <= set("-: ") for c in cells):
-            rows.append(dict(zip(header, cells)))
-    return rows
+            rows.append({**dict(zip(header, cells)), "_section": section, "_label": label})
+    return {"text": markdown, "tables": rows}
 
 
 def cell_number(text: str) -> float:
@@ -106,10 +118,17 @@ def interval_high(text: str) -> float:
 
 def _step(x: Any, step: Step, file: str, where: tuple[Step, ...]) -> Any:
     missing = SourceError(f"{file} has no {_show(where)}")
+    if isinstance(step, re.Pattern):
+        found = step.search(x) if isinstance(x, str) else None
+        if found is None:
+            raise missing
+        return found[1]
     if isinstance(step, Mapping):
         if not isinstance(x, list):
             raise missing
-        found = [e for e in x if isinstance(e, dict) and all(e.get(k) == v for k, v in step.items())]
+        found = [
+            e for e in x if isinstance(e, dict) and all(k in e and (v is ... or e[k] == v) for k, v in step.items())
+        ]
         if len(found) != 1:
             raise SourceError(f"{file}: {len(found)} elements match {_show(where)}, not one")
         return found[0]
@@ -123,17 +142,22 @@ def _step(x: Any, step: Step, file: str, where: tuple[Step, ...]) -> Any:
 
 
 def _show(path: Iterable[Step]) -> str:
-    return "".join(f"[{dict(s)!r}]" if isinstance(s, Mapping) else f"[{s!r}]" for s in path)
+    return "".join(
+        f"[{dict(s)!r}]" if isinstance(s, Mapping) else f"[/{s.pattern}/]" if isinstance(s, re.Pattern) else f"[{s!r}]"
+        for s in path
+    )
 
 
 @dataclass(frozen=True)
 class Quote:
     """How a key is quoted: ``fmt`` (a ``str.format`` template) applied to its values, or to
-    ``combine(*values)`` when ``combine`` is given (a ratio, a minimum)."""
+    ``combine(*values)`` when ``combine`` is given (a ratio, a minimum); ``minus`` is the sign
+    quoted for a negative number (the docs' "−")."""
 
     fmt: str
     values: tuple[Value, ...]
     combine: Callable[..., Any] | None = None
+    minus: str = "-"
 
     def text(self, root: Path, cache: dict[str, Any], spec: str | None = None) -> str:
         values = [v.resolve(root, cache) for v in self.values]
@@ -147,12 +171,12 @@ class Quote:
         for v in values:
             if not isinstance(v, int | float) or isinstance(v, bool):
                 raise SourceError(f"value {v!r} is not a number")
-        return fmt.format(*values)
+        return fmt.format(*values).replace("-", self.minus)
 
 
-def one(fmt: str, file: str, *path: Step, then: Callable[[Any], Any] | None = None) -> Quote:
+def one(fmt: str, file: str, *path: Step, then: Callable[[Any], Any] | None = None, minus: str = "-") -> Quote:
     """A key quoting one value: ``fmt`` is a format spec (``.3f``)."""
-    return Quote("{:" + fmt + "}", (Value(file, path, then),))
+    return Quote("{:" + fmt + "}", (Value(file, path, then),), minus=minus)
 
 
 def ratio(fmt: str, numerator: Value, denominator: Value) -> Quote:
@@ -169,6 +193,8 @@ CPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cpu -
 MINILM = ("runs", "MiniLM run --epochs 1 --importances all --integrated-gradients 16, cuda")
 EARLY = "benchmarks/results/sst-main-job-cuda-h100-2026-11-26-4a9fea4.json"
 SWEEP = "reports/sweep/aggregate.json"
+SST_LSTM = "reports/sst-lstm/report.md"
+SST_GPT_EXTRACT = "reports/sst-gpt-extract/report.md"
 GPT1 = "reports/gpt1/report.md"
 GPT1_GROUPS = (
     *(f"{g}/sst-gpt-tanh" for g in ("pretrained", "scratch", "no-lm", "pretrained-lr", "scratch-lr")),
@@ -349,7 +375,7 @@ def _gpt1() -> dict[str, Quote]:
     s: dict[str, Quote] = {}
 
     def cell(group: str, column: str, then: Callable[[str], float] = cell_number) -> Value:
-        return Value(GPT1, ({"group": group, "statistic": "test accuracy"}, column), then)
+        return Value(GPT1, ("tables", {"group": group, "statistic": "test accuracy"}, column), then)
 
     for group in GPT1_GROUPS:
         name = group.split("/")[0] + "." + group.split("/")[1].split("-")[0]  # e.g. transfer-0.sst
@@ -367,6 +393,61 @@ def _gpt1() -> dict[str, Quote]:
         (cell("pretrained/sst-gpt-tanh", "mean over seeds"), cell("transfer-0/sst-gpt-tanh", "mean over seeds")),
         lambda a, b: 100 * (a - b),
     )
+    return s
+
+
+def _single_runs() -> dict[str, Quote]:
+    """The single runs' committed report.md (docs/results.md, "What a run gives"): the default
+    BiLSTM on SST and GPT-1's own attention (their results.json are not committed)."""
+    s: dict[str, Quote] = {}
+    for name, file in (("sst_lstm", SST_LSTM), ("sst_gpt_extract", SST_GPT_EXTRACT)):
+
+        def cell(row: Mapping[str, Any], column: str, fmt: str = ".3f", file: str = file, **kw: Any) -> Quote:
+            return one(fmt, file, "tables", row, column, then=cell_number, **kw)
+
+        def kendall(pair: str) -> dict[str, Any]:
+            return {"_label": pair, "instances": "all", "mean τ": ...}
+
+        s[f"{name}.accuracy"] = cell({"test accuracy": ...}, "test accuracy")
+        s[f"{name}.roc_auc"] = cell({"ROC-AUC": ...}, "ROC-AUC")
+        for order in ("attention", "random"):
+            flip = {"_section": "Decision flip under attention removal", "ordering": order}
+            s[f"{name}.flip.{order}.never"] = cell(flip, "never flips", ".2f")
+            s[f"{name}.flip.{order}.fraction"] = cell(flip, "mean fraction", ".2f")
+            s[f"{name}.flip.{order}.percent"] = Quote(
+                "{:.0f}", (Value(file, ("tables", flip, "mean fraction"), cell_number),), lambda x: 100 * x
+            )
+        for pair in ("attention vs gradient", "attention vs loo", "gradient vs loo"):
+            key = pair.replace(" vs ", "_")
+            s[f"{name}.tau.{key}"] = cell(kendall(pair), "mean τ", ".2f")
+            s[f"{name}.tau.{key}.std"] = cell(kendall(pair), "std", ".2f")
+            s[f"{name}.tau.{key}.significant"] = cell(kendall(pair), "p ≤ 0.05", ".2f")
+        s[f"{name}.permutation.median"] = cell({"_section": "Permuted attention", "instances": "all"}, "median")
+        s[f"{name}.adversarial.mean"] = cell({"_section": "Adversarial attention", "instances": "all"}, "mean", ".2f")
+        for weight in ("top", "random"):
+            s[f"{name}.single_removal.{weight}.flips"] = cell({"weight removed": weight}, "decision flips")
+        s[f"{name}.single_removal.top.flips.percent"] = Quote(
+            "{:.0f}",
+            (Value(file, ("tables", {"weight removed": "top"}, "decision flips"), cell_number),),
+            lambda x: 100 * x,
+        )
+    s["sst_lstm.best_epoch"] = one(".0f", SST_LSTM, "tables", {"best epoch": ...}, "best epoch", then=cell_number)
+    adversary_share = re.compile(r"share above 0\.5: ([0-9]+\.[0-9]+)")
+    s["sst_lstm.adversarial.above_half.percent"] = one(
+        ".0f", SST_LSTM, "text", adversary_share, then=lambda x: 100 * float(x)
+    )
+    for order in ("attention", "gradient", "loo", "random"):
+        row = {"ordering": order, "comprehensiveness AOPC": ...}
+        s[f"sst_lstm.eraser.{order}.comprehensiveness"] = one(
+            ".3f", SST_LSTM, "tables", row, "comprehensiveness AOPC", then=cell_number, minus="−"
+        )
+        s[f"sst_lstm.eraser.{order}.sufficiency"] = one(
+            ".3f", SST_LSTM, "tables", row, "sufficiency AOPC", then=cell_number, minus="−"
+        )
+    for head in (1, 2):
+        s[f"sst_gpt_extract.head{head}.tau_gradient"] = one(
+            ".2f", SST_GPT_EXTRACT, "tables", {"head": f"head {head}"}, "tau vs gradient", then=cell_number, minus="−"
+        )
     return s
 
 
@@ -405,7 +486,7 @@ def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
 
 
 SOURCES: dict[str, Quote] = _sources(
-    _gpu_check(), _gpu_check_earlier(), _minilm_table(), _sweep(), _gpt1(), _attributions()
+    _gpu_check(), _gpu_check_earlier(), _minilm_table(), _sweep(), _gpt1(), _single_runs(), _attributions()
 )
 
 
