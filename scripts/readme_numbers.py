@@ -9,7 +9,8 @@ and the format it is quoted in (``<!-- n:KEY:SPEC -->`` quotes a one-value key w
 spec, e.g. ``.1f``). ``python scripts/readme_numbers.py`` rewrites every marked number from its
 source (each file atomically; it prints what changed); ``--check`` changes nothing and exits 1,
 listing each marked number that differs from its source (file, line, key, both values) and each
-marker whose key, source file or path into it is missing. ``tests/test_readme_numbers.py`` runs
+marker whose key, source file or path into it is missing. Markers inside code (a `code span` or
+a fenced block) are examples and left alone. ``tests/test_readme_numbers.py`` runs
 the check. Standard library only: it reads JSON and markdown and imports nothing of attnmetrics.
 """
 
@@ -32,7 +33,9 @@ DOCUMENTS = ("README.md", "docs/results.md", "docs/speed.md")
 
 MARKER = re.compile(r"<!-- n:(?P<key>[A-Za-z0-9_.\-]+)(?::(?P<spec>[^ >]+))? -->(?P<text>.*?)<!-- /n -->")
 OPENING = re.compile(r"<!-- n:")
-LINE_START = re.compile(r" {0,3}<!--")
+LINE_START = re.compile(r" {0,3}<!-- n:")
+FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
 
 Step = str | int | Mapping[str, Any] | re.Pattern[str]
 
@@ -521,8 +524,23 @@ def fill(
     cache = {} if cache is None else cache
     findings: list[Finding] = []
     out: list[str] = []
+    fence: str | None = None
     for n, line in enumerate(text.splitlines(keepends=True), 1):
-        if len(OPENING.findall(line)) != len(MARKER.findall(line)):
+        opens = FENCE.match(line)
+        if fence is not None or opens:  # code blocks are quoted as they are
+            if fence is None:
+                fence = opens[1]
+            elif line.strip().startswith(fence):
+                fence = None
+            out.append(line)
+            continue
+        code = [m.span() for m in CODE_SPAN.finditer(line)]  # markers in `code` are examples, not markers
+
+        def quoted_code(m: re.Match[str], code: list[tuple[int, int]] = code) -> bool:
+            return any(a <= m.start() < b for a, b in code)
+
+        markers = [m for m in MARKER.finditer(line) if not quoted_code(m)]
+        if len([m for m in OPENING.finditer(line) if not quoted_code(m)]) != len(markers):
             findings.append(Finding(document, n, "?", "", problem="a marker not closed by <!-- /n --> on its line"))
         if LINE_START.match(line):
             # CommonMark: "<!--" opening a line starts an HTML block, which would show the line raw.
@@ -547,7 +565,7 @@ def fill(
             findings.append(Finding(document, n, key, quoted, files, expected))
             return m[0].replace(f"-->{quoted}<!--", f"-->{expected}<!--", 1)
 
-        out.append(MARKER.sub(replace, line))
+        out.append(MARKER.sub(lambda m: m[0] if quoted_code(m) else replace(m), line))
     return "".join(out), findings
 
 

@@ -131,6 +131,15 @@ def test_a_marker_opening_a_line_is_refused(tree):
     assert f.line == 2 and "opens the line" in f.problem
 
 
+def test_markers_in_code_are_examples(tree):
+    """A marker inside a code span or a fenced block documents the syntax; it is neither checked nor rewritten."""
+    root, sources = tree
+    text = "Write `<!-- n:KEY -->0.1<!-- /n -->` and `<!-- n:acc -->9<!-- /n -->`:\n\n```md\n<!-- n:acc -->9<!-- /n -->\n```\n"
+    doc = _doc(root, text)
+    assert rn.run(root, ["doc.md"], sources, write=True) == []
+    assert doc.read_text(encoding="utf-8") == text
+
+
 def test_a_missing_document_is_an_error(tree):
     root, sources = tree
     with pytest.raises(rn.SourceError, match="nodoc.md"):
