@@ -196,6 +196,7 @@ CPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cpu -
 MINILM = ("runs", "MiniLM run --epochs 1 --importances all --integrated-gradients 16, cuda")
 EARLY = "benchmarks/results/sst-main-job-cuda-h100-2026-11-26-4a9fea4.json"
 SWEEP = "reports/sweep/aggregate.json"
+CPU_BENCH = "benchmarks/results/cpu-epyc-avx2-1thread.json"
 SST_LSTM = "reports/sst-lstm/report.md"
 SST_GPT_EXTRACT = "reports/sst-gpt-extract/report.md"
 GPT1 = "reports/gpt1/report.md"
@@ -454,6 +455,76 @@ def _single_runs() -> dict[str, Quote]:
     return s
 
 
+def _cpu_table() -> dict[str, Quote]:
+    """docs/speed.md's first table: each op against the papers' approach, one CPU thread (CPU_BENCH)."""
+    s: dict[str, Quote] = {}
+
+    def bench(key: str, name: str, field: str, fmt: str, scale: float = 1.0) -> None:
+        """``name``: the benchmark's name, or its fullname where two files share the name."""
+        pick = {"fullname" if "::" in name else "name": name}
+        at = ("benchmarks", pick, *(("stats", "median") if field == "median" else ("extra_info", field)))
+        s[f"cpu.{key}"] = one(fmt, CPU_BENCH, *at, then=lambda x: scale * x)
+
+    def ratio_of(key: str, a: tuple[str, str], b: tuple[str, str], fmt: str) -> None:
+        def value(name: str, field: str) -> Value:
+            return Value(CPU_BENCH, ("benchmarks", {"name": name}, "stats", field))
+
+        s[f"cpu.{key}"] = ratio(fmt, value(*a), value(*b))
+
+    for case in ("sst", "imdb"):
+        name = f"benchmarks/test_bench_kendall.py::test_kernel[{case}-cpu]"
+        bench(f"kendall.{case}.ours_ms", name, "median", ".1f", 1e3)
+        bench(f"kendall.{case}.loop_ms", name, "scipy_loop_s", ".0f", 1e3)
+        bench(f"kendall.{case}.speedup", name, "ratio", ".0f")
+    # (case, ours' unit and format, the sequential search's unit and format, the speed-up's format)
+    for case, ours, loop, speedup in (
+        ("sst-linear", ("ms", ".1f"), ("ms", ".0f"), ".0f"),
+        ("imdb-linear", ("ms", ".1f"), ("s", ".2f"), ".0f"),
+        ("sst-mlp", ("ms", ".0f"), ("ms", ".0f"), ".1f"),
+        ("imdb-mlp", ("s", ".2f"), ("s", ".2f"), ".1f"),
+    ):
+        name = f"test_flip_fraction_vs_sequential[{case}-cpu]"
+        for part, field, (unit, fmt) in (("ours", "kernel_median_s", ours), ("loop", "sequential_s", loop)):
+            bench(f"flip.{case}.{part}_{unit}", name, field, fmt, 1e3 if unit == "ms" else 1.0)
+        bench(f"flip.{case}.speedup", name, "speedup", speedup)
+    bench(
+        "flip.imdb-linear.read_once_ms",
+        "test_flip_fraction_vs_sequential[imdb-linear-cpu]",
+        "read_inputs_once_s",
+        ".1f",
+        1e3,
+    )
+    bench(
+        "flip.imdb-linear.times_read_once",
+        "test_flip_fraction_vs_sequential[imdb-linear-cpu]",
+        "times_reading_inputs_once",
+        ".2f",
+    )
+    bench("flip.large.ms", "test_flip_fraction_large_bounded_memory[linear-cpu]", "median", ".0f", 1e3)
+    bench("flip.large.extra_mib", "test_flip_fraction_large_bounded_memory[linear-cpu]", "peak_extra_rss_mib", ".0f")
+    for case, ours, loop, speedup in (
+        ("linear-sst", ".1f", ".2f", ".0f"),
+        ("linear-imdb", ".1f", ".1f", ".0f"),
+        ("mlp-sst", ".0f", ".2f", ".0f"),
+    ):
+        name = f"test_permutation_test_vs_jw_loop[{case}]"
+        bench(f"permutation.{case}.ours_ms", name, "kernel_median_s", ours, 1e3)
+        bench(f"permutation.{case}.loop_s", name, "jw_loop_s", loop)
+        bench(f"permutation.{case}.speedup", name, "speedup", speedup)
+    for case in ("linear", "mlp"):
+        name = f"test_adversarial_vs_per_instance[{case}]"
+        bench(f"adversarial.{case}.ours_ms", name, "batched_median_s", ".0f", 1e3)
+        bench(f"adversarial.{case}.loop_s", name, "per_instance_s", ".2f")
+        bench(f"adversarial.{case}.speedup", name, "speedup", ".0f")
+    for metric, ours, formula, speedup in (("tvd", ".1f", ".1f", ".1f"), ("jsd", ".1f", ".0f", ".1f")):
+        kernel = f"test_distance[kernel-{metric}-attention-100k-cpu]"
+        torch = f"test_distance[torch-formula-{metric}-attention-100k-cpu]"
+        bench(f"{metric}.ours_ms", kernel, "median", ours, 1e3)
+        bench(f"{metric}.formula_ms", torch, "median", formula, 1e3)
+        ratio_of(f"{metric}.speedup", (torch, "median"), (kernel, "median"), speedup)
+    return s
+
+
 def _attributions() -> dict[str, Quote]:
     """The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md)."""
     s: dict[str, Quote] = {}
@@ -489,7 +560,14 @@ def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
 
 
 SOURCES: dict[str, Quote] = _sources(
-    _gpu_check(), _gpu_check_earlier(), _minilm_table(), _sweep(), _gpt1(), _single_runs(), _attributions()
+    _gpu_check(),
+    _gpu_check_earlier(),
+    _minilm_table(),
+    _sweep(),
+    _gpt1(),
+    _single_runs(),
+    _cpu_table(),
+    _attributions(),
 )
 
 
