@@ -161,6 +161,7 @@ class Quote:
     values: tuple[Value, ...]
     combine: Callable[..., Any] | None = None
     minus: str = "-"
+    typeset: Callable[[float], str] | None = None  # formats the one value instead of ``fmt`` (e.g. by size)
 
     def text(self, root: Path, cache: dict[str, Any], spec: str | None = None) -> str:
         values = [v.resolve(root, cache) for v in self.values]
@@ -174,7 +175,8 @@ class Quote:
         for v in values:
             if not isinstance(v, int | float) or isinstance(v, bool):
                 raise SourceError(f"value {v!r} is not a number")
-        return fmt.format(*values).replace("-", self.minus)
+        text = self.typeset(*values) if self.typeset is not None and spec is None else fmt.format(*values)
+        return text.replace("-", self.minus)
 
 
 def one(fmt: str, file: str, *path: Step, then: Callable[[Any], Any] | None = None, minus: str = "-") -> Quote:
@@ -197,6 +199,9 @@ MINILM = ("runs", "MiniLM run --epochs 1 --importances all --integrated-gradient
 EARLY = "benchmarks/results/sst-main-job-cuda-h100-2026-11-26-4a9fea4.json"
 SWEEP = "reports/sweep/aggregate.json"
 CPU_BENCH = "benchmarks/results/cpu-epyc-avx2-1thread.json"
+LOO_JW = "benchmarks/results/loo-jw-cpu-1thread.json"
+ERASER = "benchmarks/results/eraser-cpu-1thread.json"
+LOO_CAPTUM = "benchmarks/results/loo-captum-cpu-1thread.json"
 SST_LSTM = "reports/sst-lstm/report.md"
 SST_GPT_EXTRACT = "reports/sst-gpt-extract/report.md"
 GPT1 = "reports/gpt1/report.md"
@@ -525,6 +530,50 @@ def _cpu_table() -> dict[str, Quote]:
     return s
 
 
+def _seconds(x: float) -> str:
+    """Seconds as the speed tables quote them: one decimal below 100, none above."""
+    return f"{x:.1f}" if x < 99.95 else f"{x:.0f}"
+
+
+def _leave_one_out_and_eraser() -> dict[str, Quote]:
+    """docs/speed.md's leave-one-out and ERASER rows (LOO_JW, ERASER) and the Captum table (LOO_CAPTUM)."""
+    s: dict[str, Quote] = {}
+
+    def extra(file: str, name: str, field: str, fmt: str | Callable[[float], str]) -> Quote:
+        value = Value(file, ("benchmarks", {"name": name}, "extra_info", field))
+        return Quote(fmt, (value,)) if isinstance(fmt, str) else Quote("{}", (value,), typeset=fmt)
+
+    for case, loop in (("sst", "{:.1f}"), ("imdb", "{:.0f}")):
+        name = f"test_leave_one_out_vs_jw_loop[{case}]"
+        s[f"loo.{case}.ours_s"] = extra(LOO_JW, name, "leave_one_out_s", "{:.1f}")
+        s[f"loo.{case}.loop_s"] = extra(LOO_JW, name, "jw_loop_s", loop)
+        s[f"loo.{case}.speedup"] = extra(LOO_JW, name, "speedup", "{:.1f}")
+    s["loo.sst.loop_batch32_s"] = extra(LOO_JW, "test_leave_one_out_vs_jw_loop[sst]", "jw_loop_bsize32_s", "{:.1f}")
+    s["loo.sst.speedup_batch32"] = extra(LOO_JW, "test_leave_one_out_vs_jw_loop[sst]", "speedup_vs_bsize32", "{:.1f}")
+    for e in (50, 300):
+        ours, ferret = f"test_eraser_sst[ours-E{e}]", f"test_eraser_sst[ferret-E{e}]"
+        s[f"eraser.e{e}.ours_s"] = extra(ERASER, ours, "seconds", "{:.1f}")
+        s[f"eraser.e{e}.ferret_s"] = extra(ERASER, ferret, "seconds", "{:.1f}")
+        s[f"eraser.e{e}.speedup"] = ratio(
+            ".1f",
+            Value(ERASER, ("benchmarks", {"name": ferret}, "extra_info", "seconds")),
+            Value(ERASER, ("benchmarks", {"name": ours}, "extra_info", "seconds")),
+        )
+    for case in ("sst-E50", "sst-E300", "imdb-E50", "imdb-E300"):
+        name, key = f"test_leave_one_out_vs_captum[{case}]", f"captum.{case.lower()}"
+        s[f"{key}.mask_s"] = extra(LOO_CAPTUM, name, "leave_one_out_mask_s", _seconds)
+        s[f"{key}.delete_s"] = extra(LOO_CAPTUM, name, "leave_one_out_delete_s", _seconds)
+        s[f"{key}.grouped_s"] = extra(LOO_CAPTUM, name, "captum_bucketed_s", _seconds)
+        info = Value(LOO_CAPTUM, ("benchmarks", {"name": name}, "extra_info"))
+        s[f"{key}.stock_s"] = Quote(
+            "{}", (info,), lambda e: e["captum_stock_s"][str(e["captum_stock_best_per_eval"])], typeset=_seconds
+        )
+        s[f"{key}.stock_per_eval"] = extra(LOO_CAPTUM, name, "captum_stock_best_per_eval", "{:d}")
+        s[f"{key}.mask_vs_grouped"] = extra(LOO_CAPTUM, name, "mask_speedup_vs_bucketed", "{:.1f}")
+        s[f"{key}.mask_vs_stock"] = extra(LOO_CAPTUM, name, "mask_speedup_vs_stock", "{:.1f}")
+    return s
+
+
 def _attributions() -> dict[str, Quote]:
     """The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md)."""
     s: dict[str, Quote] = {}
@@ -567,6 +616,7 @@ SOURCES: dict[str, Quote] = _sources(
     _gpt1(),
     _single_runs(),
     _cpu_table(),
+    _leave_one_out_and_eraser(),
     _attributions(),
 )
 
