@@ -4,14 +4,15 @@ A quoted number is wrapped in a named marker, invisible in rendered markdown::
 
     ALTI <!-- n:minilm.alti.comprehensiveness -->0.252<!-- /n --> > integrated gradients ...
 
-and its key names, in ``SOURCES`` below, the committed JSON file it comes from, the path into it
-and the format it is quoted in (``<!-- n:KEY:SPEC -->`` quotes a one-value key with another format
-spec, e.g. ``.1f``). ``python scripts/readme_numbers.py`` rewrites every marked number from its
-source (each file atomically; it prints what changed); ``--check`` changes nothing and exits 1,
-listing each marked number that differs from its source (file, line, key, both values) and each
-marker whose key, source file or path into it is missing. Markers inside code (a `code span` or
-a fenced block) are examples and left alone. ``tests/test_readme_numbers.py`` runs
-the check. Standard library only: it reads JSON and markdown and imports nothing of attnmetrics.
+and its key names, in ``SOURCES`` below, the committed file it comes from (JSON, or a report.md's
+tables and text where the run's JSON is not committed), the path into it and the format it is
+quoted in (``<!-- n:KEY:SPEC -->`` quotes a one-value key with another format spec, e.g. ``.1f``).
+``python scripts/readme_numbers.py`` rewrites every marked number from its source (each file
+atomically; it prints what changed); ``--check`` changes nothing and exits 1, listing each marked
+number that differs from its source (file, line, key, both values) and each marker whose key,
+source file or path into it is missing; ``--list`` prints every key with its value. Markers inside
+code (a `code span` or a fenced block) are examples and left alone. ``tests/test_readme_numbers.py``
+runs the check. Standard library only: it reads JSON and markdown and imports nothing of attnmetrics.
 """
 
 from __future__ import annotations
