@@ -1,0 +1,778 @@
+"""The README's and docs' numbers that come from committed results, filled from those files.
+
+A quoted number is wrapped in a named marker, invisible in rendered markdown::
+
+    ALTI <!-- n:minilm.alti.comprehensiveness -->0.252<!-- /n --> > integrated gradients ...
+
+and its key names, in ``SOURCES`` below, the committed file it comes from (JSON, or a report.md's
+tables and text where the run's JSON is not committed), the path into it and the format it is
+quoted in (``<!-- n:KEY:SPEC -->`` quotes a one-value key with another format spec, e.g. ``.1f``).
+``python scripts/readme_numbers.py`` rewrites every marked number from its source (each file
+atomically; it prints what changed); ``--check`` changes nothing and exits 1, listing each marked
+number that differs from its source (file, line, key, both values) and each marker whose key,
+source file or path into it is missing; ``--list`` prints every key with its value. Markers inside
+code (a `code span` or a fenced block) are examples and left alone. ``tests/test_readme_numbers.py``
+runs the check. Standard library only: it reads JSON and markdown and imports nothing of attnmetrics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# The markdown files whose markers are checked and rewritten, relative to the repository root.
+DOCUMENTS = ("README.md", "docs/results.md", "docs/speed.md")
+
+MARKER = re.compile(r"<!-- n:(?P<key>[A-Za-z0-9_.\-]+)(?::(?P<spec>[^ >]+))? -->(?P<text>.*?)<!-- /n -->")
+OPENING = re.compile(r"<!-- n:")
+LINE_START = re.compile(r" {0,3}<!-- n:")
+FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
+
+Step = str | int | Mapping[str, Any] | re.Pattern[str]
+
+
+class SourceError(Exception):
+    """A marker's key is not in the mapping, or its source file or path is missing."""
+
+
+@dataclass(frozen=True)
+class Value:
+    """One value read from a committed file: ``path`` steps into its JSON, or into
+    ``markdown_source`` of a ``.md`` file (a ``str`` is a key, an ``int`` an index, a mapping picks
+    the one list element whose fields equal it, ``...`` standing for any value, a compiled pattern
+    takes its first group's match in a string); ``then``, if given, maps what was found (a sum)."""
+
+    file: str
+    path: tuple[Step, ...] = ()
+    then: Callable[[Any], Any] | None = None
+
+    def resolve(self, root: Path, cache: dict[str, Any]) -> Any:
+        if self.file not in cache:
+            source = root / self.file
+            if not source.is_file():
+                raise SourceError(f"source file {self.file} not found")
+            text = source.read_text(encoding="utf-8")
+            if source.suffix == ".md":
+                cache[self.file] = markdown_source(text)
+            else:
+                try:
+                    cache[self.file] = json.loads(text)
+                except json.JSONDecodeError as e:
+                    raise SourceError(f"source file {self.file} is not JSON: {e}") from None
+        x = cache[self.file]
+        for i, step in enumerate(self.path):
+            x = _step(x, step, self.file, self.path[: i + 1])
+        if self.then is None:
+            return x
+        try:
+            return self.then(x)
+        except (ValueError, TypeError, IndexError) as e:
+            raise SourceError(f"{self.file}{_show(self.path)}: {x!r}: {e}") from None
+
+
+def markdown_source(markdown: str) -> dict[str, Any]:
+    """A committed report.md whose JSON is not committed: ``text``, and ``tables``, every row of
+    every pipe table, each a mapping from its table's header to the cell's stripped text, with
+    ``_section`` (the heading above it, less a trailing parenthetical) and ``_label`` (a bold line
+    above it under that heading, e.g. ``attention vs gradient``, or "")."""
+    rows: list[dict[str, str]] = []
+    header: list[str] | None = None
+    section = label = ""
+    lines = markdown.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("|"):
+            header = None
+            if line.startswith("#"):
+                section, label = re.sub(r"\s*\(.*\)$", "", line.lstrip("#").strip()), ""
+            elif re.fullmatch(r"\*\*[^*]+\*\*", line.strip()):
+                label = line.strip().strip("*")
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            rule = lines[i + 1] if i + 1 < len(lines) else ""
+            if re.fullmatch(r"\|?(\s*:?-+:?\s*\|)+\s*:?-*:?\s*", rule):
+                header = cells
+            continue
+        if not all(set(c) <= set("-: ") for c in cells):
+            rows.append({**dict(zip(header, cells)), "_section": section, "_label": label})
+    return {"text": markdown, "tables": rows}
+
+
+def cell_number(text: str) -> float:
+    return float(text)
+
+
+def interval_low(text: str) -> float:
+    return float(text.strip("[]").split(",")[0])
+
+
+def interval_high(text: str) -> float:
+    return float(text.strip("[]").split(",")[1])
+
+
+def _step(x: Any, step: Step, file: str, where: tuple[Step, ...]) -> Any:
+    missing = SourceError(f"{file} has no {_show(where)}")
+    if isinstance(step, re.Pattern):
+        found = step.search(x) if isinstance(x, str) else None
+        if found is None:
+            raise missing
+        return found[1]
+    if isinstance(step, Mapping):
+        if not isinstance(x, list):
+            raise missing
+        found = [
+            e for e in x if isinstance(e, dict) and all(k in e and (v is ... or e[k] == v) for k, v in step.items())
+        ]
+        if len(found) != 1:
+            raise SourceError(f"{file}: {len(found)} elements match {_show(where)}, not one")
+        return found[0]
+    if isinstance(step, int) and not isinstance(step, bool):
+        if not isinstance(x, list) or not -len(x) <= step < len(x):
+            raise missing
+        return x[step]
+    if not isinstance(x, dict) or step not in x:
+        raise missing
+    return x[step]
+
+
+def _show(path: Iterable[Step]) -> str:
+    return "".join(
+        f"[{dict(s)!r}]" if isinstance(s, Mapping) else f"[/{s.pattern}/]" if isinstance(s, re.Pattern) else f"[{s!r}]"
+        for s in path
+    )
+
+
+@dataclass(frozen=True)
+class Quote:
+    """How a key is quoted: ``fmt`` (a ``str.format`` template) applied to its values, or to
+    ``combine(*values)`` when ``combine`` is given (a ratio, a minimum); ``minus`` is the sign
+    quoted for a negative number (the docs' "−")."""
+
+    fmt: str
+    values: tuple[Value, ...]
+    combine: Callable[..., Any] | None = None
+    minus: str = "-"
+    typeset: Callable[[float], str] | None = None  # formats the one value instead of ``fmt`` (e.g. by size)
+
+    def text(self, root: Path, cache: dict[str, Any], spec: str | None = None) -> str:
+        values = [v.resolve(root, cache) for v in self.values]
+        if self.combine is not None:
+            values = [self.combine(*values)]
+        fmt = self.fmt
+        if spec is not None:
+            if len(values) != 1:
+                raise SourceError(f"a format spec ({spec}) quotes one value; this key has {len(values)}")
+            fmt = "{:" + spec + "}"
+        for v in values:
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                raise SourceError(f"value {v!r} is not a number")
+        text = self.typeset(*values) if self.typeset is not None and spec is None else fmt.format(*values)
+        return text.replace("-", self.minus)
+
+
+def one(fmt: str, file: str, *path: Step, then: Callable[[Any], Any] | None = None, minus: str = "-") -> Quote:
+    """A key quoting one value: ``fmt`` is a format spec (``.3f``)."""
+    return Quote("{:" + fmt + "}", (Value(file, path, then),), minus=minus)
+
+
+def ratio(fmt: str, numerator: Value, denominator: Value) -> Quote:
+    return Quote("{:" + fmt + "}", (numerator, denominator), lambda a, b: a / b)
+
+
+# --- the committed sources ---------------------------------------------------------------------
+
+GPU = "benchmarks/results/gpu-check-h100-2026-11-26-674e96a.json"
+GPU_MAIN = ("runs", "sst main job, cuda")
+CPU_MAIN = ("runs", "sst main job, one CPU thread of the same machine (beside the GPU stages)")
+GPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cuda")
+CPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cpu --threads 1")
+MINILM = ("runs", "MiniLM run --epochs 1 --importances all --integrated-gradients 16, cuda")
+EARLY = "benchmarks/results/sst-main-job-cuda-h100-2026-11-26-4a9fea4.json"
+SWEEP = "reports/sweep/aggregate.json"
+CPU_BENCH = "benchmarks/results/cpu-epyc-avx2-1thread.json"
+LOO_JW = "benchmarks/results/loo-jw-cpu-1thread.json"
+ERASER = "benchmarks/results/eraser-cpu-1thread.json"
+LOO_CAPTUM = "benchmarks/results/loo-captum-cpu-1thread.json"
+SST_LSTM = "reports/sst-lstm/report.md"
+SST_GPT_EXTRACT = "reports/sst-gpt-extract/report.md"
+GPT1 = "reports/gpt1/report.md"
+GPT1_GROUPS = (
+    *(f"{g}/sst-gpt-tanh" for g in ("pretrained", "scratch", "no-lm", "pretrained-lr", "scratch-lr")),
+    *(f"transfer-{k}/sst-gpt-tanh" for k in range(4)),
+    *(f"{g}/tweets-gpt-tanh" for g in ("pretrained", "no-lm")),
+    "bilstm/sst-lstm-tanh",
+    "bilstm/tweets-lstm-tanh",
+)
+ATTRIBUTIONS = "benchmarks/results/attributions-cpu-1thread.json"
+# The attention-derived attributions whose ours-vs-loop ratios are in ATTRIBUTIONS.
+ATTRIBUTION_RATIOS = ("value_norm", "globenc", "alti", "value_zeroing")
+# The battery's methods in the MiniLM run's method table, by their battery names (the keys' middle part).
+MINILM_METHODS = (
+    "alti",
+    "loo",
+    "ig",
+    "globenc",
+    "value_zeroing",
+    "value_norm",
+    "gradient",
+    "input_x_gradient",
+    "rollout",
+    "attention",
+)
+MINILM_COLUMNS = ("tau_loo", "comprehensiveness", "sufficiency", "flip_fraction", "never_flips")
+# The columns the table leaves empty (null in the JSON): leave-one-out is the τ's reference, and the
+# plain gradient has no ordering of its own in the flip search.
+MINILM_EMPTY = {"loo": ("tau_loo", "flip_fraction", "never_flips"), "gradient": ("flip_fraction", "never_flips")}
+
+
+def _sum(d: Mapping[str, float]) -> float:
+    return sum(d.values())
+
+
+def _wall(run: tuple[str, ...], *path: Step, then: Callable[[Any], Any] | None = None) -> Value:
+    return Value(GPU, (*run, "wall_time_s", *path), then)
+
+
+def _gpu_check() -> dict[str, Quote]:
+    """The H100 check (docs/speed.md, "On a GPU (NVIDIA H100)"; the README's speed sentence)."""
+    s: dict[str, Quote] = {}
+    for name, run in (("gpu.main.cuda", GPU_MAIN), ("gpu.main.cpu", CPU_MAIN)):
+        s[f"{name}.total_s"] = Quote("{:.1f}", (_wall(run, "total"),))
+        s[f"{name}.training_s"] = Quote("{:.1f}", (_wall(run, "training"),))
+        s[f"{name}.battery_s"] = Quote("{:.1f}", (_wall(run, "experiments"),))
+    s["gpu.main.speedup"] = ratio(".1f", _wall(CPU_MAIN, "total"), _wall(GPU_MAIN, "total"))
+    s["gpu.main.training_speedup"] = ratio(".1f", _wall(CPU_MAIN, "training"), _wall(GPU_MAIN, "training"))
+    epochs = Value(GPU, (*GPU_MAIN, "training", "history"))
+    s["gpu.main.cuda.epoch_min_s"] = Quote("{:.1f}", (epochs,), lambda h: min(e["seconds"] for e in h))
+    s["gpu.main.cuda.epoch_max_s"] = Quote("{:.1f}", (epochs,), lambda h: max(e["seconds"] for e in h))
+    s["gpu.main.cuda.accuracy"] = one(".4f", GPU, *GPU_MAIN, "test", "accuracy")
+    s["gpu.main.cuda.loss"] = one(".4f", GPU, *GPU_MAIN, "test", "loss")
+    for name, run, fmt in (("gpu.battery.cuda", GPU_BATTERY, "{:.2f}"), ("gpu.battery.cpu", CPU_BATTERY, "{:.1f}")):
+        s[f"{name}.battery_s"] = Quote(fmt, (_wall(run, "experiments"),))
+        s[f"{name}.procedures_s"] = Quote(fmt, (_wall(run, "per_experiment", then=_sum),))
+    s["gpu.battery.speedup"] = ratio(".1f", _wall(CPU_BATTERY, "experiments"), _wall(GPU_BATTERY, "experiments"))
+    s["gpu.battery.procedures_speedup"] = ratio(
+        ".1f", _wall(CPU_BATTERY, "per_experiment", then=_sum), _wall(GPU_BATTERY, "per_experiment", then=_sum)
+    )
+    for part in ("eraser", "adversarial", "gradient", "loo"):
+        cuda, cpu = _wall(GPU_BATTERY, "per_experiment", part), _wall(CPU_BATTERY, "per_experiment", part)
+        s[f"gpu.battery.cuda.{part}_s"] = Quote("{:.2f}", (cuda,))
+        s[f"gpu.battery.cpu.{part}_s"] = Quote("{:.3g}", (cpu,))
+        s[f"gpu.battery.{part}_speedup"] = ratio(".2g", cpu, cuda)
+    s["gpu.minilm.battery_s"] = Quote("{:.1f}", (_wall(MINILM, "experiments"),))
+    for part, fmt in (
+        ("adversarial", "{:.1f}"),
+        ("ig", "{:.1f}"),
+        ("eraser", "{:.1f}"),
+        ("loo", "{:.1f}"),
+        ("value_zeroing", "{:.1f}"),
+        ("globenc", "{:.2f}"),
+        ("alti", "{:.2f}"),
+    ):
+        s[f"gpu.minilm.{part}_s"] = Quote(fmt, (_wall(MINILM, "per_experiment", part),))
+    return s
+
+
+def _gpu_check_earlier() -> dict[str, Quote]:
+    """The earlier H100 check (docs/speed.md, "the battery shaped for the device (an earlier run)")."""
+    s: dict[str, Quote] = {}
+    run_, ev_, cpu_ = (
+        ("runs", k) for k in ("run --device cuda", "evaluate --device cuda", "evaluate --device cpu --threads 1")
+    )
+
+    def early(run: tuple[str, ...], *path: Step) -> Value:
+        return Value(EARLY, (*run, "wall_time_s", *path))
+
+    s["gpu_early.run.battery_s"] = Quote("{:.2f}", (early(run_, "experiments"),))
+    s["gpu_early.evaluate.battery_s"] = Quote("{:.2f}", (early(ev_, "experiments"),))
+    s["gpu_early.cpu.battery_s"] = Quote("{:.1f}", (early(cpu_, "experiments"),))
+    s["gpu_early.battery_speedup"] = ratio(".1f", early(cpu_, "experiments"), early(run_, "experiments"))
+    for part in ("eraser", "adversarial", "gradient", "loo"):
+        cuda, cpu = early(run_, "per_experiment", part), early(cpu_, "per_experiment", part)
+        s[f"gpu_early.run.{part}_s"] = Quote("{:.2f}", (cuda,))
+        s[f"gpu_early.cpu.{part}_s"] = Quote("{:.3g}", (cpu,))
+        s[f"gpu_early.{part}_speedup"] = ratio(".2g", cpu, cuda)
+    s["gpu_early.run.total_s"] = Quote("{:.1f}", (early(run_, "total"),))
+    s["gpu_early.run.training_s"] = Quote("{:.1f}", (early(run_, "training"),))
+    s["gpu_early.run.epoch_min_s"] = one(".1f", EARLY, *run_, "epoch_seconds", then=min)
+    s["gpu_early.run.epoch_max_s"] = one(".1f", EARLY, *run_, "epoch_seconds", then=max)
+    s["gpu_early.run.accuracy"] = one(".3f", EARLY, *run_, "test", "accuracy")
+    return s
+
+
+def _minilm_table() -> dict[str, Quote]:
+    """The MiniLM run's method table (docs/results.md; the README's ranking)."""
+    s: dict[str, Quote] = {}
+    s["minilm.accuracy"] = one(".3f", GPU, *MINILM, "test", "accuracy")
+    s["minilm.instances"] = one(",", GPU, *MINILM, "methods", "rows", "comprehensiveness")
+    s["minilm.flip_rows"] = one(",", GPU, *MINILM, "methods", "rows", "flip_fraction")
+    cells = [
+        ((*MINILM, "methods", "methods", {"method": m}, c), f"{m}.{c}")
+        for m in MINILM_METHODS
+        for c in MINILM_COLUMNS
+        if c not in MINILM_EMPTY.get(m, ())
+    ]
+    cells += [
+        ((*MINILM, "methods", "baseline", "random", c), f"random.{c}") for c in ("comprehensiveness", "sufficiency")
+    ]
+    for at, name in cells:
+        mean, lo, hi = Value(GPU, (*at, "mean")), Value(GPU, (*at, "ci95", 0)), Value(GPU, (*at, "ci95", 1))
+        s[f"minilm.{name}"] = Quote("{:.3f}", (mean,))
+        s[f"minilm.{name}.lo"] = Quote("{:.3f}", (lo,))
+        s[f"minilm.{name}.hi"] = Quote("{:.3f}", (hi,))
+        s[f"minilm.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", (mean, lo, hi))  # a table cell: mean [low, high]
+    return s
+
+
+def _sweep() -> dict[str, Quote]:
+    """The target sweep's aggregate (docs/results.md, "The target sweep")."""
+    s: dict[str, Quote] = {}
+
+    def stat(group: str, name: str, field: str = "mean") -> Value:
+        return Value(SWEEP, ("groups", group, "statistics", name, field))
+
+    for group in ("sst-lstm-tanh", "sst-average-tanh", "mr-lstm-tanh", "mr-average-tanh"):
+        for field in ("mean", "std"):
+            s[f"sweep.wp.{group}.tau_attention_gradient.{field}"] = Quote(
+                "{:.2f}", (stat(f"wp/{group}", "τ attention vs gradient", field),)
+            )
+    lstm = "wp/sst-lstm-tanh"
+    s["sweep.wp.sst-lstm-tanh.adversarial_jsd"] = Quote("{:.2f}", (stat(lstm, "adversarial max JSD (mean)"),))
+    for order in ("attention", "random"):
+        s[f"sweep.wp.sst-lstm-tanh.flip_fraction.{order}.percent"] = Quote(
+            "{:.0f}", (stat(lstm, f"flip fraction ({order})"),), lambda x: 100 * x
+        )
+    for group in ("sst-lstm-tanh", "sst-lstm-uniform"):
+        s[f"sweep.wp.{group}.accuracy"] = Quote("{:.3f}", (stat(f"wp/{group}", "test accuracy"),))
+    variance = ("groups", lstm, "seed_variance")
+    s["sweep.wp.sst-lstm-tanh.seed_median_jsd"] = one(".2f", SWEEP, *variance, "median_jsd", "mean")
+    s["sweep.wp.sst-lstm-tanh.seed_mean_tvd"] = one(".2f", SWEEP, *variance, "mean_tvd", "mean")
+    adversary = ("groups", "adversary/sst-lstm-tanh")
+    at = (*adversary, "consistent_adversary", "per_lambda", {"lambda": 0.01})
+    s["sweep.adversary.lambda_0.01.jsd"] = one(".2f", SWEEP, *at, "jsd_mean", "mean")
+    s["sweep.adversary.lambda_0.01.tvd"] = one(".2f", SWEEP, *at, "tvd_mean", "mean")
+    for attention in ("base", "uniform"):
+        s[f"sweep.diagnostic.{attention}.macro_f1"] = one(
+            ".3f", SWEEP, *adversary, "diagnostic", attention, "macro_f1", "mean"
+        )
+    for regulariser, fmt in (("none", "{:.3f}"), ("tying", "{:.2f}"), ("mlm", "{:.2f}")):
+        s[f"sweep.tutek.{regulariser}.permutation_tvd"] = Quote(
+            fmt, (stat(f"tutek/sst-lstm-tanh-{regulariser}", "permutation median TVD"),)
+        )
+    for regulariser in ("none", "tying"):
+        s[f"sweep.tutek.{regulariser}.accuracy"] = Quote(
+            "{:.3f}", (stat(f"tutek/sst-lstm-tanh-{regulariser}", "test accuracy"),)
+        )
+    s["sweep.tutek.tying.mcnemar_p"] = one(
+        ".2f", SWEEP, "paired_tests", {"group": "tutek/sst-lstm-tanh-tying", "seed": 0}, "pvalue"
+    )
+    return s
+
+
+def _gpt1() -> dict[str, Quote]:
+    """GPT-1's ablations (docs/results.md): reports/gpt1/report.md's models table (its aggregate.json
+    is not committed)."""
+    s: dict[str, Quote] = {}
+
+    def cell(group: str, column: str, then: Callable[[str], float] = cell_number) -> Value:
+        return Value(GPT1, ("tables", {"group": group, "statistic": "test accuracy"}, column), then)
+
+    for group in GPT1_GROUPS:
+        name = group.split("/")[0] + "." + group.split("/")[1].split("-")[0]  # e.g. transfer-0.sst
+        mean = cell(group, "mean over seeds")
+        s[f"gpt1.{name}.accuracy"] = Quote("{:.3f}", (mean,))
+        s[f"gpt1.{name}.accuracy.ci"] = Quote(
+            "{:.3f} [{:.3f}, {:.3f}]",
+            (mean, cell(group, "95% CI (instances)", interval_low), cell(group, "95% CI (instances)", interval_high)),
+        )
+        s[f"gpt1.{name}.seeds"] = Quote("{:.0f}", (cell(group, "seeds"),))
+    s["gpt1.scratch.sst.accuracy.min"] = Quote("{:.3f}", (cell("scratch/sst-gpt-tanh", "min"),))
+    # the blocks' gain in points: all 4 transferred against the embeddings only, as the table rounds them
+    s["gpt1.transfer.gain_points"] = Quote(
+        "{:.1f}",
+        (cell("pretrained/sst-gpt-tanh", "mean over seeds"), cell("transfer-0/sst-gpt-tanh", "mean over seeds")),
+        lambda a, b: 100 * (a - b),
+    )
+    return s
+
+
+def _single_runs() -> dict[str, Quote]:
+    """The single runs' committed report.md (docs/results.md, "What a run gives"): the default
+    BiLSTM on SST and GPT-1's own attention (their results.json are not committed)."""
+    s: dict[str, Quote] = {}
+    for name, file in (("sst_lstm", SST_LSTM), ("sst_gpt_extract", SST_GPT_EXTRACT)):
+
+        def cell(row: Mapping[str, Any], column: str, fmt: str = ".3f", file: str = file, **kw: Any) -> Quote:
+            return one(fmt, file, "tables", row, column, then=cell_number, **kw)
+
+        def kendall(pair: str) -> dict[str, Any]:
+            return {"_label": pair, "instances": "all", "mean τ": ...}
+
+        s[f"{name}.accuracy"] = cell({"test accuracy": ...}, "test accuracy")
+        s[f"{name}.roc_auc"] = cell({"ROC-AUC": ...}, "ROC-AUC")
+        for order in ("attention", "random"):
+            flip = {"_section": "Decision flip under attention removal", "ordering": order}
+            s[f"{name}.flip.{order}.never"] = cell(flip, "never flips", ".2f")
+            s[f"{name}.flip.{order}.fraction"] = cell(flip, "mean fraction", ".2f")
+            s[f"{name}.flip.{order}.percent"] = Quote(
+                "{:.0f}", (Value(file, ("tables", flip, "mean fraction"), cell_number),), lambda x: 100 * x
+            )
+        for pair in ("attention vs gradient", "attention vs loo", "gradient vs loo"):
+            key = pair.replace(" vs ", "_")
+            s[f"{name}.tau.{key}"] = cell(kendall(pair), "mean τ", ".2f")
+            s[f"{name}.tau.{key}.std"] = cell(kendall(pair), "std", ".2f")
+            s[f"{name}.tau.{key}.significant"] = cell(kendall(pair), "p ≤ 0.05", ".2f")
+        s[f"{name}.permutation.median"] = cell({"_section": "Permuted attention", "instances": "all"}, "median")
+        s[f"{name}.adversarial.mean"] = cell({"_section": "Adversarial attention", "instances": "all"}, "mean", ".2f")
+        for weight in ("top", "random"):
+            s[f"{name}.single_removal.{weight}.flips"] = cell({"weight removed": weight}, "decision flips")
+        s[f"{name}.single_removal.top.flips.percent"] = Quote(
+            "{:.0f}",
+            (Value(file, ("tables", {"weight removed": "top"}, "decision flips"), cell_number),),
+            lambda x: 100 * x,
+        )
+    s["sst_lstm.best_epoch"] = one(".0f", SST_LSTM, "tables", {"best epoch": ...}, "best epoch", then=cell_number)
+    adversary_share = re.compile(r"share above 0\.5: ([0-9]+\.[0-9]+)")
+    s["sst_lstm.adversarial.above_half.percent"] = one(
+        ".0f", SST_LSTM, "text", adversary_share, then=lambda x: 100 * float(x)
+    )
+    for order in ("attention", "gradient", "loo", "random"):
+        row = {"ordering": order, "comprehensiveness AOPC": ...}
+        s[f"sst_lstm.eraser.{order}.comprehensiveness"] = one(
+            ".3f", SST_LSTM, "tables", row, "comprehensiveness AOPC", then=cell_number, minus="−"
+        )
+        s[f"sst_lstm.eraser.{order}.sufficiency"] = one(
+            ".3f", SST_LSTM, "tables", row, "sufficiency AOPC", then=cell_number, minus="−"
+        )
+    for head in (1, 2):
+        s[f"sst_gpt_extract.head{head}.tau_gradient"] = one(
+            ".2f", SST_GPT_EXTRACT, "tables", {"head": f"head {head}"}, "tau vs gradient", then=cell_number, minus="−"
+        )
+    return s
+
+
+def _cpu_table() -> dict[str, Quote]:
+    """docs/speed.md's first table: each op against the papers' approach, one CPU thread (CPU_BENCH)."""
+    s: dict[str, Quote] = {}
+
+    def bench(key: str, name: str, field: str, fmt: str, scale: float = 1.0) -> None:
+        """``name``: the benchmark's name, or its fullname where two files share the name."""
+        pick = {"fullname" if "::" in name else "name": name}
+        at = ("benchmarks", pick, *(("stats", "median") if field == "median" else ("extra_info", field)))
+        s[f"cpu.{key}"] = one(fmt, CPU_BENCH, *at, then=lambda x: scale * x)
+
+    def ratio_of(key: str, a: tuple[str, str], b: tuple[str, str], fmt: str) -> None:
+        def value(name: str, field: str) -> Value:
+            return Value(CPU_BENCH, ("benchmarks", {"name": name}, "stats", field))
+
+        s[f"cpu.{key}"] = ratio(fmt, value(*a), value(*b))
+
+    for case in ("sst", "imdb"):
+        name = f"benchmarks/test_bench_kendall.py::test_kernel[{case}-cpu]"
+        bench(f"kendall.{case}.ours_ms", name, "median", ".1f", 1e3)
+        bench(f"kendall.{case}.loop_ms", name, "scipy_loop_s", ".0f", 1e3)
+        bench(f"kendall.{case}.speedup", name, "ratio", ".0f")
+    # (case, ours' unit and format, the sequential search's unit and format, the speed-up's format)
+    for case, ours, loop, speedup in (
+        ("sst-linear", ("ms", ".1f"), ("ms", ".0f"), ".0f"),
+        ("imdb-linear", ("ms", ".1f"), ("s", ".2f"), ".0f"),
+        ("sst-mlp", ("ms", ".0f"), ("ms", ".0f"), ".1f"),
+        ("imdb-mlp", ("s", ".2f"), ("s", ".2f"), ".1f"),
+    ):
+        name = f"test_flip_fraction_vs_sequential[{case}-cpu]"
+        for part, field, (unit, fmt) in (("ours", "kernel_median_s", ours), ("loop", "sequential_s", loop)):
+            bench(f"flip.{case}.{part}_{unit}", name, field, fmt, 1e3 if unit == "ms" else 1.0)
+        bench(f"flip.{case}.speedup", name, "speedup", speedup)
+    bench(
+        "flip.imdb-linear.read_once_ms",
+        "test_flip_fraction_vs_sequential[imdb-linear-cpu]",
+        "read_inputs_once_s",
+        ".1f",
+        1e3,
+    )
+    bench(
+        "flip.imdb-linear.times_read_once",
+        "test_flip_fraction_vs_sequential[imdb-linear-cpu]",
+        "times_reading_inputs_once",
+        ".2f",
+    )
+    bench("flip.large.ms", "test_flip_fraction_large_bounded_memory[linear-cpu]", "median", ".0f", 1e3)
+    bench("flip.large.extra_mib", "test_flip_fraction_large_bounded_memory[linear-cpu]", "peak_extra_rss_mib", ".0f")
+    for case, ours, loop, speedup in (
+        ("linear-sst", ".1f", ".2f", ".0f"),
+        ("linear-imdb", ".1f", ".1f", ".0f"),
+        ("mlp-sst", ".0f", ".2f", ".0f"),
+    ):
+        name = f"test_permutation_test_vs_jw_loop[{case}]"
+        bench(f"permutation.{case}.ours_ms", name, "kernel_median_s", ours, 1e3)
+        bench(f"permutation.{case}.loop_s", name, "jw_loop_s", loop)
+        bench(f"permutation.{case}.speedup", name, "speedup", speedup)
+    for case in ("linear", "mlp"):
+        name = f"test_adversarial_vs_per_instance[{case}]"
+        bench(f"adversarial.{case}.ours_ms", name, "batched_median_s", ".0f", 1e3)
+        bench(f"adversarial.{case}.loop_s", name, "per_instance_s", ".2f")
+        bench(f"adversarial.{case}.speedup", name, "speedup", ".0f")
+    for metric, ours, formula, speedup in (("tvd", ".1f", ".1f", ".1f"), ("jsd", ".1f", ".0f", ".1f")):
+        kernel = f"test_distance[kernel-{metric}-attention-100k-cpu]"
+        torch = f"test_distance[torch-formula-{metric}-attention-100k-cpu]"
+        bench(f"{metric}.ours_ms", kernel, "median", ours, 1e3)
+        bench(f"{metric}.formula_ms", torch, "median", formula, 1e3)
+        ratio_of(f"{metric}.speedup", (torch, "median"), (kernel, "median"), speedup)
+    return s
+
+
+def _seconds(x: float) -> str:
+    """Seconds as the speed tables quote them: one decimal below 100, none above."""
+    return f"{x:.1f}" if x < 99.95 else f"{x:.0f}"
+
+
+def _leave_one_out_and_eraser() -> dict[str, Quote]:
+    """docs/speed.md's leave-one-out and ERASER rows (LOO_JW, ERASER) and the Captum table (LOO_CAPTUM)."""
+    s: dict[str, Quote] = {}
+
+    def extra(file: str, name: str, field: str, fmt: str | Callable[[float], str]) -> Quote:
+        value = Value(file, ("benchmarks", {"name": name}, "extra_info", field))
+        return Quote(fmt, (value,)) if isinstance(fmt, str) else Quote("{}", (value,), typeset=fmt)
+
+    for case, loop in (("sst", "{:.1f}"), ("imdb", "{:.0f}")):
+        name = f"test_leave_one_out_vs_jw_loop[{case}]"
+        s[f"loo.{case}.ours_s"] = extra(LOO_JW, name, "leave_one_out_s", "{:.1f}")
+        s[f"loo.{case}.loop_s"] = extra(LOO_JW, name, "jw_loop_s", loop)
+        s[f"loo.{case}.speedup"] = extra(LOO_JW, name, "speedup", "{:.1f}")
+    s["loo.sst.loop_batch32_s"] = extra(LOO_JW, "test_leave_one_out_vs_jw_loop[sst]", "jw_loop_bsize32_s", "{:.1f}")
+    s["loo.sst.speedup_batch32"] = extra(LOO_JW, "test_leave_one_out_vs_jw_loop[sst]", "speedup_vs_bsize32", "{:.1f}")
+    for e in (50, 300):
+        ours, ferret = f"test_eraser_sst[ours-E{e}]", f"test_eraser_sst[ferret-E{e}]"
+        s[f"eraser.e{e}.ours_s"] = extra(ERASER, ours, "seconds", "{:.1f}")
+        s[f"eraser.e{e}.ferret_s"] = extra(ERASER, ferret, "seconds", "{:.1f}")
+        s[f"eraser.e{e}.speedup"] = ratio(
+            ".1f",
+            Value(ERASER, ("benchmarks", {"name": ferret}, "extra_info", "seconds")),
+            Value(ERASER, ("benchmarks", {"name": ours}, "extra_info", "seconds")),
+        )
+    for case in ("sst-E50", "sst-E300", "imdb-E50", "imdb-E300"):
+        name, key = f"test_leave_one_out_vs_captum[{case}]", f"captum.{case.lower()}"
+        s[f"{key}.mask_s"] = extra(LOO_CAPTUM, name, "leave_one_out_mask_s", _seconds)
+        s[f"{key}.delete_s"] = extra(LOO_CAPTUM, name, "leave_one_out_delete_s", _seconds)
+        s[f"{key}.grouped_s"] = extra(LOO_CAPTUM, name, "captum_bucketed_s", _seconds)
+        info = Value(LOO_CAPTUM, ("benchmarks", {"name": name}, "extra_info"))
+        s[f"{key}.stock_s"] = Quote(
+            "{}", (info,), lambda e: e["captum_stock_s"][str(e["captum_stock_best_per_eval"])], typeset=_seconds
+        )
+        s[f"{key}.stock_per_eval"] = extra(LOO_CAPTUM, name, "captum_stock_best_per_eval", "{:d}")
+        s[f"{key}.mask_vs_grouped"] = extra(LOO_CAPTUM, name, "mask_speedup_vs_bucketed", "{:.1f}")
+        s[f"{key}.mask_vs_stock"] = extra(LOO_CAPTUM, name, "mask_speedup_vs_stock", "{:.1f}")
+    return s
+
+
+def _attributions() -> dict[str, Quote]:
+    """The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md)."""
+    s: dict[str, Quote] = {}
+
+    def loop_ratio(method: str) -> Value:
+        return Value(
+            ATTRIBUTIONS, ("benchmarks", {"name": f"test_ours[{method}-loop-cpu]"}, "extra_info", "ratio_vs_loop")
+        )
+
+    def ours(method: str, case: str) -> tuple[Step, ...]:
+        return ("benchmarks", {"name": f"test_ours[{method}-{case}-cpu]"})
+
+    for method, sst_fmt in zip(ATTRIBUTION_RATIOS, (".2f", ".2f", ".2f", ".1f")):
+        s[f"attributions.{method}.ours_ms"] = one(
+            ".1f", ATTRIBUTIONS, *ours(method, "loop"), "extra_info", "ours_s", then=lambda x: 1e3 * x
+        )
+        s[f"attributions.{method}.loop_s"] = one(".3g", ATTRIBUTIONS, *ours(method, "loop"), "extra_info", "loop_s")
+        s[f"attributions.{method}.loop_speedup"] = Quote("{:.0f}", (loop_ratio(method),))
+        s[f"attributions.{method}.sst_s"] = one(sst_fmt, ATTRIBUTIONS, *ours(method, "sst"), "stats", "median")
+    ratios = tuple(loop_ratio(m) for m in ATTRIBUTION_RATIOS)
+    s["attributions.loop_speedup.min"] = Quote("{:.0f}", ratios, lambda *r: min(r))
+    s["attributions.loop_speedup.max"] = Quote("{:.0f}", ratios, lambda *r: max(r))
+    return s
+
+
+def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
+    sources: dict[str, Quote] = {}
+    for part in parts:
+        if twice := sources.keys() & part.keys():
+            raise ValueError(f"keys defined twice: {sorted(twice)}")
+        sources.update(part)
+    return sources
+
+
+SOURCES: dict[str, Quote] = _sources(
+    _gpu_check(),
+    _gpu_check_earlier(),
+    _minilm_table(),
+    _sweep(),
+    _gpt1(),
+    _single_runs(),
+    _cpu_table(),
+    _leave_one_out_and_eraser(),
+    _attributions(),
+)
+
+
+# --- the markers -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A marked number that differs from its source (``problem`` None), or a marker that cannot
+    be resolved (``problem`` says why)."""
+
+    document: str
+    line: int
+    key: str
+    quoted: str
+    source: str | None = None  # the source's file, or None when the key is not in the mapping
+    expected: str | None = None
+    problem: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.document}:{self.line}: {self.key}"
+        if self.problem is not None:
+            return f"{where}: {self.problem}"
+        return f"{where}: quoted {self.quoted!r}, {self.source} gives {self.expected!r}"
+
+
+def fill(
+    text: str, document: str, sources: Mapping[str, Quote], root: Path, cache: dict[str, Any] | None = None
+) -> tuple[str, list[Finding]]:
+    """``text`` with every marked number replaced by its source's, and the findings: each number
+    that differed and each marker that could not be resolved (left as it was)."""
+    cache = {} if cache is None else cache
+    findings: list[Finding] = []
+    out: list[str] = []
+    fence: str | None = None
+    for n, line in enumerate(text.splitlines(keepends=True), 1):
+        opens = FENCE.match(line)
+        if fence is not None or opens:  # code blocks are quoted as they are
+            if fence is None:
+                fence = opens[1]
+            elif line.strip().startswith(fence):
+                fence = None
+            out.append(line)
+            continue
+        code = [m.span() for m in CODE_SPAN.finditer(line)]  # markers in `code` are examples, not markers
+
+        def quoted_code(m: re.Match[str], code: list[tuple[int, int]] = code) -> bool:
+            return any(a <= m.start() < b for a, b in code)
+
+        markers = [m for m in MARKER.finditer(line) if not quoted_code(m)]
+        if len([m for m in OPENING.finditer(line) if not quoted_code(m)]) != len(markers):
+            findings.append(Finding(document, n, "?", "", problem="a marker not closed by <!-- /n --> on its line"))
+        if LINE_START.match(line):
+            # CommonMark: "<!--" opening a line starts an HTML block, which would show the line raw.
+            findings.append(
+                Finding(document, n, "?", "", problem="a marker opens the line (an HTML block in markdown)")
+            )
+
+        def replace(m: re.Match[str], n: int = n) -> str:
+            key, spec, quoted = m["key"], m["spec"], m["text"]
+            quote = sources.get(key)
+            if quote is None:
+                findings.append(Finding(document, n, key, quoted, problem=f"key {key!r} is not in the mapping"))
+                return m[0]
+            files = ", ".join(dict.fromkeys(v.file for v in quote.values))
+            try:
+                expected = quote.text(root, cache, spec)
+            except SourceError as e:
+                findings.append(Finding(document, n, key, quoted, files, problem=str(e)))
+                return m[0]
+            if expected == quoted:
+                return m[0]
+            findings.append(Finding(document, n, key, quoted, files, expected))
+            return m[0].replace(f"-->{quoted}<!--", f"-->{expected}<!--", 1)
+
+        out.append(MARKER.sub(lambda m: m[0] if quoted_code(m) else replace(m), line))
+    return "".join(out), findings
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in its folder (the file keeps its mode)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(
+    root: Path,
+    documents: Sequence[str] = DOCUMENTS,
+    sources: Mapping[str, Quote] = SOURCES,
+    write: bool = True,
+) -> list[Finding]:
+    """Check (``write`` False) or rewrite every marked number in ``documents``; the findings. A
+    document is rewritten only when every marker in it resolved, and nothing is written when a
+    document is missing."""
+    cache: dict[str, Any] = {}
+    filled: list[tuple[Path, str, list[Finding]]] = []
+    for document in documents:
+        path = root / document
+        if not path.is_file():
+            raise SourceError(f"document {document} not found under {root}")
+        original = path.read_text(encoding="utf-8")
+        text, findings = fill(original, document, sources, root, cache)
+        filled.append((path, text if text != original else "", findings))
+    if write:
+        for path, text, findings in filled:
+            if text and not any(f.problem for f in findings):
+                write_atomic(path, text)
+    return [f for _, _, findings in filled for f in findings]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "documents", nargs="*", default=list(DOCUMENTS), help=f"markdown files (default: {' '.join(DOCUMENTS)})"
+    )
+    parser.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this script's checkout)")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if any marked number differs")
+    parser.add_argument("--list", action="store_true", help="print every key with its value and source, and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        for key, quote in SOURCES.items():
+            try:
+                value = quote.text(args.root, {})
+            except SourceError as e:
+                value = f"ERROR: {e}"
+            print(f"{key} = {value}  ({', '.join(dict.fromkeys(v.file for v in quote.values))})")
+        return 0
+    try:
+        findings = run(args.root, args.documents, write=not args.check)
+    except SourceError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    problems = [f for f in findings if f.problem]
+    for f in findings:
+        print(f, file=sys.stderr if f.problem or args.check else sys.stdout)
+    if problems:
+        print(
+            f"{len(problems)} marker(s) could not be resolved; their documents were left as they were", file=sys.stderr
+        )
+        return 1
+    if args.check and findings:
+        print(f"{len(findings)} number(s) differ from their sources: python scripts/readme_numbers.py", file=sys.stderr)
+        return 1
+    if findings:
+        print(f"rewrote {len(findings)} number(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""The README's and docs' quoted results equal the committed files they come from
+(``scripts/readme_numbers.py``), and the script's mechanism on small markdown and JSON files."""
+
+import importlib.util
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("readme_numbers", ROOT / "scripts" / "readme_numbers.py")
+rn = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = rn  # dataclasses look their module up
+_spec.loader.exec_module(rn)
+
+
+def test_committed_documents_quote_their_sources():
+    findings = rn.run(ROOT, write=False)
+    assert not findings, "run python scripts/readme_numbers.py:\n" + "\n".join(map(str, findings))
+
+
+def test_committed_documents_are_marked():
+    """The check above passes vacuously if the markers go; each document keeps its quoted numbers marked."""
+    for document, least in (("README.md", 17), ("docs/results.md", 165), ("docs/speed.md", 170)):
+        text = (ROOT / document).read_text(encoding="utf-8")
+        assert len(rn.MARKER.findall(text)) >= least, document
+
+
+def test_every_key_resolves():
+    cache = {}
+    for key, quote in rn.SOURCES.items():
+        assert quote.text(ROOT, cache), key
+
+
+# --- the mechanism on a temporary markdown file and JSON source ---------------------------------
+
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text(
+        json.dumps(
+            {
+                "test": {"accuracy": 0.8337, "n": 1821},
+                "rows": [{"name": "a", "s": 2.0}, {"name": "b", "s": 0.5}],
+            }
+        )
+    )
+    sources = {
+        "acc": rn.one(".3f", "r/results.json", "test", "accuracy"),
+        "n": rn.one(",", "r/results.json", "test", "n"),
+        "speedup": rn.ratio(
+            ".1f",
+            rn.Value("r/results.json", ("rows", {"name": "a"}, "s")),
+            rn.Value("r/results.json", ("rows", {"name": "b"}, "s")),
+        ),
+        "pair": rn.Quote(
+            "{:.3f} of {:,}",
+            (rn.Value("r/results.json", ("test", "accuracy")), rn.Value("r/results.json", ("test", "n"))),
+        ),
+        "gone": rn.one(".3f", "r/missing.json", "test"),
+        "nopath": rn.one(".3f", "r/results.json", "test", "f1"),
+    }
+    return tmp_path, sources
+
+
+def _doc(root, text):
+    (root / "doc.md").write_text(text, encoding="utf-8")
+    return root / "doc.md"
+
+
+def test_matching_numbers_leave_the_file(tree):
+    root, sources = tree
+    text = "Accuracy <!-- n:acc -->0.834<!-- /n --> on <!-- n:n -->1,821<!-- /n --> rows, <!-- n:speedup -->4.0<!-- /n -->×, <!-- n:pair -->0.834 of 1,821<!-- /n -->.\n"
+    doc = _doc(root, text)
+    assert rn.run(root, ["doc.md"], sources, write=True) == []
+    assert doc.read_text(encoding="utf-8") == text
+
+
+def test_a_mismatch_names_key_file_and_both_values(tree):
+    root, sources = tree
+    text = "intro\n\nAccuracy <!-- n:acc -->0.833<!-- /n --> and <!-- n:acc:.2f -->0.83<!-- /n -->.\n"
+    doc = _doc(root, text)
+    findings = rn.run(root, ["doc.md"], sources, write=False)
+    assert len(findings) == 1
+    f = findings[0]
+    assert (f.document, f.line, f.key, f.quoted, f.source, f.expected, f.problem) == (
+        "doc.md",
+        3,
+        "acc",
+        "0.833",
+        "r/results.json",
+        "0.834",
+        None,
+    )
+    assert str(f) == "doc.md:3: acc: quoted '0.833', r/results.json gives '0.834'"
+    assert doc.read_text(encoding="utf-8") == text  # the check writes nothing
+    # the rewrite changes the number and nothing else
+    assert rn.run(root, ["doc.md"], sources, write=True) == findings
+    assert doc.read_text(encoding="utf-8") == text.replace("-->0.833<!--", "-->0.834<!--")
+    assert rn.run(root, ["doc.md"], sources, write=False) == []
+
+
+@pytest.mark.parametrize(
+    "marker, named",
+    [
+        ("<!-- n:nokey -->1<!-- /n -->", "'nokey' is not in the mapping"),
+        ("<!-- n:gone -->1<!-- /n -->", "r/missing.json not found"),
+        ("<!-- n:nopath -->1<!-- /n -->", "r/results.json has no ['test']['f1']"),
+        ("<!-- n:pair:.1f -->1<!-- /n -->", "quotes one value"),
+        ("<!-- n:acc -->0.834", "not closed"),
+    ],
+)
+def test_an_unresolved_marker_is_an_error_naming_it(tree, marker, named):
+    root, sources = tree
+    text = f"A <!-- n:acc -->0.000<!-- /n --> and {marker}.\n"
+    doc = _doc(root, text)
+    findings = rn.run(root, ["doc.md"], sources, write=True)
+    problems = [f for f in findings if f.problem]
+    assert len(problems) == 1 and named in str(problems[0]), findings
+    assert doc.read_text(encoding="utf-8") == text  # a document with a problem is not rewritten
+
+
+def test_a_marker_opening_a_line_is_refused(tree):
+    root, sources = tree
+    _doc(root, "text\n<!-- n:acc -->0.834<!-- /n --> opens the line\n")
+    (f,) = rn.run(root, ["doc.md"], sources, write=False)
+    assert f.line == 2 and "opens the line" in f.problem
+
+
+def test_quotes_combine_typeset_and_override(tree):
+    root, _ = tree
+    cache = {}
+    big, small = (
+        rn.Value("r/results.json", ("rows", {"name": "a"}, "s")),
+        rn.Value("r/results.json", ("rows", {"name": "b"}, "s")),
+    )
+    assert rn.Quote("{}", (big,), lambda x: 60 * x, typeset=rn._seconds).text(root, cache) == "120"
+    assert rn.Quote("{}", (small,), lambda x: 60 * x, typeset=rn._seconds).text(root, cache) == "30.0"
+    assert rn.Quote("{:.2f}", (small,), lambda x: -x, minus="−").text(root, cache) == "−0.50"
+    assert rn.ratio(".1f", big, small).text(root, cache, ".0f") == "4"
+    with pytest.raises(rn.SourceError, match="not a number"):
+        rn.one(".1f", "r/results.json", "rows", 0, "name").text(root, cache)
+
+
+def test_markers_in_code_are_examples(tree):
+    """A marker inside a code span or a fenced block documents the syntax; it is neither checked nor rewritten."""
+    root, sources = tree
+    text = "Write `<!-- n:KEY -->0.1<!-- /n -->` and `<!-- n:acc -->9<!-- /n -->`:\n\n```md\n<!-- n:acc -->9<!-- /n -->\n```\n"
+    doc = _doc(root, text)
+    assert rn.run(root, ["doc.md"], sources, write=True) == []
+    assert doc.read_text(encoding="utf-8") == text
+
+
+def test_a_missing_document_is_an_error(tree):
+    root, sources = tree
+    with pytest.raises(rn.SourceError, match="nodoc.md"):
+        rn.run(root, ["nodoc.md"], sources, write=False)
+
+
+def test_the_command_line_on_a_copy_of_the_readme(tmp_path, capsys):
+    """--check fails on a README whose quoted number drifted and names it; the rewrite restores it."""
+    original = (ROOT / "README.md").read_text(encoding="utf-8")
+    for file in {v.file for q in rn.SOURCES.values() for v in q.values}:
+        (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / file, tmp_path / file)
+    marker = "<!-- n:minilm.alti.comprehensiveness -->"
+    assert original.count(marker + "0.252<") == 1
+    drifted = original.replace(marker + "0.252<", marker + "0.253<")
+    (tmp_path / "README.md").write_text(drifted, encoding="utf-8")
+
+    assert rn.main(["--root", str(tmp_path), "README.md", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "minilm.alti.comprehensiveness: quoted '0.253'" in err and "gives '0.252'" in err
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == drifted
+
+    assert rn.main(["--root", str(tmp_path), "README.md"]) == 0
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == original
+    assert rn.main(["--root", str(tmp_path), "README.md", "--check"]) == 0
+
+
+REPORT = """# attnmetrics report
+
+| test accuracy   | ROC-AUC   |
+|-----------------|-----------|
+| 0.834           | 0.914     |
+
+## Kendall τ-b between importance measures (Jain & Wallace 2019, sec. 4.1)
+
+**attention vs gradient**
+
+| instances | mean τ | std   |
+|-----------|--------|-------|
+| all       | 0.332  | 0.234 |
+
+**attention vs loo**
+
+| instances | mean τ | std   |
+|-----------|--------|-------|
+| all       | 0.323  | -0.212 |
+
+## Adversarial attention (Jain & Wallace 2019, sec. 4.3)
+
+Max JSD ...; share above 0.5: 0.619.
+"""
+
+
+def test_a_committed_report_md_as_source(tmp_path):
+    """A report.md's tables (rows told apart by their section and bold label) and text as a source."""
+    (tmp_path / "report.md").write_text(REPORT, encoding="utf-8")
+    source = rn.markdown_source(REPORT)
+    assert source["tables"][0] == {
+        "test accuracy": "0.834",
+        "ROC-AUC": "0.914",
+        "_section": "attnmetrics report",
+        "_label": "",
+    }
+    assert source["tables"][2]["_section"] == "Kendall τ-b between importance measures"
+    assert source["tables"][2]["_label"] == "attention vs loo"
+
+    def cell(row, column, **kw):
+        return rn.one(".2f", "report.md", "tables", row, column, then=rn.cell_number, **kw)
+
+    sources = {
+        "acc": rn.one(".3f", "report.md", "tables", {"test accuracy": ...}, "test accuracy", then=rn.cell_number),
+        "tau_loo": cell({"_label": "attention vs loo", "instances": "all"}, "mean τ"),
+        "tau_loo_std": cell({"_label": "attention vs loo", "instances": "all"}, "std", minus="−"),
+        "share": rn.one(
+            ".0f",
+            "report.md",
+            "text",
+            re.compile(r"share above 0\.5: ([0-9]+\.[0-9]+)"),
+            then=lambda x: 100 * float(x),
+        ),
+        "ambiguous": cell({"instances": "all"}, "mean τ"),
+        "not_a_number": cell({"_label": "attention vs gradient"}, "instances"),
+    }
+    _doc(
+        tmp_path,
+        "acc <!-- n:acc -->0.834<!-- /n -->, τ <!-- n:tau_loo -->0.32<!-- /n --> ± <!-- n:tau_loo_std -->−0.21<!-- /n -->,"
+        " <!-- n:share -->61<!-- /n --> %\n",
+    )
+    (f,) = rn.run(tmp_path, ["doc.md"], sources, write=False)
+    assert (f.key, f.quoted, f.expected) == ("share", "61", "62")
+    _doc(tmp_path, "<!-- n:ambiguous -->0<!-- /n --> <!-- n:not_a_number -->0<!-- /n -->\n".join(["x ", ""]))
+    problems = rn.run(tmp_path, ["doc.md"], sources, write=False)
+    assert [p.key for p in problems] == ["ambiguous", "not_a_number"]
+    assert "2 elements match" in problems[0].problem and "'all'" in problems[1].problem
