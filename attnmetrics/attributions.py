@@ -1,19 +1,34 @@
-"""Attention-derived token attributions of a BERT-like Hugging Face classifier (docs/definitions.md
+"""Attention-derived token attributions of a post-LayerNorm transformer classifier (docs/definitions.md
 §20): attention × value norm (Kobayashi et al. 2020), GlobEnc (Modarressi et al. 2022), ALTI
 (Ferrando et al. 2022), Value Zeroing (Mohebbi et al. 2023), gradient-weighted attention
 rollout (Chefer et al. 2021, ICCV), DecompX (Modarressi et al. 2023, ACL) and attention flow (Abnar &
-Zuidema 2020, ACL), each the importance of every real token for the pooled position's (``[CLS]``'s)
-decision. Attention flow needs the layers' attention alone and runs on every model attention
-rollout runs on (our GPT classifier and GPT-2-like Hugging Face classifiers too: see
-:func:`attention_flow`).
+Zuidema 2020, ACL), each the importance of every real token for the pooled position's (``[CLS]``'s;
+our GPT's ``<extract>``) decision. Attention flow needs the layers' attention alone and runs on
+every model attention rollout runs on (our GPT classifier, whatever its read-out, and GPT-2-like
+Hugging Face classifiers too: see :func:`attention_flow`).
 
-Every other function takes a model on the protocol whose ``hf`` attribute is a post-LayerNorm BERT
-encoder classifier (``BertForSequenceClassification``: BERT, MiniLM, ...; the adapter
-``attnmetrics.models.hf.HFClassifier`` is one) and reads each layer's attention probabilities from
-the module's own forward (forward hooks on the self-attention modules: the model's attention
-implementation must return its probabilities, as eager attention and the adapter's do), then
-recomputes what it needs from the layers' weights. Batched over rows (padding masked: padded keys
-carry no attention, padded queries are zeroed), chunked to a memory budget, device-agnostic.
+Every other function takes a model on the protocol that is one of:
+
+- a post-LayerNorm BERT encoder classifier as its ``hf`` attribute
+  (``BertForSequenceClassification``: BERT, MiniLM, ...; the adapter
+  ``attnmetrics.models.hf.HFClassifier`` is one), whose layers' attention probabilities are read
+  from the module's own forward (forward hooks on the self-attention modules: the model's attention
+  implementation must return its probabilities, as eager attention and the adapter's do);
+- our GPT classifier (``models/gpt_classifier.py`` ``GPTClassifier``: post-LayerNorm blocks as
+  BERT's, causal attention, one ``qkv`` Linear, GELU's tanh approximation) with GPT-1's read-out
+  (``attention="extract"``, ``--attention extract``), whose decoder classifies the pooled position's
+  (``<extract>``'s, each row's last) final state, the state these methods explain. Its blocks are
+  run one by one, the probabilities those ``CausalSelfAttention.attention`` makes (0 on later and
+  padded keys). A GPT classifier with an attention head (``tanh``, ``dot``, ``uniform``) is refused:
+  its decoder reads an attention-weighted sum of the real tokens' states, not ``<extract>``'s, so
+  the pooled state's decomposition would not explain its decision.
+
+Each layer is read through :class:`LayerParts` (value and output projections, the two LayerNorms,
+the feed-forward network), so one implementation of each method serves both; what the methods
+need is recomputed from those weights. Batched over rows (padding masked: padded keys carry no
+attention, padded queries are zeroed), chunked to a memory budget, device-agnostic. GPT-2-like
+(pre-LayerNorm) classifiers are refused: the authors' decompositions of residual and LayerNorm do
+not apply to them.
 
 The layer notation of the first four: layer ``l`` maps its input ``x`` ``[T, d]`` (the embeddings'
 output for ``l = 0``) through heads ``h`` with attention ``A_h`` ``[T, T]`` and values
@@ -421,7 +436,8 @@ def attention_value_norm(
     model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET
 ) -> Tensor:
     """Attention × value norm (Kobayashi et al. 2020, EMNLP, "Attention is Not Only a Weight",
-    sec. 3, eq. 6, "||Σαf(x)||") at the last layer, for the pooled position p (``[CLS]``).
+    sec. 3, eq. 6, "||Σαf(x)||") at the last layer, for the pooled position p (``[CLS]``; our GPT's
+    ``<extract>``).
 
     ``score_j = || sum_h A_h[p, j] f_h(x_j) ||_2`` with ``f_h(x_j) = (x_j W_V^h + b_V^h) W_O^h``:
     the norm of what token j adds to p's multi-head attention output (the value bias ``b_V`` in
@@ -430,8 +446,9 @@ def attention_value_norm(
 
     Args:
         model: a protocol model whose ``hf`` is a BERT-like ``BertForSequenceClassification``
-            (e.g. ``attnmetrics.models.hf.HFClassifier``), in eval mode for the call.
-        tokens: ``[B, T]`` int64 ids, ``[CLS] ... [SEP]`` then padding.
+            (e.g. ``attnmetrics.models.hf.HFClassifier``), or our ``GPTClassifier`` with the extract
+            read-out; in eval mode for the call.
+        tokens: ``[B, T]`` int64 ids, ``[CLS] ... [SEP]`` (``<start> ... <extract>``) then padding.
         lengths: ``[B]`` integer lengths, special tokens included, in ``[lead + trail, T]``.
         memory_budget: bytes a chunk of rows may hold (default 256 MiB).
 
@@ -440,8 +457,10 @@ def attention_value_norm(
         hidden states (non-negative, not normalised), zero past each row's real tokens.
 
     Raises:
-        TypeError: the model has no Hugging Face model (``model.hf``); tokens or lengths not tensors.
-        ValueError: a model that is not BERT-like (GPT-2, ...), an attention implementation that
+        TypeError: the model is neither our GPT classifier nor has a Hugging Face model
+            (``model.hf``; e.g. the BiLSTM); tokens or lengths not tensors.
+        ValueError: a Hugging Face model that is not BERT-like (GPT-2, ...), our GPT classifier with
+            an attention head instead of the extract read-out, an attention implementation that
             returns no probabilities, the input checks of :func:`attnmetrics.gradient_importance`,
             a bad ``memory_budget``, or a score that is not finite.
     """
@@ -492,6 +511,13 @@ def alti(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT
     the authors' ``normalize_contributions(..., scaling='min_sum', resultant_norm=...)``). ALTI is
     the pooled row of ``C_{L-1} ... C_1 C_0`` (their ``compute_joint_attention``: no residual added,
     it is in ``z_ii``; the first layer's input is the embeddings' output).
+
+    A row whose contributions are all 0 (every ``d_ij`` at least ``||y_i||_1``: the biases outweigh
+    every token) stays 0, where the authors' normalisation would divide by 0. On a causal model
+    (our GPT) the matrices are 0 above the diagonal (``T_i(x_j) = 0`` for j > i), and the first
+    position, whose one contributor is itself, gets such a row whenever
+    ``||y_0||_1 <= ||LN_1'(b_O) + beta_1||_1``: that only takes ``<start>``'s own share from the
+    pooled row (nothing else reaches position 0), which the importance drops anyway.
 
     Where we differ (mt-upc/transformer-contributions ``src/contributions.py`` at 4f89039): their
     ``ln_std_coef`` (line 206) is ``1 / (pre_ln_states + eps).std(-1, unbiased=False)``, eps added to
@@ -613,7 +639,9 @@ def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int 
     ``-sum_h A_h[i, j] f_h(x_j)`` (the weights do not depend on the values), so every altered
     layer runs from there (``LN_1``, feed-forward, ``LN_2``) as one batch of (row, j) pairs,
     chunked to the memory budget; the last layer only at the pooled position, the one its row of
-    the product reads.
+    the product reads. On a causal model (our GPT) the weights are 0 on later keys, so zeroing
+    token j changes only the queries at or after j (the others' distances are 0, up to rounding),
+    as recomputing the layer under its causal mask would.
 
     Args, Raises: as :func:`attention_value_norm`.
 
@@ -690,7 +718,7 @@ def gradient_weighted_rollout(
     ``b = 0 .. L-1`` ``Ā_b = E_h[(∇A_b ⊙ A_b)^+]`` (elementwise product, negatives clipped to 0,
     mean over heads) and ``R <- R + Ā_b R``, i.e. the pooled row of
     ``(I + Ā_{L-1}) ⋯ (I + Ā_1)(I + Ā_0)``. The importance of token j is ``R[p, j]``, p the pooled
-    position (``[CLS]``). This is the ICCV 2021 rule, not the same authors' CVPR 2021
+    position (``[CLS]``; our GPT's ``<extract>``). This is the ICCV 2021 rule, not the same authors' CVPR 2021
     "Transformer Interpretability Beyond Attention Visualization", which weights LRP relevances of
     the attention, not the attention itself, by the gradients. The logit is the target as in the
     authors' code (a one-hot of the logits), not a probability; :func:`attnmetrics.gradient_importance`
@@ -699,8 +727,10 @@ def gradient_weighted_rollout(
 
     As the other methods here, the returned layout drops the lead token's column, so ``R[p, p]``
     (the ``[CLS]`` self-relevance, at least 1 from the identity) is not in the result; ``[SEP]``
-    and padding are 0. Padded keys and queries are masked out of every ``Ā_b`` and of ``I``, so a
-    row's scores do not depend on the batch's padding. One forward and one backward per chunk of
+    and padding are 0 (our GPT: ``<start>`` dropped, and ``R[p, p]`` is ``<extract>``'s, 0 as the
+    trailing token's). On a causal model each ``A_b`` is 0 above the diagonal, and so is ``Ā_b``.
+    Padded keys and queries are masked out of every ``Ā_b`` and of ``I``, so a row's scores do not
+    depend on the batch's padding. One forward and one backward per chunk of
     rows: the rows' target logits are summed (rows do not interact), and the gradient is taken with
     respect to every layer's probabilities at once; the product is taken in float64.
 
@@ -771,7 +801,8 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
     feed-forward networks, pooler and classifier included.
 
     Every state of token i is kept as ``x_i = sum_k x_{i<-k}``, starting from the embeddings' output
-    (after the embeddings' LayerNorm): ``x_{i<-k} = [i = k] x_i``. Layer by layer, for every query i
+    (BERT: after the embeddings' LayerNorm; our GPT: token + position embeddings):
+    ``x_{i<-k} = [i = k] x_i``. Layer by layer, for every query i
     and input token k (sec. 3.1-3.3):
 
     - attention (eqs. 3-6): ``z_{i<-k} = sum_h sum_j A_h[i, j] x_{j<-k} W_V^h W_O^h``, the biases
@@ -790,8 +821,11 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
       residual and the second LayerNorm as above;
     - head (eqs. 13-14), at the pooled position p (``[CLS]``) of the last layer: the pooler's
       ``W_pool`` and ``b_pool`` (AbsDot), its tanh linearised by the same ratio rule (``theta = 0``
-      where the pre-activation is 0, as for the FFN, not tanh's limit 1), then the classifier's ``W_cls`` and ``b_cls``
-      (AbsDot): ``y_c = sum_k y_{c<-k}`` for every class c.
+      where the pre-activation is 0, as for the FFN, not tanh's limit 1), then the classifier's
+      ``W_cls`` and ``b_cls`` (AbsDot): ``y_c = sum_k y_{c<-k}`` for every class c. Our GPT's extract
+      read-out has no pooler: its ``decoder`` (``W_cls``, ``b_cls``, AbsDot) on ``<extract>``'s
+      last state, the pooled position p, is the whole head (the classifier's dropout is off in
+      eval mode).
 
     The ratio rule makes every step exact, not an approximation of the sum: ``sum_k`` of the
     components is the model's state at every layer and ``sum_k y_{c<-k}`` its logit (every bias
@@ -802,10 +836,11 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
     token supports the predicted class. :func:`decompx_contributions` gives every class's
     contributions at every position.
 
-    As the other methods here, ``[CLS]``'s own contribution is dropped with the lead token's
-    column and ``[SEP]``'s is zeroed (both are in :func:`decompx_contributions`, whose positions
-    sum to the logits); padded positions are masked out of every component and of the attention,
-    so a row's scores do not depend on the batch's padding. Per chunk of rows one forward, then
+    As the other methods here, ``[CLS]``'s (``<start>``'s) own contribution is dropped with the
+    lead token's column and ``[SEP]``'s (``<extract>``'s) is zeroed (both are in
+    :func:`decompx_contributions`, whose positions sum to the logits); padded positions are masked
+    out of every component and of the attention, so a row's scores do not depend on the batch's
+    padding. Per chunk of rows one forward, then
     the decomposition (``[b, T, T, d]`` per layer, its feed-forward states ``[b, Q, T, d_ff]`` a
     chunk of queries Q at a time; the last layer only at the pooled query), all sized to the
     memory budget.
@@ -817,9 +852,9 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
     ``b_Att`` are taken after the residual is added (eq. 5 takes them from the attention terms);
     their ratios and weights add 1e-12 to the denominators, ours are exact.
 
-    Args, Raises: as :func:`attention_value_norm`; also ValueError for a model without a pooler
-        (``hf.bert.pooler``), a classifier that is not one ``nn.Linear``, or logits that are not
-        ``[B, C]`` or not finite.
+    Args, Raises: as :func:`attention_value_norm`; also ValueError for a BERT-like model without a
+        pooler (``hf.bert.pooler``), a classifier (our GPT's ``decoder``) that is not one
+        ``nn.Linear``, or logits that are not ``[B, C]`` or not finite.
 
     Returns:
         ``[B, T - lead]`` in the model's float dtype: each real token's signed contribution to the
