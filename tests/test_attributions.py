@@ -869,3 +869,16 @@ def test_battery_runs_them_on_our_gpt_with_its_extract_read_out(gpt_model, gpt_i
     for name in BATTERY:
         assert values[f"kendall/attention vs {name}/tau"].shape == (6,)
         assert values[f"eraser/{name}/comprehensiveness/aopc"].shape == (6,)
+
+
+def test_gpt_chefer_leaves_no_gradients_and_needs_none_enabled(gpt_inputs, gpt_references):
+    m = tiny_extract()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad():
+        got = gradient_weighted_rollout(m, *gpt_inputs)
+    torch.testing.assert_close(got, gpt_references["chefer"], rtol=1e-10, atol=1e-12)
+    assert not got.requires_grad and all(p.grad is None and not p.requires_grad for p in m.parameters())
+    m = tiny_extract()
+    gradient_weighted_rollout(m, *gpt_inputs)
+    assert all(p.grad is None and p.requires_grad for p in m.parameters())
