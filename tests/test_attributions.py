@@ -882,3 +882,12 @@ def test_gpt_chefer_leaves_no_gradients_and_needs_none_enabled(gpt_inputs, gpt_r
     m = tiny_extract()
     gradient_weighted_rollout(m, *gpt_inputs)
     assert all(p.grad is None and p.requires_grad for p in m.parameters())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", METHODS)
+def test_gpt_cuda_equals_cpu(name, gpt_inputs, gpt_references):
+    cuda = tiny_extract().cuda()
+    got = METHODS[name](cuda, gpt_inputs[0].cuda(), gpt_inputs[1].cuda())
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got.cpu(), gpt_references[name], rtol=1e-9, atol=1e-11)
