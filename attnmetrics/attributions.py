@@ -1,19 +1,34 @@
-"""Attention-derived token attributions of a BERT-like Hugging Face classifier (docs/definitions.md
+"""Attention-derived token attributions of a post-LayerNorm transformer classifier (docs/definitions.md
 §20): attention × value norm (Kobayashi et al. 2020), GlobEnc (Modarressi et al. 2022), ALTI
 (Ferrando et al. 2022), Value Zeroing (Mohebbi et al. 2023), gradient-weighted attention
 rollout (Chefer et al. 2021, ICCV), DecompX (Modarressi et al. 2023, ACL) and attention flow (Abnar &
-Zuidema 2020, ACL), each the importance of every real token for the pooled position's (``[CLS]``'s)
-decision. Attention flow needs the layers' attention alone and runs on every model attention
-rollout runs on (our GPT classifier and GPT-2-like Hugging Face classifiers too: see
-:func:`attention_flow`).
+Zuidema 2020, ACL), each the importance of every real token for the pooled position's (``[CLS]``'s;
+our GPT's ``<extract>``) decision. Attention flow needs the layers' attention alone and runs on
+every model attention rollout runs on (our GPT classifier, whatever its read-out, and GPT-2-like
+Hugging Face classifiers too: see :func:`attention_flow`).
 
-Every other function takes a model on the protocol whose ``hf`` attribute is a post-LayerNorm BERT
-encoder classifier (``BertForSequenceClassification``: BERT, MiniLM, ...; the adapter
-``attnmetrics.models.hf.HFClassifier`` is one) and reads each layer's attention probabilities from
-the module's own forward (forward hooks on the self-attention modules: the model's attention
-implementation must return its probabilities, as eager attention and the adapter's do), then
-recomputes what it needs from the layers' weights. Batched over rows (padding masked: padded keys
-carry no attention, padded queries are zeroed), chunked to a memory budget, device-agnostic.
+Every other function takes a model on the protocol that is one of:
+
+- a post-LayerNorm BERT encoder classifier as its ``hf`` attribute
+  (``BertForSequenceClassification``: BERT, MiniLM, ...; the adapter
+  ``attnmetrics.models.hf.HFClassifier`` is one), whose layers' attention probabilities are read
+  from the module's own forward (forward hooks on the self-attention modules: the model's attention
+  implementation must return its probabilities, as eager attention and the adapter's do);
+- our GPT classifier (``models/gpt_classifier.py`` ``GPTClassifier``: post-LayerNorm blocks as
+  BERT's, causal attention, one ``qkv`` Linear, GELU's tanh approximation) with GPT-1's read-out
+  (``attention="extract"``, ``--attention extract``), whose decoder classifies the pooled position's
+  (``<extract>``'s, each row's last) final state, the state these methods explain. Its blocks are
+  run one by one, the probabilities those ``CausalSelfAttention.attention`` makes (0 on later and
+  padded keys). A GPT classifier with an attention head (``tanh``, ``dot``, ``uniform``) is refused:
+  its decoder reads an attention-weighted sum of the real tokens' states, not ``<extract>``'s, so
+  the pooled state's decomposition would not explain its decision.
+
+Each layer is read through :class:`LayerParts` (value and output projections, the two LayerNorms,
+the feed-forward network), so one implementation of each method serves both; what the methods
+need is recomputed from those weights. Batched over rows (padding masked: padded keys carry no
+attention, padded queries are zeroed), chunked to a memory budget, device-agnostic. GPT-2-like
+(pre-LayerNorm) classifiers are refused: the authors' decompositions of residual and LayerNorm do
+not apply to them.
 
 The layer notation of the first four: layer ``l`` maps its input ``x`` ``[T, d]`` (the embeddings'
 output for ``l = 0``) through heads ``h`` with attention ``A_h`` ``[T, T]`` and values
@@ -28,7 +43,8 @@ belongs to the token itself), its output ``a_i = LN_1(p_i)``, and the layer's ou
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,7 +55,7 @@ from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_l
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import eval_mode, token_mask
 
-#: the layer parts every method reads (BertLayer's attribute paths)
+#: the layer parts every method reads of a BERT-like model (BertLayer's attribute paths)
 _PARTS = (
     "attention.self.value",
     "attention.output.dense",
@@ -53,21 +69,63 @@ _PARTS = (
 # ---- the model --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class LayerParts:
+    """One post-LayerNorm transformer layer as the methods read it, whatever the model's attribute
+    paths: ``x -> a = LN_1(x + attention(x) W_O + b_O) -> LN_2(a + act(a W_1 + b_1) W_2 + b_2)``.
+
+    ``value_weight`` ``[d, d]`` (out, in) and ``value_bias`` ``[d]``: the values' projection
+    ``W_V``, ``b_V`` (head h's the h-th slice of d / heads outputs); ``out``: the attention's output
+    projection ``W_O``, ``b_O``; ``ln_1``, ``ln_2``: the two LayerNorms; ``fc``, ``act``, ``proj``:
+    the feed-forward network's first Linear, activation and second Linear."""
+
+    heads: int
+    value_weight: Tensor
+    value_bias: Tensor
+    out: nn.Linear
+    ln_1: nn.LayerNorm
+    fc: nn.Linear
+    act: Callable[[Tensor], Tensor]
+    proj: nn.Linear
+    ln_2: nn.LayerNorm
+
+    def ffn(self, a: Tensor) -> Tensor:
+        """The feed-forward network ``act(a W_1 + b_1) W_2 + b_2``."""
+        return self.proj(self.act(self.fc(a)))
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """A supported model's layers: ``family`` (``"bert"``: a BERT-like Hugging Face classifier;
+    ``"gpt"``: our GPT classifier), its layer modules (``BertLayer`` or ``Block``, which the trace
+    runs) and their :class:`LayerParts`."""
+
+    family: str
+    modules: nn.ModuleList
+    parts: list[LayerParts]
+
+
+def _gelu_tanh(u: Tensor) -> Tensor:
+    """Our GPT's feed-forward activation (models/gpt.py ``MLP``: GELU, tanh approximation)."""
+    return F.gelu(u, approximate="tanh")
+
+
 def bert_layers(model, method: str) -> nn.ModuleList:
     """The encoder layers of ``model.hf``, a post-LayerNorm BERT-like classifier, or an error
     naming the model class and why ``method`` does not apply to it.
 
     Raises:
-        TypeError: ``model`` has no Hugging Face model (``model.hf``), e.g. our BiLSTM or GPT-1.
+        TypeError: ``model`` has no Hugging Face model (``model.hf``), e.g. our BiLSTM.
         ValueError: ``model.hf`` is not BERT-like (GPT-2: pre-LayerNorm blocks, whose decomposition
             these methods do not define), or a layer lacks the parts the methods read.
     """
     hf = getattr(model, "hf", None)
     if not isinstance(hf, nn.Module):
         raise TypeError(
-            f"{method} needs a Hugging Face BERT-like classifier (attnmetrics.models.hf.HFClassifier over "
-            f"BertForSequenceClassification), got {type(model).__name__}: it decomposes a transformer's "
-            "attention layers, which this model does not have"
+            f"{method} needs a post-LayerNorm transformer classifier (a Hugging Face BERT-like classifier: "
+            "attnmetrics.models.hf.HFClassifier over BertForSequenceClassification; or our GPT classifier with "
+            f"--attention extract), got {type(model).__name__}: it decomposes a transformer's attention layers, which "
+            "this model does not have"
         )
     name = type(hf).__name__
     encoder = getattr(getattr(hf, "bert", None), "encoder", None)
@@ -88,12 +146,77 @@ def bert_layers(model, method: str) -> nn.ModuleList:
     return layers
 
 
+def _bert_parts(layer: nn.Module) -> LayerParts:
+    sa, so = layer.attention.self, layer.attention.output
+    return LayerParts(
+        heads=sa.num_attention_heads,
+        value_weight=sa.value.weight,
+        value_bias=sa.value.bias,
+        out=so.dense,
+        ln_1=so.LayerNorm,
+        fc=layer.intermediate.dense,
+        act=layer.intermediate.intermediate_act_fn,
+        proj=layer.output.dense,
+        ln_2=layer.output.LayerNorm,
+    )
+
+
+def _gpt_parts(block: nn.Module) -> LayerParts:
+    """A ``models/gpt.py`` ``Block`` (``x = ln_1(x + attn.proj(attention(qkv(x))))``,
+    ``x = ln_2(x + mlp.proj(gelu_tanh(mlp.fc(x))))``): the values are the last third of ``qkv``'s
+    outputs (``CausalSelfAttention._split``: queries, keys, values, each heads × d / heads)."""
+    attn, d = block.attn, block.attn.proj.weight.shape[0]
+    return LayerParts(
+        heads=attn.n_head,
+        value_weight=attn.qkv.weight[2 * d :],
+        value_bias=attn.qkv.bias[2 * d :],
+        out=attn.proj,
+        ln_1=block.ln_1,
+        fc=block.mlp.fc,
+        act=_gelu_tanh,
+        proj=block.mlp.proj,
+        ln_2=block.ln_2,
+    )
+
+
+def _gpt_blocks(model, method: str) -> nn.ModuleList | None:
+    """Our GPT classifier's blocks (None for any other model), or a ValueError where its read-out
+    is not the pooled position's state."""
+    from attnmetrics.models.gpt import GPT, Block
+    from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier
+
+    if not isinstance(model, GPTClassifier) or not isinstance(model.gpt, GPT):
+        return None
+    if model.attention_name != EXTRACT_READOUT or model.attention is not None:
+        raise ValueError(
+            f"{method} explains the pooled position's (<extract>'s) last state, which this GPT classifier's "
+            f"{model.attention_name!r} attention head does not classify from (its decoder reads an attention-weighted "
+            "sum of the real tokens' last states, <extract> not among them): it applies to a GPT classifier with "
+            f"GPT-1's read-out, --attention {EXTRACT_READOUT}"
+        )
+    blocks = model.gpt.blocks
+    if len(blocks) == 0 or not all(type(block) is Block for block in blocks):
+        raise ValueError(f"{method}: {type(model).__name__}'s blocks are not models/gpt.py's post-LayerNorm Block")
+    return blocks
+
+
+def _stack(model, method: str) -> _Stack:
+    """The layers of a supported model (our GPT classifier with its extract read-out, or a
+    BERT-like Hugging Face classifier), or the error of :func:`bert_layers` / the GPT read-out's."""
+    blocks = _gpt_blocks(model, method)
+    if blocks is not None:
+        return _Stack("gpt", blocks, [_gpt_parts(block) for block in blocks])
+    layers = bert_layers(model, method)
+    return _Stack("bert", layers, [_bert_parts(layer) for layer in layers])
+
+
 def supports(model) -> bool:
     """Whether the decompositions of this module apply to ``model`` (a BERT-like Hugging Face
-    classifier); the battery's capability check for all but attention flow, which applies wherever
-    rollout does (``model.layer_attentions``)."""
+    classifier, or our GPT classifier with GPT-1's extract read-out); the battery's capability
+    check for all but attention flow, which applies wherever rollout does
+    (``model.layer_attentions``)."""
     try:
-        bert_layers(model, "")
+        _stack(model, "")
     except (TypeError, ValueError):
         return False
     return True
@@ -112,13 +235,36 @@ class _Trace:
     layer's output), attention probabilities ``probs[l]`` ``[B, H, T, T]`` and values ``v[l]``
     ``[B, H, T, dh]`` (``x W_V + b_V``, split into heads).
 
+    A BERT-like model: its own forward, the probabilities from forward hooks on its self-attention
+    modules. Our GPT: its blocks run one by one as ``GPTClassifier.encode`` runs them (the
+    probabilities those of ``CausalSelfAttention.attention``: zero on later and padded keys, a
+    padded query's row all 0), the values its ``heads``' (``qkv`` split).
+
     ``gradients``: the forward runs from word embeddings that require gradients (detached from the
     embedding table), so that every state and probability is in an autograd graph whatever the
     parameters' ``requires_grad``; the caller enables gradients."""
 
-    def __init__(
-        self, model, layers: nn.ModuleList, tokens: Tensor, lengths: Tensor, method: str, gradients: bool = False
-    ):
+    def __init__(self, model, stack: _Stack, tokens: Tensor, lengths: Tensor, method: str, gradients: bool = False):
+        if stack.family == "gpt":
+            self._gpt(model, stack.modules, tokens, lengths, gradients)
+        else:
+            self._bert(model, stack.modules, tokens, lengths, method, gradients)
+
+    def _gpt(self, model, blocks: nn.ModuleList, tokens: Tensor, lengths: Tensor, gradients: bool):
+        from attnmetrics.models.gpt import causal_mask
+
+        mask = causal_mask(lengths, tokens.shape[1])
+        x = model.embed(tokens)  # token + position embeddings (dropout off in eval mode)
+        if gradients:
+            x = x.detach().requires_grad_(True)
+        self.x, self.probs, self.v = [x], [], []
+        for block in blocks:
+            self.v.append(block.attn.heads(x)[2])
+            x, probs = block(x, mask)
+            self.x.append(x)
+            self.probs.append(probs)
+
+    def _bert(self, model, layers: nn.ModuleList, tokens: Tensor, lengths: Tensor, method: str, gradients: bool):
         probs: list[Tensor | None] = []
 
         def keep(module, inputs, output):
@@ -150,26 +296,26 @@ class _Trace:
             self.v.append(v.view(*v.shape[:2], heads, -1).transpose(1, 2))
 
 
-def _heads_out(layer: nn.Module, v: Tensor) -> Tensor:
+def _heads_out(layer: LayerParts, v: Tensor) -> Tensor:
     """``f_h(x_j) = v_h(x_j) W_O^h``: values ``[..., H, T, dh]`` -> ``[..., H, T, d]`` (no ``b_O``)."""
-    w = layer.attention.output.dense.weight  # [d, d] (out, in)
+    w = layer.out.weight  # [d, d] (out, in)
     heads, dh = v.shape[-3], v.shape[-1]
     return torch.einsum("...hsk,dhk->...hsd", v, w.view(-1, heads, dh))
 
 
-def _attention_block(layer: nn.Module, probs: Tensor, v: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+def _attention_block(layer: LayerParts, probs: Tensor, v: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
     """The attention block as the model runs it: the pre-LayerNorm state ``p = ctx W_O + b_O + x``
     and the block's output ``a = LN_1(p)``, each ``[..., T, d]``."""
     ctx = torch.matmul(probs, v)  # [..., H, T, dh]
     ctx = ctx.transpose(-3, -2).flatten(-2)  # heads merged: [..., T, d]
-    pre = layer.attention.output.dense(ctx) + x
-    return pre, layer.attention.output.LayerNorm(pre)
+    pre = layer.out(ctx) + x
+    return pre, layer.ln_1(pre)
 
 
-def _ffn_block(layer: nn.Module, a: Tensor) -> tuple[Tensor, Tensor]:
+def _ffn_block(layer: LayerParts, a: Tensor) -> tuple[Tensor, Tensor]:
     """The feed-forward block: its pre-LayerNorm state ``FFN(a) + a`` and the layer's output."""
-    pre = layer.output.dense(layer.intermediate(a)) + a
-    return pre, layer.output.LayerNorm(pre)
+    pre = layer.ffn(a) + a
+    return pre, layer.ln_2(pre)
 
 
 def _scale(pre: Tensor, ln: nn.LayerNorm) -> Tensor:
@@ -182,7 +328,7 @@ def _ln_linear(u: Tensor, ln: nn.LayerNorm, scale: Tensor) -> Tensor:
     return ln.weight * (u - u.mean(-1, keepdim=True)) / scale
 
 
-def _mixing(layer: nn.Module, probs: Tensor, v: Tensor, x: Tensor, queries: Tensor) -> Tensor:
+def _mixing(layer: LayerParts, probs: Tensor, v: Tensor, x: Tensor, queries: Tensor) -> Tensor:
     """``z_ij = sum_h A_h[i, j] f_h(x_j) + [i = j] x_i`` ``[B, Q, T, d]`` for the queries ``i`` of
     ``queries`` ``[B, Q]``: probs ``[B, H, T, T]``, v ``[B, H, T, dh]``, x ``[B, T, d]``."""
     f = _heads_out(layer, v)  # [B, H, T, d]
@@ -204,11 +350,10 @@ def _chunks(n: int, per_item: int, budget: int) -> Iterator[slice]:
         yield slice(start, min(n, start + step))
 
 
-def _row_bytes(layers: nn.ModuleList, width: int, itemsize: int) -> int:
+def _row_bytes(layers: list[LayerParts], width: int, itemsize: int) -> int:
     """About what a row's trace holds: every layer's probabilities, inputs and values."""
-    config = layers[0].attention.self
-    heads, d = config.num_attention_heads, layers[0].attention.output.dense.weight.shape[0]
-    inter = layers[0].intermediate.dense.weight.shape[0]
+    heads, d = layers[0].heads, layers[0].out.weight.shape[0]
+    inter = layers[0].fc.weight.shape[0]
     per_layer = heads * width * width + 3 * width * d + width * inter
     return itemsize * (len(layers) * per_layer + width * d)
 
@@ -254,11 +399,12 @@ def _run(
     ``per_chunk`` runs with gradients enabled. ``trailing``: ``per_chunk`` returns
     ``[b, width, *trailing]``; ``raw``: the assembled ``[B, T, *trailing]`` over every position is
     returned as it is (zero past the chunks' widths), not laid out over the real tokens."""
-    layers = bert_layers(model, method)
+    stack = _stack(model, method)
+    layers = stack.parts
     lengths = check_model_inputs(model, tokens, lengths)
     budget = check_budget(memory_budget)
     batch, width = tokens.shape
-    dtype = layers[0].attention.output.dense.weight.dtype
+    dtype = layers[0].out.weight.dtype
     used = int(lengths.max())  # one read: the columns past every row's length are padding
     out = torch.zeros(batch, width, *trailing, dtype=dtype, device=tokens.device)
     itemsize = torch.finfo(dtype).bits // 8
@@ -267,7 +413,7 @@ def _run(
         for rows in _chunks(batch, row_bytes, budget // 2):
             t, n = tokens[rows, :used], lengths[rows]
             with torch.enable_grad() if gradients else contextlib.nullcontext():
-                trace = _Trace(model, layers, t, n, method, gradients)
+                trace = _Trace(model, stack, t, n, method, gradients)
                 score = per_chunk(layers, t, n, trace, budget // 2)
             out[rows, :used] = score.detach().to(dtype)
     return out if raw else _real(out, lengths, model, method)
@@ -290,7 +436,8 @@ def attention_value_norm(
     model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET
 ) -> Tensor:
     """Attention × value norm (Kobayashi et al. 2020, EMNLP, "Attention is Not Only a Weight",
-    sec. 3, eq. 6, "||Σαf(x)||") at the last layer, for the pooled position p (``[CLS]``).
+    sec. 3, eq. 6, "||Σαf(x)||") at the last layer, for the pooled position p (``[CLS]``; our GPT's
+    ``<extract>``).
 
     ``score_j = || sum_h A_h[p, j] f_h(x_j) ||_2`` with ``f_h(x_j) = (x_j W_V^h + b_V^h) W_O^h``:
     the norm of what token j adds to p's multi-head attention output (the value bias ``b_V`` in
@@ -299,8 +446,9 @@ def attention_value_norm(
 
     Args:
         model: a protocol model whose ``hf`` is a BERT-like ``BertForSequenceClassification``
-            (e.g. ``attnmetrics.models.hf.HFClassifier``), in eval mode for the call.
-        tokens: ``[B, T]`` int64 ids, ``[CLS] ... [SEP]`` then padding.
+            (e.g. ``attnmetrics.models.hf.HFClassifier``), or our ``GPTClassifier`` with the extract
+            read-out; in eval mode for the call.
+        tokens: ``[B, T]`` int64 ids, ``[CLS] ... [SEP]`` (``<start> ... <extract>``) then padding.
         lengths: ``[B]`` integer lengths, special tokens included, in ``[lead + trail, T]``.
         memory_budget: bytes a chunk of rows may hold (default 256 MiB).
 
@@ -309,8 +457,10 @@ def attention_value_norm(
         hidden states (non-negative, not normalised), zero past each row's real tokens.
 
     Raises:
-        TypeError: the model has no Hugging Face model (``model.hf``); tokens or lengths not tensors.
-        ValueError: a model that is not BERT-like (GPT-2, ...), an attention implementation that
+        TypeError: the model is neither our GPT classifier nor has a Hugging Face model
+            (``model.hf``; e.g. the BiLSTM); tokens or lengths not tensors.
+        ValueError: a Hugging Face model that is not BERT-like (GPT-2, ...), our GPT classifier with
+            an attention head instead of the extract read-out, an attention implementation that
             returns no probabilities, the input checks of :func:`attnmetrics.gradient_importance`,
             a bad ``memory_budget``, or a score that is not finite.
     """
@@ -361,6 +511,13 @@ def alti(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT
     the authors' ``normalize_contributions(..., scaling='min_sum', resultant_norm=...)``). ALTI is
     the pooled row of ``C_{L-1} ... C_1 C_0`` (their ``compute_joint_attention``: no residual added,
     it is in ``z_ii``; the first layer's input is the embeddings' output).
+
+    A row whose contributions are all 0 (every ``d_ij`` at least ``||y_i||_1``: the biases outweigh
+    every token) stays 0, where the authors' normalisation would divide by 0. On a causal model
+    (our GPT) the matrices are 0 above the diagonal (``T_i(x_j) = 0`` for j > i), and the first
+    position, whose one contributor is itself, gets such a row whenever
+    ``||y_0||_1 <= ||LN_1'(b_O) + beta_1||_1``: that only takes ``<start>``'s own share from the
+    pooled row (nothing else reaches position 0), which the importance drops anyway.
 
     Where we differ (mt-upc/transformer-contributions ``src/contributions.py`` at 4f89039): their
     ``ln_std_coef`` (line 206) is ``1 / (pre_ln_states + eps).std(-1, unbiased=False)``, eps added to
@@ -438,7 +595,7 @@ def _norm_enc(layer, probs, v, x, queries, lengths) -> Tensor:
     pre2, _ = _ffn_block(layer, a)
     rows = torch.arange(x.shape[0], device=x.device)[:, None]
     pre1, pre2 = pre1[rows, queries], pre2[rows, queries]
-    ln1, ln2 = layer.attention.output.LayerNorm, layer.output.LayerNorm
+    ln1, ln2 = layer.ln_1, layer.ln_2
     z = _mixing(layer, probs, v, x, queries)  # [b, Q, T, d]
     t = _ln_linear(_ln_linear(z, ln1, _scale(pre1, ln1)[:, :, None]), ln2, _scale(pre2, ln2)[:, :, None])
     return t.norm(dim=-1)
@@ -449,7 +606,7 @@ def _alti_layer(layer, probs, v, x, queries, lengths) -> Tensor:
     pre, y = _attention_block(layer, probs, v, x)
     rows = torch.arange(x.shape[0], device=x.device)[:, None]
     pre, y = pre[rows, queries], y[rows, queries]
-    ln = layer.attention.output.LayerNorm
+    ln = layer.ln_1
     t = _ln_linear(_mixing(layer, probs, v, x, queries), ln, _scale(pre, ln)[:, :, None])  # [b, Q, T, d]
     distance = (y[:, :, None] - t).abs().sum(-1)
     c = (y.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
@@ -482,7 +639,9 @@ def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int 
     ``-sum_h A_h[i, j] f_h(x_j)`` (the weights do not depend on the values), so every altered
     layer runs from there (``LN_1``, feed-forward, ``LN_2``) as one batch of (row, j) pairs,
     chunked to the memory budget; the last layer only at the pooled position, the one its row of
-    the product reads.
+    the product reads. On a causal model (our GPT) the weights are 0 on later keys, so zeroing
+    token j changes only the queries at or after j (the others' distances are 0, up to rounding),
+    as recomputing the layer under its causal mask would.
 
     Args, Raises: as :func:`attention_value_norm`.
 
@@ -509,7 +668,7 @@ def _zeroed_layer(layer, trace, index, lengths, pooled, budget) -> Tensor:
     probs, v, x, out = trace.probs[index], trace.v[index], trace.x[index], trace.x[index + 1]
     batch, heads, width, dh = v.shape
     d = x.shape[-1]
-    inter = layer.intermediate.dense.weight.shape[0]
+    inter = layer.fc.weight.shape[0]
     pre, _ = _attention_block(layer, probs, v, x)  # [b, T, d], the block's pre-LayerNorm states
     f = _heads_out(layer, v)  # [b, H, T, d]
     if pooled is not None:  # only the pooled query
@@ -525,7 +684,7 @@ def _zeroed_layer(layer, trace, index, lengths, pooled, budget) -> Tensor:
         # minus what token j's values added to every query i of its row through W_O:
         # sum_h A_h[i, j] f_h(x_j) (the attention weights do not depend on the values)
         altered = pre[b] - torch.einsum("nhq,nhd->nqd", probs[b, :, :, j], f[b, :, j])  # [n, Q, d]
-        _, changed = _ffn_block(layer, layer.attention.output.LayerNorm(altered))
+        _, changed = _ffn_block(layer, layer.ln_1(altered))
         scores[b, :, j] = _cosine_distance(changed, out[b])
     if pooled is not None:
         return _row_normalised(scores[:, 0])
@@ -559,7 +718,7 @@ def gradient_weighted_rollout(
     ``b = 0 .. L-1`` ``Ā_b = E_h[(∇A_b ⊙ A_b)^+]`` (elementwise product, negatives clipped to 0,
     mean over heads) and ``R <- R + Ā_b R``, i.e. the pooled row of
     ``(I + Ā_{L-1}) ⋯ (I + Ā_1)(I + Ā_0)``. The importance of token j is ``R[p, j]``, p the pooled
-    position (``[CLS]``). This is the ICCV 2021 rule, not the same authors' CVPR 2021
+    position (``[CLS]``; our GPT's ``<extract>``). This is the ICCV 2021 rule, not the same authors' CVPR 2021
     "Transformer Interpretability Beyond Attention Visualization", which weights LRP relevances of
     the attention, not the attention itself, by the gradients. The logit is the target as in the
     authors' code (a one-hot of the logits), not a probability; :func:`attnmetrics.gradient_importance`
@@ -568,8 +727,10 @@ def gradient_weighted_rollout(
 
     As the other methods here, the returned layout drops the lead token's column, so ``R[p, p]``
     (the ``[CLS]`` self-relevance, at least 1 from the identity) is not in the result; ``[SEP]``
-    and padding are 0. Padded keys and queries are masked out of every ``Ā_b`` and of ``I``, so a
-    row's scores do not depend on the batch's padding. One forward and one backward per chunk of
+    and padding are 0 (our GPT: ``<start>`` dropped, and ``R[p, p]`` is ``<extract>``'s, 0 as the
+    trailing token's). On a causal model each ``A_b`` is 0 above the diagonal, and so is ``Ā_b``.
+    Padded keys and queries are masked out of every ``Ā_b`` and of ``I``, so a row's scores do not
+    depend on the batch's padding. One forward and one backward per chunk of
     rows: the rows' target logits are summed (rows do not interact), and the gradient is taken with
     respect to every layer's probabilities at once; the product is taken in float64.
 
@@ -640,7 +801,8 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
     feed-forward networks, pooler and classifier included.
 
     Every state of token i is kept as ``x_i = sum_k x_{i<-k}``, starting from the embeddings' output
-    (after the embeddings' LayerNorm): ``x_{i<-k} = [i = k] x_i``. Layer by layer, for every query i
+    (BERT: after the embeddings' LayerNorm; our GPT: token + position embeddings):
+    ``x_{i<-k} = [i = k] x_i``. Layer by layer, for every query i
     and input token k (sec. 3.1-3.3):
 
     - attention (eqs. 3-6): ``z_{i<-k} = sum_h sum_j A_h[i, j] x_{j<-k} W_V^h W_O^h``, the biases
@@ -659,8 +821,11 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
       residual and the second LayerNorm as above;
     - head (eqs. 13-14), at the pooled position p (``[CLS]``) of the last layer: the pooler's
       ``W_pool`` and ``b_pool`` (AbsDot), its tanh linearised by the same ratio rule (``theta = 0``
-      where the pre-activation is 0, as for the FFN, not tanh's limit 1), then the classifier's ``W_cls`` and ``b_cls``
-      (AbsDot): ``y_c = sum_k y_{c<-k}`` for every class c.
+      where the pre-activation is 0, as for the FFN, not tanh's limit 1), then the classifier's
+      ``W_cls`` and ``b_cls`` (AbsDot): ``y_c = sum_k y_{c<-k}`` for every class c. Our GPT's extract
+      read-out has no pooler: its ``decoder`` (``W_cls``, ``b_cls``, AbsDot) on ``<extract>``'s
+      last state, the pooled position p, is the whole head (the classifier's dropout is off in
+      eval mode).
 
     The ratio rule makes every step exact, not an approximation of the sum: ``sum_k`` of the
     components is the model's state at every layer and ``sum_k y_{c<-k}`` its logit (every bias
@@ -671,10 +836,11 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
     token supports the predicted class. :func:`decompx_contributions` gives every class's
     contributions at every position.
 
-    As the other methods here, ``[CLS]``'s own contribution is dropped with the lead token's
-    column and ``[SEP]``'s is zeroed (both are in :func:`decompx_contributions`, whose positions
-    sum to the logits); padded positions are masked out of every component and of the attention,
-    so a row's scores do not depend on the batch's padding. Per chunk of rows one forward, then
+    As the other methods here, ``[CLS]``'s (``<start>``'s) own contribution is dropped with the
+    lead token's column and ``[SEP]``'s (``<extract>``'s) is zeroed (both are in
+    :func:`decompx_contributions`, whose positions sum to the logits); padded positions are masked
+    out of every component and of the attention, so a row's scores do not depend on the batch's
+    padding. Per chunk of rows one forward, then
     the decomposition (``[b, T, T, d]`` per layer, its feed-forward states ``[b, Q, T, d_ff]`` a
     chunk of queries Q at a time; the last layer only at the pooled query), all sized to the
     memory budget.
@@ -686,9 +852,9 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
     ``b_Att`` are taken after the residual is added (eq. 5 takes them from the attention terms);
     their ratios and weights add 1e-12 to the denominators, ours are exact.
 
-    Args, Raises: as :func:`attention_value_norm`; also ValueError for a model without a pooler
-        (``hf.bert.pooler``), a classifier that is not one ``nn.Linear``, or logits that are not
-        ``[B, C]`` or not finite.
+    Args, Raises: as :func:`attention_value_norm`; also ValueError for a BERT-like model without a
+        pooler (``hf.bert.pooler``), a classifier (our GPT's ``decoder``) that is not one
+        ``nn.Linear``, or logits that are not ``[B, C]`` or not finite.
 
     Returns:
         ``[B, T - lead]`` in the model's float dtype: each real token's signed contribution to the
@@ -717,9 +883,17 @@ def decompx_contributions(
     )
 
 
-def _decompx_head(model, method: str) -> tuple[nn.Module, nn.Linear]:
-    """The pooler (``dense``, ``activation``) and the classifier ``nn.Linear`` of ``model.hf``."""
-    bert_layers(model, method)
+def _decompx_head(model, method: str) -> tuple[nn.Module | None, nn.Linear]:
+    """The pooler (``dense``, ``activation``) and the classifier ``nn.Linear`` of ``model.hf``; our
+    GPT classifier's: no pooler, its ``decoder`` (the extract read-out classifies the pooled state
+    itself)."""
+    if _stack(model, method).family == "gpt":
+        if not isinstance(model.decoder, nn.Linear):
+            raise ValueError(
+                f"{method} decomposes the classification head, but {type(model).__name__}'s decoder is "
+                f"{type(model.decoder).__name__}, not one nn.Linear"
+            )
+        return None, model.decoder
     pooler, classifier = getattr(model.hf.bert, "pooler", None), getattr(model.hf, "classifier", None)
     if pooler is None or not isinstance(getattr(pooler, "dense", None), nn.Linear):
         raise ValueError(f"{method} decomposes the classification head, but {type(model.hf).__name__} has no pooler")
@@ -760,7 +934,7 @@ def _decompx_chunk(model, predicted: bool):
         pooler, classifier = _decompx_head(model, "decompx")
         batch, width = tokens.shape
         x = trace.x[0]
-        d, inter = x.shape[-1], layers[0].intermediate.dense.weight.shape[0]
+        d, inter = x.shape[-1], layers[0].fc.weight.shape[0]
         size = x.element_size()
 
         def fixed(w):  # a row's components in and out, their values and mixtures
@@ -813,12 +987,11 @@ def _decompx_rows(layers, pooler, classifier, trace, lengths, pooled, fixed, per
     comps = torch.diag_embed((x * keep[:, :, None]).transpose(1, 2)).permute(0, 2, 3, 1)
     for index, layer in enumerate(layers):
         last = index == len(layers) - 1
-        sa, so = layer.attention.self, layer.attention.output
-        heads = sa.num_attention_heads
+        heads = layer.heads
         probs = trace.probs[index] * keep[:, None, None, :]  # padded keys carry nothing
         pre1, a = _attention_block(layer, trace.probs[index], trace.v[index], trace.x[index])
-        values = (comps @ sa.value.weight.T).unflatten(-1, (heads, -1))  # [b, T (j), T (k), H, dh], no b_V
-        b_att = so.dense.weight @ sa.value.bias + so.dense.bias
+        values = (comps @ layer.value_weight.T).unflatten(-1, (heads, -1))  # [b, T (j), T (k), H, dh], no b_V
+        b_att = layer.out.weight @ layer.value_bias + layer.out.bias
         if last:  # only the pooled query is read after the last layer
             query_sets = [pooled[:, None]]
         else:
@@ -830,25 +1003,26 @@ def _decompx_rows(layers, pooler, classifier, trace, lengths, pooled, fixed, per
         for queries in query_sets:
             r = rows[:, None]
             mixed = torch.einsum("bqhj,bjkhe->bqkhe", probs[r, :, queries], values).flatten(-2)
-            z = _absdot(mixed @ so.dense.weight.T, b_att) + comps[r, queries]  # eqs. 4-7: [b, Q, T, d]
-            ln1 = so.LayerNorm
+            z = _absdot(mixed @ layer.out.weight.T, b_att) + comps[r, queries]  # eqs. 4-7: [b, Q, T, d]
+            ln1 = layer.ln_1
             t = _absdot(_ln_linear(z, ln1, _scale(pre1[r, queries], ln1)[:, :, None]), ln1.bias)  # eq. 8
-            inner = layer.intermediate
-            zeta = _absdot(t @ inner.dense.weight.T, inner.dense.bias)  # [b, Q, T, d_ff]
+            zeta = _absdot(t @ layer.fc.weight.T, layer.fc.bias)  # [b, Q, T, d_ff]
             aq = a[r, queries]
-            hidden = inner.dense(aq)  # the FFN's pre-activation, once for theta and the state
-            theta = _ratio(inner.intermediate_act_fn, hidden)  # [b, Q, d_ff]
-            ffn = _absdot((theta[:, :, None] * zeta) @ layer.output.dense.weight.T, layer.output.dense.bias)
-            pre2 = layer.output.dense(inner.intermediate_act_fn(hidden)) + aq  # _ffn_block's pre-LayerNorm state
-            ln2 = layer.output.LayerNorm
+            hidden = layer.fc(aq)  # the FFN's pre-activation, once for theta and the state
+            theta = _ratio(layer.act, hidden)  # [b, Q, d_ff]
+            ffn = _absdot((theta[:, :, None] * zeta) @ layer.proj.weight.T, layer.proj.bias)
+            pre2 = layer.proj(layer.act(hidden)) + aq  # _ffn_block's pre-LayerNorm state
+            ln2 = layer.ln_2
             outs.append(_absdot(_ln_linear(t + ffn, ln2, _scale(pre2, ln2)[:, :, None]), ln2.bias))
         comps = torch.cat(outs, 1) * (
             keep[:, None, :, None] if last else (keep[:, :, None] * keep[:, None, :])[..., None]
         )
-    cls = comps[:, 0]  # the pooled query's components [b, T (k), d]
-    q = _absdot(cls @ pooler.dense.weight.T, pooler.dense.bias)
-    theta = _ratio(pooler.activation, pooler.dense(trace.x[-1][rows, pooled]))  # [b, d]
-    y = _absdot((theta[:, None] * q) @ classifier.weight.T, classifier.bias)  # [b, T (k), C]
+    q = comps[:, 0]  # the pooled query's components [b, T (k), d]
+    if pooler is not None:  # BERT's pooler: dense, its activation by the ratio rule
+        q = _absdot(q @ pooler.dense.weight.T, pooler.dense.bias)
+        theta = _ratio(pooler.activation, pooler.dense(trace.x[-1][rows, pooled]))  # [b, d]
+        q = theta[:, None] * q
+    y = _absdot(q @ classifier.weight.T, classifier.bias)  # [b, T (k), C]
     return y * keep[:, :, None]
 
 
@@ -956,9 +1130,10 @@ def _flow_row_bytes(model, attentions, tokens: Tensor, lengths: Tensor) -> int:
     """About what a row of attention flow's forward holds. A BERT-like model: :func:`_row_bytes` (its
     chunks as they always were); any other, a one-row probe of its attention: twice its
     probabilities and their float64 per-layer matrices (for the forward's activations)."""
-    if supports(model):
-        layers = bert_layers(model, "attention_flow")
-        dtype = layers[0].attention.output.dense.weight.dtype
+    stack = _stack(model, "attention_flow") if supports(model) else None
+    if stack is not None and stack.family == "bert":
+        layers = stack.parts
+        dtype = layers[0].out.weight.dtype
         return _row_bytes(layers, tokens.shape[1], torch.finfo(dtype).bits // 8)
     probs = attentions(tokens, lengths)
     return 2 * (probs.numel() * probs.element_size() + probs[:, :, 0].numel() * 8)

@@ -134,12 +134,12 @@ def test_ours(benchmark, name, case, device):
 def _flow_graphs(m, tokens, lengths):
     """Each row's rollout matrices ``[L, n, n]`` float64 (attention flow's capacities) from one
     forward of the model, as ``attention_flow`` builds them."""
-    from attnmetrics.attributions import _masked_rows, _row_normalised, _Trace, bert_layers
+    from attnmetrics.attributions import _masked_rows, _row_normalised, _stack, _Trace
     from attnmetrics.protocol import token_mask
 
-    layers = bert_layers(m, "attention_flow")
+    stack = _stack(m, "attention_flow")
     with torch.no_grad():
-        trace = _Trace(m, layers, tokens, lengths, "attention_flow")
+        trace = _Trace(m, stack, tokens, lengths, "attention_flow")
     eye = torch.diag_embed(token_mask(lengths, tokens.shape[1]).double())
     mixed = torch.stack(
         [_row_normalised(0.5 * _masked_rows(p.double().mean(1), lengths) + 0.5 * eye) for p in trace.probs], 1

@@ -283,11 +283,11 @@ def test_decompx_needs_the_classification_head(model, inputs):
 def rollout_matrices(model, ids):
     """Attention flow's (and rollout's) per-layer capacities of one sentence, from the reference
     loop's attention: ``[L, n, n]`` float64, ``0.5 * mean_h A_h + 0.5 * I``, rows renormalised."""
-    from attnmetrics.testing.reference import bert_states_loop
+    from attnmetrics.testing.reference import states_loop
 
     with torch.no_grad():
-        states = bert_states_loop(model, ids)
-    a = torch.stack([torch.tensor(r["A"], dtype=F64).mean(0) for _, r in states])
+        states = states_loop(model, ids)
+    a = torch.stack([torch.tensor(r["A"], dtype=F64).mean(0) for _, _, r in states])
     m = 0.5 * a + 0.5 * torch.eye(len(ids), dtype=F64)
     return m / m.sum(-1, keepdim=True)
 
@@ -528,15 +528,16 @@ def test_battery_skips_them_where_they_do_not_apply():
 # ---- attention flow on every model attention rollout supports -------------------------------------
 
 
-def tiny_gpt(layers: int = 3, seed: int = 0, dtype=F64):
+def tiny_gpt(layers: int = 3, seed: int = 0, dtype=F64, attention: str = "tanh", num_classes: int = 2):
     """Our GPT classifier (post-LayerNorm causal blocks, pooled at ``<extract>``), every parameter
-    drawn from N(0, 0.5^2) so that the attention is far from uniform."""
+    drawn from N(0, 0.5^2) so that the attention is far from uniform; ``attention="extract"``:
+    GPT-1's read-out of the ``<extract>`` state (the one the decompositions apply to)."""
     from attnmetrics.models.gpt import GPTConfig
     from attnmetrics.models.gpt_classifier import GPTClassifier
 
     torch.manual_seed(seed)
     config = GPTConfig(vocab_size=50, n_layer=layers, d_model=16, n_head=2, context=16, dropout=0.1)
-    model = GPTClassifier(config, num_classes=2, attention="tanh")
+    model = GPTClassifier(config, num_classes=num_classes, attention=attention)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0, 0.5)
@@ -666,7 +667,227 @@ def test_battery_runs_attention_flow_wherever_rollout_applies(family):
     s = registry.Settings(options={name: True for name in BATTERY})
     chosen = {i.name: i for i in registry.chosen(m, s)}
     assert "rollout" in chosen and "attention_flow" in chosen
-    assert not (set(BATTERY) - {"attention_flow"}) & set(chosen)  # the decompositions: BERT-like only
+    # the decompositions: BERT-like and our GPT with its extract read-out only (this one's is tanh)
+    assert not (set(BATTERY) - {"attention_flow"}) & set(chosen)
     torch.testing.assert_close(
         chosen["attention_flow"].compute(m, tokens, lengths, s), attention_flow_reference(m, tokens, lengths)
     )
+
+
+# ---- the decompositions on our GPT classifier (extract read-out) ----------------------------------
+
+#: the decompositions (every method but attention flow, which runs wherever rollout does)
+DECOMPOSITIONS = [name for name in METHODS if name != "attention_flow"]
+
+
+def tiny_extract(layers: int = 3, seed: int = 0, dtype=F64, num_classes: int = 2):
+    return tiny_gpt(layers, seed, dtype, attention="extract", num_classes=num_classes)
+
+
+@pytest.fixture(scope="module")
+def gpt_model():
+    return tiny_extract()
+
+
+@pytest.fixture(scope="module")
+def gpt_inputs():
+    return causal_batch("gpt")
+
+
+@pytest.fixture(scope="module")
+def gpt_references(gpt_model, gpt_inputs):
+    return {name: expected(name, gpt_model, *gpt_inputs) for name in METHODS}
+
+
+def test_supports_our_gpt_with_its_extract_read_out_only(gpt_model):
+    assert supports(gpt_model)
+    assert not supports(tiny_gpt(layers=1))  # the tanh attention head over the real tokens
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_gpt_equals_the_plain_loop_in_float64(name, gpt_model, gpt_inputs, gpt_references):
+    """Ragged rows (row 1: one real token), every chunking: the plain causal loops, each
+    sentence alone, pooled at its <extract>."""
+    tokens, lengths = gpt_inputs
+    want = gpt_references[name]
+    got = METHODS[name](gpt_model, tokens, lengths)
+    assert got.dtype == F64 and got.shape == (6, 8)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    assert float(want[0].std()) > 1e-3 * float(want[0].abs().max())  # something to tell apart
+    assert int(lengths[1]) == 3 and float(got[1, 0]) != 0 and (got[1, 1:] == 0).all()
+    for budget in (1, 20_000):
+        torch.testing.assert_close(
+            METHODS[name](gpt_model, tokens, lengths, memory_budget=budget), want, rtol=1e-10, atol=1e-12
+        )
+
+
+@pytest.mark.parametrize("name", DECOMPOSITIONS)
+def test_gpt_one_layer_and_padding_invariance(name):
+    """One layer at a budget of one byte; each row alone at its own width gives what it gives in
+    the padded batch, whatever the padding's ids."""
+    one = tiny_extract(layers=1, seed=1)
+    tokens, lengths = causal_batch("gpt", rows=4, width=7, seed=1)
+    want = expected(name, one, tokens, lengths)
+    torch.testing.assert_close(METHODS[name](one, tokens, lengths, memory_budget=1), want, rtol=1e-10, atol=1e-12)
+    scrambled = tokens.clone()
+    scrambled[~token_mask(lengths, tokens.shape[1])] = 7
+    together = METHODS[name](one, scrambled, lengths)
+    torch.testing.assert_close(together, want, rtol=1e-10, atol=1e-12)
+    for b in range(tokens.shape[0]):
+        n = int(lengths[b])
+        alone = METHODS[name](one, tokens[b : b + 1, :n], lengths[b : b + 1])
+        torch.testing.assert_close(alone[0], together[b, : n - 1], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", DECOMPOSITIONS)
+def test_gpt_float32(name, gpt_inputs, gpt_references):
+    got = METHODS[name](tiny_extract(dtype=torch.float32), *gpt_inputs)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), gpt_references[name], rtol=2e-4, atol=1e-6)
+
+
+def test_gpt_loop_is_causal_and_checked_against_the_model(gpt_model, gpt_inputs):
+    """The reference's own forward equals our GPT's only with its causal attention: the same loop
+    with every key visible misses the model's states, so the loops' self-checks would catch a
+    decomposition of the wrong attention."""
+    from attnmetrics.testing.reference import _embeddings, _loop_layers, layer_loop
+
+    tokens, lengths = gpt_inputs
+    ids = tokens[0, : int(lengths[0])].tolist()
+    with torch.no_grad():
+        own = gpt_model.gpt(torch.tensor([ids])).hidden[0]
+        for causal in (True, False):
+            x = _embeddings(gpt_model, ids)
+            for layer in _loop_layers(gpt_model):
+                layer["causal"] = causal
+                r = layer_loop(layer, x)
+                if causal:  # no query attends to a later key
+                    assert all(
+                        r["A"][h][i][j] == 0 for h in range(2) for i in range(len(ids)) for j in range(i + 1, len(ids))
+                    )
+                x = r["out"]
+            assert torch.allclose(torch.stack(x), own, rtol=1e-9, atol=1e-9) == causal
+
+
+def test_gpt_shares_sum_to_one_and_later_tokens_take_none(gpt_model, gpt_inputs):
+    """On a causal model a token gets nothing from later ones: ALTI's per-layer matrices are
+    lower-triangular (``T_i(x_j) = 0`` for j > i), and zeroing a later token's values leaves an
+    earlier query's output exactly as it was. Value Zeroing's matrices are row-stochastic, so its
+    pooled (last) row sums to 1 over every position; ALTI's rows sum to 1 but for a row of zeros,
+    which its first position (one contributor, itself) gets where the biases outweigh it
+    (``||y_0||_1 <= ||LN'(b_O) + beta||_1``): that loses only <start>'s own share (nothing else
+    flows through position 0), so with that row set to its one token the row sums to 1 and every
+    other position's share is unchanged."""
+    from attnmetrics.testing.reference import (
+        _embeddings,
+        _loop_layers,
+        _rollout_loop,
+        alti_sentence_matrices,
+        layer_loop,
+    )
+
+    tokens, lengths = gpt_inputs
+    ids = tokens[0].tolist()
+    n = len(ids)
+    with torch.no_grad():
+        row = LOOPS["value_zeroing"](gpt_model, ids)
+        matrices = alti_sentence_matrices(gpt_model, ids)
+        layer, x = _loop_layers(gpt_model)[0], _embeddings(gpt_model, ids)
+        plain, zeroed = layer_loop(layer, x)["out"], layer_loop(layer, x, zeroed=4)["out"]
+    assert abs(sum(row) - 1) < 1e-12
+    assert all(torch.equal(plain[i], zeroed[i]) for i in range(4)) and not torch.equal(plain[4], zeroed[4])
+    for c in matrices:
+        assert all(c[i][j] == 0 for i in range(n) for j in range(i + 1, n))
+        assert all(abs(sum(c[i]) - 1) < 1e-12 or (i == 0 and sum(c[i]) == 0) for i in range(n))
+    assert any(sum(c[0]) == 0 for c in matrices[:-1])  # this model has such a row: the convention is tested
+    alti_row = _rollout_loop(matrices, n - 1)
+    repaired = _rollout_loop([[[1.0] + [0.0] * (n - 1), *c[1:]] for c in matrices], n - 1)
+    assert sum(alti_row) < 1 and abs(sum(repaired) - 1) < 1e-12
+    assert all(abs(a - b) < 1e-14 for a, b in zip(alti_row[1:], repaired[1:]))
+    for name in ("alti", "value_zeroing"):
+        got = METHODS[name](gpt_model, tokens, lengths)
+        assert ((got >= 0) & (got <= 1)).all() and (got.sum(1) < 1).all()
+
+
+def test_gpt_decompx_contributions_sum_to_the_logits(gpt_model, gpt_inputs):
+    """DecompX's completeness on our GPT: no pooler, the decoder on <extract>'s state; every
+    position's contributions (padding 0) sum to the model's logits, in the batch as in the loop."""
+    tokens, lengths = gpt_inputs
+    y = decompx_contributions(gpt_model, tokens, lengths, memory_budget=1)
+    with torch.no_grad():
+        logits, _ = gpt_model(tokens, lengths)
+    torch.testing.assert_close(y.sum(1), logits, rtol=1e-8, atol=1e-8)
+    assert (y[~token_mask(lengths, 9)] == 0).all()
+    n = int(lengths[0])
+    with torch.no_grad():
+        loop = torch.tensor(decompx_sentence_contributions(gpt_model, tokens[0, :n].tolist()), dtype=F64)
+    torch.testing.assert_close(y[0, :n], loop, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("labels", "seed"), [(1, 13), (3, 15)])
+def test_gpt_chefer_and_decompx_explain_the_predicted_class(labels, seed):
+    m = tiny_extract(layers=2, seed=seed, num_classes=labels)
+    tokens, lengths = causal_batch("gpt", rows=8, width=8, seed=3)
+    with torch.no_grad():
+        logits, _ = m(tokens, lengths)
+    predicted = set((logits[:, 0] > 0).long().tolist() if labels == 1 else logits.argmax(1).tolist())
+    assert len(predicted) > 1
+    for name in ("chefer", "decompx"):
+        torch.testing.assert_close(
+            METHODS[name](m, tokens, lengths), expected(name, m, tokens, lengths), rtol=1e-10, atol=1e-12
+        )
+
+
+def test_gpt_chefer_is_the_extract_row_of_the_identity_plus_clipped_products(gpt_model, gpt_inputs):
+    tokens, lengths = gpt_inputs
+    with torch.no_grad():
+        row = LOOPS["chefer"](gpt_model, tokens[0].tolist())
+    assert row[-1] >= 1 and min(row) >= 0  # <extract>'s own relevance, from the identity
+    got = gradient_weighted_rollout(gpt_model, tokens, lengths)
+    assert (got >= 0).all() and (got[0] > 0).any()
+
+
+@pytest.mark.parametrize("name", DECOMPOSITIONS)
+def test_gpt_with_an_attention_head_is_refused_with_the_reason(name, gpt_inputs):
+    """The tanh head's decoder reads an attention-weighted sum of the real tokens' states, not
+    <extract>'s, which the decompositions explain."""
+    with pytest.raises(ValueError, match=f"{FUNCTION.get(name, name)}.*'tanh' attention head.*--attention extract"):
+        METHODS[name](tiny_gpt(layers=1), *gpt_inputs)
+
+
+def test_battery_runs_them_on_our_gpt_with_its_extract_read_out(gpt_model, gpt_inputs, gpt_references):
+    from attnmetrics.app.battery import collect, registry
+
+    tokens, lengths = gpt_inputs
+    s = registry.Settings(options={name: True for name in BATTERY})
+    chosen = {i.name: i for i in registry.chosen(gpt_model, s)}
+    assert set(BATTERY) <= set(chosen)
+    for name in BATTERY:
+        torch.testing.assert_close(chosen[name].compute(gpt_model, tokens, lengths, s), gpt_references[name])
+    chosen_run = dict(experiments=["flip", "kendall", "eraser"], orders=["attention"], progress=False)
+    values, _ = collect(gpt_model, [(0, tokens, lengths)], options={name: True for name in BATTERY}, **chosen_run)
+    for name in BATTERY:
+        assert values[f"kendall/attention vs {name}/tau"].shape == (6,)
+        assert values[f"eraser/{name}/comprehensiveness/aopc"].shape == (6,)
+
+
+def test_gpt_chefer_leaves_no_gradients_and_needs_none_enabled(gpt_inputs, gpt_references):
+    m = tiny_extract()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    with torch.no_grad():
+        got = gradient_weighted_rollout(m, *gpt_inputs)
+    torch.testing.assert_close(got, gpt_references["chefer"], rtol=1e-10, atol=1e-12)
+    assert not got.requires_grad and all(p.grad is None and not p.requires_grad for p in m.parameters())
+    m = tiny_extract()
+    gradient_weighted_rollout(m, *gpt_inputs)
+    assert all(p.grad is None and p.requires_grad for p in m.parameters())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", METHODS)
+def test_gpt_cuda_equals_cpu(name, gpt_inputs, gpt_references):
+    cuda = tiny_extract().cuda()
+    got = METHODS[name](cuda, gpt_inputs[0].cuda(), gpt_inputs[1].cuda())
+    assert got.device.type == "cuda"
+    torch.testing.assert_close(got.cpu(), gpt_references[name], rtol=1e-9, atol=1e-11)

@@ -227,9 +227,9 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
         choices=(ALL, *names),
         metavar="NAME",
         help=f"turn on these optional importances ({', '.join(names)}), or {ALL}: every one that applies to the "
-        "model (the attributions: BERT-like Hugging Face models only; integrated gradients and gradient x input: "
-        "where Captum is installed); with their own flags, those win (e.g. --integrated-gradients STEPS). "
-        "Default: none",
+        "model (the attributions: BERT-like Hugging Face models and our GPT with --attention extract; integrated "
+        "gradients and gradient x input: where Captum is installed); with their own flags, those win (e.g. "
+        "--integrated-gradients STEPS). Default: none",
     )
     p.add_argument(
         "--examples",

@@ -505,12 +505,15 @@ def attention_rollout_reference(attentions, lengths=None, residual=0.5):
 # ---- attention-derived attributions (Kobayashi 2020, GlobEnc, ALTI, Value Zeroing, Chefer 2021) --
 #
 # One sentence at a time, explicit loops over layers, heads and tokens, every state recomputed from
-# a Hugging Face BERT classifier's weights (embeddings included); the loop's forward is checked
-# against the model's own. ``model`` is a protocol model whose ``hf`` is a
-# ``BertForSequenceClassification`` (``attnmetrics.models.hf.HFClassifier``); ``ids`` one
-# sentence's token ids (``[CLS] ... [SEP]``, no padding). Each ``*_sentence_reference`` returns the
-# pooled ([CLS]) position's score of every position (a list of n floats); each ``*_reference``
-# the library's ``[B, T - 1]`` layout (real tokens' scores, [SEP] and padding 0), float64.
+# the model's weights (embeddings included); the loop's forward is checked against the model's own.
+# ``model`` is a protocol model whose ``hf`` is a ``BertForSequenceClassification``
+# (``attnmetrics.models.hf.HFClassifier``), or our GPT classifier (``GPTClassifier``: post-LayerNorm
+# causal blocks, models/gpt.py); ``ids`` one sentence's token ids (``[CLS] ... [SEP]`` or
+# ``<start> ... <extract>``, no padding). The weights are read here from each model's own modules
+# (:func:`_loop_layers`), not through the library's parts. Each ``*_sentence_reference`` returns
+# the pooled position's (``[CLS]``'s; our GPT's ``<extract>``, its last) score of every position (a
+# list of n floats); each ``*_reference`` the library's ``[B, T - lead]`` layout (real tokens'
+# scores, the trailing special token and padding 0), float64.
 
 
 def _loop_tolerance(dtype, float64):
@@ -530,8 +533,17 @@ def _ln_linear(u, ln, s):
     return ln.weight * (u - u.mean()) / s
 
 
-def _embeddings(hf, ids):
-    e = hf.bert.embeddings
+def _is_gpt(model):
+    return getattr(model, "hf", None) is None and hasattr(model, "gpt")
+
+
+def _embeddings(model, ids):
+    """The first layer's input: BERT's embeddings (word + position + token type 0, LayerNorm); our
+    GPT's token + position embeddings (no LayerNorm)."""
+    if _is_gpt(model):
+        g = model.gpt
+        return [g.tokens.weight[t] + g.positions.weight[i] for i, t in enumerate(ids)]
+    e = model.hf.bert.embeddings
     return [
         _layer_norm(
             e.word_embeddings.weight[t] + e.position_embeddings.weight[i] + e.token_type_embeddings.weight[0],
@@ -541,55 +553,123 @@ def _embeddings(hf, ids):
     ]
 
 
-def bert_layer_loop(layer, x, zeroed=None):
-    """One BERT layer on token states ``x`` (a list of [d] vectors), token by token and head by
-    head; ``zeroed``: that token's value vectors set to 0 in every head (Value Zeroing). Returns
-    the attention weights ``A[h][i][j]``, ``f[h][j]`` (value through head h's slice of W_O, b_V in,
-    b_O out), the pre-LayerNorm states, their LayerNorm denominators and the outputs."""
+def _loop_layers(model):
+    """Each layer's weights as plain tensors and modules, read from the model's own attribute paths:
+    ``Wq, bq, Wk, bk, Wv, bv`` ([d, d] out × in, head h the rows h·dh .. (h+1)·dh), ``Wo, bo`` (the
+    attention's output projection), ``ln1``, ``W1, b1, act, W2, b2`` (the feed-forward network),
+    ``ln2``, ``heads`` and ``causal`` (query i sees keys j <= i only). BERT: ``BertLayer``'s
+    ``attention.self.{query,key,value}``, ``attention.output.{dense,LayerNorm}``,
+    ``intermediate.dense``, GELU, ``output.{dense,LayerNorm}``. Our GPT (models/gpt.py ``Block``):
+    one ``attn.qkv`` Linear whose outputs are the queries, keys and values in that order, ``attn.proj``,
+    ``ln_1``, ``mlp.fc``, GELU's tanh approximation, ``mlp.proj``, ``ln_2``; causal."""
     import torch.nn.functional as F
 
-    sa, so = layer.attention.self, layer.attention.output
-    heads, dh, n = sa.num_attention_heads, sa.attention_head_size, len(x)
+    out = []
+    if _is_gpt(model):
+        for block in model.gpt.blocks:
+            attn, mlp = block.attn, block.mlp
+            d = attn.proj.weight.shape[0]
+            W, b = attn.qkv.weight, attn.qkv.bias
+            out.append(
+                dict(
+                    Wq=W[:d], bq=b[:d], Wk=W[d : 2 * d], bk=b[d : 2 * d], Wv=W[2 * d :], bv=b[2 * d :],
+                    Wo=attn.proj.weight, bo=attn.proj.bias, ln1=block.ln_1, W1=mlp.fc.weight, b1=mlp.fc.bias,
+                    act=lambda u: F.gelu(u, approximate="tanh"), W2=mlp.proj.weight, b2=mlp.proj.bias,
+                    ln2=block.ln_2, heads=attn.n_head, causal=True,
+                )
+            )  # fmt: skip
+        return out
+    for layer in model.hf.bert.encoder.layer:
+        sa, so = layer.attention.self, layer.attention.output
+        out.append(
+            dict(
+                Wq=sa.query.weight, bq=sa.query.bias, Wk=sa.key.weight, bk=sa.key.bias, Wv=sa.value.weight,
+                bv=sa.value.bias, Wo=so.dense.weight, bo=so.dense.bias, ln1=so.LayerNorm,
+                W1=layer.intermediate.dense.weight, b1=layer.intermediate.dense.bias, act=F.gelu,
+                W2=layer.output.dense.weight, b2=layer.output.dense.bias, ln2=layer.output.LayerNorm,
+                heads=sa.num_attention_heads, causal=False,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _pooled_position(model, n):
+    """The pooled position of an n-token sentence: ``model.pooled`` (BERT's [CLS], 0; our GPT's
+    <extract>, n - 1), 0 for a model without one."""
+    return int(model.pooled(torch.tensor([n]))[0]) if hasattr(model, "pooled") else 0
+
+
+def _own_outputs(model, ids):
+    """The model's own last states ``[n, d]`` and logits ``[C]`` of one unpadded sentence."""
+    device = next(model.parameters()).device
+    tokens, lengths = torch.tensor([ids], device=device), torch.tensor([len(ids)], device=device)
+    with torch.no_grad():
+        if _is_gpt(model):
+            states = model.gpt(tokens).hidden[0]
+        else:
+            states = model.hf.bert(input_ids=tokens).last_hidden_state[0]
+        return states, model(tokens, lengths)[0][0]
+
+
+def _head_loop(model):
+    """The classification head after the pooled state: (the pooler with ``dense`` and
+    ``activation``, or None; the classifier Linear). BERT: ``hf.bert.pooler``, ``hf.classifier``;
+    our GPT with its extract read-out: no pooler, its ``decoder``."""
+    if _is_gpt(model):
+        return None, model.decoder
+    return model.hf.bert.pooler, model.hf.classifier
+
+
+def layer_loop(layer, x, zeroed=None):
+    """One layer (:func:`_loop_layers`'s weights ``layer``) on token states ``x`` (a list of [d]
+    vectors), token by token and head by head; a causal layer's query i attends to keys j <= i
+    only (the others' weights 0); ``zeroed``: that token's value vectors set to 0 in every head
+    (Value Zeroing). Returns the attention weights ``A[h][i][j]``, ``f[h][j]`` (value through head
+    h's slice of W_O, b_V in, b_O out), the pre-LayerNorm states, their LayerNorm denominators and
+    the outputs."""
+    heads, n = layer["heads"], len(x)
+    dh = layer["Wq"].shape[0] // heads
     A, f = [], []
     for h in range(heads):
         cols = slice(h * dh, (h + 1) * dh)
-        q = [sa.query.weight[cols] @ x[i] + sa.query.bias[cols] for i in range(n)]
-        k = [sa.key.weight[cols] @ x[j] + sa.key.bias[cols] for j in range(n)]
-        v = [sa.value.weight[cols] @ x[j] + sa.value.bias[cols] for j in range(n)]
+        q = [layer["Wq"][cols] @ x[i] + layer["bq"][cols] for i in range(n)]
+        k = [layer["Wk"][cols] @ x[j] + layer["bk"][cols] for j in range(n)]
+        v = [layer["Wv"][cols] @ x[j] + layer["bv"][cols] for j in range(n)]
         if zeroed is not None:
             v[zeroed] = torch.zeros_like(v[zeroed])
         rows = []
         for i in range(n):
-            s = [float(q[i] @ k[j]) / math.sqrt(dh) for j in range(n)]
+            seen = i + 1 if layer["causal"] else n
+            s = [float(q[i] @ k[j]) / math.sqrt(dh) for j in range(seen)]
             top = max(s)
             e = [math.exp(sj - top) for sj in s]
-            rows.append([ej / sum(e) for ej in e])
+            rows.append([ej / sum(e) for ej in e] + [0.0] * (n - seen))
         A.append(rows)
-        f.append([so.dense.weight[:, cols] @ v[j] for j in range(n)])
+        f.append([layer["Wo"][:, cols] @ v[j] for j in range(n)])
     pre1, s1, a, pre2, s2, out = [], [], [], [], [], []
     for i in range(n):
-        p = so.dense.bias + x[i]
+        p = layer["bo"] + x[i]
         for h in range(heads):
             for j in range(n):
                 p = p + A[h][i][j] * f[h][j]
-        ai, si = _layer_norm(p, so.LayerNorm)
-        mid = F.gelu(layer.intermediate.dense.weight @ ai + layer.intermediate.dense.bias)
-        p2 = layer.output.dense.weight @ mid + layer.output.dense.bias + ai
-        oi, s2i = _layer_norm(p2, layer.output.LayerNorm)
+        ai, si = _layer_norm(p, layer["ln1"])
+        mid = layer["act"](layer["W1"] @ ai + layer["b1"])
+        p2 = layer["W2"] @ mid + layer["b2"] + ai
+        oi, s2i = _layer_norm(p2, layer["ln2"])
         pre1.append(p), s1.append(si), a.append(ai), pre2.append(p2), s2.append(s2i), out.append(oi)
     return dict(A=A, f=f, pre1=pre1, s1=s1, a=a, pre2=pre2, s2=s2, out=out)
 
 
-def bert_states_loop(model, ids):
-    """Every layer's input (the embeddings' output first) with :func:`bert_layer_loop`'s results,
-    ``[(x, result), ...]``; the loop's outputs are checked against the model's own forward."""
-    hf, x = model.hf, _embeddings(model.hf, ids)
-    layers = []
-    for layer in hf.bert.encoder.layer:
-        r = bert_layer_loop(layer, x)
-        layers.append((x, r))
+def states_loop(model, ids):
+    """Every layer's weights, its input (the embeddings' output first) and :func:`layer_loop`'s
+    results, ``[(layer, x, result), ...]``; the loop's outputs are checked against the model's own
+    forward."""
+    x, layers = _embeddings(model, ids), []
+    for layer in _loop_layers(model):
+        r = layer_loop(layer, x)
+        layers.append((layer, x, r))
         x = r["out"]
-    own = hf.bert(input_ids=torch.tensor([ids], device=x[0].device), output_hidden_states=True).last_hidden_state[0]
+    own, _ = _own_outputs(model, ids)
     rtol, atol = _loop_tolerance(own.dtype, 1e-9)
     torch.testing.assert_close(torch.stack(x), own, rtol=rtol, atol=atol)
     return layers
@@ -602,21 +682,21 @@ def _mixing(layer_result, x, i, j):
     return z + x[i] if i == j else z
 
 
-def _rollout_loop(matrices):
-    """The pooled ([CLS]) row of C_{L-1} ... C_1 C_0, by plain sums."""
+def _rollout_loop(matrices, p):
+    """The pooled row p of C_{L-1} ... C_1 C_0, by plain sums."""
     n = len(matrices[0])
     rolled = [row[:] for row in matrices[0]]
     for c in matrices[1:]:
         rolled = [[sum(c[i][k] * rolled[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
-    return rolled[0]
+    return rolled[p]
 
 
 def attention_value_norm_sentence_reference(model, ids):
-    """Kobayashi et al. 2020 (sec. 3): ||sum_h A_h[0, j] f_h(x_j)|| in the last layer, per position j."""
-    x, r = bert_states_loop(model, ids)[-1]
-    heads, n = len(r["A"]), len(ids)
+    """Kobayashi et al. 2020 (sec. 3): ||sum_h A_h[p, j] f_h(x_j)|| in the last layer, per position j."""
+    _, x, r = states_loop(model, ids)[-1]
+    heads, n, p = len(r["A"]), len(ids), _pooled_position(model, len(ids))
     return [
-        float(torch.linalg.vector_norm(sum(r["A"][h][0][j] * r["f"][h][j] for h in range(heads)))) for j in range(n)
+        float(torch.linalg.vector_norm(sum(r["A"][h][p][j] * r["f"][h][j] for h in range(heads)))) for j in range(n)
     ]
 
 
@@ -624,8 +704,8 @@ def globenc_sentence_reference(model, ids):
     """GlobEnc (Modarressi et al. 2022, sec. 3): per layer ||LN_2'(LN_1'(z_ij))|| (both LayerNorms'
     linear parts at the token's own denominators), rolled out over the layers."""
     n, matrices = len(ids), []
-    for layer, (x, r) in zip(model.hf.bert.encoder.layer, bert_states_loop(model, ids)):
-        ln1, ln2 = layer.attention.output.LayerNorm, layer.output.LayerNorm
+    for layer, x, r in states_loop(model, ids):
+        ln1, ln2 = layer["ln1"], layer["ln2"]
         matrices.append(
             [
                 [
@@ -639,16 +719,22 @@ def globenc_sentence_reference(model, ids):
                 for i in range(n)
             ]
         )
-    return _rollout_loop(matrices)
+    return _rollout_loop(matrices, _pooled_position(model, n))
 
 
 def alti_sentence_reference(model, ids):
     """ALTI (Ferrando et al. 2022, sec. 3): per layer c_ij = max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1),
-    T_i(x_j) = LN_1'(z_ij), each row normalised to sum 1, rolled out over the layers. Checks that
-    the decomposition is exact on the way."""
+    T_i(x_j) = LN_1'(z_ij), each row normalised to sum 1 (a row of zeros left 0), rolled out over
+    the layers (:func:`alti_sentence_matrices`)."""
+    return _rollout_loop(alti_sentence_matrices(model, ids), _pooled_position(model, len(ids)))
+
+
+def alti_sentence_matrices(model, ids):
+    """ALTI's per-layer matrices of one sentence (:func:`alti_sentence_reference`), ``[L][n][n]``
+    nested lists. Checks that the decomposition is exact on the way."""
     n, matrices = len(ids), []
-    for layer, (x, r) in zip(model.hf.bert.encoder.layer, bert_states_loop(model, ids)):
-        ln, b_o = layer.attention.output.LayerNorm, layer.attention.output.dense.bias
+    for layer, x, r in states_loop(model, ids):
+        ln, b_o = layer["ln1"], layer["bo"]
         rtol, atol = _loop_tolerance(b_o.dtype, 1e-10)
         rows = []
         for i in range(n):
@@ -657,56 +743,61 @@ def alti_sentence_reference(model, ids):
             # the decomposition is exact: y_i = sum_j T_i(x_j) + LN'(b_O) + beta
             torch.testing.assert_close(sum(t) + _ln_linear(b_o, ln, r["s1"][i]) + ln.bias, y, rtol=rtol, atol=atol)
             c = [max(0.0, float(y.abs().sum()) - float((y - t[j]).abs().sum())) for j in range(n)]
-            rows.append([cj / sum(c) for cj in c])
+            # a row of zeros (every distance past ||y_i||_1: on a causal model, the first position, whose
+            # one contributor is itself, when the biases outweigh it) stays 0, as the library's
+            rows.append([cj / sum(c) if sum(c) > 0 else 0.0 for cj in c])
         matrices.append(rows)
-    return _rollout_loop(matrices)
+    return matrices
 
 
 def value_zeroing_sentence_reference(model, ids):
     """Value Zeroing (Mohebbi et al. 2023, sec. 2): per layer and token j, the layer recomputed with
-    j's value vectors zeroed in every head (one recomputation per token, as the authors' loop);
+    j's value vectors zeroed in every head (one recomputation per token, as the authors' loop; a
+    causal layer's attention stays causal, so the queries before j do not change);
     d_ij = max(0, 1 - cos(out_i, out_i with j zeroed)), rows normalised, rolled out over the layers."""
     n, matrices = len(ids), []
-    for layer, (x, r) in zip(model.hf.bert.encoder.layer, bert_states_loop(model, ids)):
+    for layer, x, r in states_loop(model, ids):
         distance = [[0.0] * n for _ in range(n)]
         for j in range(n):
-            changed = bert_layer_loop(layer, x, zeroed=j)["out"]
+            changed = layer_loop(layer, x, zeroed=j)["out"]
             for i in range(n):  # in float64: 1 - cos cancels, float32's rounding would swamp small distances
                 u, w = changed[i].double(), r["out"][i].double()
                 cos = float(u @ w) / float(u.norm() * w.norm())
                 distance[i][j] = max(0.0, 1 - cos)
         matrices.append([[d / sum(row) for d in row] for row in distance])
-    return _rollout_loop(matrices)
+    return _rollout_loop(matrices, _pooled_position(model, n))
 
 
 def _attribution_rows(sentence_reference, model, tokens, lengths):
-    """[B, T - 1] float64: each row's real tokens' scores ([CLS] dropped, [SEP] and padding 0)."""
-    out = torch.zeros(tokens.shape[0], tokens.shape[1] - 1, dtype=torch.float64)
+    """[B, T - lead] float64: each row's real tokens' scores (the lead special token dropped, the
+    trailing one and padding 0)."""
+    lead, trail = model.lead, model.trail
+    out = torch.zeros(tokens.shape[0], tokens.shape[1] - lead, dtype=torch.float64)
     with torch.no_grad():
         for b in range(tokens.shape[0]):
             n = int(lengths[b])
             scores = sentence_reference(model, tokens[b, :n].tolist())
-            out[b, : n - 2] = torch.tensor(scores[1 : n - 1], dtype=torch.float64)
+            out[b, : n - lead - trail] = torch.tensor(scores[lead : n - trail], dtype=torch.float64)
     return out
 
 
 def attention_value_norm_reference(model, tokens, lengths):
-    """:func:`attention_value_norm_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    """:func:`attention_value_norm_sentence_reference` one row at a time, ``[B, T - lead]`` float64."""
     return _attribution_rows(attention_value_norm_sentence_reference, model, tokens, lengths)
 
 
 def globenc_reference(model, tokens, lengths):
-    """:func:`globenc_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    """:func:`globenc_sentence_reference` one row at a time, ``[B, T - lead]`` float64."""
     return _attribution_rows(globenc_sentence_reference, model, tokens, lengths)
 
 
 def alti_reference(model, tokens, lengths):
-    """:func:`alti_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    """:func:`alti_sentence_reference` one row at a time, ``[B, T - lead]`` float64."""
     return _attribution_rows(alti_sentence_reference, model, tokens, lengths)
 
 
 def value_zeroing_reference(model, tokens, lengths):
-    """:func:`value_zeroing_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    """:func:`value_zeroing_sentence_reference` one row at a time, ``[B, T - lead]`` float64."""
     return _attribution_rows(value_zeroing_sentence_reference, model, tokens, lengths)
 
 
@@ -714,34 +805,34 @@ def value_zeroing_reference(model, tokens, lengths):
 
 
 def _differentiable_layer_loop(layer, x):
-    """One BERT layer on token states ``x`` (a list of [d] tensors), head by head and token by
-    token, kept in autograd's graph: (each head's attention probabilities ``A[h]`` [n, n], one
-    tensor a head, the tensors to differentiate with respect to; the outputs, a list of [d])."""
-    import torch.nn.functional as F
-
-    sa, so = layer.attention.self, layer.attention.output
-    heads, dh, n = sa.num_attention_heads, sa.attention_head_size, len(x)
+    """One layer (:func:`_loop_layers`'s weights ``layer``) on token states ``x`` (a list of [d]
+    tensors), head by head and token by token, kept in autograd's graph (a causal layer's scores
+    of later keys set to -inf before the softmax, so their weights are 0): (each head's attention
+    probabilities ``A[h]`` [n, n], one tensor a head, the tensors to differentiate with respect to;
+    the outputs, a list of [d])."""
+    heads, n = layer["heads"], len(x)
+    dh = layer["Wq"].shape[0] // heads
     A, context = [], []
     for h in range(heads):
         cols = slice(h * dh, (h + 1) * dh)
-        q = torch.stack([sa.query.weight[cols] @ x[i] + sa.query.bias[cols] for i in range(n)])
-        k = torch.stack([sa.key.weight[cols] @ x[j] + sa.key.bias[cols] for j in range(n)])
-        v = torch.stack([sa.value.weight[cols] @ x[j] + sa.value.bias[cols] for j in range(n)])
-        a = torch.softmax(q @ k.T / math.sqrt(dh), dim=-1)  # [n, n]: row i, query i's weights
+        q = torch.stack([layer["Wq"][cols] @ x[i] + layer["bq"][cols] for i in range(n)])
+        k = torch.stack([layer["Wk"][cols] @ x[j] + layer["bk"][cols] for j in range(n)])
+        v = torch.stack([layer["Wv"][cols] @ x[j] + layer["bv"][cols] for j in range(n)])
+        scores = q @ k.T / math.sqrt(dh)
+        if layer["causal"]:
+            later = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
+            scores = scores.masked_fill(later, -math.inf)
+        a = torch.softmax(scores, dim=-1)  # [n, n]: row i, query i's weights
         A.append(a)
         context.append([sum(a[i, j] * v[j] for j in range(n)) for i in range(n)])
     out = []
     for i in range(n):
-        p = so.dense.bias + x[i]
+        p = layer["bo"] + x[i]
         for h in range(heads):
-            p = p + so.dense.weight[:, h * dh : (h + 1) * dh] @ context[h][i]
-        ai = _differentiable_layer_norm(p, so.LayerNorm)
-        mid = F.gelu(layer.intermediate.dense.weight @ ai + layer.intermediate.dense.bias)
-        out.append(
-            _differentiable_layer_norm(
-                layer.output.dense.weight @ mid + layer.output.dense.bias + ai, layer.output.LayerNorm
-            )
-        )
+            p = p + layer["Wo"][:, h * dh : (h + 1) * dh] @ context[h][i]
+        ai = _differentiable_layer_norm(p, layer["ln1"])
+        mid = layer["act"](layer["W1"] @ ai + layer["b1"])
+        out.append(_differentiable_layer_norm(layer["W2"] @ mid + layer["b2"] + ai, layer["ln2"]))
     return A, out
 
 
@@ -756,20 +847,20 @@ def gradient_weighted_rollout_sentence_reference(model, ids):
     predicted class's logit with respect to every layer's and head's attention probabilities
     (autograd, this one sentence), then R = I and, layer by layer,
     ``Ā[i][j] = (1/H) sum_h max(0, ∇A_h[i][j] * A_h[i][j])`` and ``R <- R + Ā R`` by plain sums.
-    Returns the [CLS] row of R, every position (a list of n floats; the identity's 1 at [CLS])."""
-    hf = model.hf
+    Returns the pooled row of R (``[CLS]``'s; our GPT's ``<extract>``), every position (a list of n
+    floats; the identity's 1 at the pooled position)."""
+    p = _pooled_position(model, len(ids))
     with torch.enable_grad():
-        x = _embeddings(hf, ids)
+        x = _embeddings(model, ids)
         attention = []
-        for layer in hf.bert.encoder.layer:
+        for layer in _loop_layers(model):
             A, x = _differentiable_layer_loop(layer, x)
             attention.append(A)
-        with torch.no_grad():
-            own = hf(input_ids=torch.tensor([ids], device=x[0].device), output_hidden_states=True)
+        own_states, own_logits = _own_outputs(model, ids)
         rtol, atol = _loop_tolerance(x[0].dtype, 1e-9)
-        torch.testing.assert_close(torch.stack(x), own.hidden_states[-1][0], rtol=rtol, atol=atol)
-        logits = model.decoder(x[0][None])[0]  # the head at [CLS]: pooler, dropout (eval), classifier
-        torch.testing.assert_close(logits, own.logits[0], rtol=rtol, atol=atol)
+        torch.testing.assert_close(torch.stack(x), own_states, rtol=rtol, atol=atol)
+        logits = model.decoder(x[p][None])[0]  # the head at the pooled state (BERT: pooler, dropout (eval), classifier)
+        torch.testing.assert_close(logits, own_logits, rtol=rtol, atol=atol)
         if len(logits) == 1:  # one sigmoid logit z: class 1 when z > 0, whose logit is z; class 0's is -z
             target = logits[0] if float(logits[0].detach()) > 0 else -logits[0]
         else:  # the first largest (ties to the lower class)
@@ -786,11 +877,11 @@ def gradient_weighted_rollout_sentence_reference(model, ids):
         ]
         AR = [[sum(bar[i][k] * R[k][j] for k in range(n)) for j in range(n)] for i in range(n)]
         R = [[R[i][j] + AR[i][j] for j in range(n)] for i in range(n)]
-    return R[0]
+    return R[p]
 
 
 def gradient_weighted_rollout_reference(model, tokens, lengths):
-    """:func:`gradient_weighted_rollout_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    """:func:`gradient_weighted_rollout_sentence_reference` one row at a time, ``[B, T - lead]`` float64."""
     return _attribution_rows(gradient_weighted_rollout_sentence_reference, model, tokens, lengths)
 
 
@@ -816,37 +907,39 @@ def _ratio_loop(act, pre):
 
 def decompx_sentence_contributions(model, ids):
     """DecompX (Modarressi et al. 2023, ACL, sec. 3, eqs. 1-14) for one sentence, from the paper's
-    equations: ``x_{i<-k} = [i = k] x_i`` after the embeddings' LayerNorm; per layer, query i and
-    input token k, the attention terms ``sum_h sum_j A_h[i][j] W_O^h W_V^h x_{j<-k}`` plus their
-    AbsDot share of ``b_Att = sum_h W_O^h b_V^h + b_O``, the residual ``x_{i<-k}``, LayerNorm's
-    ``gamma * (u - mean(u)) / s(i)`` plus the AbsDot share of beta, the feed-forward network
-    (``W_1`` plus AbsDot share of ``b_1``, the activation's ratio ``act(zeta_i) / zeta_i`` at the
-    token's own pre-activation applied to every term, ``W_2`` plus AbsDot share of ``b_2``), the
-    residual and the second LayerNorm; then at [CLS] the pooler (tanh by the same ratio) and the
-    classifier, every bias by AbsDot. Checks on the way that the terms sum to the model's states
-    and logits (the decomposition is exact). Returns ``y[k][c]``, a list of n lists of C floats."""
-    hf, n = model.hf, len(ids)
-    states = bert_states_loop(model, ids)
-    x0 = states[0][0]
+    equations: ``x_{i<-k} = [i = k] x_i`` the first layer's input (BERT: after the embeddings'
+    LayerNorm; our GPT: token + position embeddings); per layer, query i and input token k, the
+    attention terms ``sum_h sum_j A_h[i][j] W_O^h W_V^h x_{j<-k}`` (a causal layer's ``A_h[i][j]``
+    0 for j > i) plus their AbsDot share of ``b_Att = sum_h W_O^h b_V^h + b_O``, the residual
+    ``x_{i<-k}``, LayerNorm's ``gamma * (u - mean(u)) / s(i)`` plus the AbsDot share of beta, the
+    feed-forward network (``W_1`` plus AbsDot share of ``b_1``, the activation's ratio
+    ``act(zeta_i) / zeta_i`` at the token's own pre-activation applied to every term, ``W_2`` plus
+    AbsDot share of ``b_2``), the residual and the second LayerNorm; then at the pooled position p
+    (BERT's [CLS]) the pooler (tanh by the same ratio; our GPT has none: its extract read-out
+    classifies p's state) and the classifier, every bias by AbsDot. Checks on the way that the terms
+    sum to the model's states and logits (the decomposition is exact). Returns ``y[k][c]``, a list
+    of n lists of C floats."""
+    n, p = len(ids), _pooled_position(model, len(ids))
+    states = states_loop(model, ids)
+    x0 = states[0][1]
     zero = torch.zeros_like(x0[0])
     comps = [[x0[i] if i == k else zero for k in range(n)] for i in range(n)]
-    for layer, (_x, r) in zip(hf.bert.encoder.layer, states):
-        sa, so = layer.attention.self, layer.attention.output
-        inner, out = layer.intermediate, layer.output
-        heads, dh = sa.num_attention_heads, sa.attention_head_size
+    for layer, _x, r in states:
+        heads = layer["heads"]
+        dh = layer["Wv"].shape[0] // heads
         rtol, atol = _loop_tolerance(x0[0].dtype, 1e-10)
         # each head's W_O^h W_V^h x_{j<-k} (no bias), for every j and k
         f = [
             [
                 [
-                    so.dense.weight[:, h * dh : (h + 1) * dh] @ (sa.value.weight[h * dh : (h + 1) * dh] @ comps[j][k])
+                    layer["Wo"][:, h * dh : (h + 1) * dh] @ (layer["Wv"][h * dh : (h + 1) * dh] @ comps[j][k])
                     for k in range(n)
                 ]
                 for j in range(n)
             ]
             for h in range(heads)
         ]
-        b_att = so.dense.weight @ sa.value.bias + so.dense.bias
+        b_att = layer["Wo"] @ layer["bv"] + layer["bo"]
         new = []
         for i in range(n):
             z = []
@@ -858,24 +951,26 @@ def decompx_sentence_contributions(model, ids):
                 z.append(zk)
             z = _absdot_loop(z, b_att)  # eqs. 4-6
             z = [z[k] + comps[i][k] for k in range(n)]  # eq. 7, the residual
-            ln1 = so.LayerNorm
+            ln1 = layer["ln1"]
             t = _absdot_loop([_ln_linear(z[k], ln1, r["s1"][i]) for k in range(n)], ln1.bias)  # eq. 8
             torch.testing.assert_close(sum(t), r["a"][i], rtol=rtol, atol=atol)
-            zeta = _absdot_loop([inner.dense.weight @ t[k] for k in range(n)], inner.dense.bias)  # eq. 9
-            theta = _ratio_loop(inner.intermediate_act_fn, inner.dense.weight @ r["a"][i] + inner.dense.bias)
-            g = _absdot_loop([out.dense.weight @ (theta * zeta[k]) for k in range(n)], out.dense.bias)  # eq. 11
-            ln2 = out.LayerNorm
+            zeta = _absdot_loop([layer["W1"] @ t[k] for k in range(n)], layer["b1"])  # eq. 9
+            theta = _ratio_loop(layer["act"], layer["W1"] @ r["a"][i] + layer["b1"])
+            g = _absdot_loop([layer["W2"] @ (theta * zeta[k]) for k in range(n)], layer["b2"])  # eq. 11
+            ln2 = layer["ln2"]
             o = _absdot_loop([_ln_linear(t[k] + g[k], ln2, r["s2"][i]) for k in range(n)], ln2.bias)
             torch.testing.assert_close(sum(o), r["out"][i], rtol=rtol, atol=atol)
             new.append(o)
         comps = new
-    pooler, classifier = hf.bert.pooler, hf.classifier
-    last = states[-1][1]["out"][0]  # [CLS]'s final state
-    q = _absdot_loop([pooler.dense.weight @ comps[0][k] for k in range(n)], pooler.dense.bias)  # eq. 13
-    theta = _ratio_loop(pooler.activation, pooler.dense.weight @ last + pooler.dense.bias)
-    y = _absdot_loop([classifier.weight @ (theta * q[k]) for k in range(n)], classifier.bias)
-    with torch.no_grad():
-        own = hf(input_ids=torch.tensor([ids], device=last.device)).logits[0]
+    pooler, classifier = _head_loop(model)
+    q = comps[p]
+    if pooler is not None:
+        last = states[-1][2]["out"][p]  # the pooled position's final state
+        q = _absdot_loop([pooler.dense.weight @ q[k] for k in range(n)], pooler.dense.bias)  # eq. 13
+        theta = _ratio_loop(pooler.activation, pooler.dense.weight @ last + pooler.dense.bias)
+        q = [theta * q[k] for k in range(n)]
+    y = _absdot_loop([classifier.weight @ q[k] for k in range(n)], classifier.bias)
+    _, own = _own_outputs(model, ids)
     rtol, atol = _loop_tolerance(own.dtype, 1e-10)
     torch.testing.assert_close(sum(y), own, rtol=rtol, atol=atol)  # eq. 14: the terms sum to the logits
     return [[float(v) for v in yk] for yk in y]
@@ -886,9 +981,7 @@ def decompx_sentence_reference(model, ids):
     logit (the first largest logit; one sigmoid logit z: class 1 when z > 0, else class 0 with
     logit -z and contributions -z_k), a list of n floats."""
     y = decompx_sentence_contributions(model, ids)
-    with torch.no_grad():
-        device = model.hf.classifier.weight.device
-        own = model.hf(input_ids=torch.tensor([ids], device=device)).logits[0].tolist()
+    own = _own_outputs(model, ids)[1].tolist()
     if len(own) == 1:
         return [yk[0] if own[0] > 0 else -yk[0] for yk in y]
     c = max(range(len(own)), key=lambda c: (own[c], -c))
@@ -896,7 +989,7 @@ def decompx_sentence_reference(model, ids):
 
 
 def decompx_reference(model, tokens, lengths):
-    """:func:`decompx_sentence_reference` one row at a time, ``[B, T - 1]`` float64."""
+    """:func:`decompx_sentence_reference` one row at a time, ``[B, T - lead]`` float64."""
     return _attribution_rows(decompx_sentence_reference, model, tokens, lengths)
 
 
@@ -906,16 +999,16 @@ def decompx_reference(model, tokens, lengths):
 def _layer_attentions_loop(model, ids):
     """Every layer's attention of one unpadded sentence, ``[L][H][n][n]`` nested lists, from the
     model's ``layer_attentions`` (what attention rollout and ``attention_flow`` read: our GPT
-    classifier, BERT-like and GPT-2-like Hugging Face classifiers); for a BERT-like model checked
-    against :func:`bert_states_loop`'s recomputation from the weights first."""
+    classifier, BERT-like and GPT-2-like Hugging Face classifiers); for a BERT-like model and our GPT checked
+    against :func:`states_loop`'s recomputation from the weights first."""
     device = next(model.parameters()).device
     tokens = torch.tensor([ids], device=device)
     with torch.no_grad():
         probs = model.layer_attentions(tokens, torch.tensor([len(ids)], device=device))[0]
-    if getattr(getattr(model, "hf", None), "bert", None) is not None:
+    if _is_gpt(model) or getattr(getattr(model, "hf", None), "bert", None) is not None:
         with torch.no_grad():
-            states = bert_states_loop(model, ids)
-        loop = torch.stack([torch.tensor(r["A"], dtype=probs.dtype) for _, r in states])
+            states = states_loop(model, ids)
+        loop = torch.stack([torch.tensor(r["A"], dtype=probs.dtype) for _, _, r in states])
         rtol, atol = _loop_tolerance(probs.dtype, 1e-10)
         torch.testing.assert_close(probs.cpu(), loop, rtol=rtol, atol=atol)
     return probs.tolist()

@@ -109,6 +109,22 @@ def test_extract_readout_runs_the_battery_on_the_models_own_attention(pretrained
     assert "Per head" in report and (out / "heads.png").is_file()
 
 
+def test_extract_readout_runs_the_attention_derived_attributions(pretrained, tmp_path):
+    """GPT-1's read-out classifies the <extract> state, which the decompositions explain (issue 28):
+    ``--importances all`` runs them on it; with the tanh head only attention flow applies."""
+    skip = ["--skip", "permutation", "adversarial", "single_removal", "single_token"]
+    decompositions = ("value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx")
+    for attention in ("extract", "tanh"):
+        out = tmp_path / attention
+        argv = ["run", *QUICK_GPT[:-3], *skip, "--pretrained", str(pretrained), "--attention", attention]
+        assert main([*argv, "--importances", "all", "--out", str(out)]) == 0
+        results = json.loads((out / "results.json").read_text())
+        for name in decompositions:
+            assert (f"attention vs {name}" in results["kendall"]) == (attention == "extract"), (attention, name)
+            assert (name in results["eraser"]) == (attention == "extract"), (attention, name)
+        assert "attention vs attention_flow" in results["kendall"]
+
+
 def test_a_truncated_model_pt_is_named_in_one_line(pretrained, tmp_path, capsys):
     # issue 31, unclear errors: a half-truncated GPT model.pt gave "OSError: [Errno 22] Invalid argument"
     import shutil

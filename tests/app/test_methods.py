@@ -227,7 +227,8 @@ def test_importances_all_is_every_optional_one_installed_and_those_that_apply_to
     )
     if captum:
         assert registry.left_out_of_all(("all",)) == []
-    # the attention-derived attributions need a transformer (attention flow any, the rest BERT-like): not a BiLSTM
+    # the attention-derived attributions need a transformer (attention flow any, the rest BERT-like or our GPT
+    # with its extract read-out): not a BiLSTM
     settings = registry.Settings((), everything)
     names = {i.name for i in registry.chosen(toy_model, settings)}
     assert not names & set(ATTRIBUTIONS)

@@ -1,6 +1,6 @@
-"""ALTI (Ferrando et al. 2022) of a BERT-like Hugging Face classifier, with ``--alti``: a Kendall τ
-partner, a flip-search and an ERASER ordering, and a token-view row (not a per-head partner: it mixes
-every layer's heads)."""
+"""ALTI (Ferrando et al. 2022) of a BERT-like Hugging Face classifier or of our GPT classifier with its
+extract read-out (GPT-1's, ``--attention extract``), with ``--alti``: a Kendall τ partner, a flip-search
+and an ERASER ordering, and a token-view row (not a per-head partner: it mixes every layer's heads)."""
 
 from attnmetrics.app.battery.registry import Importance, memory_budget
 from attnmetrics.attributions import alti, supports
@@ -17,8 +17,8 @@ IMPORTANCE = Importance(
         "action": "store_true",
         "default": False,
         "help": "also ALTI (Ferrando et al. 2022: L1-distance contributions of each attention block, LayerNorm "
-        "included, rolled out; BERT-like Hugging Face models only) as a Kendall tau partner, flip-search and "
-        "ERASER ordering, and token-view row",
+        "included, rolled out; BERT-like Hugging Face models and our GPT with --attention extract) as a Kendall tau "
+        "partner, flip-search and ERASER ordering, and token-view row",
     },
     conventions={
         "alti": "Ferrando et al. 2022: per layer max(0, ||y_i||_1 - ||y_i - T_i(x_j)||_1) normalised over j, "

@@ -1,6 +1,7 @@
 """Chefer et al.'s gradient-weighted attention rollout (ICCV 2021) of a BERT-like Hugging Face
-classifier, with ``--chefer``: a Kendall τ partner, a flip-search and an ERASER ordering, and a
-token-view row (not a per-head partner: it mixes every layer's heads)."""
+classifier or of our GPT classifier with its extract read-out (GPT-1's, ``--attention extract``), with
+``--chefer``: a Kendall τ partner, a flip-search and an ERASER ordering, and a token-view row (not a
+per-head partner: it mixes every layer's heads)."""
 
 from attnmetrics.app.battery.registry import Importance, memory_budget
 from attnmetrics.attributions import gradient_weighted_rollout, supports
@@ -18,10 +19,10 @@ IMPORTANCE = Importance(
         "dest": "chefer",
         "action": "store_true",
         "default": False,
-        "help": "also Chefer et al.'s gradient-weighted attention rollout (ICCV 2021: each layer's attention "
-        "times its gradient for the predicted class's logit, clipped at 0, averaged over heads, accumulated as "
-        "R + A R from the identity; BERT-like Hugging Face models only) as a Kendall tau partner, flip-search and "
-        "ERASER ordering, and token-view row",
+        "help": "also Chefer et al.'s gradient-weighted attention rollout (ICCV 2021: each layer's attention times "
+        "its gradient for the predicted class's logit, clipped at 0, averaged over heads, accumulated as R + A R "
+        "from the identity; BERT-like Hugging Face models and our GPT with --attention extract) as a Kendall tau "
+        "partner, flip-search and ERASER ordering, and token-view row",
     },
     conventions={
         "chefer": "Chefer, Gur & Wolf 2021 (ICCV, eqs. 5-6): R = I, per layer R <- R + mean_h[(dy/dA_h * A_h)^+] R, "

@@ -1,6 +1,7 @@
-"""DecompX (Modarressi et al. 2023) of a BERT-like Hugging Face classifier, with ``--decompx``: a
-Kendall τ partner, a flip-search and an ERASER ordering, and a token-view row (not a per-head
-partner: it decomposes every layer, the feed-forward networks and the classification head)."""
+"""DecompX (Modarressi et al. 2023) of a BERT-like Hugging Face classifier or of our GPT classifier with
+its extract read-out (GPT-1's, ``--attention extract``), with ``--decompx``: a Kendall τ partner, a
+flip-search and an ERASER ordering, and a token-view row (not a per-head partner: it decomposes every
+layer, the feed-forward networks and the classification head)."""
 
 from attnmetrics.app.battery.registry import Importance, memory_budget
 from attnmetrics.attributions import decompx, supports
@@ -18,8 +19,8 @@ IMPORTANCE = Importance(
         "default": False,
         "help": "also DecompX (Modarressi et al. 2023: every layer's states decomposed into per-token vectors "
         "propagated through attention, LayerNorm, the feed-forward networks and the classification head, to each "
-        "token's signed contribution to the predicted class's logit; BERT-like Hugging Face models only) as a "
-        "Kendall tau partner, flip-search and ERASER ordering, and token-view row",
+        "token's signed contribution to the predicted class's logit; BERT-like Hugging Face models and our GPT with "
+        "--attention extract) as a Kendall tau partner, flip-search and ERASER ordering, and token-view row",
     },
     conventions={
         "decompx": "Modarressi et al. 2023 (ACL, eqs. 1-14): x_{i<-k} from the embeddings' output, biases split by "

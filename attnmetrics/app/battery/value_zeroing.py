@@ -1,6 +1,7 @@
-"""Value Zeroing (Mohebbi et al. 2023) of a BERT-like Hugging Face classifier, with ``--value-zeroing``:
-a Kendall τ partner, a flip-search and an ERASER ordering, and a token-view row (not a per-head partner:
-it mixes every layer's heads)."""
+"""Value Zeroing (Mohebbi et al. 2023) of a BERT-like Hugging Face classifier or of our GPT classifier
+with its extract read-out (GPT-1's, ``--attention extract``), with ``--value-zeroing``: a Kendall τ
+partner, a flip-search and an ERASER ordering, and a token-view row (not a per-head partner: it mixes
+every layer's heads)."""
 
 from attnmetrics.app.battery.registry import Importance, memory_budget
 from attnmetrics.attributions import supports, value_zeroing
@@ -16,9 +17,9 @@ IMPORTANCE = Importance(
         "dest": "value_zeroing",
         "action": "store_true",
         "default": False,
-        "help": "also Value Zeroing (Mohebbi et al. 2023: cosine distance of each layer's outputs with one "
-        "token's values zeroed, rows normalised, rolled out; BERT-like Hugging Face models only) as a Kendall tau "
-        "partner, flip-search and ERASER ordering, and token-view row",
+        "help": "also Value Zeroing (Mohebbi et al. 2023: cosine distance of each layer's outputs with one token's "
+        "values zeroed, rows normalised, rolled out; BERT-like Hugging Face models and our GPT with --attention "
+        "extract) as a Kendall tau partner, flip-search and ERASER ordering, and token-view row",
     },
     conventions={
         "value_zeroing": "Mohebbi et al. 2023: per layer 1 - cos(h_i, h_i with v(x_j) zeroed in every head), "
