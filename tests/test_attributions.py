@@ -378,6 +378,7 @@ def test_attention_flow_names_a_row_that_is_not_finite(inputs):
         attention_flow(m, *inputs)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", METHODS)
 def test_cuda_equals_cpu(name, model, inputs, references):
@@ -884,6 +885,7 @@ def test_gpt_chefer_leaves_no_gradients_and_needs_none_enabled(gpt_inputs, gpt_r
     assert all(p.grad is None and p.requires_grad for p in m.parameters())
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("name", METHODS)
 def test_gpt_cuda_equals_cpu(name, gpt_inputs, gpt_references):

@@ -28,14 +28,16 @@ sed -e 's|^out = .*|out = "/tmp/methods/gpt"|' -e 's|^pretrained = .*|pretrained
 
 timeout "$(left)" python3 -m attnmetrics sweep "$W/minilm.toml" --data-dir sst="$SST" > "$OUT/minilm-sweep.log" 2>&1 &
 MINILM=$!
-timeout "$(left)" python3 -m attnmetrics pretrain --corpus "$CORPUS" --device cuda --steps "$STEPS" --batch-size 32 \
+timeout $(( $(left) < 130 ? $(left) : 130 )) python3 -m attnmetrics pretrain --corpus "$CORPUS" --device cuda --steps "$STEPS" --batch-size 32 \
   --out "$W/gpt-pre" --no-progress > "$OUT/gpt-pretrain.log" 2>&1
 stamp "GPT pre-training rc=$? $(tail -1 "$OUT/gpt-pretrain.log")"
 timeout "$(left)" python3 -m attnmetrics sweep "$W/gpt.toml" --data-dir sst="$SST" > "$OUT/gpt-sweep.log" 2>&1
 stamp "GPT sweep rc=$? $(tail -1 "$OUT/gpt-sweep.log")"
 wait $MINILM
 stamp "MiniLM sweep rc=$? $(tail -1 "$OUT/minilm-sweep.log")"
-# the sweeps' reports and run folders (less the models' weights) for the repository
-tar czf "$OUT/methods.tgz" -C "$W" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
-  --exclude='*.tokens' minilm gpt gpt-pre 2>> "$OUT/stages.txt"
-stamp "packed $(du -h "$OUT/methods.tgz" | cut -f1)"
+# the sweeps' reports and run folders (less the models' weights), one archive each (16 MiB a file)
+for name in minilm gpt; do
+  tar czf "$OUT/$name.tgz" -C "$W" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+    --exclude='*.tokens' "$name" $([ $name = gpt ] && echo gpt-pre) 2>> "$OUT/stages.txt"
+done
+stamp "packed $(du -h "$OUT"/minilm.tgz "$OUT"/gpt.tgz | cut -f1 | tr '\n' ' ')"
