@@ -13,6 +13,7 @@ the tests' own logic on a machine without a GPU); the GPU-only checks then skip.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -923,6 +924,7 @@ def test_padded_rnn_runs_match_packing_on_the_device(rnn, dtype, monkeypatch):
     training and eval mode, ragged rows with a one-position and a full-width row. (cuDNN copies
     the forward direction's weights each call, with a warning: a cost, not a wrong value.)"""
     import attnmetrics.models.classifier as classifier
+    from attnmetrics._cudnn import eval_mode_backward
 
     torch.manual_seed(0)
     encoder = classifier.LSTMEncoder(6, 5) if rnn is nn.LSTM else classifier.GRUEncoder(6, 5)
@@ -936,11 +938,14 @@ def test_padded_rnn_runs_match_packing_on_the_device(rnn, dtype, monkeypatch):
         encoder.zero_grad()  # before moving: .to() would move the last run's gradients in place
         module = encoder.to(device=device, dtype=dtype)
         xi = x.to(device).detach().clone().requires_grad_(True)
-        out = module(xi, lengths.to(device))
-        (out * torch.linspace(-1, 1, out.numel(), dtype=dtype, device=device).view_as(out)).sum().backward()
+        # in eval mode as the gradient importances differentiate it (cuDNN's RNN backward refuses eval mode)
+        with contextlib.nullcontext() if module.training else eval_mode_backward(module, device):
+            out = module(xi, lengths.to(device))
+            (out * torch.linspace(-1, 1, out.numel(), dtype=dtype, device=device).view_as(out)).sum().backward()
         return [t.detach().cpu().clone() for t in [out, xi.grad, *(p.grad for p in module.parameters())]]
 
-    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-11)
+    # float32: cuDNN's and the CPU's sums in other orders (measured on an H100: 3.4e-5 at most, on a weight's gradient)
+    tol = dict(rtol=1e-3, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-11)
     for mode in ("train", "eval"):
         getattr(encoder, mode)()
         want = run(torch.device("cpu"), False)
