@@ -5,7 +5,9 @@ ERASER's comprehensiveness and sufficiency AOPC, S&S's flip fraction and never-f
 cell a mean over the same instances for all methods with a bootstrap interval over them.
 
 A section of the report built from the other experiments' per-instance values (no step of its own);
-it is written when the run has at least two methods."""
+it is written when the run has at least two methods. In a sweep its cells are rows of the aggregate
+(:func:`statistics`) and each group with them has the table over seeds (:func:`sweep_table`,
+:func:`sweep_lines`), with its intervals resampling seeds, then instances."""
 
 from __future__ import annotations
 
