@@ -15,6 +15,12 @@ Statistical choices (also written into aggregate.json "conventions"):
 - McNemar's exact test (attnmetrics.stats.mcnemar) on per-instance correctness, per seed, for
   every pair of cells that differ only in attention (learned vs ``uniform``, W&P) or regulariser
   (each vs ``none``, T&Š); b01 = instances only the baseline gets right, b10 = only the other.
+- The explanation methods side by side (issue 28; attnmetrics.app.battery.methods.sweep_table): the
+  run's table's cells as rows "methods/METHOD/COLUMN", each seed's per-instance values on that
+  seed's instances common to every method (as the run's table), so the estimate is the mean over
+  seeds of the seeds' table numbers and the interval resamples seeds, then instances; sorted by the
+  comprehensiveness AOPC estimate, and each method against the next in that order: the paired
+  difference of their comprehensiveness AOPC per instance, with the same seeds-then-instances interval.
 - Seed variance (W&P 2019, sec. 3.3) from predictions.npz: base = the group's smallest seed; per
   instance the median over the other seeds of JSD(base attention, seed attention) and the mean TVD
   between the output distributions (attnmetrics.stats.seed_variance).
@@ -32,6 +38,7 @@ import numpy as np
 import torch
 
 from attnmetrics.app.battery import experiments
+from attnmetrics.app.battery.methods import sweep_table as sweep_methods
 from attnmetrics.app.io import read_results, read_status, write_json_atomic, write_parquet_atomic
 from attnmetrics.app.summaries import as_floats, by_max_attention, get, nanmean, stats
 from attnmetrics.app.table import sweep_table
@@ -45,6 +52,10 @@ CONVENTIONS = {
     "ci": "95% percentile bootstrap of the estimate resampling seeds, then instances (one draw for all seeds), "
     "9999 resamples, seed 0; one seed: instances only",
     "mcnemar": "exact, per seed, on per-instance correctness; b01 = only the baseline right, b10 = only the other",
+    "methods": "the run's methods table per group: each cell the mean over seeds of the seed's mean over the "
+    "instances common to every method (as in the run), CI resampling seeds then instances; rows by comprehensiveness "
+    "AOPC estimate, descending; adjacent methods' paired comprehensiveness difference (per instance and seed) with "
+    "the same interval",
     "seed_variance": "base = smallest seed; per instance median JSD(base, seed attention) over the other seeds "
     "(nats) and mean TVD of output distributions",
 }
@@ -107,6 +118,7 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
     preds = [p for _, _, p in members]
     have_preds = all(p is not None for p in preds) and _same_instances(preds)
     out: dict = {"seeds": seeds, "statistics": {}}
+    stacked: dict[str, np.ndarray] = {}  # [seeds, N] per-instance values, by name
     for name in per_cell[0]:
         if not all(name in c for c in per_cell):
             continue
@@ -125,7 +137,7 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
             ci = seed_instance_ci((labels, predicted), lambda y, z, axis=-1: macro_f1(y, z, k, axis))
             entry["instances"] = len(labels)
         elif reducer is not None and all(v is not None for v in values) and len({len(v) for v in values}) == 1:
-            x = np.stack(values)
+            x = stacked[name] = np.stack(values)
             ci = seed_instance_ci(x, reducer)
             entry["instances"] = int(np.isfinite(x).any(0).sum())
         # the estimate is the statistic its interval bootstraps (seeds, then instances, resampled)
@@ -133,6 +145,8 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
         lo, hi = (ci.low, ci.high) if ci else (math.nan, math.nan)
         entry["ci95"] = [lo, hi]
         out["statistics"][name] = entry
+    if methods := sweep_methods(out["statistics"], stacked):
+        out["methods"] = methods
     if len(members) > 1 and have_preds:
         out["seed_variance"] = _seed_variance(preds)
     for key, fn in (("consistent_adversary", _consistent_adversary), ("diagnostic", _diagnostic)):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attnmetrics.app.battery.methods import eraser_figure, sweep_lines
 from attnmetrics.app.figures import bin_labels, by_bins, save_figure, subplots, tvd_vs_jsd, violins
 from attnmetrics.app.io import write_text_atomic
 from attnmetrics.app.markdown import fmt, table
@@ -181,7 +182,8 @@ def render_sweep(agg: dict, folder: str | Path) -> Path:
     then one section per paper (each left out when the sweep has nothing for it)."""
     folder = Path(folder)
     lines = _overview(agg)
-    for section in (_models_section, _gpt_section, _jw_section, _ss_section, _wp_section, _ts_section):
+    sections = (_models_section, _gpt_section, _jw_section, _ss_section, _methods_section, _wp_section, _ts_section)
+    for section in sections:
         lines += section(agg, folder)
     path = folder / "report.md"
     write_text_atomic(path, "\n".join(lines))
@@ -253,6 +255,34 @@ def _ss_section(agg: dict, folder: Path) -> list[str]:
         "",
         table(rows, STAT_HEADERS),
         "",
+    ]
+
+
+def _methods_section(agg: dict, folder: Path) -> list[str]:
+    """The run's "explanation methods side by side" table per group that has one (aggregate's
+    ``methods``), its figure, and the adjacent methods' paired comprehensiveness differences."""
+    parts = []
+    for g, v in agg["groups"].items():
+        if s := v.get("methods"):
+            parts += sweep_lines(g, s, len(v["seeds"]))
+            title = f"{g}: ERASER ({100 * s['confidence']:g} % CI, seeds then instances)"
+            if name := eraser_figure(s, folder / f"methods_{_slug(g)}.png", title):
+                parts += [f"![methods {g}]({name})", ""]
+    if not parts:
+        return []
+    return [
+        "## The explanation methods side by side",
+        "",
+        "The run's table of the importance orderings per group, **sorted by the comprehensiveness AOPC estimate, "
+        "descending** (the most faithful by ERASER first): τ with leave-one-out, comprehensiveness (higher: more "
+        "faithful) and sufficiency (lower: more faithful) AOPC, the flip fraction (lower: more faithful) and the "
+        "never-flip share, each measured in every seed on that seed's instances common to every method, as in the "
+        "run. Estimate: the mean over seeds of the seeds' table numbers; in brackets its 95 % percentile bootstrap "
+        "interval resampling the seeds, then the instances (the methods paired: one draw for all); seeds: those "
+        "with a number. Below each table every method against the next in that order: the difference of their "
+        "comprehensiveness AOPC per instance and seed, its estimate and the same seeds-then-instances interval.",
+        "",
+        *parts,
     ]
 
 

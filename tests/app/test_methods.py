@@ -270,3 +270,76 @@ def test_the_report_renders_the_section_and_its_figure(tmp_path):
     assert first.split("|")[5].strip() == "–"
     del results["methods"]
     assert "side by side" not in render(results, tmp_path).read_text()
+
+
+# a sweep's table (issues 28, 29): the cells' per-instance values over seeds
+
+
+def seed_results(seed: int, n: int = 40) -> tuple[dict, dict]:
+    """A results.json as a run writes it (null for NaN) from :func:`synthetic`'s values of one
+    seed, and :func:`plain_table` of those values (the loops' numbers, independent of the code)."""
+    x = synthetic(n=n, seed=seed)
+    kendall, eraser, flip, lengths = as_instances(x)
+    inst = {
+        "lengths": lengths,
+        "kendall": {pair: {"tau": tau} for pair, tau in kendall.items()},
+        "eraser": {name: {metric: {"aopc": v} for metric, v in m.items()} for name, m in eraser.items()},
+        "flip": flip,
+    }
+    results = {"instances": inst, "methods": method_table(x, x["lengths"])}
+    return json.loads(json.dumps(results).replace("NaN", "null")), plain_table(kendall, eraser, flip, lengths)
+
+
+def test_a_sweep_groups_table_is_the_mean_over_seeds_of_the_seeds_tables_with_paired_differences(tmp_path):
+    from attnmetrics.app.aggregate import aggregate_group
+    from attnmetrics.app.battery.methods import COLUMNS
+    from attnmetrics.app.sweep_report import render_sweep
+    from tests.app.test_aggregate import _loop_seed_instance_ci
+
+    seeds = (0, 1, 2)
+    cells = [seed_results(s) for s in seeds]
+    group = aggregate_group([(s, results, None) for s, (results, _) in zip(seeds, cells)])
+    stats = group["statistics"]
+    plains = [plain for _, plain in cells]
+    expected = {f"methods/{m}/{COLUMNS[c]}": (m, c) for m, columns in plains[0].items() for c in columns}
+    assert {k for k in stats if k.startswith("methods/")} == set(expected)
+    for name, (m, c) in expected.items():
+        s = stats[name]
+        per_seed = [plain[m][c] for plain in plains]  # each seed's mean over its own common instances
+        assert s["section"] == "methods" and s["seeds"] == 3
+        assert [s["per_seed"][str(k)] for k in seeds] == pytest.approx(per_seed, abs=1e-12), name
+        assert s["estimate"] == pytest.approx(np.mean(per_seed), abs=1e-12), name
+        assert s["ci95"][0] <= s["estimate"] <= s["ci95"][1], name
+    table = group["methods"]
+    order = [r["method"] for r in table["methods"]]
+    estimates = [r["comprehensiveness"]["mean"] for r in table["methods"]]
+    assert estimates == sorted(estimates, reverse=True) and len(order) == 5
+    assert table["baseline"]["random"]["sufficiency"]["mean"] == pytest.approx(
+        np.mean([p["random"]["sufficiency"] for p in plains])
+    )
+    # adjacent methods' paired comprehensiveness difference: per instance on each seed's ERASER
+    # rows (those where every ordering has both AOPCs), by loops; its interval by a plain
+    # two-level resampling loop (seeds, then instances)
+    pairs = table["paired"]["pairs"]
+    assert [(p["a"], p["b"]) for p in pairs] == list(zip(order, order[1:]))
+    for p in pairs:
+        diff = np.full((3, 40), np.nan)
+        for k, (results, _) in enumerate(cells):
+            eraser = results["instances"]["eraser"]
+            rows = [i for i in range(40) if all(v["aopc"][i] is not None for e in eraser.values() for v in e.values())]
+            for i in rows:
+                a, b = (eraser[m]["comprehensiveness"]["aopc"][i] for m in (p["a"], p["b"]))
+                diff[k, i] = a - b
+        estimate, low, high = _loop_seed_instance_ci(diff, np.nanmean, 9999)
+        comp = {r["method"]: r["comprehensiveness"]["mean"] for r in table["methods"]}
+        assert p["mean"] == pytest.approx(estimate, abs=1e-12) == pytest.approx(comp[p["a"]] - comp[p["b"]])
+        np.testing.assert_allclose(p["ci95"], [low, high], atol=0.05 * (high - low))
+        assert p["excludes_zero"] == (low > 0 or high < 0)
+    # the report's section: the table in that order, the pairs, the figure
+    agg = {"groups": {"g/sst-hf": {**group, "grid": "g", "axes": {}, "model": {}}}, "paired_tests": [], "cells": {}}
+    report = render_sweep(agg, tmp_path).read_text()
+    part = report.split("## The explanation methods side by side")[1].split("\n## ")[0]
+    rows = [line.split("|")[1].strip() for line in part.splitlines() if line.startswith("| ")]
+    assert rows[1 : 1 + len(order) + 1] == [*order, "random (baseline)"]
+    assert "**g/sst-hf** (3 seeds)" in part and f"| {order[0]} − {order[1]} " in part
+    assert "Intervals that exclude 0:" in part and (tmp_path / "methods_g_sst-hf.png").stat().st_size > 0

@@ -179,6 +179,17 @@ seeds = [0, 1]
 """
 
 
+def outside(group: dict) -> list[str]:
+    """The aggregate group's rows (the methods table's and its paired differences included)
+    whose estimate lies outside its own interval (issue 29: the interval bootstraps that estimate)."""
+    rows = [(name, st["estimate"], st["ci95"]) for name, st in group["statistics"].items()]
+    rows += [
+        (f"{p['a']} - {p['b']}", p["mean"], p["ci95"])
+        for p in group.get("methods", {}).get("paired", {}).get("pairs", [])
+    ]
+    return [name for name, est, (lo, hi) in rows if lo is not None and np.isfinite(lo) and not lo <= est <= hi]
+
+
 def _recorded_done(out, cell: str) -> bool:
     try:
         return json.loads((out / "status.json").read_text())["cells"][cell]["state"] == "done"
@@ -221,12 +232,8 @@ def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, caps
     assert group["seeds"] == [0, 1] and "seed_variance" in group
     assert group["statistics"]["test accuracy"]["seeds"] == 2
     # issue 29: every row's estimate lies inside its own interval (the interval bootstraps that estimate)
-    outside = [
-        name
-        for name, st in group["statistics"].items()
-        if np.isfinite(st["ci95"][0]) and not st["ci95"][0] <= st["estimate"] <= st["ci95"][1]
-    ]
-    assert not outside and sum(np.isfinite(st["ci95"][0]) for st in group["statistics"].values()) > 10
+    assert not outside(group) and sum(np.isfinite(st["ci95"][0]) for st in group["statistics"].values()) > 10
+    assert any(name.startswith("methods/attention/") for name in group["statistics"])  # the methods rows too
     report = (out / "report.md").read_text()
     assert "Jain & Wallace" in report and "Seed variance" in report
     # one table of every cell's instances; docs/usage.md's pandas query gives the report's per-seed τ
@@ -418,3 +425,63 @@ def test_a_sweep_into_an_unwritable_folder_is_refused_in_one_line(tmp_path, caps
             err = capsys.readouterr().err
             assert len(err.strip().splitlines()) == 1, err
             assert f"--out {out} cannot be written (Permission denied: {out}" in err, err
+
+
+def test_a_transformer_sweep_reports_the_methods_table_over_seeds(tmp_path):
+    """Issues 28, 29: two seeds of a tiny BERT with --importances; the aggregate has every method's
+    row of the run's table in both seeds, its estimate the mean over seeds of the seeds' tables
+    (recomputed here by loops from the cells' per-instance values), and the report the section."""
+    pytest.importorskip("transformers")
+    from attnmetrics.app.battery.methods import COLUMNS
+    from tests.app.test_hf_run import tiny_bert
+    from tests.app.test_methods import plain_table
+
+    checkpoint = tiny_bert(tmp_path / "bert", initializer_range=0.1)  # see test_hf_run: the orderings differ
+    text = f"""
+[sweep]
+data_dirs = {{ sst = "{SST_SAMPLE}" }}
+[defaults]
+threads = 1
+[[grid]]
+name = "m"
+datasets = ["sst"]
+seeds = [0, 1]
+model = "hf:{checkpoint}"
+epochs = 1
+limit = 40
+importances = ["alti", "value_norm"]
+skip = ["permutation", "adversarial", "single_removal", "single_token"]
+examples = 0
+"""
+    config, out = _config(tmp_path, text), tmp_path / "sweep"
+    assert main(["sweep", str(config), "--out", str(out), "--jobs", "1", "--no-progress"]) == 0
+    agg = json.loads((out / "aggregate.json").read_text())
+    ((name, group),) = agg["groups"].items()
+    assert group["seeds"] == [0, 1] and not outside(group)
+    stats = group["statistics"]
+    plains = []
+    for seed in (0, 1):
+        (cell,) = (out / "m").glob(f"*-s{seed}")
+        results = json.loads((cell / "results.json").read_text())
+        inst = results["instances"]
+        eraser = {k: {m: w["aopc"] for m, w in v.items()} for k, v in inst["eraser"].items()}
+        plain = plain_table({k: v["tau"] for k, v in inst["kendall"].items()}, eraser, inst["flip"], inst["lengths"])
+        plains.append(plain)
+        assert {"attention", "gradient", "loo", "rollout", "alti", "value_norm"} <= set(plain)
+        for method, columns in plain.items():  # every method's every column, in each seed
+            for column, value in columns.items():
+                row = stats[f"methods/{method}/{COLUMNS[column]}"]
+                assert row["seeds"] == 2 and row["per_seed"][str(seed)] == pytest.approx(value, abs=1e-12)
+    # the estimate: the mean over seeds of each seed's mean over its common instances (loops, not the code)
+    for method, column in (("alti", "comprehensiveness"), ("value_norm", "sufficiency"), ("rollout", "tau_loo")):
+        row = stats[f"methods/{method}/{COLUMNS[column]}"]
+        assert row["estimate"] == pytest.approx(np.mean([p[method][column] for p in plains]), abs=1e-12)
+        assert row["ci95"][0] <= row["estimate"] <= row["ci95"][1]
+    order = [r["method"] for r in group["methods"]["methods"]]
+    assert set(order) == set(plains[0]) - {"random"}
+    report = (out / "report.md").read_text()
+    part = report.split("## The explanation methods side by side")[1].split("\n## ")[0]
+    assert f"**{name}** (2 seeds)" in part and "Intervals that exclude 0:" in part
+    rows = [line.split("|")[1].strip() for line in part.splitlines() if line.startswith("| ")]
+    assert rows[1 : len(order) + 1] == order
+    assert (out / f"methods_{name.replace('/', '_')}.png").stat().st_size > 0
