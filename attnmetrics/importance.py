@@ -72,6 +72,9 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
 #: the most integration points: Captum's Gauss-Legendre nodes cost O(steps^3) to compute (20,000:
 #: a quarter of an hour) and every point is a forward and backward pass (Captum's default: 50)
 MAX_IG_STEPS = 1000
+#: on a GPU, the positions (rows x width) one forward of integrated gradients holds: rows sorted
+#: by length in groups cut to their longest, each forward as many rows of a group's steps as fit
+IG_GPU_POSITIONS = 16384
 
 
 def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, steps: int = 50) -> Tensor:
@@ -92,9 +95,11 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
         lengths: [B] integer positions per row, special tokens included, in
             ``[lead + trail, T]``.
         steps: integration points (>= 1; Captum's default 50). Each runs the model forward
-            and backward on the batch, so memory stays that of one batch: on a GPU the padded
-            batch, one step a forward; on the CPU the rows of one length at a time, cut to it
-            (no padding computed), as many steps a forward as keep it within the batch's rows.
+            and backward on the rows. On a GPU the rows run sorted by length, in groups cut to
+            their longest, each forward holding at most :data:`IG_GPU_POSITIONS` positions of a
+            group's rows and steps (few large calls, little padding); on the CPU the rows of one
+            length at a time, cut to it (no padding computed), as many steps a forward as keep
+            it within the batch's rows.
 
     Returns:
         [B, T - lead] importance in the embeddings' float dtype, laid out as
@@ -112,30 +117,38 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_IG_STEPS:
         raise ValueError(f"steps must be an int >= 1 and <= {MAX_IG_STEPS}, got {steps!r}")
 
-    from attnmetrics.loo import padded_calls
+    from attnmetrics.loo import _length_groups, padded_calls
 
     def attribute(probability, embedded, real, target, lengths):
         method = IntegratedGradients(probability)
 
-        def rows(x, real, target, lengths):
+        def rows(group, width, per_forward):
+            x = embedded[group, :width]
             return method.attribute(
                 x,
-                baselines=x.masked_fill(real.unsqueeze(-1), 0),
-                target=target,
-                additional_forward_args=(lengths,),
+                baselines=x.masked_fill(real[group, :width].unsqueeze(-1), 0),
+                target=target[group],
+                additional_forward_args=(lengths[group],),
                 n_steps=steps,
-                # at most as many rows a forward as the batch has: memory as for one gradient
-                internal_batch_size=embedded.shape[0],
+                internal_batch_size=per_forward,
             )
 
-        if padded_calls(embedded.device):
-            return rows(embedded, real, target, lengths)
-        # On the CPU a forward's cost follows its positions: rows of one length at a time, cut
-        # to it, compute no padding (each call's forwards hold several steps of its rows).
         out = torch.zeros_like(embedded)
+        if padded_calls(embedded.device):
+            # A GPU call's cost is mostly its launch: few large calls of rows sorted by length
+            # (little padding), each cut to its group's longest row (one read of the lengths).
+            order = torch.argsort(lengths, stable=True)
+            widths = lengths[order].tolist()
+            for s, e in _length_groups([1] * len(widths), widths, 1, IG_GPU_POSITIONS, same_width=False):
+                width = widths[e - 1]
+                out[order[s:e], :width] = rows(order[s:e], width, max(1, IG_GPU_POSITIONS // width))
+            return out
+        # On the CPU a forward's cost follows its positions: rows of one length at a time, cut
+        # to it, compute no padding (each call's forwards hold several steps of its rows, at most
+        # as many rows as the batch has: memory as for one gradient).
         for n in lengths.unique().tolist():
             group = torch.nonzero(lengths == n).squeeze(1)
-            out[group, :n] = rows(embedded[group, :n], real[group, :n], target[group], lengths[group])
+            out[group, :n] = rows(group, n, embedded.shape[0])
         return out
 
     return _captum_importance(model, tokens, lengths, attribute, "integrated gradients")

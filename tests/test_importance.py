@@ -152,10 +152,20 @@ def integrated_gradients_loop(model, tokens, lengths, steps):
 
 @pytest.mark.parametrize("classes", [1, 3])
 @pytest.mark.parametrize("steps", [1, 7, 50])
-def test_integrated_gradients_match_the_definition(classes, steps):
+@pytest.mark.parametrize("positions", [None, 1, 12, 10**6], ids=["exact-lengths", "p1", "p12", "p1e6"])
+def test_integrated_gradients_match_the_definition(classes, steps, positions, monkeypatch):
+    """Both ways of grouping rows: the CPU's exact-length calls, and (``positions``) the GPU's
+    padded groups of rows sorted by length, here on the CPU, at most that many positions a
+    forward (1: one row a forward, 12: several groups and several rows a forward, 10**6: one
+    group and one forward for all)."""
     pytest.importorskip("captum.attr", reason="integrated gradients come from Captum (optional)")
+    import attnmetrics.importance
+    import attnmetrics.loo
     from attnmetrics.importance import integrated_gradients
 
+    if positions is not None:
+        monkeypatch.setattr(attnmetrics.loo, "padded_calls", lambda device: True)
+        monkeypatch.setattr(attnmetrics.importance, "IG_GPU_POSITIONS", positions)
     model = ToyClassifier(classes=classes)
     tokens, lengths = toy_batch()
     got = integrated_gradients(model, tokens, lengths, steps=steps)
