@@ -334,6 +334,40 @@ def _minilm_table() -> dict[str, Quote]:
     return s
 
 
+#: the methods tables over three seeds (sweeps on an H100): key prefix -> (aggregate.json, group)
+METHOD_SWEEPS = {
+    "minilm3": ("reports/minilm-methods/aggregate.json", "minilm/sst-lstm-tanh"),
+    "gpt3": ("reports/gpt-methods/aggregate.json", "gpt-extract/sst-gpt-extract"),
+}
+METHOD_SWEEP_NAMES = (
+    "attention", "gradient", "loo", "rollout", "ig", "input_x_gradient", "value_norm", "globenc", "alti",
+    "value_zeroing", "chefer", "decompx", "attention_flow",
+)  # fmt: skip
+
+
+def _method_sweeps() -> dict[str, Quote]:
+    """The MiniLM and GPT methods tables over three seeds (docs/results.md; the README's
+    rankings): ``PREFIX.METHOD.COLUMN`` (``.ci``: "mean [low, high]"), the test accuracy, and
+    ``PREFIX.diff.A.B`` the paired comprehensiveness difference of adjacent methods."""
+    s: dict[str, Quote] = {}
+    for prefix, (file, group) in METHOD_SWEEPS.items():
+        acc = ("groups", group, "statistics", "test accuracy")
+        s[f"{prefix}.accuracy"] = one(".3f", file, *acc, "estimate")
+        s[f"{prefix}.accuracy.ci"] = Quote(
+            "{:.3f} [{:.3f}, {:.3f}]", tuple(Value(file, (*acc, *k)) for k in (("estimate",), ("ci95", 0), ("ci95", 1)))
+        )
+        table = ("groups", group, "methods")
+        cells = [((*table, "methods", {"method": m}, c), f"{m}.{c}") for m in METHOD_SWEEP_NAMES for c in MINILM_COLUMNS]
+        cells += [((*table, "baseline", "random", c), f"random.{c}") for c in ("comprehensiveness", "sufficiency")]
+        for at, name in cells:
+            if name.split(".")[0] in MINILM_EMPTY and name.split(".")[1] in MINILM_EMPTY[name.split(".")[0]]:
+                continue
+            mean, lo, hi = Value(file, (*at, "mean")), Value(file, (*at, "ci95", 0)), Value(file, (*at, "ci95", 1))
+            s[f"{prefix}.{name}"] = Quote("{:.3f}", (mean,), minus="−")
+            s[f"{prefix}.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", (mean, lo, hi), minus="−")
+    return s
+
+
 def _sweep() -> dict[str, Quote]:
     """The target sweep's aggregate (docs/results.md, "The target sweep")."""
     s: dict[str, Quote] = {}
@@ -613,6 +647,7 @@ SOURCES: dict[str, Quote] = _sources(
     _gpu_check(),
     _gpu_check_earlier(),
     _minilm_table(),
+    _method_sweeps(),
     _sweep(),
     _gpt1(),
     _single_runs(),

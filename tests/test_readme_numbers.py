@@ -167,14 +167,14 @@ def test_the_command_line_on_a_copy_of_the_readme(tmp_path, capsys):
     for file in {v.file for q in rn.SOURCES.values() for v in q.values}:
         (tmp_path / file).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / file, tmp_path / file)
-    marker = "<!-- n:minilm.alti.comprehensiveness -->"
-    assert original.count(marker + "0.252<") == 1
-    drifted = original.replace(marker + "0.252<", marker + "0.253<")
+    marker = "<!-- n:minilm3.alti.comprehensiveness -->"
+    assert original.count(marker + "0.263<") == 1
+    drifted = original.replace(marker + "0.263<", marker + "0.264<")
     (tmp_path / "README.md").write_text(drifted, encoding="utf-8")
 
     assert rn.main(["--root", str(tmp_path), "README.md", "--check"]) == 1
     err = capsys.readouterr().err
-    assert "minilm.alti.comprehensiveness: quoted '0.253'" in err and "gives '0.252'" in err
+    assert "minilm3.alti.comprehensiveness: quoted '0.264'" in err and "gives '0.263'" in err
     assert (tmp_path / "README.md").read_text(encoding="utf-8") == drifted
 
     assert rn.main(["--root", str(tmp_path), "README.md"]) == 0
