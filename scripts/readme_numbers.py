@@ -368,6 +368,26 @@ def _method_sweeps() -> dict[str, Quote]:
     return s
 
 
+def _jw_encoders() -> dict[str, Quote]:
+    """J&W's CNN + tanh and BiLSTM + dot over three seeds (docs/results.md, J&W's protocol):
+    ``jw3.MODEL.STATISTIC.ci`` quotes "estimate [low, high]"."""
+    file = "reports/jw-encoders/aggregate.json"
+    s: dict[str, Quote] = {}
+    for model, group in (("cnn", "cnn/sst-cnn-tanh"), ("dot", "dot/sst-lstm-dot")):
+        for name, statistic in (
+            ("tau_ag", "τ attention vs gradient"),
+            ("tau_al", "τ attention vs loo"),
+            ("tau_gl", "τ gradient vs loo"),
+            ("accuracy", "test accuracy"),
+            ("permutation", "permutation median TVD"),
+        ):
+            at = ("groups", group, "statistics", statistic)
+            values = tuple(Value(file, (*at, *k)) for k in (("estimate",), ("ci95", 0), ("ci95", 1)))
+            s[f"jw3.{model}.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", values)
+            s[f"jw3.{model}.{name}"] = Quote("{:.3f}", values[:1])
+    return s
+
+
 def _sweep() -> dict[str, Quote]:
     """The target sweep's aggregate (docs/results.md, "The target sweep")."""
     s: dict[str, Quote] = {}
@@ -648,6 +668,7 @@ SOURCES: dict[str, Quote] = _sources(
     _gpu_check_earlier(),
     _minilm_table(),
     _method_sweeps(),
+    _jw_encoders(),
     _sweep(),
     _gpt1(),
     _single_runs(),
