@@ -357,7 +357,9 @@ def _method_sweeps() -> dict[str, Quote]:
             "{:.3f} [{:.3f}, {:.3f}]", tuple(Value(file, (*acc, *k)) for k in (("estimate",), ("ci95", 0), ("ci95", 1)))
         )
         table = ("groups", group, "methods")
-        cells = [((*table, "methods", {"method": m}, c), f"{m}.{c}") for m in METHOD_SWEEP_NAMES for c in MINILM_COLUMNS]
+        cells = [
+            ((*table, "methods", {"method": m}, c), f"{m}.{c}") for m in METHOD_SWEEP_NAMES for c in MINILM_COLUMNS
+        ]
         cells += [((*table, "baseline", "random", c), f"random.{c}") for c in ("comprehensiveness", "sufficiency")]
         for at, name in cells:
             if name.split(".")[0] in MINILM_EMPTY and name.split(".")[1] in MINILM_EMPTY[name.split(".")[0]]:
