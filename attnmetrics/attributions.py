@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
 from attnmetrics.outputs import decision
-from attnmetrics.protocol import eval_mode, token_mask
+from attnmetrics.protocol import EXTRACT_READOUT, causal_mask, eval_mode, token_mask
 
 #: the layer parts every method reads of a BERT-like model (BertLayer's attribute paths)
 _PARTS = (
@@ -179,23 +179,28 @@ def _gpt_parts(block: nn.Module) -> LayerParts:
     )
 
 
-def _gpt_blocks(model, method: str) -> nn.ModuleList | None:
-    """Our GPT classifier's blocks (None for any other model), or a ValueError where its read-out
-    is not the pooled position's state."""
-    from attnmetrics.models.gpt import GPT, Block
-    from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier
+#: the parts of our GPT's block (models/gpt.py ``Block``) the methods read, by attribute path
+_GPT_PARTS = ("attn.qkv", "attn.proj", "ln_1", "mlp.fc", "mlp.proj", "ln_2")
 
-    if not isinstance(model, GPTClassifier) or not isinstance(model.gpt, GPT):
+
+def _gpt_blocks(model, method: str) -> nn.ModuleList | None:
+    """Our GPT classifier's blocks (None for a model without ``model.gpt.blocks``), or a
+    ValueError where its read-out is not the pooled position's state or a block lacks the parts
+    the methods read. By structure, not by class (the core imports no model): a GPT classifier
+    (``models/gpt_classifier.py``) has ``attention_name``, ``gpt.blocks`` of post-LayerNorm
+    ``Block`` s (``block(x, causal_mask) -> (x, probabilities)``) and ``embed``."""
+    blocks = getattr(getattr(model, "gpt", None), "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
         return None
-    if model.attention_name != EXTRACT_READOUT or model.attention is not None:
+    name = getattr(model, "attention_name", None)
+    if name != EXTRACT_READOUT or getattr(model, "attention", None) is not None:
         raise ValueError(
             f"{method} explains the pooled position's (<extract>'s) last state, which this GPT classifier's "
-            f"{model.attention_name!r} attention head does not classify from (its decoder reads an attention-weighted "
+            f"{name!r} attention head does not classify from (its decoder reads an attention-weighted "
             "sum of the real tokens' last states, <extract> not among them): it applies to a GPT classifier with "
             f"GPT-1's read-out, --attention {EXTRACT_READOUT}"
         )
-    blocks = model.gpt.blocks
-    if len(blocks) == 0 or not all(type(block) is Block for block in blocks):
+    if len(blocks) == 0 or not all(_has(block, part) for block in blocks for part in _GPT_PARTS):
         raise ValueError(f"{method}: {type(model).__name__}'s blocks are not models/gpt.py's post-LayerNorm Block")
     return blocks
 
@@ -251,8 +256,6 @@ class _Trace:
             self._bert(model, stack.modules, tokens, lengths, method, gradients)
 
     def _gpt(self, model, blocks: nn.ModuleList, tokens: Tensor, lengths: Tensor, gradients: bool):
-        from attnmetrics.models.gpt import causal_mask
-
         mask = causal_mask(lengths, tokens.shape[1])
         x = model.embed(tokens)  # token + position embeddings (dropout off in eval mode)
         if gradients:

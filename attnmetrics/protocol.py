@@ -160,6 +160,20 @@ def token_mask(lengths: Tensor, width: int, lead: int = 0, trail: int = 0) -> Te
     return (t >= lead) & (t < (lengths - trail)[:, None])
 
 
+def causal_mask(lengths: Tensor, T: int) -> Tensor:
+    """lengths [B] -> mask [B, 1, T, T] bool: query t sees key s iff s <= t and both lie
+    within the row's length (so padding neither attends nor is attended): a causal
+    transformer's attention mask (our GPT's, ``models/gpt.py``)."""
+    real = token_mask(lengths, T)
+    causal = torch.ones(T, T, dtype=torch.bool, device=lengths.device).tril()
+    return (causal & real[:, None, :] & real[:, :, None]).unsqueeze(1)
+
+
+#: GPT-1's own read-out (Radford et al. 2018, sec. 3.3): a GPT classifier's ``attention_name``
+#: when it classifies the final state of ``<extract>`` alone, no attention over tokens
+EXTRACT_READOUT = "extract"
+
+
 class Forward(NamedTuple):
     """One forward pass over the real tokens; per-token tensors are [B, T_real]."""
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnmetrics.protocol import token_mask
+from attnmetrics.protocol import causal_mask
 
 #: Named sizes (``GPTConfig.named``). ``gpt1`` is the paper's (sec. 4.1: 12 layers, d = 768,
 #: 12 heads, 512 positions; 117M parameters with its 40k vocabulary). ``small`` is the default:
@@ -194,14 +194,6 @@ class GPTOutput(NamedTuple):
     logits: Tensor
     hidden: Tensor
     attentions: tuple[Tensor, ...] | None
-
-
-def causal_mask(lengths: Tensor, T: int) -> Tensor:
-    """lengths [B] -> mask [B, 1, T, T] bool: query t sees key s iff s <= t and both lie
-    within the row's length (so padding neither attends nor is attended)."""
-    real = token_mask(lengths, T)
-    causal = torch.ones(T, T, dtype=torch.bool, device=lengths.device).tril()
-    return (causal & real[:, None, :] & real[:, :, None]).unsqueeze(1)
 
 
 class GPT(nn.Module):

@@ -36,7 +36,7 @@ from attnmetrics.models.classifier import ATTENTIONS, AttentionForward
 from attnmetrics.models.gpt import GPT, GPTConfig, causal_mask
 from attnmetrics.models.own_attention import extract_attention
 from attnmetrics.models.text import TextEncoder
-from attnmetrics.protocol import TestedAttention, token_mask
+from attnmetrics.protocol import EXTRACT_READOUT, TestedAttention, token_mask
 
 __all__ = ["PAD", "START", "EXTRACT", "GPTClassifier", "GPTClassifierConfig", "GPTInputs"]
 
@@ -94,8 +94,6 @@ class GPTInputs(TextEncoder):
         self.tokenizer.save(path)
 
 
-#: GPT-1's own read-out (sec. 3.3): the final state of ``<extract>`` alone, no attention over tokens
-EXTRACT_READOUT = "extract"
 READOUTS = (*ATTENTIONS, EXTRACT_READOUT)
 
 
