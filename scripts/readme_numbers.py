@@ -390,6 +390,32 @@ def _jw_encoders() -> dict[str, Quote]:
     return s
 
 
+def _wp_ts_seeds() -> dict[str, Quote]:
+    """W&P's adversary and diagnostic and T&S's regularisers over three seeds (docs/results.md):
+    ``wpts3.ca.LAMBDA.{jsd,tvd}`` (``.range``: "min–max" over seeds), ``wpts3.diag.ATTENTION``,
+    ``wpts3.REGULARISER.{perm,acc}.ci``."""
+    file = "reports/wp-ts-seeds/aggregate.json"
+    adversary = ("groups", "adversary/sst-lstm-tanh")
+    s: dict[str, Quote] = {}
+
+    def spread(key: str, *at: Step) -> None:
+        s[key] = Quote("{:.3f}", (Value(file, (*at, "mean")),))
+        s[f"{key}.range"] = Quote("{:.3f}–{:.3f}", (Value(file, (*at, "min")), Value(file, (*at, "max"))))
+
+    for lam in (0.001, 0.01, 0.1, 1.0):
+        row = (*adversary, "consistent_adversary", "per_lambda", {"lambda": lam})
+        spread(f"wpts3.ca.{lam}.jsd", *row, "jsd_mean")
+        spread(f"wpts3.ca.{lam}.tvd", *row, "tvd_mean")
+    for attention in ("uniform", "base", "trained", "adversary"):
+        spread(f"wpts3.diag.{attention}", *adversary, "diagnostic", attention, "macro_f1")
+    for regulariser in ("none", "concat", "residual", "tying", "mlm"):
+        for name, statistic in (("perm", "permutation median TVD"), ("acc", "test accuracy")):
+            at = ("groups", f"tutek/sst-lstm-tanh-{regulariser}", "statistics", statistic)
+            values = tuple(Value(file, (*at, *k)) for k in (("estimate",), ("ci95", 0), ("ci95", 1)))
+            s[f"wpts3.{regulariser}.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", values)
+    return s
+
+
 def _sweep() -> dict[str, Quote]:
     """The target sweep's aggregate (docs/results.md, "The target sweep")."""
     s: dict[str, Quote] = {}
@@ -671,6 +697,7 @@ SOURCES: dict[str, Quote] = _sources(
     _minilm_table(),
     _method_sweeps(),
     _jw_encoders(),
+    _wp_ts_seeds(),
     _sweep(),
     _gpt1(),
     _single_runs(),
