@@ -35,9 +35,12 @@ timeout "$(left)" python3 -m attnmetrics sweep "$W/gpt.toml" --data-dir sst="$SS
 stamp "GPT sweep rc=$? $(tail -1 "$OUT/gpt-sweep.log")"
 wait $MINILM
 stamp "MiniLM sweep rc=$? $(tail -1 "$OUT/minilm-sweep.log")"
-# the sweeps' reports and run folders (less the models' weights), one archive each (16 MiB a file)
+# the sweeps' reports and run folders (less the models' weights), one archive each, split in parts of 15 MiB
+# (the device tool brings back files of at most 16 MiB, 64 MiB a call: fetch what is left in another call;
+# reassemble with `cat NAME.tgz.part-* | tar xzf -`)
 for name in minilm gpt; do
-  tar czf "$OUT/$name.tgz" -C "$W" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+  tar czf "$W/$name.tgz" -C "$W" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
     --exclude='*.tokens' "$name" $([ $name = gpt ] && echo gpt-pre) 2>> "$OUT/stages.txt"
+  split -b 15M "$W/$name.tgz" "$OUT/$name.tgz.part-"
 done
-stamp "packed $(du -h "$OUT"/minilm.tgz "$OUT"/gpt.tgz | cut -f1 | tr '\n' ' ')"
+stamp "packed $(du -h "$W"/minilm.tgz "$W"/gpt.tgz | cut -f1 | tr '\n' ' ')"
