@@ -35,9 +35,7 @@ import torch
 from attnmetrics.attributions import (
     METHODS,
 )
-from attnmetrics.testing.reference import (
-    ATTRIBUTION_REFERENCES,
-)
+from attnmetrics.testing.reference import ATTRIBUTION_REFERENCES, networkx_max_flows
 from benchmarks.measure import median_seconds, skip_without, synchronised
 
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install -e .[hf])")
@@ -147,19 +145,6 @@ def _flow_graphs(m, tokens, lengths):
     return [mixed[b, :, :n, :n].numpy() for b, n in enumerate(lengths.tolist())]
 
 
-def _networkx_row(c):
-    """The authors' way: a networkx DiGraph of the row, ``maximum_flow_value`` per real token."""
-    import networkx as nx
-
-    layers, n = c.shape[0], c.shape[1]
-    graph = nx.DiGraph()
-    for layer in range(layers):
-        for i in range(n):
-            for k in range(n):
-                graph.add_edge((layer, k), (layer + 1, i), capacity=float(c[layer, i, k]))
-    return [nx.maximum_flow_value(graph, (0, j), (layers, 0)) for j in range(1, n - 1)]
-
-
 @pytest.mark.parametrize("side", ["networkx", "ours"])
 @pytest.mark.parametrize("rows", [3, 8])
 def test_flow_step(benchmark, rows, side):
@@ -182,7 +167,7 @@ def test_flow_step(benchmark, rows, side):
         return [_max_flows(c, 0, np.arange(1, c.shape[1] - 1)) for c in graphs]
 
     def loop():
-        return [_networkx_row(c) for c in graphs]
+        return [networkx_max_flows(c, 0, range(1, c.shape[1] - 1)) for c in graphs]
 
     if side == "ours":
         want = _loops.get(("flow step", rows, small), (None,))[0] or loop()

@@ -34,6 +34,7 @@ from attnmetrics.testing.reference import (  # noqa: E402
     decompx_sentence_reference,
     globenc_sentence_reference,
     gradient_weighted_rollout_sentence_reference,
+    networkx_max_flows,
     value_zeroing_sentence_reference,
 )
 
@@ -329,18 +330,6 @@ def test_attention_flow_is_bounded_by_the_cuts_at_either_end(model, inputs):
     assert not torch.allclose(got, rolled)
 
 
-def _networkx_flows(m, pooled, sources):
-    import networkx as nx
-
-    layers, n = m.shape[0], m.shape[1]
-    graph = nx.DiGraph()
-    for layer in range(layers):
-        for i in range(n):
-            for k in range(n):
-                graph.add_edge((layer, k), (layer + 1, i), capacity=float(m[layer, i, k]))
-    return [nx.maximum_flow_value(graph, (0, int(j)), (layers, pooled)) for j in sources]
-
-
 @pytest.mark.parametrize("kind", ["stochastic", "ties", "tiny"])
 def test_max_flows_equal_networkx_on_hard_graphs(kind):
     """The integer max flow (capacities floored to multiples of 2^-30) then the exact capacity of
@@ -360,7 +349,7 @@ def test_max_flows_equal_networkx_on_hard_graphs(kind):
         m = m / m.sum(-1, keepdims=True)
         sources = np.arange(n)
         got = _max_flows(m, 1, sources)
-        want = np.array(_networkx_flows(m, 1, sources))
+        want = np.array(networkx_max_flows(m, 1, sources))
         # never below the max flow, and within the documented bound |C| 2^-30 above it
         bound = ((layers - 2) * n * n + 2 * n) / FLOW_SCALE
         assert (got >= want - 1e-15).all() and (got < want + bound).all()
@@ -636,7 +625,7 @@ def test_max_flows_equal_networkx_on_causal_graphs():
         m = m / m.sum(-1, keepdims=True)
         sources = np.arange(n)
         np.testing.assert_allclose(
-            _max_flows(m, n - 1, sources), _networkx_flows(m, n - 1, sources), rtol=1e-12, atol=1e-15
+            _max_flows(m, n - 1, sources), networkx_max_flows(m, n - 1, sources), rtol=1e-12, atol=1e-15
         )
 
 

@@ -1023,22 +1023,38 @@ def attention_flow_sentence_reference(model, ids, residual=0.5):
     on later keys, so its edges of capacity 0 carry nothing), and one ``networkx.maximum_flow_value``
     from ``(0, j)`` to ``(L, p)`` per position j, p the model's pooled position (``model.pooled``:
     ``[CLS]``, or a causal model's last token; 0 without one); the flows not normalised."""
-    import networkx as nx
-
-    n, graph = len(ids), nx.DiGraph()
+    n = len(ids)
     attentions = _layer_attentions_loop(model, ids)
-    for layer, a in enumerate(attentions):
+    capacities = []
+    for a in attentions:
         heads = len(a)
+        layer = []
         for i in range(n):
             row = [
                 (1 - residual) * sum(a[h][i][k] for h in range(heads)) / heads + (residual if i == k else 0.0)
                 for k in range(n)
             ]
             total = sum(row)
-            for k in range(n):
-                graph.add_edge((layer, k), (layer + 1, i), capacity=float(row[k]) / float(total))
+            layer.append([float(row[k]) / float(total) for k in range(n)])
+        capacities.append(layer)
     pooled = int(model.pooled(torch.tensor([n]))[0]) if hasattr(model, "pooled") else 0
-    return [nx.maximum_flow_value(graph, (0, j), (len(attentions), pooled)) for j in range(n)]
+    return networkx_max_flows(capacities, pooled, range(n))
+
+
+def networkx_max_flows(capacities, pooled: int, sources) -> list[float]:
+    """The authors' max-flow step: a networkx ``DiGraph`` with a node ``(l, t)`` per layer boundary
+    and position, an edge ``(l, k) -> (l + 1, i)`` of capacity ``capacities[l][i][k]`` (``[L][n][n]``,
+    any indexable), and ``networkx.maximum_flow_value`` from ``(0, j)`` to ``(L, pooled)`` per j of
+    ``sources``."""
+    import networkx as nx
+
+    layers, n = len(capacities), len(capacities[0])
+    graph = nx.DiGraph()
+    for layer in range(layers):
+        for i in range(n):
+            for k in range(n):
+                graph.add_edge((layer, k), (layer + 1, i), capacity=float(capacities[layer][i][k]))
+    return [nx.maximum_flow_value(graph, (0, int(j)), (layers, pooled)) for j in sources]
 
 
 def attention_flow_reference(model, tokens, lengths):
