@@ -185,6 +185,12 @@ def one(fmt: str, file: str, *path: Step, then: Callable[[Any], Any] | None = No
     return Quote("{:" + fmt + "}", (Value(file, path, then),), minus=minus)
 
 
+def interval(file: str, *at: Step, estimate: str = "estimate", minus: str = "-") -> Quote:
+    """A table cell "estimate [low, high]" of the entry at ``at`` (its ``estimate`` key and ``ci95``)."""
+    values = tuple(Value(file, (*at, *k)) for k in ((estimate,), ("ci95", 0), ("ci95", 1)))
+    return Quote("{:.3f} [{:.3f}, {:.3f}]", values, minus=minus)
+
+
 def ratio(fmt: str, numerator: Value, denominator: Value) -> Quote:
     return Quote("{:" + fmt + "}", (numerator, denominator), lambda a, b: a / b)
 
@@ -330,7 +336,7 @@ def _minilm_table() -> dict[str, Quote]:
         s[f"minilm.{name}"] = Quote("{:.3f}", (mean,))
         s[f"minilm.{name}.lo"] = Quote("{:.3f}", (lo,))
         s[f"minilm.{name}.hi"] = Quote("{:.3f}", (hi,))
-        s[f"minilm.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", (mean, lo, hi))  # a table cell: mean [low, high]
+        s[f"minilm.{name}.ci"] = interval(GPU, *at, estimate="mean")
     return s
 
 
@@ -347,26 +353,23 @@ METHOD_SWEEP_NAMES = (
 
 def _method_sweeps() -> dict[str, Quote]:
     """The MiniLM and GPT methods tables over three seeds (docs/results.md; the README's
-    rankings): ``PREFIX.METHOD.COLUMN`` (``.ci``: "mean [low, high]"), the test accuracy, and
-    ``PREFIX.diff.A.B`` the paired comprehensiveness difference of adjacent methods."""
+    rankings): ``PREFIX.METHOD.COLUMN`` (``.ci``: "mean [low, high]") and the test accuracy."""
     s: dict[str, Quote] = {}
     for prefix, (file, group) in METHOD_SWEEPS.items():
         acc = ("groups", group, "statistics", "test accuracy")
         s[f"{prefix}.accuracy"] = one(".3f", file, *acc, "estimate")
-        s[f"{prefix}.accuracy.ci"] = Quote(
-            "{:.3f} [{:.3f}, {:.3f}]", tuple(Value(file, (*acc, *k)) for k in (("estimate",), ("ci95", 0), ("ci95", 1)))
-        )
+        s[f"{prefix}.accuracy.ci"] = interval(file, *acc)
         table = ("groups", group, "methods")
         cells = [
-            ((*table, "methods", {"method": m}, c), f"{m}.{c}") for m in METHOD_SWEEP_NAMES for c in MINILM_COLUMNS
+            ((*table, "methods", {"method": m}, c), f"{m}.{c}")
+            for m in METHOD_SWEEP_NAMES
+            for c in MINILM_COLUMNS
+            if c not in MINILM_EMPTY.get(m, ())
         ]
         cells += [((*table, "baseline", "random", c), f"random.{c}") for c in ("comprehensiveness", "sufficiency")]
         for at, name in cells:
-            if name.split(".")[0] in MINILM_EMPTY and name.split(".")[1] in MINILM_EMPTY[name.split(".")[0]]:
-                continue
-            mean, lo, hi = Value(file, (*at, "mean")), Value(file, (*at, "ci95", 0)), Value(file, (*at, "ci95", 1))
-            s[f"{prefix}.{name}"] = Quote("{:.3f}", (mean,), minus="−")
-            s[f"{prefix}.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", (mean, lo, hi), minus="−")
+            s[f"{prefix}.{name}"] = one(".3f", file, *at, "mean", minus="−")
+            s[f"{prefix}.{name}.ci"] = interval(file, *at, estimate="mean", minus="−")
     return s
 
 
@@ -384,9 +387,8 @@ def _jw_encoders() -> dict[str, Quote]:
             ("permutation", "permutation median TVD"),
         ):
             at = ("groups", group, "statistics", statistic)
-            values = tuple(Value(file, (*at, *k)) for k in (("estimate",), ("ci95", 0), ("ci95", 1)))
-            s[f"jw3.{model}.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", values)
-            s[f"jw3.{model}.{name}"] = Quote("{:.3f}", values[:1])
+            s[f"jw3.{model}.{name}.ci"] = interval(file, *at)
+            s[f"jw3.{model}.{name}"] = one(".3f", file, *at, "estimate")
     return s
 
 
@@ -410,9 +412,9 @@ def _wp_ts_seeds() -> dict[str, Quote]:
         spread(f"wpts3.diag.{attention}", *adversary, "diagnostic", attention, "macro_f1")
     for regulariser in ("none", "concat", "residual", "tying", "mlm"):
         for name, statistic in (("perm", "permutation median TVD"), ("acc", "test accuracy")):
-            at = ("groups", f"tutek/sst-lstm-tanh-{regulariser}", "statistics", statistic)
-            values = tuple(Value(file, (*at, *k)) for k in (("estimate",), ("ci95", 0), ("ci95", 1)))
-            s[f"wpts3.{regulariser}.{name}.ci"] = Quote("{:.3f} [{:.3f}, {:.3f}]", values)
+            s[f"wpts3.{regulariser}.{name}.ci"] = interval(
+                file, "groups", f"tutek/sst-lstm-tanh-{regulariser}", "statistics", statistic
+            )
     return s
 
 
