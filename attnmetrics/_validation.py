@@ -184,6 +184,48 @@ def check_inputs(attention: Tensor, values: Tensor, lengths: Tensor | None) -> T
     return lengths
 
 
+def check_factored(attention: Tensor, values):
+    """Validate factored multi-head values (:class:`~attnmetrics.protocol.FactoredValues`) for
+    attention [B, heads, T]: ``per_head [B, heads, T, E]``, ``projection [heads, E, H]``,
+    ``offset [B, heads, H]``, float32/float64 of attention's dtype on its device, projection and
+    offset finite (``per_head`` is checked on each row's prefix where it is used); return them."""
+    check_float("attention", attention)
+    if attention.dim() != 3:
+        raise ValueError(
+            f"factored values are for multi-head attention [B, heads, T], got attention of shape {list(attention.shape)}"
+        )
+    parts = {"values.per_head": values.per_head, "values.projection": values.projection, "values.offset": values.offset}
+    for name, x in parts.items():
+        check_float(name, x)
+        if x.dtype != attention.dtype or x.device != attention.device:
+            raise ValueError(
+                f"{name} is {x.dtype} on {x.device}, attention is {attention.dtype} on {attention.device}; they must match"
+            )
+    per_head, projection, offset = values.per_head, values.projection, values.offset
+    if per_head.dim() != 4 or per_head.shape[:3] != attention.shape or per_head.shape[3] == 0:
+        sizes = ", ".join(str(n) for n in attention.shape)
+        raise ValueError(
+            f"values.per_head must have shape [B, heads, T, E] = [{sizes}, E >= 1] like attention, "
+            f"got {list(per_head.shape)}"
+        )
+    batch, heads, _, e = per_head.shape
+    if projection.dim() != 3 or projection.shape[:2] != (heads, e) or projection.shape[2] == 0:
+        raise ValueError(
+            f"values.projection must have shape [heads, E, H] = [{heads}, {e}, H >= 1] (values.per_head is "
+            f"{list(per_head.shape)}), got {list(projection.shape)}"
+        )
+    if offset.shape != (batch, heads, projection.shape[2]):
+        raise ValueError(
+            f"values.offset must have shape [B, heads, H] = [{batch}, {heads}, {projection.shape[2]}], "
+            f"got {list(offset.shape)}"
+        )
+    finite = torch.stack([torch.isfinite(projection).all(), torch.isfinite(offset).all()]).tolist()  # one read back
+    for name, ok in zip(("values.projection", "values.offset"), finite):
+        if not ok:
+            raise ValueError(f"{name} must be finite, got NaN or infinite entries")
+    return values
+
+
 def check_decoder(decoder, values: Tensor) -> None:
     """A callable [N, H] -> [N, C]; a plain ``nn.Linear`` must match values' H, dtype and device,
     have out_features = C >= 1, and its weight and bias must be finite (the closed forms never

@@ -22,6 +22,7 @@ from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
     check_budget,
     check_decoder,
+    check_factored,
     check_generator,
     check_inputs,
     check_int,
@@ -30,7 +31,7 @@ from attnmetrics._validation import (
 from attnmetrics.distances import jsd, tvd
 from attnmetrics.keyed import KeyedRows, normal
 from attnmetrics.outputs import output_distribution
-from attnmetrics.protocol import token_mask
+from attnmetrics.protocol import FactoredValues, token_mask
 
 
 class AdversarialResult(NamedTuple):
@@ -87,9 +88,15 @@ def _chunks(lens: list[int], row_bytes, budget: int):
         s = e
 
 
-def _mix(a: Tensor, feats: Tensor) -> Tensor:
+def _mix(a: Tensor, feats: Tensor, lift: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """The contexts [n, K, F] of attention a [n, K, heads, W] over feats [n, heads, W, F],
-    the heads' contexts summed."""
+    the heads' contexts summed. With ``lift = (projection [heads * E, F], offset [n, F])``,
+    feats are factored values' ``per_head`` [n, heads, W, E] (:class:`FactoredValues`): each
+    head's mixed vectors, concatenated, through the projection, plus the rows' summed offsets."""
+    if lift is not None:
+        projection, offset = lift
+        per_head = torch.einsum("nkhw,nhwe->nkhe", a, feats)
+        return torch.matmul(per_head.flatten(2), projection).add_(offset[:, None])
     if feats.shape[-1] == 1:  # a sigmoid's projected values: a product and a sum beat n tiny matmuls
         return (a * feats[:, None, ..., 0]).sum((2, 3)).unsqueeze(-1)
     if a.shape[2] == 1:  # one head: a plain batched matmul
@@ -97,8 +104,12 @@ def _mix(a: Tensor, feats: Tensor) -> Tensor:
     return torch.einsum("nkhw,nhwf->nkf", a, feats)
 
 
-def _unmix(d_mixed: Tensor, feats: Tensor) -> Tensor:
+def _unmix(d_mixed: Tensor, feats: Tensor, lift: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """The gradient in a [n, K, heads, W] of contexts whose gradient is d_mixed [n, K, F] (:func:`_mix`)."""
+    if lift is not None:
+        n, k, _ = d_mixed.shape
+        d_per_head = torch.matmul(d_mixed, lift[0].T).view(n, k, feats.shape[1], feats.shape[-1])
+        return torch.einsum("nkhe,nhwe->nkhw", d_per_head, feats)
     if feats.shape[-1] == 1:
         return d_mixed[..., None] * feats[:, None, ..., 0]
     if feats.shape[1] == 1:
@@ -106,10 +117,12 @@ def _unmix(d_mixed: Tensor, feats: Tensor) -> Tensor:
     return torch.einsum("nkf,nhwf->nkhw", d_mixed, feats)
 
 
-def _outputs(a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | None, classes: list[int]) -> Tensor:
+def _outputs(
+    a: Tensor, feats: Tensor, decoder: Decoder | None, bias: Tensor | None, classes: list[int], lift=None
+) -> Tensor:
     """Output distributions [n, K, C'] for attention a [n, K, heads, W] over feats
     [n, heads, W, F]: projected values plus bias (linear decoder) or decoder(contexts)."""
-    return _decode(_mix(a, feats), decoder, bias, classes)
+    return _decode(_mix(a, feats, lift), decoder, bias, classes)
 
 
 def _log_sum(p: Tensor, q: Tensor) -> Tensor:
@@ -118,7 +131,7 @@ def _log_sum(p: Tensor, q: Tensor) -> Tensor:
     return torch.add(p, q).clamp_min_(torch.finfo(p.dtype).tiny).log_()
 
 
-def _gradient(z, alpha, y0, feats, decoder, bias, classes, penalty, margin, diversity) -> Tensor:
+def _gradient(z, alpha, y0, feats, decoder, bias, classes, penalty, margin, diversity, lift=None) -> Tensor:
     """The gradient in z of the objective summed over rows (a row's terms depend on its own
     candidates only), from candidate logits z [n, K, heads, W] (:data:`PADDING_LOGIT` on
     padding)::
@@ -152,12 +165,12 @@ def _gradient(z, alpha, y0, feats, decoder, bias, classes, penalty, margin, dive
             grad[:, d:].sub_(log_m, alpha=apart)
     # the output hinge, through the contexts mixed = sum_h a_h @ feats_h
     with torch.enable_grad():
-        mixed = _mix(a, feats).requires_grad_(True)
+        mixed = _mix(a, feats, lift).requires_grad_(True)
         change = 0.5 * (_decode(mixed, decoder, bias, classes, finite=False) - y0).abs().sum(-1)
         hinge = torch.relu(change - margin).sum() * (penalty / k)
     if hinge.requires_grad:  # else a decoder that ignores its input: the output term is inert
         (d_mixed,) = torch.autograd.grad(hinge, [mixed])  # [n, K, F]
-        grad += _unmix(d_mixed, feats)
+        grad += _unmix(d_mixed, feats, lift)
     # through the softmax
     return grad.sub_((a * grad).sum(-1, keepdim=True)).mul_(a)
 
@@ -182,7 +195,7 @@ def _decode(
 
 def adversarial_attention(
     attention: Tensor,
-    values: Tensor,
+    values: Tensor | FactoredValues,
     decoder: Decoder,
     lengths: Tensor | None = None,
     *,
@@ -230,14 +243,20 @@ def adversarial_attention(
     ``[K, heads, L]``, noise ``torch.randn((B, K, heads, T))``), a JSD between multi-head
     attentions (from the original, and between candidates) is the mean over heads of the
     per-head JSDs, the output is decoded from the heads' summed contexts, and the
-    reported ``attention`` is ``[B, heads, T]``.
+    reported ``attention`` is ``[B, heads, T]``. Multi-head values may come factored
+    (:class:`attnmetrics.protocol.FactoredValues`, as a transformer computes them and
+    ``TestedAttention.factored`` holds them): each step then mixes each head's own vectors
+    and applies the output projection to the mixed ones, reading ``heads`` times less than
+    the dense values; the same search up to rounding (an ``nn.Linear`` decoder takes the
+    dense values, whose projection it computes once).
 
     Args:
         attention: ``[B, T]`` (or ``[B, heads, T]``) float32/float64; each row (each head's
             row) non-negative, finite and summing to 1 over its prefix (rejected otherwise).
             Any strides; padding is ignored.
         values: ``[B, T, H]`` (or ``[B, heads, T, H]``), same dtype and device: the vectors
-            attention averages.
+            attention averages; or, multi-head, :class:`~attnmetrics.protocol.FactoredValues`
+            (``per_head [B, heads, T, E]``, ``projection [heads, E, H]``, ``offset [B, heads, H]``).
         decoder: callable mapping contexts ``[N, H]`` to logits ``[N, C]``; C == 1 is a
             sigmoid output with distribution ``(1 - p, p)``.
         lengths: ``[B]`` integer valid-prefix lengths in ``[0, T]`` (default: all T).
@@ -265,7 +284,9 @@ def adversarial_attention(
             values not finite on a valid prefix (named ``values``, with the row, whatever
             the decoder); an ``nn.Linear`` decoder whose ``out_features`` is 0 or whose
             weight or bias is not finite (named ``decoder.weight``/``decoder.bias``); a
-            hyper-parameter out of range; a generator on another device.
+            hyper-parameter out of range; a generator on another device; factored values with
+            single-head attention, or whose parts' shapes, dtypes or devices do not match, or
+            whose projection or offset is not finite (named ``values.projection``/``values.offset``).
         TypeError: a decoder that is not callable; ``generator`` not a ``torch.Generator``
             (or None).
 
@@ -280,6 +301,12 @@ def adversarial_attention(
         >>> bool(res.max_jsd[0] > 0.5), float(res.output_tvd[0])
         (True, 0.0)
     """
+    lift = None
+    if isinstance(values, FactoredValues):
+        if is_plain_linear(decoder):  # the closed form projects the values once: dense is as cheap
+            values = check_factored(attention, values).dense()
+        else:
+            lift, values = values, check_factored(attention, values).per_head
     lengths = check_inputs(attention, values, lengths)
     check_decoder(decoder, values)
     budget = check_budget(memory_budget)
@@ -316,6 +343,9 @@ def adversarial_attention(
         feats_all = feats_all.view(batch, heads, width, c)
         bias = decoder.bias.detach() if decoder.bias is not None else feats_all.new_zeros(c)
         head, out_width = None, c
+    elif lift is not None:  # contexts are projection-wide; each head's mixed vectors besides
+        feats_all, bias, head, out_width = vals, None, decoder, 2 * lift.projection.shape[-1] + heads * hidden
+        projection, offset = lift.projection.reshape(heads * hidden, -1), lift.offset.sum(1)
     else:
         feats_all, bias, head, out_width = vals, None, decoder, 2 * hidden
     classes: list[int] = []
@@ -335,21 +365,22 @@ def adversarial_attention(
         feats = feats_all[idx, :, :w].masked_fill(~mask[idx, None, :w, None], 0.0)  # [n, heads, w, F]
         if not linear:  # (projected values were checked) NaN contexts would be blamed on the decoder
             check_values_finite(feats if multi else feats[:, 0], lengths[idx], idx)
+        chunk_lift = None if lift is None else (projection, offset[idx])
         with torch.no_grad():
-            y0 = _outputs(alpha, feats, head, bias, classes)  # [n, 1, C']
+            y0 = _outputs(alpha, feats, head, bias, classes, chunk_lift)  # [n, 1, C']
         start = -torch.log(lengths[idx].to(dtype))[:, None, None, None]
         z = (start + init_std * noise[idx, :, :, :w]).masked_fill(~valid, PADDING_LOGIT).requires_grad_(True)
         # fused: Adam's update in one pass over z (torch >= 2.4 on the CPU), not six
         opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad, fused=True)
         with torch.no_grad():
             for _ in range(steps):
-                z.grad = _gradient(z, alpha, y0, feats, head, bias, classes, penalty, margin, diversity)
+                z.grad = _gradient(z, alpha, y0, feats, head, bias, classes, penalty, margin, diversity, chunk_lift)
                 opt.step()  # padding's gradient is exactly 0: its logits stay put
 
         with torch.no_grad():
             a = torch.softmax(z.detach().masked_fill(~valid, -math.inf), -1)  # [n, K, heads, w]
             # the outputs first: their check names the decoder if a NaN reached the candidates
-            change = tvd(_outputs(a, feats, head, bias, classes), y0, memory_budget=budget)
+            change = tvd(_outputs(a, feats, head, bias, classes, chunk_lift), y0, memory_budget=budget)
             far = jsd(a, alpha.expand_as(a), memory_budget=budget).mean(-1)  # [n, K]: mean over heads
             score = torch.where(change <= threshold, far, -1.0)
             best = score.argmax(1)  # first of equal maxima

@@ -183,6 +183,36 @@ class Forward(NamedTuple):
     logits: Tensor  # [B, C]
 
 
+class FactoredValues(NamedTuple):
+    """Multi-head values in the form a transformer computes them: each head's own vectors
+    (``d / heads`` wide) through its slice of the output projection, plus a vector per row
+    and head that every token shares (docs/definitions.md §15)::
+
+        values[b, h, t] = per_head[b, h, t] @ projection[h] + offset[b, h]
+
+    For a distribution ``a`` over a row's tokens (summing to 1), ``sum_t a[t] values[b, h, t]
+    = (sum_t a[t] per_head[b, h, t]) @ projection[h] + offset[b, h]``: a procedure that mixes
+    values once per step reads ``per_head`` (``heads`` times smaller than the dense values) and
+    applies ``projection`` to the mixed vectors, the same arithmetic up to rounding. Accepted
+    as ``values`` by :func:`attnmetrics.adversarial_attention`.
+
+    per_head: ``[B, heads, T, E]``, zero past each row's length.
+    projection: ``[heads, E, H]``.
+    offset: ``[B, heads, H]``.
+    """
+
+    per_head: Tensor
+    projection: Tensor
+    offset: Tensor
+
+    def dense(self, lengths: Tensor | None = None) -> Tensor:
+        """The values ``[B, heads, T, H]`` themselves; zero past each row's ``lengths`` [B] if given."""
+        values = torch.einsum("bhte,heo->bhto", self.per_head, self.projection) + self.offset[:, :, None]
+        if lengths is None:
+            return values
+        return values * token_mask(lengths, values.shape[2])[:, None, :, None]
+
+
 class TestedAttention(NamedTuple):
     """A transformer's own attention, decomposed for the procedures (docs/definitions.md §15):
     the last layer's attention row of the pooled position over the real tokens, per head, and
@@ -193,6 +223,7 @@ class TestedAttention(NamedTuple):
     lengths: Tensor  # [B] int64, number of real tokens
     logits: Tensor  # [B, C], the model's
     decoder: Callable[[Tensor], Tensor]  # the network after the attention: contexts [N, H] -> logits [N, C]
+    factored: FactoredValues | None = None  # the same values factored (values = factored.dense(lengths))
 
 
 def real_tokens(x: Tensor, lengths: Tensor, model: AttentionClassifier) -> tuple[Tensor, Tensor]:

@@ -14,6 +14,7 @@ which would slow the per-instance loop far more than the batched search.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -109,4 +110,54 @@ def test_adversarial_large_bounded_memory(benchmark, kind):
         noise_mib=20_000 * k * width * 4 / 2**20,
         one_chunk_estimate_mib=one_chunk / 2**20,
         peak_extra_rss_mib=peak,
+    )
+
+
+def test_adversarial_on_a_transformer(benchmark):
+    """J&W's adversary on a transformer's own attention (docs/definitions.md §15): a random
+    all-MiniLM-L6-v2-shaped BERT classifier (6 layers, d = 384, 12 heads, FFN 1,536, two classes;
+    CPU, float32, offline) through our adapter, 64 SST-like rows of random WordPiece ids, each of
+    ``STEPS`` steps running the last layer's remainder for 5 candidates. The values factored
+    (``TestedAttention.factored``: each head's own vectors mixed, then projected) against the
+    dense values ``[B, heads, T, d]`` the search mixed before, results checked equal first; the
+    factored time beside its multiply-add floor: per step and candidate, the forward and the
+    backward to its input of the mixing (T d), the output projection (d²), the feed-forward
+    (2 d d_ff), the pooler (d²) and the classifier (d C), each row at its own length."""
+    transformers = pytest.importorskip("transformers", reason="transformers is optional")
+    from attnmetrics.models.hf import HFClassifier
+    from benchmarks.measure import floor_info, timed
+    from benchmarks.test_bench_attributions import inputs
+
+    torch.manual_seed(0)
+    shape = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+    small = benchmark.disabled  # CI's smoke run: a 2-layer d = 32 model and two short rows
+    if small:
+        shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    config = transformers.BertConfig(vocab_size=30522, num_labels=2, **shape)
+    model = HFClassifier(transformers.BertForSequenceClassification(config)).eval()
+    tokens, lengths = inputs("sst", small)
+    own = model.tested_attention(tokens, lengths)
+    benchmark.group = "adversarial-transformer"
+
+    def search(values):
+        generator = torch.Generator().manual_seed(0)
+        return adversarial_attention(own.attention, values, own.decoder, own.lengths, steps=STEPS, generator=generator)
+
+    dense, dense_s = timed(lambda: search(own.values))
+    result = benchmark.pedantic(search, args=(own.factored,), rounds=3, iterations=1, warmup_rounds=1)
+    # float32: the two sum the same terms in another order; the same rows found, JSDs to rounding
+    torch.testing.assert_close(result.max_jsd, dense.max_jsd, rtol=0, atol=2e-3)
+    factored_s = median_seconds(benchmark, lambda: search(own.factored))
+    d, f, c = config.hidden_size, config.intermediate_size, config.num_labels
+    per_candidate = [n * d + d * d + 2 * d * f + d * d + d * c for n in own.lengths.tolist()]
+    macs = STEPS * 5 * 2 * sum(per_candidate)
+    benchmark.extra_info.update(
+        describe(result, own.lengths),
+        model="random BertForSequenceClassification " + ", ".join(f"{k}={v}" for k, v in shape.items()),
+        threads=torch.get_num_threads(),
+        dense_values_s=dense_s,
+        factored_values_s=factored_s,
+        factored_speedup=dense_s / factored_s,
+        **floor_info(macs, factored_s),
+        load_average_after=os.getloadavg()[0],
     )

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnmetrics.models.text import TextEncoder
-from attnmetrics.protocol import TestedAttention, token_mask
+from attnmetrics.protocol import FactoredValues, TestedAttention, token_mask
 
 #: the name the attention function and its mask function are registered under
 ATTENTION = "attnmetrics"
@@ -390,10 +390,16 @@ class HFClassifier(nn.Module):
         residual = (x + b_o) / heads
         values = mass[..., None] * U + (special + residual[:, None])[:, :, None]
         values = values[:, :, self.lead :] * real[:, None, self.lead :, None]
+        # the same values factored: each head's own vectors, then its slice of the projection
+        per_head = (mass[..., None] * v)[:, :, self.lead :] * real[:, None, self.lead :, None]
+        factored = FactoredValues(
+            per_head.contiguous(), w_o.view(-1, heads, dh).permute(1, 2, 0).contiguous(), special + residual[:, None]
+        )
         return TestedAttention(
             alpha[:, :, self.lead :].contiguous(),
             values.contiguous(),
             lengths - self.lead - self.trail,
             logits,
             after,
+            factored,
         )

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from attnmetrics.models.gpt import Block, causal_mask
-from attnmetrics.protocol import TestedAttention, token_mask
+from attnmetrics.protocol import FactoredValues, TestedAttention, token_mask
 
 
 class ExtractDecoder(nn.Module):
@@ -97,9 +97,17 @@ def extract_attention(model, tokens: Tensor, lengths: Tensor) -> TestedAttention
     # the real-token columns as the protocol slices them (attnmetrics.protocol.real_tokens)
     attention = alpha[:, :, model.lead :]
     values = values[:, :, model.lead :] * real[:, None, model.lead :, None]
+    # the same values factored: each head's own vectors, then its slice of the projection
+    per_head = (mass[..., None] * v)[:, :, model.lead :] * real[:, None, model.lead :, None]
+    factored = FactoredValues(per_head.contiguous(), w_o.permute(1, 2, 0).contiguous(), special + residual[:, None, :])
     decoder = ExtractDecoder(last, model.decoder)
     # The model's own context, also for rows without a real token (nothing to test there)
     context = torch.einsum("bhs,bhsd->bd", a, U) + heads * residual
     return TestedAttention(
-        attention.contiguous(), values.contiguous(), lengths - model.lead - model.trail, decoder(context), decoder
+        attention.contiguous(),
+        values.contiguous(),
+        lengths - model.lead - model.trail,
+        decoder(context),
+        decoder,
+        factored,
     )

@@ -102,6 +102,12 @@ def test_the_decomposition_is_exact_and_stays_exact_under_edits(family):
     want = edited_forward(model, tokens, lengths, alpha)
     got = own.decoder(torch.einsum("bht,bhtd->bd", alpha, own.values))
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    # the same values factored (each head's vectors, then its slice of the output projection)
+    fac = own.factored
+    torch.testing.assert_close(fac.dense(own.lengths), own.values, rtol=0, atol=1e-12)
+    mixed = torch.einsum("bht,bhte->bhe", alpha, fac.per_head)
+    got = own.decoder(torch.einsum("bhe,heo->bo", mixed, fac.projection) + fac.offset.sum(1))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])

@@ -85,6 +85,12 @@ def test_an_edit_through_the_decoder_is_the_same_edit_inside_the_model():
         want = run_with_extract_row(model, tokens, lengths, alpha)
         got = tested.decoder(torch.einsum("bht,bhtd->bd", alpha, tested.values))
         torch.testing.assert_close(got[keep], want[keep], rtol=1e-10, atol=1e-10)
+        # the same values factored (each head's vectors, then its slice of the output projection)
+        fac = tested.factored
+        mixed = torch.einsum("bht,bhte->bhe", alpha, fac.per_head)
+        got = tested.decoder(torch.einsum("bhe,heo->bo", mixed, fac.projection) + fac.offset.sum(1))
+        torch.testing.assert_close(got[keep], want[keep], rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(tested.factored.dense(tested.lengths), tested.values, rtol=0, atol=1e-12)
     assert (run_with_extract_row(model, tokens, lengths, edited) - tested.logits)[keep].abs().max() > 1e-3
 
 

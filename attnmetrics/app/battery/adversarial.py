@@ -17,8 +17,14 @@ from attnmetrics.app.summaries import as_floats, by_class, by_max_attention, nan
 
 
 def step(b) -> None:
+    attention, values, decoder, lengths = b.args
+    if b.own is not None and b.own.factored is not None:  # a transformer's: each step mixes d / heads wide
+        values = b.own.factored
     r = attnmetrics.adversarial_attention(
-        *b.args,
+        attention,
+        values,
+        decoder,
+        lengths,
         steps=b.config.adversarial_steps,
         diversity_weight=b.config.adversarial_diversity,
         amsgrad=b.config.adversarial_amsgrad,
