@@ -222,3 +222,45 @@ def test_a_damaged_hugging_face_folder_is_named_in_one_line(damage, tmp_path):
     with pytest.raises(ValueError, match=f"^{tmp_path}: cannot ") as caught:
         HFClassifier.from_pretrained(tmp_path, 2)
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_the_fused_attention_path_equals_the_eager_one(family, monkeypatch):
+    """Where nothing reads the probabilities, the adapter's attention runs as torch's fused
+    scaled_dot_product_attention: the logits and the gradient to the embeddings equal the eager
+    formula's (the probabilities read through a hook), padding masked; output_attentions still
+    gets the probabilities, and a probability reader turns the fused path off."""
+    from attnmetrics.models.hf import hooked
+
+    model = tiny(family)
+    tokens, lengths = ragged(family)
+    mask = token_mask(lengths, tokens.shape[1]).long()
+    fused_calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: fused_calls.append(1) or sdpa(*a, **k)
+    )
+    layers = model.attention_layers
+
+    def logits_and_gradient():
+        words = model.embed(tokens).detach().requires_grad_(True)
+        logits = model.hf(inputs_embeds=words, attention_mask=mask).logits
+        (grad,) = torch.autograd.grad(logits[:, 0].sum(), words)
+        return logits.detach(), grad
+
+    fused = logits_and_gradient()
+    assert len(fused_calls) == len(layers)  # every layer fused
+    with hooked(layers, lambda q, k, v, p, s: p):
+        eager = logits_and_gradient()
+    assert len(fused_calls) == len(layers)  # none while a reader is set
+    for f, e in zip(fused, eager):
+        torch.testing.assert_close(f, e, rtol=0, atol=1e-12)
+    out = model.hf(input_ids=tokens, attention_mask=mask, output_attentions=True)
+    assert len(out.attentions) == len(layers) and all(a is not None for a in out.attentions)
+    assert len(fused_calls) == len(layers)
+    plain = model.hf(input_ids=tokens, attention_mask=mask).logits
+    assert len(fused_calls) == 2 * len(layers)
+    torch.testing.assert_close(out.logits, plain, rtol=0, atol=1e-12)
+    model.hf.train()  # dropout: the eager formula's (the fused call would draw another stream)
+    model.hf(input_ids=tokens, attention_mask=mask)
+    assert len(fused_calls) == 2 * len(layers)
