@@ -139,7 +139,7 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
             # (little padding), each cut to its group's longest row (one read of the lengths).
             order = torch.argsort(lengths, stable=True)
             widths = lengths[order].tolist()
-            for s, e in _length_groups([1] * len(widths), widths, 1, IG_GPU_POSITIONS, same_width=False):
+            for s, e in _length_groups([1] * len(widths), widths, 1, IG_GPU_POSITIONS, padding=None):
                 width = widths[e - 1]
                 out[order[s:e], :width] = rows(order[s:e], width, max(1, IG_GPU_POSITIONS // width))
             return out

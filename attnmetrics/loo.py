@@ -101,18 +101,40 @@ def _checked_logits(logits, n: int, what: str, classes: int | None, finite: bool
     )
 
 
+#: On the CPU a call holds rows of one length (no padding is computed), except that a call of
+#: fewer than CPU_SMALL_CALL real positions takes rows of the next lengths while its padding
+#: stays within CPU_PADDING of its real positions: many lengths with few rows each would make
+#: many small matrix products, which a transformer runs far below its multiply-add rate
+#: (benchmarks/test_bench_eraser.py); calls with more rows keep exact lengths (a BiLSTM's ERASER
+#: ran 15 % slower with every call padded up to an eighth)
+CPU_SMALL_CALL = 512
+CPU_PADDING = 0.125
+_CPU_GROUPS = (CPU_PADDING, CPU_SMALL_CALL)
+
+
 def _length_groups(
-    counts: list[int], widths: list[int], per_position: int, budget: int, same_width: bool = True
+    counts: list[int],
+    widths: list[int],
+    per_position: int,
+    budget: int,
+    padding: float | None = 0.0,
+    small: int = 0,
 ) -> list[tuple[int, int]]:
     """Consecutive groups [s, e) of rows sorted by width, holding at most ``budget`` bytes
-    of ``count * width * per_position`` (``width`` the group's widest); with ``same_width``
-    also rows of one width only. A row that alone exceeds the budget forms its own group."""
-    groups, start, count = [], 0, 0
+    of ``count * width * per_position`` (``width`` the group's widest). ``padding=None``: any
+    widths; else a group takes a wider row only while it holds fewer than ``small`` real
+    positions and its padded positions stay within ``padding`` of its real ones (the defaults:
+    rows of one width only). A row that alone exceeds the budget forms its own group."""
+    groups, start, count, real = [], 0, 0, 0
     for i, (c, w) in enumerate(zip(counts, widths)):
-        if i > start and ((same_width and w != widths[start]) or (count + c) * w * per_position > budget):
+        wider = padding is not None and i > start and w != widths[i - 1]
+        if wider:  # a new width: a group of its own unless this one is small and stays little padded
+            wider = real >= small or (count + c) * w > (1 + padding) * (real + c * w)
+        if i > start and (wider or (count + c) * w * per_position > budget):
             groups.append((start, i))
-            start, count = i, 0
+            start, count, real = i, 0, 0
         count += c
+        real += c * w
     if start < len(counts):
         groups.append((start, len(counts)))
     return groups
@@ -122,7 +144,8 @@ def padded_calls(device: torch.device) -> bool:
     """Whether model calls on ``device`` pad rows of different lengths into one call.
 
     On the CPU a call's cost follows its positions, so rows run grouped by exact length (no
-    padding is computed). On a GPU a call's cost is mostly its launch: few large padded calls
+    padding is computed; a call of few positions takes the next lengths' rows, little padded:
+    :data:`CPU_SMALL_CALL`). On a GPU a call's cost is mostly its launch: few large padded calls
     (sorted by length, so little padding), with no device read between them, keep it busy.
     """
     return device.type != "cpu"
@@ -147,7 +170,9 @@ def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classe
             model, seqs[order[:1], : len_list[0]], seq_lengths[order[:1]], what, classes, not padded
         )
         parts, start, classes = [first], 1, first.shape[1]
-    groups = _length_groups([1] * (len(len_list) - start), len_list[start:], per_position, budget, not padded)
+    groups = _length_groups(
+        [1] * (len(len_list) - start), len_list[start:], per_position, budget, *((None,) if padded else _CPU_GROUPS)
+    )
     for s, e in groups:
         idx = order[start + s : start + e]
         logits, _, dtype = _model_logits(
@@ -356,7 +381,7 @@ def _deletions_by_model(model, tokens, lengths, rows, len_list, reuse, mode, per
     ran), else from the model run on the block's rows."""
     lead, trail, device = model.lead, model.trail, tokens.device
     method = "deletion_logits" if mode == "delete" else "masking_logits"
-    for bs, be in _length_groups([1] * len(len_list), len_list, per_position, budget, same_width=False):
+    for bs, be in _length_groups([1] * len(len_list), len_list, per_position, budget, padding=None):
         idx = rows[bs:be]
         block_lengths = lengths[idx]
         block_tokens = tokens[idx, : len_list[be - 1]]

@@ -97,3 +97,63 @@ def test_eraser_sst(benchmark, embed_dim, approach):
     )
     if approach == "ours" and ("ferret", embed_dim) in TIMES:
         benchmark.extra_info["speedup"] = round(TIMES["ferret", embed_dim] / seconds, 1)
+
+
+def test_eraser_on_a_transformer(benchmark):
+    """ERASER's five fractions, both metrics, on a Hugging Face encoder through our adapter: a
+    random BERT classifier of 4 layers, d = 256, 4 heads, two classes (CPU, float32, offline; the
+    leave-one-out benchmark's model), 64 SST-like rows of random WordPiece ids, one random score
+    per token. Ours against ferret's approach (each instance's perturbations 8 at a time, padded),
+    values checked equal first, and ours beside its multiply-add floor: each row once (the
+    predicted class), then per row and distinct rationale size k one re-encoding without the
+    rationale (L - k tokens, comprehensiveness) and one of the rationale alone (k + 2, sufficiency),
+    each at its own length."""
+    transformers = pytest.importorskip("transformers", reason="transformers is optional")
+    from attnmetrics import full_rows
+    from attnmetrics.eraser import rationale_sizes
+    from attnmetrics.models.hf import HFClassifier
+    from benchmarks.measure import encoder_macs, floor_info, median_seconds, timed
+    from benchmarks.test_bench_attributions import inputs
+
+    torch.manual_seed(0)
+    shape = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+    small = benchmark.disabled  # CI's smoke run: a 2-layer d = 32 model and two short rows
+    if small:
+        shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    config = transformers.BertConfig(vocab_size=30522, num_labels=2, **shape)
+    model = HFClassifier(transformers.BertForSequenceClassification(config)).eval()
+    tokens, lengths = inputs("sst", small)
+    real = lengths - 2
+    scores = torch.rand(len(lengths), int(real.max()), generator=torch.Generator().manual_seed(1))
+    benchmark.group = "eraser-transformer"
+
+    def both():
+        full = full_rows(model, tokens, lengths)  # the rows once, for both metrics
+        return {
+            "comprehensiveness": comprehensiveness(model, tokens, lengths, scores, full_rows=full).values,
+            "sufficiency": sufficiency(model, tokens, lengths, scores, full_rows=full).values,
+        }
+
+    with torch.no_grad():
+        reference, ferret_s = timed(lambda: ferret_loop(model, tokens, lengths, scores))
+    got = benchmark.pedantic(both, rounds=3, iterations=1, warmup_rounds=1)
+    for metric, values in reference.items():  # float32: batch composition moves the last bits
+        np.testing.assert_allclose(got[metric].numpy(), values, atol=2e-5)
+    ours_s = median_seconds(benchmark, both)
+    k = rationale_sizes(scores, real, ERASER_FRACTIONS)
+    macs = 0
+    for n, sizes in zip(lengths.tolist(), k.tolist()):
+        macs += encoder_macs(config, n)
+        for size in {s for s in sizes if s > 0}:
+            macs += encoder_macs(config, n - size) + encoder_macs(config, size + 2)
+    benchmark.extra_info.update(
+        model="random BertForSequenceClassification " + ", ".join(f"{k}={v}" for k, v in shape.items()),
+        rows=int(lengths.shape[0]),
+        mean_length=float(lengths.double().mean()),
+        threads=torch.get_num_threads(),
+        eraser_s=ours_s,
+        ferret_approach_s=ferret_s,
+        speedup_vs_ferret_approach=ferret_s / ours_s,
+        **floor_info(macs, ours_s),
+        load_average_after=os.getloadavg()[0],
+    )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import attnmetrics
@@ -208,13 +208,22 @@ def test_any_memory_budget_same_answer():
         got = leave_one_out(model, tokens, lengths, memory_budget=budget)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
         assert sum(n for n, _ in model.calls) == sequences + tokens.shape[0]  # each row, each deletion
-        # every call holds sequences of one length, unpadded
-        assert [w for _, w in model.calls] == model.longest == model.shortest
+        # the rows' calls (their sum of sequences is the batch) may hold several lengths, padded
+        # within CPU_PADDING; every deletion call holds sequences of one length, unpadded
+        n_row_calls, seen = 0, 0
+        while seen < tokens.shape[0]:
+            seen += model.calls[n_row_calls][0]
+            n_row_calls += 1
+        assert seen == tokens.shape[0]
+        deletion_calls = list(zip(model.calls, model.shortest, model.longest))[n_row_calls:]
+        assert all(w == lo == hi for (_, w), lo, hi in deletion_calls)
+        assert [w for _, w in model.calls] == model.longest
         if budget == 1:  # one row, then one deletion, per call
             assert all(n == 1 for n, _ in model.calls)
-        if budget == 10**9:  # the (shortest) probe row, then one call per length: other rows, deletions
-            others = len(set(sorted(lengths.tolist())[1:]))
-            assert len(model.calls) == 1 + others + distinct
+        if budget == 10**9:  # the (shortest) probe row, the other rows in calls of few positions, then
+            # one call per length of deletions
+            assert len(deletion_calls) == distinct
+            assert n_row_calls < 1 + len(set(sorted(lengths.tolist())[1:]))  # fewer than one a length
 
 
 def test_memory_budget_bounds_each_call():
@@ -603,7 +612,7 @@ def _models_for_padding():
 @pytest.mark.parametrize("name, build", list(_models_for_padding()), ids=lambda x: x if isinstance(x, str) else "")
 def test_padded_calls_give_the_exact_length_calls_logits(name, build):
     """_grouped_logits on a GPU pads rows of several lengths into one call; every model masks
-    its padding, so the logits equal those of the CPU's exact-length calls (float64)."""
+    its padding, so the logits equal those of the CPU's calls (one length a call, small calls merged; float64)."""
     from attnmetrics.loo import _grouped_logits
 
     model, inputs = build()
@@ -624,3 +633,38 @@ def test_padded_calls_check_the_logits_once_and_name_the_rows():
         model.decoder.bias.fill_(float("nan"))
     with pytest.raises(ValueError, match="NaN or infinite logits on a perturbed row"):
         _grouped_logits(model, tokens, lengths, None, 10**9, "a perturbed row", padded=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(1, 6), st.integers(1, 60)), min_size=1, max_size=30),
+    padding=st.sampled_from([None, 0.0, 0.125, 0.5]),
+    small=st.sampled_from([0, 40, 512]),
+    budget=st.integers(1, 4000),
+)
+@example(rows=[(2, 10), (2, 10), (1, 11)], padding=0.5, small=40, budget=4000)  # exactly `small` real positions
+def test_length_groups_follow_their_rule(rows, padding, small, budget):
+    """Groups of rows sorted by width (``(count, width)``, a count of sequences of that width):
+    consecutive, each within the budget unless one row; a group takes a wider row only while it
+    holds fewer than ``small`` real positions and stays within ``padding`` (any width with
+    None, none with 0); and each group is as long as the rule allows."""
+    from attnmetrics.loo import _length_groups
+
+    rows = sorted(rows, key=lambda r: r[1])
+    counts, widths = [c for c, _ in rows], [w for _, w in rows]
+    groups = _length_groups(counts, widths, 1, budget, padding, small)
+    assert [s for s, _ in groups] == [0] + [e for _, e in groups[:-1]] and groups[-1][1] == len(rows)
+
+    def may_take(s: int, i: int) -> bool:  # may the group [s, i) take row i?
+        count, real = sum(counts[s:i]), sum(c * w for c, w in rows[s:i])
+        c, w = rows[i]
+        if (count + c) * w > budget:
+            return False
+        if w == widths[i - 1] or padding is None:
+            return True
+        return real < small and (count + c) * w <= (1 + padding) * (real + c * w)
+
+    for s, e in groups:
+        assert all(may_take(s, i) for i in range(s + 1, e))
+        if e < len(rows):
+            assert not may_take(s, e)
