@@ -66,7 +66,7 @@ def peak_extra_mib(fn):
     return _status_mib("VmHWM") - before
 
 
-def matmul_gmacs(n: int = 1024, repeats: int = 5) -> float:
+def matmul_gmacs(n: int = 1024, repeats: int = 20) -> float:
     """This process's multiply-add rate in GMAC/s at its torch threads: the best of ``repeats``
     float32 ``n x n`` matrix products, the pace a transformer's dense layers can reach here."""
     a, b = torch.randn(n, n), torch.randn(n, n)

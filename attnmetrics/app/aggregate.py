@@ -231,6 +231,68 @@ def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
     return tests
 
 
+def group_comparisons(cells: list[tuple[object, dict, dict | None]], pairs: list[tuple[str, str]]) -> list[dict]:
+    """Test accuracy of grid A's models minus grid B's, paired, for each ``(A, B)`` in ``pairs``
+    (the config's ``[sweep] compare``) and each pair of their groups that differ only in the grid
+    (equal axes but the seed; else, per dataset, the grids' one group each on it).
+
+    On the seeds both groups have and their common test instances (the comparison is left out
+    where the groups were tested on different instances): per seed s and instance i the
+    difference ``d[s, i] = correct_A[s, i] - correct_B[s, i]``; the estimate is the mean over
+    seeds of each seed's mean difference, its 95 % percentile interval resamples the seeds, then
+    the instances (:func:`attnmetrics.stats.seed_instance_ci`, one draw of instances for both
+    models, so the pairing is kept); besides, McNemar's exact test per seed."""
+    by_grid: dict[str, dict[str, list]] = {}
+    for c, _, p in cells:
+        by_grid.setdefault(c.grid, {}).setdefault(c.group, []).append((c, p))
+    out = []
+    for a, b in pairs:
+        groups_a, groups_b = by_grid.get(a, {}), by_grid.get(b, {})
+        for name_a, members_a in groups_a.items():
+            axes = {k: str(v) for k, v in members_a[0][0].axes.items() if k != "seed"}
+            same = [
+                g for g, m in groups_b.items() if {k: str(v) for k, v in m[0][0].axes.items() if k != "seed"} == axes
+            ]
+            if not same:  # one group each on this dataset: those two
+                on_a = [g for g, m in groups_a.items() if m[0][0].axes["dataset"] == axes["dataset"]]
+                on_b = [g for g, m in groups_b.items() if m[0][0].axes["dataset"] == axes["dataset"]]
+                same = on_b if len(on_a) == len(on_b) == 1 else []
+            for name_b in same:
+                if (entry := _compare_groups(name_a, members_a, name_b, groups_b[name_b])) is not None:
+                    out.append({"a_grid": a, "b_grid": b, "dataset": axes["dataset"], **entry})
+    return out
+
+
+def _compare_groups(name_a: str, members_a: list, name_b: str, members_b: list) -> dict | None:
+    """:func:`group_comparisons`' entry for two groups' (cell, predictions); None without common
+    seeds with predictions on the same instances."""
+    preds_a = {c.axes["seed"]: p for c, p in members_a if p is not None}
+    preds_b = {c.axes["seed"]: p for c, p in members_b if p is not None}
+    seeds = sorted(set(preds_a) & set(preds_b))
+    if not seeds or not _same_instances([preds_a[s] for s in seeds] + [preds_b[s] for s in seeds]):
+        return None
+    right_a = np.stack([_decision(preds_a[s]["logits"]) == preds_a[s]["labels"] for s in seeds])
+    right_b = np.stack([_decision(preds_b[s]["logits"]) == preds_b[s]["labels"] for s in seeds])
+    ci = seed_instance_ci(right_a.astype(np.float64) - right_b, np.mean)
+    per_seed = []
+    for s, x, y in zip(seeds, right_a, right_b):
+        m = mcnemar(x, y)  # b01: only B right; b10: only A right
+        per_seed.append(
+            {"seed": s, "accuracy_a": float(x.mean()), "accuracy_b": float(y.mean()), "b01": m.b01, "b10": m.b10}
+            | {"pvalue": m.pvalue}
+        )
+    return {
+        "a": name_a,
+        "b": name_b,
+        "seeds": seeds,
+        "instances": int(right_a.shape[1]),
+        "accuracy_a": float(right_a.mean()),
+        "accuracy_b": float(right_b.mean()),
+        "difference": {"estimate": ci.estimate, "ci95": [ci.low, ci.high]},
+        "per_seed": per_seed,
+    }
+
+
 def load_cell(folder: Path) -> tuple[dict, dict | None]:
     """results.json and predictions.npz (None if absent, or unreadable: said in one line) of a
     finished cell.
@@ -269,12 +331,15 @@ def model_setting(results: dict) -> dict:
     }
 
 
-def aggregate(cells: list[tuple[object, dict, dict | None]]) -> dict:
-    """The aggregate of finished cells ``(Cell, results, predictions)`` (JSON-ready)."""
+def aggregate(cells: list[tuple[object, dict, dict | None]], compare: list[tuple[str, str]] = ()) -> dict:
+    """The aggregate of finished cells ``(Cell, results, predictions)`` (JSON-ready); ``compare``:
+    the pairs of grids whose models :func:`group_comparisons` compares."""
     groups: dict[str, list] = {}
     for c, r, p in cells:
         groups.setdefault(c.group, []).append((c, r, p))
     out = {"conventions": CONVENTIONS, "groups": {}, "paired_tests": paired_tests(cells)}
+    if compare:
+        out["comparisons"] = group_comparisons(cells, list(compare))
     for name, members in groups.items():
         c0 = members[0][0]
         out["groups"][name] = {
@@ -300,7 +365,7 @@ def aggregate_sweep(sweep) -> Path:
                 unreadable[c] = str(e)
                 print(f"attnmetrics sweep: cell {c.grid}/{c.name} left out of the report: {e}", file=sys.stderr)
     status = read_status(out / "status.json")["cells"]
-    agg = aggregate(cells)
+    agg = aggregate(cells, sweep.compare)
     agg["cells"] = {
         f"{c.grid}/{c.name}": {
             "state": "unreadable"

@@ -212,7 +212,41 @@ def _overview(agg: dict) -> list[str]:
 
 def _models_section(agg: dict, folder: Path) -> list[str]:
     rows = _stat_rows(agg, "model")
-    return ["## Models", "", table(rows, STAT_HEADERS), ""] if rows else []
+    return ["## Models", "", table(rows, STAT_HEADERS), ""] + _comparisons_part(agg) if rows else []
+
+
+COMPARISON_HEADERS = ["model A", "model B", "accuracy A", "accuracy B", "A − B", "95% CI (seeds, instances)"]
+COMPARISON_HEADERS += ["seeds", "instances", "McNemar p per seed"]
+
+
+def _comparisons_part(agg: dict) -> list[str]:
+    """The config's ``compare`` pairs: accuracy differences paired on seeds and test instances."""
+    rows = [
+        [
+            c["a"],
+            c["b"],
+            fmt(c["accuracy_a"]),
+            fmt(c["accuracy_b"]),
+            fmt(c["difference"]["estimate"]),
+            _ci(c["difference"]["ci95"]),
+            len(c["seeds"]),
+            c["instances"],
+            ", ".join(fmt(t["pvalue"], 4) for t in c["per_seed"]),
+        ]
+        for c in agg.get("comparisons", [])
+    ]
+    if not rows:
+        return []
+    return [
+        "### Paired comparisons",
+        "",
+        "Test accuracy of model A minus model B on the seeds both have and their common test instances: the",
+        "estimate is the mean over seeds of each seed's mean difference; its 95% CI resamples the seeds, then",
+        "the instances (one draw for both models, so every instance stays paired); McNemar's exact test per seed.",
+        "",
+        table(rows, COMPARISON_HEADERS),
+        "",
+    ]
 
 
 def _gpt_section(agg: dict, folder: Path) -> list[str]:

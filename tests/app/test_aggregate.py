@@ -244,6 +244,24 @@ def test_gpt_ablation_table_names_each_groups_setting(tmp_path):
     assert "![accuracy against the blocks transferred](gpt_transfer.png)" in render_sweep(agg, tmp_path).read_text()
     assert "none (from scratch)" in rows["scratch/sst-gpt-tanh"] and "0.00" in rows["scratch/sst-gpt-tanh"]
     assert "lstm (J&W)" in rows["bilstm/sst-lstm-tanh"] and "[0.790, 0.830]" in rows["bilstm/sst-lstm-tanh"]
+    # the config's compare pairs, below the models table
+    assert "### Paired comparisons" not in render_sweep(agg, tmp_path).read_text()
+    agg["comparisons"] = [
+        {
+            "a": "transfer-2/sst-gpt-tanh",
+            "b": "scratch/sst-gpt-tanh",
+            "accuracy_a": 0.8,
+            "accuracy_b": 0.6,
+            "difference": {"estimate": 0.2, "ci95": [0.15, 0.25]},
+            "seeds": [0, 1, 2],
+            "instances": 1821,
+            "per_seed": [{"pvalue": 0.001}, {"pvalue": 0.02}, {"pvalue": 0.5}],
+        }  # fmt: skip
+    ]
+    part = render_sweep(agg, tmp_path).read_text().split("### Paired comparisons")[1].split("\n## ")[0]
+    row = "transfer-2/sst-gpt-tanh | scratch/sst-gpt-tanh | 0.800 | 0.600 | 0.200 | [0.150, 0.250] | 3 | 1821 |"
+    assert row in " ".join(part.split())
+    assert "0.0010, 0.0200, 0.5000" in part
 
 
 def test_bootstrap_ci_rows_is_bootstrap_ci_of_each_row():
@@ -259,3 +277,33 @@ def test_bootstrap_ci_rows_is_bootstrap_ci_of_each_row():
     for row, got in zip(rows, together):
         np.testing.assert_allclose(got, bootstrap_ci(row, np.mean, n_resamples=999), rtol=1e-12)
     assert all(np.isnan(v).all() for v in bootstrap_ci_rows(rows[:, :1], np.mean))  # one instance
+
+
+def test_group_comparisons_pair_seeds_and_instances_like_a_plain_loop():
+    """[sweep] compare: grid A's accuracy minus grid B's on their common seeds and instances; the
+    estimate and interval as the two-level loop gives them on the per-instance differences, the
+    McNemar counts by hand; groups matched by their axes (here: the same dataset, other encoders,
+    one group each), and no comparison over other instances."""
+    from attnmetrics.app.aggregate import group_comparisons
+
+    rng = np.random.default_rng(7)
+    labels = rng.integers(0, 2, 80)
+    right = {(g, s): rng.random(80) < (0.8 if g == "a" else 0.6) for g in ("a", "b") for s in (0, 1, 2)}
+    right.pop(("b", 2))  # B lacks seed 2: seeds 0 and 1 are compared
+    cells = []
+    for (g, s), r in right.items():
+        cell = Cell(g, {"dataset": "sst", "encoder": "gpt" if g == "a" else "lstm", "attention": "tanh", "seed": s}, ())
+        cells.append((cell, {}, _predictions(r, labels)))
+    other = Cell("c", {"dataset": "sst", "encoder": "lstm", "attention": "tanh", "seed": 0}, ())
+    cells.append((other, {}, _predictions(right["b", 0], labels[::-1].copy())))  # other instances
+    (got,) = group_comparisons(cells, [("a", "b")])
+    assert (got["a"], got["b"], got["seeds"], got["instances"]) == ("a/sst-gpt-tanh", "b/sst-lstm-tanh", [0, 1], 80)
+    diff = np.stack([right["a", s].astype(float) - right["b", s] for s in (0, 1)])
+    estimate, low, high = _loop_seed_instance_ci(diff, np.mean, 9999)
+    assert got["difference"]["estimate"] == pytest.approx(estimate)
+    assert got["difference"]["ci95"] == pytest.approx([low, high])
+    assert got["accuracy_a"] == pytest.approx(np.mean([right["a", s].mean() for s in (0, 1)]))
+    for t in got["per_seed"]:
+        a, b = right["a", t["seed"]], right["b", t["seed"]]
+        assert (t["b01"], t["b10"]) == (int(np.sum(b & ~a)), int(np.sum(a & ~b)))
+    assert group_comparisons(cells, [("a", "c")]) == []

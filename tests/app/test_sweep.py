@@ -485,3 +485,18 @@ examples = 0
     rows = [line.split("|")[1].strip() for line in part.splitlines() if line.startswith("| ")]
     assert rows[1 : len(order) + 1] == order
     assert (out / f"methods_{name.replace('/', '_')}.png").stat().st_size > 0
+
+
+def test_config_compare_pairs_two_grids_of_the_config(tmp_path):
+    grids = '[[grid]]\nname = "g"\ndatasets = ["sst"]\n[[grid]]\nname = "h"\ndatasets = ["sst"]\n'
+    sweep = load_config(_config(tmp_path, '[sweep]\ncompare = [["g", "h"]]\n' + grids))
+    assert sweep.compare == [("g", "h")]
+    assert load_config(_config(tmp_path, grids)).compare == []
+    for compare, words in (
+        ('[["g", "x"]]', r"compare names grids \['x'\] that the config has not"),
+        ('[["g", "g"]]', "pairs a grid with itself"),
+        ('[["g"]]', r'compare takes pairs \["grid A", "grid B"\]'),
+        ('"g"', "compare must be a list"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            load_config(_config(tmp_path, f"[sweep]\ncompare = {compare}\n" + grids))

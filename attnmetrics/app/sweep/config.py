@@ -7,6 +7,8 @@ Config (TOML; relative paths resolve against the config file's folder; see confi
     out = "runs/sweep"                        # sweep folder (--out overrides, relative to the cwd)
     jobs = 2                                  # cells run at once (--jobs overrides)
     data_dirs = { sst = "path/to/sst" }       # --data-dir per dataset (the sweep's --data-dir sst=DIR overrides)
+    compare = [["pretrained", "scratch"]]     # pairs of grids whose models the report compares, paired
+                                              # on common seeds and test instances (optional)
 
     [defaults]                                # run flags for every cell
     epochs = 8
@@ -104,6 +106,7 @@ class Sweep:
     executor: str = "local"  # EXECUTORS: where the cells run
     slurm: dict = field(default_factory=dict)  # the [sweep.slurm] table: SLURM_KEYS
     data_dirs: dict = field(default_factory=dict)  # dataset -> folder (absolute), config and --data-dir
+    compare: list = field(default_factory=list)  # [(grid A, grid B)]: the report's paired model comparisons
 
     def missing_data(self) -> list[str]:
         """What keeps cells from finding their data, one line per dataset read from a local
@@ -196,9 +199,11 @@ def _read(path: Path) -> tuple[str, dict]:
 
 def _head(head: dict, base: Path, out, jobs, executor, slurm, given_dirs) -> tuple[Path, int, str, dict, dict]:
     """The [sweep] table, overridden by the command's flags: (out, jobs, executor, slurm, data_dirs)."""
-    extra = set(head) - {"out", "jobs", "data_dirs", "executor", "slurm"}
+    extra = set(head) - {"out", "jobs", "data_dirs", "executor", "slurm", "compare"}
     if extra:
-        raise ValueError(f"[sweep]: unknown keys {sorted(extra)}; expected out, jobs, data_dirs, executor, slurm")
+        raise ValueError(
+            f"[sweep]: unknown keys {sorted(extra)}; expected out, jobs, data_dirs, executor, slurm, compare"
+        )
     executor = executor if executor is not None else head.get("executor", "local")
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
@@ -322,7 +327,24 @@ def load_config(
         if (c.grid, c.name) in seen:
             raise ValueError(f"[[grid]] {c.grid!r}: two cells share the folder name {c.name!r}")
         seen.add((c.grid, c.name))
-    return Sweep(out, jobs, cells, text, executor, slurm, data_dirs)
+    return Sweep(out, jobs, cells, text, executor, slurm, data_dirs, _compare(head.get("compare", []), names))
+
+
+def _compare(pairs, names: set[str]) -> list[tuple[str, str]]:
+    """[sweep] compare: a list of [grid A, grid B] pairs of two different grids of the config."""
+    if not isinstance(pairs, list):
+        raise ValueError(f'[sweep]: compare must be a list of ["grid A", "grid B"] pairs, got {pairs!r}')
+    out = []
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(g, str) for g in pair)):
+            raise ValueError(f'[sweep]: compare takes pairs ["grid A", "grid B"], got {pair!r}')
+        unknown = [g for g in pair if g not in names]
+        if unknown:
+            raise ValueError(f"[sweep]: compare names grids {unknown} that the config has not; it has {sorted(names)}")
+        if pair[0] == pair[1]:
+            raise ValueError(f"[sweep]: compare pairs a grid with itself: {pair!r}")
+        out.append((pair[0], pair[1]))
+    return out
 
 
 def cell_command(cell: Cell, out: Path, overwrite: bool = False) -> list[str]:
