@@ -92,3 +92,24 @@ def floor_info(macs: int, seconds: float) -> dict:
     rate = matmul_gmacs()
     floor = macs / (rate * 1e9)
     return dict(multiply_adds=int(macs), machine_gmacs=rate, multiply_add_floor_s=floor, times_floor=seconds / floor)
+
+
+#: the transformer benchmarks' random BERT classifiers: 4 layers, d = 256; all-MiniLM-L6-v2's shape;
+#: and CI's smoke run's (under --benchmark-disable)
+SMALL_BERT = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+MINILM_BERT = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+SMOKE_BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+
+
+def random_bert(shape: dict, smoke: bool, labels: int = 2):
+    """(model, its Hugging Face config, a description): a random ``BertForSequenceClassification`` of
+    ``shape`` (:data:`SMOKE_BERT` when ``smoke``) through our adapter, eval mode, CPU float32,
+    seeded, offline; skips without transformers."""
+    transformers = pytest.importorskip("transformers", reason="transformers is optional")
+    from attnmetrics.models.hf import HFClassifier
+
+    torch.manual_seed(0)
+    shape = SMOKE_BERT if smoke else shape
+    config = transformers.BertConfig(vocab_size=30522, num_labels=labels, **shape)
+    model = HFClassifier(transformers.BertForSequenceClassification(config)).eval()
+    return model, config, "random BertForSequenceClassification " + ", ".join(f"{k}={v}" for k, v in shape.items())

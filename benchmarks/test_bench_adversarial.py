@@ -123,18 +123,11 @@ def test_adversarial_on_a_transformer(benchmark):
     factored time beside its multiply-add floor: per step and candidate, the forward and the
     backward to its input of the mixing (T d), the output projection (d²), the feed-forward
     (2 d d_ff), the pooler (d²) and the classifier (d C), each row at its own length."""
-    transformers = pytest.importorskip("transformers", reason="transformers is optional")
-    from attnmetrics.models.hf import HFClassifier
-    from benchmarks.measure import floor_info, timed
+    from benchmarks.measure import MINILM_BERT, floor_info, random_bert, timed
     from benchmarks.test_bench_attributions import inputs
 
-    torch.manual_seed(0)
-    shape = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
     small = benchmark.disabled  # CI's smoke run: a 2-layer d = 32 model and two short rows
-    if small:
-        shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-    config = transformers.BertConfig(vocab_size=30522, num_labels=2, **shape)
-    model = HFClassifier(transformers.BertForSequenceClassification(config)).eval()
+    model, config, description = random_bert(MINILM_BERT, small)
     tokens, lengths = inputs("sst", small)
     own = model.tested_attention(tokens, lengths)
     benchmark.group = "adversarial-transformer"
@@ -153,7 +146,7 @@ def test_adversarial_on_a_transformer(benchmark):
     macs = STEPS * 5 * 2 * sum(per_candidate)
     benchmark.extra_info.update(
         describe(result, own.lengths),
-        model="random BertForSequenceClassification " + ", ".join(f"{k}={v}" for k, v in shape.items()),
+        model=description,
         threads=torch.get_num_threads(),
         dense_values_s=dense_s,
         factored_values_s=factored_s,

@@ -108,20 +108,13 @@ def test_eraser_on_a_transformer(benchmark):
     predicted class), then per row and distinct rationale size k one re-encoding without the
     rationale (L - k tokens, comprehensiveness) and one of the rationale alone (k + 2, sufficiency),
     each at its own length."""
-    transformers = pytest.importorskip("transformers", reason="transformers is optional")
     from attnmetrics import full_rows
     from attnmetrics.eraser import rationale_sizes
-    from attnmetrics.models.hf import HFClassifier
-    from benchmarks.measure import encoder_macs, floor_info, median_seconds, timed
+    from benchmarks.measure import SMALL_BERT, encoder_macs, floor_info, median_seconds, random_bert, timed
     from benchmarks.test_bench_attributions import inputs
 
-    torch.manual_seed(0)
-    shape = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
     small = benchmark.disabled  # CI's smoke run: a 2-layer d = 32 model and two short rows
-    if small:
-        shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-    config = transformers.BertConfig(vocab_size=30522, num_labels=2, **shape)
-    model = HFClassifier(transformers.BertForSequenceClassification(config)).eval()
+    model, config, description = random_bert(SMALL_BERT, small)
     tokens, lengths = inputs("sst", small)
     real = lengths - 2
     scores = torch.rand(len(lengths), int(real.max()), generator=torch.Generator().manual_seed(1))
@@ -147,7 +140,7 @@ def test_eraser_on_a_transformer(benchmark):
         for size in {s for s in sizes if s > 0}:
             macs += encoder_macs(config, n - size) + encoder_macs(config, size + 2)
     benchmark.extra_info.update(
-        model="random BertForSequenceClassification " + ", ".join(f"{k}={v}" for k, v in shape.items()),
+        model=description,
         rows=int(lengths.shape[0]),
         mean_length=float(lengths.double().mean()),
         threads=torch.get_num_threads(),

@@ -161,18 +161,12 @@ def test_leave_one_out_vs_captum_on_a_transformer(benchmark):
     real token masked with [MASK]. Ours re-encodes every masked row as Captum does (a transformer
     has no state to reuse), in few large calls; Captum stock (best ``perturbations_per_eval``) and
     length-bucketed. Values checked equal first."""
-    transformers = pytest.importorskip("transformers", reason="transformers is optional")
-    from attnmetrics.models.hf import HFClassifier
+    from benchmarks.measure import SMALL_BERT, random_bert
     from benchmarks.test_bench_attributions import inputs
 
-    torch.manual_seed(0)
-    shape = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
-    per_evals = PER_EVAL
     small = benchmark.disabled  # CI's smoke run: a 2-layer d = 32 model and two short rows
-    if small:
-        shape, per_evals = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64), (1,)
-    config = transformers.BertConfig(vocab_size=30522, num_labels=2, **shape)
-    model = HFClassifier(transformers.BertForSequenceClassification(config)).eval()
+    model, config, description = random_bert(SMALL_BERT, small)
+    per_evals = (1,) if small else PER_EVAL
     tokens, lengths = inputs("sst", small)
     benchmark.group = "loo-captum-transformer"
     _, info = measure_against_captum(benchmark, model, tokens, lengths, per_evals, second_class, BERT_MASK)
@@ -180,7 +174,7 @@ def test_leave_one_out_vs_captum_on_a_transformer(benchmark):
     # the rows themselves once, each at its own length
     macs = sum((n - 1) * encoder_macs(config, n) for n in lengths.tolist())
     benchmark.extra_info.update(
-        model="random BertForSequenceClassification " + ", ".join(f"{k}={v}" for k, v in shape.items()),
+        model=description,
         **info,
         **floor_info(macs, info["leave_one_out_mask_s"]),
         load_average_after=os.getloadavg()[0],
