@@ -490,6 +490,25 @@ def _gpt1() -> dict[str, Quote]:
     return s
 
 
+def _gpt1_extract() -> dict[str, Quote]:
+    """GPT-1's ablations with its <extract> read-out over three seeds (docs/results.md):
+    ``gpt1x.GRID.accuracy[.ci|.min|.max]`` and the paired differences ``gpt1x.A-B.diff[.ci]``."""
+    file = "reports/gpt1-extract/aggregate.json"
+    s: dict[str, Quote] = {}
+    for grid in ("pretrained", "scratch", "no-lm"):
+        at = ("groups", f"{grid}/sst-gpt-extract", "statistics", "test accuracy")
+        s[f"gpt1x.{grid}.accuracy.ci"] = interval(file, *at)
+        s[f"gpt1x.{grid}.accuracy"] = one(".3f", file, *at, "estimate")
+        s[f"gpt1x.{grid}.accuracy.min"] = one(".3f", file, *at, "min")
+        s[f"gpt1x.{grid}.accuracy.max"] = one(".3f", file, *at, "max")
+    s["gpt1x.pretraining.ppl"] = one(".1f", "reports/gpt1-extract/pretraining.json", "history", -1, "val_ppl")
+    for b in ("scratch", "no-lm"):
+        at = ("comparisons", {"a": "pretrained/sst-gpt-extract", "b": f"{b}/sst-gpt-extract"}, "difference")
+        s[f"gpt1x.pretrained-{b}.diff.ci"] = interval(file, *at, minus="−")
+        s[f"gpt1x.pretrained-{b}.diff"] = one(".3f", file, *at, "estimate", minus="−")
+    return s
+
+
 def _single_runs() -> dict[str, Quote]:
     """The single runs' committed report.md (docs/results.md, "What a run gives"): the default
     BiLSTM on SST and GPT-1's own attention (their results.json are not committed)."""
@@ -659,6 +678,40 @@ def _leave_one_out_and_eraser() -> dict[str, Quote]:
     return s
 
 
+TRANSFORMER_FLOOR = "benchmarks/results/transformer-battery-cpu-1thread.json"
+
+
+def _transformer_floor() -> dict[str, Quote]:
+    """docs/speed.md's transformer battery against its multiply-add floor, one CPU thread:
+    ``tfloor.PROCEDURE.{s,floor_s,times}`` and each benchmark's own comparisons."""
+    s: dict[str, Quote] = {}
+
+    def extra(name: str, field: str, fmt: str) -> Quote:
+        return Quote(fmt, (Value(TRANSFORMER_FLOOR, ("benchmarks", {"name": name}, "extra_info", field)),))
+
+    for key, name, field in (
+        ("loo", "test_leave_one_out_vs_captum_on_a_transformer", "leave_one_out_mask_s"),
+        ("eraser", "test_eraser_on_a_transformer", "eraser_s"),
+        ("adversary", "test_adversarial_on_a_transformer", "factored_values_s"),
+        ("ig", "test_integrated_gradients_vs_captum", "integrated_gradients_s"),
+    ):
+        s[f"tfloor.{key}.s"] = extra(name, field, "{:.2f}")
+        s[f"tfloor.{key}.floor_s"] = extra(name, "multiply_add_floor_s", "{:.2f}")
+        s[f"tfloor.{key}.times"] = extra(name, "times_floor", "{:.2f}")
+        s[f"tfloor.{key}.gmacs"] = extra(name, "machine_gmacs", "{:.0f}")
+    s["tfloor.adversary.dense_s"] = extra("test_adversarial_on_a_transformer", "dense_values_s", "{:.2f}")
+    s["tfloor.adversary.factored_speedup"] = extra("test_adversarial_on_a_transformer", "factored_speedup", "{:.1f}")
+    s["tfloor.eraser.ferret_s"] = extra("test_eraser_on_a_transformer", "ferret_approach_s", "{:.2f}")
+    s["tfloor.eraser.vs_ferret"] = extra("test_eraser_on_a_transformer", "speedup_vs_ferret_approach", "{:.1f}")
+    s["tfloor.loo.vs_bucketed"] = extra(
+        "test_leave_one_out_vs_captum_on_a_transformer", "mask_speedup_vs_bucketed", "{:.1f}"
+    )
+    s["tfloor.loo.vs_stock"] = extra("test_leave_one_out_vs_captum_on_a_transformer", "mask_speedup_vs_stock", "{:.1f}")
+    s["tfloor.ig.vs_bucketed"] = extra("test_integrated_gradients_vs_captum", "speedup_vs_bucketed", "{:.2f}")
+    s["tfloor.ig.vs_stock"] = extra("test_integrated_gradients_vs_captum", "speedup_vs_stock", "{:.1f}")
+    return s
+
+
 def _attributions() -> dict[str, Quote]:
     """The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md)."""
     s: dict[str, Quote] = {}
@@ -702,9 +755,11 @@ SOURCES: dict[str, Quote] = _sources(
     _wp_ts_seeds(),
     _sweep(),
     _gpt1(),
+    _gpt1_extract(),
     _single_runs(),
     _cpu_table(),
     _leave_one_out_and_eraser(),
+    _transformer_floor(),
     _attributions(),
 )
 

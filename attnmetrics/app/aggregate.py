@@ -237,14 +237,15 @@ def group_comparisons(cells: list[tuple[object, dict, dict | None]], pairs: list
     (equal axes but the seed; else, per dataset, the grids' one group each on it).
 
     On the seeds both groups have and their common test instances (the comparison is left out
-    where the groups were tested on different instances): per seed s and instance i the
+    where the groups were tested on different instances: another data set, split or labels; the
+    models' tokenisers may differ, so the rows' token counts need not match): per seed s and instance i the
     difference ``d[s, i] = correct_A[s, i] - correct_B[s, i]``; the estimate is the mean over
     seeds of each seed's mean difference, its 95 % percentile interval resamples the seeds, then
     the instances (:func:`attnmetrics.stats.seed_instance_ci`, one draw of instances for both
     models, so the pairing is kept); besides, McNemar's exact test per seed."""
     by_grid: dict[str, dict[str, list]] = {}
-    for c, _, p in cells:
-        by_grid.setdefault(c.grid, {}).setdefault(c.group, []).append((c, p))
+    for c, r, p in cells:
+        by_grid.setdefault(c.grid, {}).setdefault(c.group, []).append((c, r, p))
     out = []
     for a, b in pairs:
         groups_a, groups_b = by_grid.get(a, {}), by_grid.get(b, {})
@@ -266,11 +267,13 @@ def group_comparisons(cells: list[tuple[object, dict, dict | None]], pairs: list
 def _compare_groups(name_a: str, members_a: list, name_b: str, members_b: list) -> dict | None:
     """:func:`group_comparisons`' entry for two groups' (cell, predictions); None without common
     seeds with predictions on the same instances."""
-    preds_a = {c.axes["seed"]: p for c, p in members_a if p is not None}
-    preds_b = {c.axes["seed"]: p for c, p in members_b if p is not None}
+    preds_a = {c.axes["seed"]: (r, p) for c, r, p in members_a if p is not None}
+    preds_b = {c.axes["seed"]: (r, p) for c, r, p in members_b if p is not None}
     seeds = sorted(set(preds_a) & set(preds_b))
-    if not seeds or not _same_instances([preds_a[s] for s in seeds] + [preds_b[s] for s in seeds]):
+    if not seeds or not _same_test_set([preds_a[s] for s in seeds] + [preds_b[s] for s in seeds]):
         return None
+    preds_a = {s: p for s, (_, p) in preds_a.items()}
+    preds_b = {s: p for s, (_, p) in preds_b.items()}
     right_a = np.stack([_decision(preds_a[s]["logits"]) == preds_a[s]["labels"] for s in seeds])
     right_b = np.stack([_decision(preds_b[s]["logits"]) == preds_b[s]["labels"] for s in seeds])
     ci = seed_instance_ci(right_a.astype(np.float64) - right_b, np.mean)
@@ -291,6 +294,18 @@ def _compare_groups(name_a: str, members_a: list, name_b: str, members_b: list) 
         "difference": {"estimate": ci.estimate, "ci95": [ci.low, ci.high]},
         "per_seed": per_seed,
     }
+
+
+def _same_test_set(runs: list[tuple[dict, dict]]) -> bool:
+    """Whether runs ``(results, predictions)`` were tested on the same instances: the same data set
+    and split (name, split sizes, split seed) and the same labels in the same order."""
+
+    def test_set(r: dict) -> tuple:
+        data = r.get("data", {})
+        return data.get("name"), str(data.get("sizes")), r.get("split_seed")
+
+    first_results, first = runs[0]
+    return all(test_set(r) == test_set(first_results) and np.array_equal(p["labels"], first["labels"]) for r, p in runs)
 
 
 def load_cell(folder: Path) -> tuple[dict, dict | None]:

@@ -291,11 +291,17 @@ def test_group_comparisons_pair_seeds_and_instances_like_a_plain_loop():
     right = {(g, s): rng.random(80) < (0.8 if g == "a" else 0.6) for g in ("a", "b") for s in (0, 1, 2)}
     right.pop(("b", 2))  # B lacks seed 2: seeds 0 and 1 are compared
     cells = []
+    test_set = {"data": {"name": "sst", "sizes": {"test": 80}}, "split_seed": 0}
     for (g, s), r in right.items():
         cell = Cell(g, {"dataset": "sst", "encoder": "gpt" if g == "a" else "lstm", "attention": "tanh", "seed": s}, ())
-        cells.append((cell, {}, _predictions(r, labels)))
+        predictions = _predictions(r, labels)
+        if g == "b":  # another tokeniser: other token counts, the same sentences
+            predictions["lengths"] = predictions["lengths"] + 3
+        cells.append((cell, test_set, predictions))
     other = Cell("c", {"dataset": "sst", "encoder": "lstm", "attention": "tanh", "seed": 0}, ())
-    cells.append((other, {}, _predictions(right["b", 0], labels[::-1].copy())))  # other instances
+    cells.append((other, test_set, _predictions(right["b", 0], labels[::-1].copy())))  # other instances
+    split = Cell("d", {"dataset": "sst", "encoder": "lstm", "attention": "tanh", "seed": 0}, ())
+    cells.append((split, {**test_set, "split_seed": 1}, _predictions(right["b", 0], labels)))  # another split
     (got,) = group_comparisons(cells, [("a", "b")])
     assert (got["a"], got["b"], got["seeds"], got["instances"]) == ("a/sst-gpt-tanh", "b/sst-lstm-tanh", [0, 1], 80)
     diff = np.stack([right["a", s].astype(float) - right["b", s] for s in (0, 1)])
@@ -306,4 +312,4 @@ def test_group_comparisons_pair_seeds_and_instances_like_a_plain_loop():
     for t in got["per_seed"]:
         a, b = right["a", t["seed"]], right["b", t["seed"]]
         assert (t["b01"], t["b10"]) == (int(np.sum(b & ~a)), int(np.sum(a & ~b)))
-    assert group_comparisons(cells, [("a", "c")]) == []
+    assert group_comparisons(cells, [("a", "c")]) == [] and group_comparisons(cells, [("a", "d")]) == []
