@@ -495,17 +495,22 @@ def _gpt1_extract() -> dict[str, Quote]:
     ``gpt1x.GRID.accuracy[.ci|.min|.max]`` and the paired differences ``gpt1x.A-B.diff[.ci]``."""
     file = "reports/gpt1-extract/aggregate.json"
     s: dict[str, Quote] = {}
-    for grid in ("pretrained", "scratch", "no-lm"):
+    for grid in ("pretrained", "scratch", "no-lm", "transfer-0", "transfer-2"):
         at = ("groups", f"{grid}/sst-gpt-extract", "statistics", "test accuracy")
         s[f"gpt1x.{grid}.accuracy.ci"] = interval(file, *at)
         s[f"gpt1x.{grid}.accuracy"] = one(".3f", file, *at, "estimate")
         s[f"gpt1x.{grid}.accuracy.min"] = one(".3f", file, *at, "min")
         s[f"gpt1x.{grid}.accuracy.max"] = one(".3f", file, *at, "max")
     s["gpt1x.pretraining.ppl"] = one(".1f", "reports/gpt1-extract/pretraining.json", "history", -1, "val_ppl")
-    for b in ("scratch", "no-lm"):
-        at = ("comparisons", {"a": "pretrained/sst-gpt-extract", "b": f"{b}/sst-gpt-extract"}, "difference")
-        s[f"gpt1x.pretrained-{b}.diff.ci"] = interval(file, *at, minus="−")
-        s[f"gpt1x.pretrained-{b}.diff"] = one(".3f", file, *at, "estimate", minus="−")
+    for a, b in (
+        ("pretrained", "scratch"),
+        ("pretrained", "no-lm"),
+        ("pretrained", "transfer-0"),
+        ("transfer-2", "transfer-0"),
+    ):
+        at = ("comparisons", {"a": f"{a}/sst-gpt-extract", "b": f"{b}/sst-gpt-extract"}, "difference")
+        s[f"gpt1x.{a}-{b}.diff.ci"] = interval(file, *at, minus="−")
+        s[f"gpt1x.{a}-{b}.diff"] = one(".3f", file, *at, "estimate", minus="−")
     return s
 
 
