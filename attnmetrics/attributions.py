@@ -227,11 +227,6 @@ def supports(model) -> bool:
     return True
 
 
-def _identity_probs(query: Tensor, key: Tensor, value: Tensor, probs: Tensor, scaling: float) -> Tensor:
-    """An ``_attnmetrics_hook`` that reads the probabilities and keeps them (Hugging Face adapter)."""
-    return probs
-
-
 def _has(module: nn.Module, path: str) -> bool:
     for name in path.split("."):
         module = getattr(module, name, None)
@@ -273,25 +268,16 @@ class _Trace:
             self.probs.append(probs)
 
     def _bert(self, model, layers: nn.ModuleList, tokens: Tensor, lengths: Tensor, method: str, gradients: bool):
-        probs: list[Tensor | None] = []
-
-        def keep(module, inputs, output):
-            probs.append(output[1] if isinstance(output, tuple) and len(output) > 1 else None)
-
-        handles = [layer.attention.self.register_forward_hook(keep) for layer in layers]
-        for layer in layers:  # our adapter's attention returns the probabilities only to a reader
-            layer.attention.self._attnmetrics_hook = _identity_probs
-        try:
-            mask = token_mask(lengths, tokens.shape[1]).long()
-            if gradients:  # the same embeddings as from the ids (positions and token types added by the model)
-                words = model.hf.bert.get_input_embeddings()(tokens).detach().requires_grad_(True)
-                out = model.hf.bert(inputs_embeds=words, attention_mask=mask, output_hidden_states=True)
-            else:
-                out = model.hf.bert(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
-        finally:
-            for handle, layer in zip(handles, layers):
-                handle.remove()
-                del layer.attention.self._attnmetrics_hook
+        # transformers' own output_attentions: the probabilities each layer's attention function
+        # returns (our adapter's returns them whenever transformers collects them)
+        mask = token_mask(lengths, tokens.shape[1]).long()
+        kwargs = dict(attention_mask=mask, output_hidden_states=True, output_attentions=True)
+        if gradients:  # the same embeddings as from the ids (positions and token types added by the model)
+            words = model.hf.bert.get_input_embeddings()(tokens).detach().requires_grad_(True)
+            out = model.hf.bert(inputs_embeds=words, **kwargs)
+        else:
+            out = model.hf.bert(input_ids=tokens, **kwargs)
+        probs = list(out.attentions or ())
         if len(probs) != len(layers) or any(p is None for p in probs):
             raise ValueError(
                 f"{method} reads each layer's attention probabilities, but {type(model.hf).__name__}'s attention "

@@ -109,7 +109,6 @@ def _checked_logits(logits, n: int, what: str, classes: int | None, finite: bool
 #: ran 15 % slower with every call padded up to an eighth)
 CPU_SMALL_CALL = 512
 CPU_PADDING = 0.125
-_CPU_GROUPS = (CPU_PADDING, CPU_SMALL_CALL)
 
 
 def _length_groups(
@@ -127,10 +126,10 @@ def _length_groups(
     rows of one width only). A row that alone exceeds the budget forms its own group."""
     groups, start, count, real = [], 0, 0, 0
     for i, (c, w) in enumerate(zip(counts, widths)):
-        wider = padding is not None and i > start and w != widths[i - 1]
-        if wider:  # a new width: a group of its own unless this one is small and stays little padded
-            wider = real >= small or (count + c) * w > (1 + padding) * (real + c * w)
-        if i > start and (wider or (count + c) * w * per_position > budget):
+        # a new width starts a group unless this one is small and stays little padded
+        new_width = padding is not None and i > start and w != widths[i - 1]
+        split = new_width and (real >= small or (count + c) * w > (1 + padding) * (real + c * w))
+        if i > start and (split or (count + c) * w * per_position > budget):
             groups.append((start, i))
             start, count, real = i, 0, 0
         count += c
@@ -171,7 +170,12 @@ def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classe
         )
         parts, start, classes = [first], 1, first.shape[1]
     groups = _length_groups(
-        [1] * (len(len_list) - start), len_list[start:], per_position, budget, *((None,) if padded else _CPU_GROUPS)
+        [1] * (len(len_list) - start),
+        len_list[start:],
+        per_position,
+        budget,
+        padding=None if padded else CPU_PADDING,
+        small=CPU_SMALL_CALL,
     )
     for s, e in groups:
         idx = order[start + s : start + e]

@@ -76,7 +76,7 @@ def cell_statistics(
     if "test" in results:
         correct = None
         if predictions is not None:
-            correct = (_decision(predictions["logits"]) == predictions["labels"]).astype(float)
+            correct = _correct(predictions).astype(float)
         out["test accuracy"] = ("model", results["test"]["accuracy"], correct, nanmean)
         out["test macro F1"] = ("model", results["test"]["macro_f1"], None, None)
     for experiment in experiments():
@@ -101,6 +101,16 @@ def _spread(values: list[float | None]) -> dict:
         "max": float(v.max()),
         "seeds": int(v.size),
     }
+
+
+def _correct(p: dict) -> np.ndarray:
+    """[N] bool: the run's decision on each test instance equals its label."""
+    return _decision(p["logits"]) == p["labels"]
+
+
+def _setting(cell) -> dict:
+    """A cell's axes but the seed, as text: what its group shares with a group of another grid."""
+    return {k: str(v) for k, v in cell.axes.items() if k != "seed"}
 
 
 def _same_instances(preds: list[dict]) -> bool:
@@ -210,8 +220,7 @@ def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
             if key not in index or index[key][2] is None or not _same_instances([p, index[key][2]]):
                 continue
             b, rb, pb = index[key]
-            ok_c = _decision(p["logits"]) == p["labels"]
-            ok_b = _decision(pb["logits"]) == pb["labels"]
+            ok_c, ok_b = _correct(p), _correct(pb)
             m = mcnemar(ok_c, ok_b)  # b01: only the baseline right; b10: only this model
             tests.append(
                 {
@@ -250,10 +259,8 @@ def group_comparisons(cells: list[tuple[object, dict, dict | None]], pairs: list
     for a, b in pairs:
         groups_a, groups_b = by_grid.get(a, {}), by_grid.get(b, {})
         for name_a, members_a in groups_a.items():
-            axes = {k: str(v) for k, v in members_a[0][0].axes.items() if k != "seed"}
-            same = [
-                g for g, m in groups_b.items() if {k: str(v) for k, v in m[0][0].axes.items() if k != "seed"} == axes
-            ]
+            axes = _setting(members_a[0][0])
+            same = [g for g, m in groups_b.items() if _setting(m[0][0]) == axes]
             if not same:  # one group each on this dataset: those two
                 on_a = [g for g, m in groups_a.items() if m[0][0].axes["dataset"] == axes["dataset"]]
                 on_b = [g for g, m in groups_b.items() if m[0][0].axes["dataset"] == axes["dataset"]]
@@ -267,15 +274,13 @@ def group_comparisons(cells: list[tuple[object, dict, dict | None]], pairs: list
 def _compare_groups(name_a: str, members_a: list, name_b: str, members_b: list) -> dict | None:
     """:func:`group_comparisons`' entry for two groups' (cell, predictions); None without common
     seeds with predictions on the same instances."""
-    preds_a = {c.axes["seed"]: (r, p) for c, r, p in members_a if p is not None}
-    preds_b = {c.axes["seed"]: (r, p) for c, r, p in members_b if p is not None}
-    seeds = sorted(set(preds_a) & set(preds_b))
-    if not seeds or not _same_test_set([preds_a[s] for s in seeds] + [preds_b[s] for s in seeds]):
+    runs_a = {c.axes["seed"]: (r, p) for c, r, p in members_a if p is not None}
+    runs_b = {c.axes["seed"]: (r, p) for c, r, p in members_b if p is not None}
+    seeds = sorted(set(runs_a) & set(runs_b))
+    if not seeds or not _same_test_set([runs_a[s] for s in seeds] + [runs_b[s] for s in seeds]):
         return None
-    preds_a = {s: p for s, (_, p) in preds_a.items()}
-    preds_b = {s: p for s, (_, p) in preds_b.items()}
-    right_a = np.stack([_decision(preds_a[s]["logits"]) == preds_a[s]["labels"] for s in seeds])
-    right_b = np.stack([_decision(preds_b[s]["logits"]) == preds_b[s]["labels"] for s in seeds])
+    right_a = np.stack([_correct(runs_a[s][1]) for s in seeds])
+    right_b = np.stack([_correct(runs_b[s][1]) for s in seeds])
     ci = seed_instance_ci(right_a.astype(np.float64) - right_b, np.mean)
     per_seed = []
     for s, x, y in zip(seeds, right_a, right_b):
