@@ -3,6 +3,7 @@ it, the peak memory a call adds (to show chunking keeps memory bounded), and the
 skip and synchronisation."""
 
 import math
+import statistics
 import time
 
 import pytest
@@ -87,11 +88,35 @@ def encoder_macs(config, positions: int) -> int:
     return config.num_hidden_layers * per_layer + d * d + d * config.num_labels
 
 
-def floor_info(macs: int, seconds: float) -> dict:
-    """``extra_info`` entries for a time against its multiply-add floor at this machine's rate."""
-    rate = matmul_gmacs()
+def floor_info(macs: int, seconds: float, rates: list[float] | None = None) -> dict:
+    """``extra_info`` entries for a time against its multiply-add floor at this machine's rate:
+    the median of ``rates`` (:func:`rounds_beside_rate`'s, read beside the timed rounds), else one
+    reading now."""
+    rate = statistics.median(rates) if rates else matmul_gmacs()
     floor = macs / (rate * 1e9)
-    return dict(multiply_adds=int(macs), machine_gmacs=rate, multiply_add_floor_s=floor, times_floor=seconds / floor)
+    return dict(
+        multiply_adds=int(macs),
+        machine_gmacs=rate,
+        machine_gmacs_by_round=list(rates or [rate]),
+        multiply_add_floor_s=floor,
+        times_floor=seconds / floor,
+    )
+
+
+def rounds_beside_rate(benchmark, fn, args=(), rounds=3):
+    """(``fn(*args)``, its median seconds, the machine's multiply-add rate read before each round):
+    one warm-up and ``rounds`` timed rounds of pytest-benchmark, :func:`matmul_gmacs` before each.
+    This VM's rate moves by up to a fifth within minutes (60-79 GMAC/s in one session), so a floor
+    from a rate read once, apart from the rounds, moved the ratio as much; read beside them, both
+    sides see the same machine."""
+    rates = []
+
+    def setup():
+        rates.append(matmul_gmacs())
+        return args, {}
+
+    result = benchmark.pedantic(fn, setup=setup, rounds=rounds, iterations=1, warmup_rounds=1)
+    return result, median_seconds(benchmark, lambda: fn(*args)), rates[1:] or rates
 
 
 #: the transformer benchmarks' random BERT classifiers: 4 layers, d = 256; all-MiniLM-L6-v2's shape;

@@ -123,7 +123,7 @@ def test_adversarial_on_a_transformer(benchmark):
     factored time beside its multiply-add floor: per step and candidate, the forward and the
     backward to its input of the mixing (T d), the output projection (d²), the feed-forward
     (2 d d_ff), the pooler (d²) and the classifier (d C), each row at its own length."""
-    from benchmarks.measure import MINILM_BERT, floor_info, random_bert, timed
+    from benchmarks.measure import MINILM_BERT, floor_info, random_bert, rounds_beside_rate, timed
     from benchmarks.test_bench_attributions import inputs
 
     small = benchmark.disabled  # CI's smoke run: a 2-layer d = 32 model and two short rows
@@ -137,10 +137,9 @@ def test_adversarial_on_a_transformer(benchmark):
         return adversarial_attention(own.attention, values, own.decoder, own.lengths, steps=STEPS, generator=generator)
 
     dense, dense_s = timed(lambda: search(own.values))
-    result = benchmark.pedantic(search, args=(own.factored,), rounds=3, iterations=1, warmup_rounds=1)
+    result, factored_s, rates = rounds_beside_rate(benchmark, search, args=(own.factored,))
     # float32: the two sum the same terms in another order; the same rows found, JSDs to rounding
     torch.testing.assert_close(result.max_jsd, dense.max_jsd, rtol=0, atol=2e-3)
-    factored_s = median_seconds(benchmark, lambda: search(own.factored))
     d, f, c = config.hidden_size, config.intermediate_size, config.num_labels
     per_candidate = [n * d + d * d + 2 * d * f + d * d + d * c for n in own.lengths.tolist()]
     macs = STEPS * 5 * 2 * sum(per_candidate)
@@ -151,6 +150,6 @@ def test_adversarial_on_a_transformer(benchmark):
         dense_values_s=dense_s,
         factored_values_s=factored_s,
         factored_speedup=dense_s / factored_s,
-        **floor_info(macs, factored_s),
+        **floor_info(macs, factored_s, rates),
         load_average_after=os.getloadavg()[0],
     )

@@ -110,7 +110,7 @@ def test_eraser_on_a_transformer(benchmark):
     each at its own length."""
     from attnmetrics import full_rows
     from attnmetrics.eraser import rationale_sizes
-    from benchmarks.measure import SMALL_BERT, encoder_macs, floor_info, median_seconds, random_bert, timed
+    from benchmarks.measure import SMALL_BERT, encoder_macs, floor_info, random_bert, rounds_beside_rate, timed
     from benchmarks.test_bench_attributions import inputs
 
     small = benchmark.disabled  # CI's smoke run: a 2-layer d = 32 model and two short rows
@@ -129,10 +129,9 @@ def test_eraser_on_a_transformer(benchmark):
 
     with torch.no_grad():
         reference, ferret_s = timed(lambda: ferret_loop(model, tokens, lengths, scores))
-    got = benchmark.pedantic(both, rounds=3, iterations=1, warmup_rounds=1)
+    got, ours_s, rates = rounds_beside_rate(benchmark, both)
     for metric, values in reference.items():  # float32: batch composition moves the last bits
         np.testing.assert_allclose(got[metric].numpy(), values, atol=2e-5)
-    ours_s = median_seconds(benchmark, both)
     k = rationale_sizes(scores, real, ERASER_FRACTIONS)
     macs = 0
     for n, sizes in zip(lengths.tolist(), k.tolist()):
@@ -147,6 +146,6 @@ def test_eraser_on_a_transformer(benchmark):
         eraser_s=ours_s,
         ferret_approach_s=ferret_s,
         speedup_vs_ferret_approach=ferret_s / ours_s,
-        **floor_info(macs, ours_s),
+        **floor_info(macs, ours_s, rates),
         load_average_after=os.getloadavg()[0],
     )

@@ -35,7 +35,7 @@ import torch
 
 from attnmetrics import leave_one_out
 from benchmarks.jw_inputs import CASES, make_batch, make_model
-from benchmarks.measure import encoder_macs, floor_info, median_seconds, timed
+from benchmarks.measure import encoder_macs, floor_info, rounds_beside_rate, timed
 
 captum_attr = pytest.importorskip("captum.attr", reason="Captum is optional: pip install captum")
 
@@ -102,8 +102,7 @@ def measure_against_captum(benchmark, model, tokens, lengths, per_evals, output=
     def ours():
         return leave_one_out(model, tokens, lengths, mode="mask", mask_token=mask)
 
-    masked = benchmark.pedantic(ours, rounds=3, warmup_rounds=1)  # warm, as the peers after it
-    mask_s = median_seconds(benchmark, ours)
+    masked, mask_s, rates = rounds_beside_rate(benchmark, ours)  # warm, as the peers after it
     bucketed, bucketed_s = timed(lambda: captum_loo_bucketed(model, tokens, lengths, output, mask))
     torch.testing.assert_close(masked, bucketed, rtol=1e-3, atol=1e-5)
     stock_s = {}
@@ -124,6 +123,7 @@ def measure_against_captum(benchmark, model, tokens, lengths, per_evals, output=
         mask_speedup_vs_bucketed=bucketed_s / mask_s,
         mask_speedup_vs_stock=stock_s[best] / mask_s,
         max_abs_diff_vs_captum=float((masked - bucketed).abs().max()),
+        machine_gmacs_by_round=rates,
     )
 
 
@@ -173,9 +173,10 @@ def test_leave_one_out_vs_captum_on_a_transformer(benchmark):
     # the floor: every masking re-encodes its whole row (nothing is reusable: docs/speed.md), and
     # the rows themselves once, each at its own length
     macs = sum((n - 1) * encoder_macs(config, n) for n in lengths.tolist())
+    rates = info.pop("machine_gmacs_by_round")
     benchmark.extra_info.update(
         model=description,
         **info,
-        **floor_info(macs, info["leave_one_out_mask_s"]),
+        **floor_info(macs, info["leave_one_out_mask_s"], rates),
         load_average_after=os.getloadavg()[0],
     )

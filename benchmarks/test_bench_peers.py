@@ -64,7 +64,7 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.measure import encoder_macs, floor_info, median_seconds, timed
+from benchmarks.measure import encoder_macs, floor_info, median_seconds, rounds_beside_rate, timed
 
 transformers = pytest.importorskip("transformers", reason="transformers is optional")
 
@@ -295,8 +295,7 @@ def test_integrated_gradients_vs_captum(benchmark, setup):
         return integrated_gradients(model, tokens, lengths, steps=steps)
 
     benchmark.group = "peers-integrated-gradients"
-    mine = benchmark.pedantic(ours, rounds=3, warmup_rounds=1)  # warm: Captum, thread pools
-    ours_s = median_seconds(benchmark, ours)
+    mine, ours_s, rates = rounds_beside_rate(benchmark, ours)  # warm: Captum, thread pools
     stock, stock_s = timed(lambda: captum_ig(captum_attr, user, tokens, lengths, IG_INTERNAL_BATCH, steps))
     torch.testing.assert_close(mine, stock, rtol=1e-3, atol=1e-5)
     if small:
@@ -320,7 +319,7 @@ def test_integrated_gradients_vs_captum(benchmark, setup):
         max_abs_diff_vs_captum=float((mine - stock).abs().max()),
         # the floor: per step a forward and the backward to the inputs (at least one more
         # forward's multiply-adds), each row at its own length
-        **floor_info(sum(2 * steps * encoder_macs(model.hf.config, n) for n in lengths.tolist()), ours_s),
+        **floor_info(sum(2 * steps * encoder_macs(model.hf.config, n) for n in lengths.tolist()), ours_s, rates),
         numpy=np.__version__,
         python=sys.version.split()[0],
         load_average_after=os.getloadavg()[0],

@@ -27,6 +27,7 @@ decomposition against a real forward).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from collections.abc import Iterable
@@ -38,7 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnmetrics.models.text import TextEncoder
-from attnmetrics.protocol import FactoredValues, TestedAttention, token_mask
+from attnmetrics.models.own_attention import decompose_row
+from attnmetrics.protocol import TestedAttention, token_mask
 
 #: the name the attention function and its mask function are registered under
 ATTENTION = "attnmetrics"
@@ -86,12 +88,21 @@ def _collecting_attentions() -> bool:
     """Whether ``transformers`` collects this forward's attention probabilities (``output_attentions=True``:
     its output-capturing hooks read them from the attention modules' outputs). True where this
     ``transformers`` keeps no such collector: then any of its hooks may read them."""
+    collector = _attention_collector()
+    if collector is None:
+        return True
+    collected = collector.get()
+    return collected is not None and "attentions" in collected
+
+
+@functools.cache
+def _attention_collector():
+    """``transformers``' context variable of the outputs it collects this forward; None where it keeps none."""
     try:
         from transformers.utils.output_capturing import _active_collector
     except ImportError:
-        return True
-    collected = _active_collector.get()
-    return collected is not None and "attentions" in collected
+        return None
+    return _active_collector
 
 
 def register() -> None:
@@ -403,25 +414,13 @@ class HFClassifier(nn.Module):
             proj = self.base.h[-1].attn.c_proj  # Conv1D: weight [in, out]
             w_o, b_o = proj.weight.T, proj.bias
             after = GPT2AfterAttention(self.hf, self.decoder)
-        a = probs[rows, :, p]  # [B, heads, T]
-        U = torch.einsum("bhsk,dhk->bhsd", v, w_o.view(-1, heads, dh))  # each head through its slice
         real = token_mask(lengths, T, self.lead, self.trail)
-        mass = (a * real[:, None]).sum(-1, keepdim=True)
-        # the real share as a softmax over the real tokens' scores alone (= a / mass, without underflow)
-        scores = torch.einsum("bhk,bhtk->bht", q[rows, :, p], k) * captured["scaling"]
-        alpha = torch.softmax(scores.masked_fill(~real[:, None], -torch.inf), -1).nan_to_num(0.0)
-        special = torch.einsum("bhs,bhsd->bhd", a * ~real[:, None], U)
-        residual = (x + b_o) / heads
-        values = mass[..., None] * U + (special + residual[:, None])[:, :, None]
-        values = values[:, :, self.lead :] * real[:, None, self.lead :, None]
-        # the same values factored: each head's own vectors, then its slice of the projection
-        per_head = (mass[..., None] * v)[:, :, self.lead :] * real[:, None, self.lead :, None]
-        factored = FactoredValues(
-            per_head.contiguous(), w_o.view(-1, heads, dh).permute(1, 2, 0).contiguous(), special + residual[:, None]
+        attention, values, factored, _ = decompose_row(
+            probs[rows, :, p], q[rows, :, p], k, v, w_o.view(-1, heads, dh), b_o, x, captured["scaling"], real, self.lead
         )
         return TestedAttention(
-            alpha[:, :, self.lead :].contiguous(),
-            values.contiguous(),
+            attention,
+            values,
             lengths - self.lead - self.trail,
             logits,
             after,

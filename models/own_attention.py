@@ -82,32 +82,66 @@ def extract_attention(model, tokens: Tensor, lengths: Tensor) -> TestedAttention
     rows = torch.arange(B, device=tokens.device)
     p = lengths - 1
     a = probs[rows, :, p]  # [B, heads, T]: the <extract> row of every head
-    # U[b, h, s] = v[b, h, s] @ W_o[:, h-slice]^T: each head's values through its slice of the projection
     w_o = attn.proj.weight.view(-1, heads, dh)  # [d, heads, dh]
-    U = torch.einsum("bhsk,dhk->bhsd", v, w_o)  # [B, heads, T, d]
     real = token_mask(lengths, T, model.lead, model.trail)  # [B, T]
-    mass = (a * real[:, None, :]).sum(-1, keepdim=True)  # [B, heads, 1]
-    # The real tokens' share as a softmax over their scores alone (= a / mass, without the
-    # underflow of a / mass when a head puts almost all its weight on the special positions)
-    scores = torch.einsum("bhk,bhtk->bht", q[rows, :, p], k) * (q.shape[-1] ** -0.5)
-    alpha = torch.softmax(scores.masked_fill(~real[:, None, :], -torch.inf), -1).nan_to_num(0.0)
-    special = torch.einsum("bhs,bhsd->bhd", a * ~real[:, None, :], U)  # <start> and <extract>, fixed weights
-    residual = (x[rows, p] + attn.proj.bias) / heads  # [B, d]
-    values = mass[..., None] * U + (special + residual[:, None, :])[:, :, None, :]
-    # the real-token columns as the protocol slices them (attnmetrics.protocol.real_tokens)
-    attention = alpha[:, :, model.lead :]
-    values = values[:, :, model.lead :] * real[:, None, model.lead :, None]
-    # the same values factored: each head's own vectors, then its slice of the projection
-    per_head = (mass[..., None] * v)[:, :, model.lead :] * real[:, None, model.lead :, None]
-    factored = FactoredValues(per_head.contiguous(), w_o.permute(1, 2, 0).contiguous(), special + residual[:, None, :])
+    attention, values, factored, context = decompose_row(
+        a, q[rows, :, p], k, v, w_o, attn.proj.bias, x[rows, p], q.shape[-1] ** -0.5, real, model.lead
+    )
     decoder = ExtractDecoder(last, model.decoder)
-    # The model's own context, also for rows without a real token (nothing to test there)
-    context = torch.einsum("bhs,bhsd->bd", a, U) + heads * residual
     return TestedAttention(
-        attention.contiguous(),
-        values.contiguous(),
+        attention,
+        values,
         lengths - model.lead - model.trail,
-        decoder(context),
+        decoder(context),  # the model's own logits, also for rows without a real token
         decoder,
         factored,
     )
+
+
+def decompose_row(
+    a: Tensor,
+    q_p: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w_o: Tensor,
+    b_o: Tensor,
+    x_p: Tensor,
+    scaling: float,
+    real: Tensor,
+    lead: int,
+) -> tuple[Tensor, Tensor, FactoredValues, Tensor]:
+    """The module docstring's decomposition of one position's last-layer attention row, per head:
+    GPT-1's ``<extract>`` here and the Hugging Face adapter's pooled position
+    (:meth:`attnmetrics.models.hf.HFClassifier.tested_attention`).
+
+    Args:
+        a: ``[B, heads, T]``, the position's attention probabilities (every column, specials included).
+        q_p: ``[B, heads, dh]``, its queries; k, v: ``[B, heads, T, dh]``, every position's keys and values.
+        w_o: ``[d, heads, dh]``, the output projection (out, in), its input split by head; b_o: ``[d]``, its bias.
+        x_p: ``[B, d]``, the residual added to the attention output at the position.
+        scaling: the scores' scale (``dh ** -0.5``).
+        real: ``[B, T]`` bool, the real tokens.
+        lead: columns before the first real token, sliced off (:func:`attnmetrics.protocol.real_tokens`).
+
+    Returns:
+        (attention ``[B, heads, T - lead]``: alpha, each head's share over the real tokens;
+        values ``[B, heads, T - lead, d]`` and the same :class:`FactoredValues`, zero past each
+        row's real tokens; the context ``[B, d]``: the attention output plus residual at the position),
+        in ``v``'s dtype.
+    """
+    heads = v.shape[1]
+    U = torch.einsum("bhsk,dhk->bhsd", v, w_o)  # [B, heads, T, d]: each head through its slice
+    mass = (a * real[:, None, :]).sum(-1, keepdim=True)  # [B, heads, 1]
+    # The real tokens' share as a softmax over their scores alone (= a / mass, without the
+    # underflow of a / mass when a head puts almost all its weight on the special positions)
+    scores = torch.einsum("bhk,bhtk->bht", q_p, k) * scaling
+    alpha = torch.softmax(scores.masked_fill(~real[:, None, :], -torch.inf), -1).nan_to_num(0.0)
+    special = torch.einsum("bhs,bhsd->bhd", a * ~real[:, None, :], U)  # the special positions, fixed weights
+    residual = (x_p + b_o) / heads  # [B, d]
+    values = mass[..., None] * U + (special + residual[:, None, :])[:, :, None, :]
+    values = values[:, :, lead:] * real[:, None, lead:, None]
+    # the same values factored: each head's own vectors, then its slice of the projection
+    per_head = (mass[..., None] * v)[:, :, lead:] * real[:, None, lead:, None]
+    factored = FactoredValues(per_head.contiguous(), w_o.permute(1, 2, 0).contiguous(), special + residual[:, None, :])
+    context = torch.einsum("bhs,bhsd->bd", a, U) + heads * residual
+    return alpha[:, :, lead:].contiguous(), values.contiguous(), factored, context
