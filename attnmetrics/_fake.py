@@ -22,6 +22,16 @@ def _value_flags_fake(p, q):
     return p.new_empty((1,), dtype=torch.int32)
 
 
+@torch.library.register_fake("attnmetrics::tvd_checked")
+def _tvd_checked_fake(p, q, flags):
+    return p.new_empty(p.shape[:-1])
+
+
+@torch.library.register_fake("attnmetrics::jsd_checked")
+def _jsd_checked_fake(p, q, flags):
+    return p.new_empty(p.shape[:-1])
+
+
 @torch.library.register_fake("attnmetrics::kendall_tau")
 def _kendall_tau_fake(x, y, lengths):
     return x.new_empty(x.shape[:1]), x.new_empty(x.shape[:1])

@@ -71,6 +71,8 @@ _OPS = (
     "tvd",
     "jsd",
     "value_flags",
+    "tvd_checked",
+    "jsd_checked",
     "kendall_tau",
     "flip_search_linear",
     "renormalised_contexts",

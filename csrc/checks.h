@@ -67,6 +67,15 @@ inline void check_distance_shapes(const char* op, const at::Tensor& p, const at:
   TORCH_CHECK(p.is_contiguous() && q.is_contiguous(), op, ": p and q must be contiguous");
 }
 
+// tvd_checked / jsd_checked's flags: int32 [1] on p's device, ORed into in place.
+inline void check_flags_buffer(const char* op, const at::Tensor& flags, const at::Tensor& p) {
+  TORCH_CHECK(flags.scalar_type() == at::kInt && flags.numel() == 1 && flags.is_contiguous(), op,
+              ": flags must be a contiguous int32 tensor of one element, got ", flags.scalar_type(), " ",
+              flags.sizes());
+  TORCH_CHECK(flags.device() == p.device(), op, ": flags must be on p's device ", p.device(), ", got ",
+              flags.device());
+}
+
 // value_flags' p and q: float32/float64, one dtype, contiguous, any shapes.
 inline void check_value_flags_inputs(const at::Tensor& p, const at::Tensor& q) {
   TORCH_CHECK(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble,

@@ -14,6 +14,11 @@ TORCH_LIBRARY(attnmetrics, m) {
   // negative (finite) value, bits 2 and 3 the same for q. One read of it is the
   // public function's one device read.
   m.def("value_flags(Tensor p, Tensor q) -> Tensor");
+  // tvd / jsd with the value checks in the same pass: value_flags' bits ORed into
+  // flags (int32 [1] on p's device, in place), so chunks share one flags tensor and
+  // the public function reads it once.
+  m.def("tvd_checked(Tensor p, Tensor q, Tensor(a!) flags) -> Tensor");
+  m.def("jsd_checked(Tensor p, Tensor q, Tensor(a!) flags) -> Tensor");
 
   // Kendall tau-b and its two-sided p-value (scipy.stats.kendalltau defaults)
   // over each row's valid prefix: x, y [B, T] float, lengths [B] int64.

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnmetrics.models.text import TextEncoder
 from attnmetrics.models.own_attention import decompose_row
+from attnmetrics.models.text import TextEncoder
 from attnmetrics.protocol import TestedAttention, token_mask
 
 #: the name the attention function and its mask function are registered under
@@ -416,7 +416,16 @@ class HFClassifier(nn.Module):
             after = GPT2AfterAttention(self.hf, self.decoder)
         real = token_mask(lengths, T, self.lead, self.trail)
         attention, values, factored, _ = decompose_row(
-            probs[rows, :, p], q[rows, :, p], k, v, w_o.view(-1, heads, dh), b_o, x, captured["scaling"], real, self.lead
+            probs[rows, :, p],
+            q[rows, :, p],
+            k,
+            v,
+            w_o.view(-1, heads, dh),
+            b_o,
+            x,
+            captured["scaling"],
+            real,
+            self.lead,
         )
         return TestedAttention(
             attention,

@@ -201,6 +201,65 @@ def test_value_flags_opcheck_and_errors(dtype):
         ops.value_flags(p.long(), q.long())
 
 
+# ---- tvd_checked / jsd_checked: the distance and the value checks in one call -----------------
+
+
+@given(
+    st.integers(1, 5),
+    st.integers(1, 9),
+    st.lists(st.sampled_from([-0.5, float("nan"), float("inf"), -float("inf")]), max_size=3),
+    st.lists(st.sampled_from([-2.0, float("nan"), float("inf")]), max_size=3),
+    st.sampled_from([torch.float32, torch.float64]),
+    st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=150, deadline=None)
+def test_checked_ops_give_the_distance_and_the_flags(rows, width, bad_p, bad_q, dtype, seed):
+    """Each checked op's values are its unchecked op's, bit for bit, and the flags it ORs in are
+    value_flags' by definition, bad entries planted anywhere (hypothesis)."""
+    g = torch.Generator().manual_seed(seed)
+    p, q = torch.rand(rows, width, generator=g, dtype=dtype), torch.rand(rows, width, generator=g, dtype=dtype)
+    for x, bad in ((p, bad_p), (q, bad_q)):
+        where = torch.randint(0, rows * width, (len(bad),), generator=g)
+        x.view(-1)[where] = torch.tensor(bad, dtype=dtype)
+    for checked, plain in ((ops.tvd_checked, ops.tvd), (ops.jsd_checked, ops.jsd)):
+        flags = torch.zeros(1, dtype=torch.int32)
+        out = checked(p, q, flags)
+        torch.testing.assert_close(out, plain(p, q), rtol=0, atol=0, equal_nan=True)
+        assert int(flags) == flags_by_definition(p, q)
+
+
+@pytest.mark.parametrize("op", [ops.tvd_checked, ops.jsd_checked])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_checked_ops_or_into_flags_opcheck_and_errors(op, dtype):
+    p, q = torch.rand(4, 3, dtype=dtype), torch.rand(4, 3, dtype=dtype)
+    flags = torch.tensor([8], dtype=torch.int32)  # a bit from an earlier chunk stays
+    op(p, q, flags)
+    assert int(flags) == 8
+    p[1, 2] = -1.0
+    op(p, q, flags)
+    assert int(flags) == 8 | 2
+    torch.library.opcheck(op, (p.abs(), q, torch.zeros(1, dtype=torch.int32)))
+    name = op._qualified_op_name.split("::")[1]
+    for bad in (torch.zeros(1), torch.zeros(2, dtype=torch.int32)):
+        with pytest.raises(RuntimeError, match=f"{name}: flags must be a contiguous int32 tensor of one element"):
+            op(p, q, bad)
+    with pytest.raises(RuntimeError, match=f"{name}: q must have p's shape"):
+        op(p, q[:2], torch.zeros(1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("fn", [tvd, jsd])
+def test_a_bad_value_in_a_later_chunk_or_a_strided_input_is_found(fn):
+    """The checks run in the kernels' pass over each chunk: a NaN in the last chunk of a call
+    split by its memory budget, or in a transposed input, still raises, naming the input."""
+    p, q = torch.full((64, 8), 0.125), torch.full((64, 8), 0.125)
+    p[-1, 3] = float("nan")
+    with pytest.raises(ValueError, match="p must be finite"):
+        fn(p, q, memory_budget=8 * 17 * 4)  # 8 rows a chunk
+    q[5, 0] = -0.25
+    with pytest.raises(ValueError, match="q must be non-negative, got min -0.25"):
+        fn(p.abs().nan_to_num(0.125).t(), q.t(), dim=0)
+
+
 # ---- errors ----------------------------------------------------------------------------------
 
 GOOD = torch.tensor([[0.5, 0.5], [0.1, 0.9]])

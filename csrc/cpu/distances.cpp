@@ -1,5 +1,6 @@
 // CPU impls of attnmetrics::tvd and attnmetrics::jsd on contiguous [N, K]
-// inputs: one output per row, accumulated in double, rows in parallel.
+// inputs: one output per row, accumulated in double, rows in parallel; value_flags
+// and the _checked forms (the distance and the value checks in one call).
 #include <ATen/AccumulateType.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -8,7 +9,9 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <limits>
 
 #include "checks.h"
 
@@ -84,30 +87,57 @@ at::Tensor jsd_cpu(const at::Tensor& p, const at::Tensor& q) {
   return out;
 }
 
-// value_flags: bit 0/1 (p) and 2/3 (q): a NaN or infinite entry / a negative entry.
+// value_flags' bits of n entries: 1 NaN or infinite, 2 negative (and finite). First one
+// vectorised pass that only asks whether any entry is out of [0, max] (integer ORs of
+// comparisons, no branch); the bits themselves only then, entry by entry.
+template <typename scalar_t>
+int32_t entry_flags(const scalar_t* x, int64_t n) {
+  constexpr scalar_t kMax = std::numeric_limits<scalar_t>::max();
+  int32_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= static_cast<int32_t>(!(x[i] >= scalar_t(0))) | static_cast<int32_t>(!(x[i] <= kMax));
+  }
+  if (bad == 0) return 0;
+  int32_t f = 0;
+  for (int64_t i = 0; i < n; ++i) f |= std::isfinite(x[i]) ? (x[i] < scalar_t(0) ? 2 : 0) : 1;
+  return f;
+}
+
+// entry_flags over x in parallel chunks.
 template <typename scalar_t>
 int32_t flags_of(const scalar_t* x, int64_t n) {
+  std::atomic<int32_t> flags{0};
+  at::parallel_for(0, n, 1 << 16, [&](int64_t begin, int64_t end) {
+    const int32_t f = entry_flags(x + begin, end - begin);
+    if (f != 0) flags.fetch_or(f);
+  });
+  return flags.load();
+}
+
+int32_t flags_of(const at::Tensor& p, const at::Tensor& q) {
   int32_t f = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!std::isfinite(x[i])) {
-      f |= 1;
-    } else if (x[i] < 0) {
-      f |= 2;
-    }
-  }
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "value_flags_cpu", [&] {
+    f = flags_of(p.const_data_ptr<scalar_t>(), p.numel()) | (flags_of(q.const_data_ptr<scalar_t>(), q.numel()) << 2);
+  });
   return f;
 }
 
 at::Tensor value_flags_cpu(const at::Tensor& p, const at::Tensor& q) {
   attnmetrics::check_value_flags_inputs(p, q);
   TORCH_CHECK(p.device().is_cpu() && q.device().is_cpu(), "value_flags (CPU): p and q must be CPU tensors");
-  int32_t f = 0;
-  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "value_flags_cpu", [&] {
-    f = flags_of(p.const_data_ptr<scalar_t>(), p.numel()) |
-        (flags_of(q.const_data_ptr<scalar_t>(), q.numel()) << 2);
-  });
   at::Tensor out = at::empty({1}, p.options().dtype(at::kInt));
-  out.mutable_data_ptr<int32_t>()[0] = f;
+  out.mutable_data_ptr<int32_t>()[0] = flags_of(p, q);
+  return out;
+}
+
+// tvd / jsd with value_flags' bits ORed into flags.
+template <bool JSD>
+at::Tensor distance_checked_cpu(const at::Tensor& p, const at::Tensor& q, const at::Tensor& flags) {
+  const char* op = JSD ? "jsd_checked" : "tvd_checked";
+  check_inputs(op, p, q);
+  attnmetrics::check_flags_buffer(op, flags, p);
+  at::Tensor out = JSD ? jsd_cpu(p, q) : tvd_cpu(p, q);
+  flags.mutable_data_ptr<int32_t>()[0] |= flags_of(p, q);
   return out;
 }
 
@@ -117,6 +147,8 @@ TORCH_LIBRARY_IMPL(attnmetrics, CPU, m) {
   m.impl("tvd", &tvd_cpu);
   m.impl("jsd", &jsd_cpu);
   m.impl("value_flags", &value_flags_cpu);
+  m.impl("tvd_checked", &distance_checked_cpu<false>);
+  m.impl("jsd_checked", &distance_checked_cpu<true>);
 }
 
 }  // namespace attnmetrics

@@ -43,6 +43,23 @@ at::Tensor distance_cuda(const at::Tensor& p, const at::Tensor& q) {
 at::Tensor tvd_cuda(const at::Tensor& p, const at::Tensor& q) { return distance_cuda<false>(p, q); }
 at::Tensor jsd_cuda(const at::Tensor& p, const at::Tensor& q) { return distance_cuda<true>(p, q); }
 
+// The checks as value_flags' kernel ORing into the caller's flags, then the distance: the
+// same two passes as before, no read back (fusing them into one pass waits for a GPU to
+// measure it on).
+template <bool JSD>
+at::Tensor distance_checked_cuda(const at::Tensor& p, const at::Tensor& q, const at::Tensor& flags) {
+  const char* op = JSD ? "jsd_checked" : "tvd_checked";
+  check_distance_inputs(op, p, q);
+  attnmetrics::check_flags_buffer(op, flags, p);
+  const c10::cuda::CUDAGuard guard(p.device());
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "distance_checked_cuda", [&] {
+    check_launch(gpu::value_flags(p.const_data_ptr<scalar_t>(), p.numel(), q.const_data_ptr<scalar_t>(),
+                                  q.numel(), flags.mutable_data_ptr<int>(), current_stream()),
+                 op);
+  });
+  return distance_cuda<JSD>(p, q);
+}
+
 at::Tensor value_flags_cuda(const at::Tensor& p, const at::Tensor& q) {
   attnmetrics::check_value_flags_inputs(p, q);
   TORCH_CHECK(p.device().is_cuda() && q.device() == p.device(),
@@ -64,6 +81,8 @@ TORCH_LIBRARY_IMPL(attnmetrics, CUDA, m) {
   m.impl("tvd", &tvd_cuda);
   m.impl("jsd", &jsd_cuda);
   m.impl("value_flags", &value_flags_cuda);
+  m.impl("tvd_checked", &distance_checked_cuda<false>);
+  m.impl("jsd_checked", &distance_checked_cuda<true>);
 }
 
 }  // namespace attnmetrics
