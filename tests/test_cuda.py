@@ -106,6 +106,21 @@ def test_value_flags_match_cpu():
                 assert int(want) == flags and int(host(got)) == flags, (dtype, n_p, n_q, where)
 
 
+def test_checked_distances_match_cpu():
+    """tvd_checked / jsd_checked on the GPU (value_flags' kernel, then the distance): the CPU's
+    values and flags, ORed into a flags tensor that already holds a bit."""
+    rng = np.random.default_rng(3)
+    for dtype in (torch.float32, F64):
+        p, q = distributions(rng, (1000, 50)).to(dtype), distributions(rng, (1000, 50)).to(dtype)
+        q[700, 3] = -0.5
+        for op, plain in ((ops.tvd_checked, ops.tvd), (ops.jsd_checked, ops.jsd)):
+            want_flags, got_flags = torch.tensor([1], dtype=torch.int32), dev(torch.tensor([1], dtype=torch.int32))
+            want, got = op(p, q, want_flags), host(op(*dev(p, q), got_flags))
+            close(got, want, dtype)
+            close(got, host(plain(*dev(p, q))), dtype)
+            assert int(want_flags) == int(host(got_flags)) == 1 | 8
+
+
 def test_distances_reject_bad_values_on_device_like_cpu():
     p = torch.full((5, 4), 0.25)
     for bad, match in ((float("nan"), "p must be finite"), (-0.5, "p must be non-negative, got min -0.5")):
