@@ -1,9 +1,10 @@
 """Total variation and Jensen-Shannon distances between distributions (J&W 2019, sec. 4).
 
 Both reduce one dimension of broadcastable tensors ``p`` and ``q`` and run on the C++
-kernels (``attnmetrics::tvd_checked`` / ``attnmetrics::jsd_checked``, which also check the
-values in the same pass), which take contiguous ``[N, K]`` rows: this layer broadcasts, moves ``dim`` last and copies to that layout in row
-chunks, so the extra memory stays within ``memory_budget`` however large the batch.
+kernels (``attnmetrics::tvd_checked`` / ``attnmetrics::jsd_checked``: the distance and the
+checks for NaN, infinite and negative entries in one call), which take contiguous ``[N, K]``
+rows: this layer broadcasts, moves ``dim`` last and copies to that layout in row chunks, so
+the extra memory stays within ``memory_budget`` however large the batch.
 """
 
 from __future__ import annotations
