@@ -107,8 +107,9 @@ def test_value_flags_match_cpu():
 
 
 def test_checked_distances_match_cpu():
-    """tvd_checked / jsd_checked on the GPU (value_flags' kernel, then the distance): the CPU's
-    values and flags, ORed into a flags tensor that already holds a bit."""
+    """tvd_checked / jsd_checked on the GPU (the checks in the distance kernel's own pass, each
+    warp's flags ORed in by one atomic): the CPU's values and flags, ORed into a flags tensor
+    that already holds a bit."""
     rng = np.random.default_rng(3)
     for dtype in (torch.float32, F64):
         p, q = distributions(rng, (1000, 50)).to(dtype), distributions(rng, (1000, 50)).to(dtype)

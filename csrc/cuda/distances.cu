@@ -13,8 +13,17 @@ namespace {
 
 template <bool JSD, typename scalar_t>
 __device__ __forceinline__ double partial(const scalar_t* a, const scalar_t* b, int64_t width,
-                                          int64_t lane, int64_t lanes) {
-  return JSD ? jsd_partial(a, b, width, lane, lanes) : tvd_partial(a, b, width, lane, lanes);
+                                          int64_t lane, int64_t lanes, int& flags) {
+  return JSD ? jsd_partial(a, b, width, lane, lanes, flags) : tvd_partial(a, b, width, lane, lanes, flags);
+}
+
+// ORs the warp's lanes' flags into *flags (when given), one atomic per warp with a flag
+// set. Every lane of the warp must call it.
+__device__ __forceinline__ void gather_flags(int f, int* flags) {
+  if (flags == nullptr) return;  // the same for the whole grid
+#pragma unroll
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) f |= __shfl_xor_sync(0xffffffffu, f, offset);
+  if (threadIdx.x % kWarp == 0 && f != 0) atomicOr(flags, f);
 }
 
 template <bool JSD>
@@ -35,11 +44,12 @@ __device__ __forceinline__ double group_sum(double s) {
 
 // G lanes per row, kBlock / G rows per block, grid-stride over rows. The loop
 // bound is the same for the whole block, so every lane reaches the shuffles;
-// lanes past the last row add zeros.
+// lanes past the last row add zeros. flags: null, or value_flags' bits ORed in.
 template <typename scalar_t, int G, bool JSD>
 __global__ void __launch_bounds__(kBlock)
     per_group_kernel(const scalar_t* __restrict__ p, const scalar_t* __restrict__ q,
-                    scalar_t* __restrict__ out, int64_t rows, int64_t width) {
+                    scalar_t* __restrict__ out, int64_t rows, int64_t width, int* __restrict__ flags) {
+  int f = 0;
   constexpr int64_t kRowsPerBlock = kBlock / G;
   const int64_t lane = threadIdx.x % G;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
@@ -47,23 +57,25 @@ __global__ void __launch_bounds__(kBlock)
        base += stride) {
     const int64_t row = base + threadIdx.x / G;
     double s = 0.0;
-    if (row < rows) s = partial<JSD>(p + row * width, q + row * width, width, lane, G);
+    if (row < rows) s = partial<JSD>(p + row * width, q + row * width, width, lane, G, f);
     s = group_sum<G>(s);
     if (row < rows && lane == 0) out[row] = static_cast<scalar_t>(finish<JSD>(s));
   }
+  gather_flags(f, flags);
 }
 
 // One block per row (wide rows), grid-stride over rows.
 template <typename scalar_t, bool JSD>
 __global__ void __launch_bounds__(kBlock)
     per_block_kernel(const scalar_t* __restrict__ p, const scalar_t* __restrict__ q,
-                    scalar_t* __restrict__ out, int64_t rows, int64_t width) {
+                    scalar_t* __restrict__ out, int64_t rows, int64_t width, int* __restrict__ flags) {
   constexpr int kWarps = kBlock / kWarp;
+  int f = 0;
   __shared__ double warp_sums[kWarps];
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    double s = partial<JSD>(p + row * width, q + row * width, width, threadIdx.x, kBlock);
+    double s = partial<JSD>(p + row * width, q + row * width, width, threadIdx.x, kBlock, f);
     s = group_sum<kWarp>(s);
     if (lane == 0) warp_sums[warp] = s;
     __syncthreads();
@@ -74,31 +86,28 @@ __global__ void __launch_bounds__(kBlock)
     }
     __syncthreads();  // warp_sums is reused for the next row
   }
+  gather_flags(f, flags);
 }
 
 template <bool JSD, typename scalar_t>
 cudaError_t launch(const scalar_t* p, const scalar_t* q, scalar_t* out, int64_t rows,
-                   int64_t width, cudaStream_t stream) {
+                   int64_t width, int* flags, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   const int lanes = distance_lanes(width);
   const dim3 grid(static_cast<unsigned int>(distance_blocks(rows, lanes)));
   if (lanes == kSmallGroup) {
-    per_group_kernel<scalar_t, kSmallGroup, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width);
+    per_group_kernel<scalar_t, kSmallGroup, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width, flags);
   } else if (lanes == kWarp) {
-    per_group_kernel<scalar_t, kWarp, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width);
+    per_group_kernel<scalar_t, kWarp, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width, flags);
   } else {
-    per_block_kernel<scalar_t, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width);
+    per_block_kernel<scalar_t, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width, flags);
   }
   return cudaGetLastError();
 }
 
-// value_flags: one grid-stride pass over p, then q; each warp ORs its lanes' flags
-// and one lane per warp with a flag set ORs them into *flags (zeroed by the caller).
-template <typename scalar_t>
-__device__ __forceinline__ int classify(scalar_t x) {
-  return isfinite(x) ? (x < scalar_t(0) ? 2 : 0) : 1;
-}
-
+// value_flags: one grid-stride pass over p, then q (rows.h entry_flag); each warp ORs
+// its lanes' flags and one lane per warp with a flag set ORs them into *flags (zeroed by
+// the caller).
 template <typename scalar_t>
 __global__ void __launch_bounds__(kBlock)
     value_flags_kernel(const scalar_t* __restrict__ p, int64_t np, const scalar_t* __restrict__ q,
@@ -106,8 +115,8 @@ __global__ void __launch_bounds__(kBlock)
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kBlock;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kBlock + threadIdx.x;
   int f = 0;
-  for (int64_t i = first; i < np; i += stride) f |= classify(p[i]);
-  for (int64_t i = first; i < nq; i += stride) f |= classify(q[i]) << 2;
+  for (int64_t i = first; i < np; i += stride) f |= entry_flag(p[i]);
+  for (int64_t i = first; i < nq; i += stride) f |= entry_flag(q[i]) << 2;
 #pragma unroll
   for (int offset = kWarp / 2; offset > 0; offset /= 2) f |= __shfl_xor_sync(0xffffffffu, f, offset);
   if (threadIdx.x % kWarp == 0 && f != 0) atomicOr(flags, f);
@@ -135,20 +144,20 @@ cudaError_t value_flags(const double* p, int64_t np, const double* q, int64_t nq
 }
 
 cudaError_t tvd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
-                cudaStream_t stream) {
-  return launch<false>(p, q, out, rows, width, stream);
+                int* flags, cudaStream_t stream) {
+  return launch<false>(p, q, out, rows, width, flags, stream);
 }
 cudaError_t tvd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
-                cudaStream_t stream) {
-  return launch<false>(p, q, out, rows, width, stream);
+                int* flags, cudaStream_t stream) {
+  return launch<false>(p, q, out, rows, width, flags, stream);
 }
 cudaError_t jsd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
-                cudaStream_t stream) {
-  return launch<true>(p, q, out, rows, width, stream);
+                int* flags, cudaStream_t stream) {
+  return launch<true>(p, q, out, rows, width, flags, stream);
 }
 cudaError_t jsd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
-                cudaStream_t stream) {
-  return launch<true>(p, q, out, rows, width, stream);
+                int* flags, cudaStream_t stream) {
+  return launch<true>(p, q, out, rows, width, flags, stream);
 }
 
 }  // namespace gpu

@@ -23,41 +23,40 @@ void check_distance_inputs(const char* op, const at::Tensor& p, const at::Tensor
   attnmetrics::check_distance_shapes(op, p, q);
 }
 
+// flags: null, or int32 [1] on p's device that the kernel ORs value_flags' bits into.
 template <bool JSD>
-at::Tensor distance_cuda(const at::Tensor& p, const at::Tensor& q) {
+at::Tensor distance_cuda(const at::Tensor& p, const at::Tensor& q, int* flags = nullptr) {
   const char* op = JSD ? "jsd" : "tvd";
-  check_distance_inputs(op, p, q);
   const c10::cuda::CUDAGuard guard(p.device());
   at::Tensor out = at::empty({p.size(0)}, p.options());
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "distance_cuda", [&] {
     const scalar_t* ps = p.const_data_ptr<scalar_t>();
     const scalar_t* qs = q.const_data_ptr<scalar_t>();
     scalar_t* os = out.mutable_data_ptr<scalar_t>();
-    const cudaError_t err = JSD ? gpu::jsd(ps, qs, os, p.size(0), p.size(1), current_stream())
-                                : gpu::tvd(ps, qs, os, p.size(0), p.size(1), current_stream());
+    const cudaError_t err = JSD ? gpu::jsd(ps, qs, os, p.size(0), p.size(1), flags, current_stream())
+                                : gpu::tvd(ps, qs, os, p.size(0), p.size(1), flags, current_stream());
     check_launch(err, op);
   });
   return out;
 }
 
-at::Tensor tvd_cuda(const at::Tensor& p, const at::Tensor& q) { return distance_cuda<false>(p, q); }
-at::Tensor jsd_cuda(const at::Tensor& p, const at::Tensor& q) { return distance_cuda<true>(p, q); }
+at::Tensor tvd_cuda(const at::Tensor& p, const at::Tensor& q) {
+  check_distance_inputs("tvd", p, q);
+  return distance_cuda<false>(p, q);
+}
+at::Tensor jsd_cuda(const at::Tensor& p, const at::Tensor& q) {
+  check_distance_inputs("jsd", p, q);
+  return distance_cuda<true>(p, q);
+}
 
-// The checks as value_flags' kernel ORing into the caller's flags, then the distance: the
-// same two passes as before, no read back (fusing them into one pass waits for a GPU to
-// measure it on).
+// The distance with the value checks in its own pass (rows.h tvd_partial / jsd_partial),
+// ORed into the caller's flags; no read back.
 template <bool JSD>
 at::Tensor distance_checked_cuda(const at::Tensor& p, const at::Tensor& q, const at::Tensor& flags) {
   const char* op = JSD ? "jsd_checked" : "tvd_checked";
   check_distance_inputs(op, p, q);
   attnmetrics::check_flags_buffer(op, flags, p);
-  const c10::cuda::CUDAGuard guard(p.device());
-  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "distance_checked_cuda", [&] {
-    check_launch(gpu::value_flags(p.const_data_ptr<scalar_t>(), p.numel(), q.const_data_ptr<scalar_t>(),
-                                  q.numel(), flags.mutable_data_ptr<int>(), current_stream()),
-                 op);
-  });
-  return distance_cuda<JSD>(p, q);
+  return distance_cuda<JSD>(p, q, flags.mutable_data_ptr<int>());
 }
 
 at::Tensor value_flags_cuda(const at::Tensor& p, const at::Tensor& q) {

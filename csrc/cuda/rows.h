@@ -25,13 +25,22 @@ namespace gpu {
 
 // ---- tvd / jsd -----------------------------------------------------------------------
 // Lane `lane` of the `lanes` lanes given to a row sums items lane, lane + lanes, ...
-// in double; the kernel then adds the lanes' partial sums in a fixed tree order.
+// in double; the kernel then adds the lanes' partial sums in a fixed tree order. Each
+// lane also ORs value_flags' bits of the entries it reads into `flags` (entry_flag: bit 0
+// NaN or infinite, bit 1 negative; p's in bits 0-1, q's in 2-3), which the checked
+// launches gather: the checks cost no second pass over the inputs.
+
+template <typename scalar_t>
+AM_HOST_DEVICE inline int entry_flag(scalar_t x) {
+  return isfinite(x) ? (x < scalar_t(0) ? 2 : 0) : 1;
+}
 
 template <typename scalar_t>
 AM_HOST_DEVICE inline double tvd_partial(const scalar_t* a, const scalar_t* b, int64_t width,
-                                         int64_t lane, int64_t lanes) {
+                                         int64_t lane, int64_t lanes, int& flags) {
   double s = 0.0;
   for (int64_t i = lane; i < width; i += lanes) {
+    flags |= entry_flag(a[i]) | (entry_flag(b[i]) << 2);
     s += fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
   }
   return s;
@@ -39,9 +48,10 @@ AM_HOST_DEVICE inline double tvd_partial(const scalar_t* a, const scalar_t* b, i
 
 template <typename scalar_t>
 AM_HOST_DEVICE inline double jsd_partial(const scalar_t* a, const scalar_t* b, int64_t width,
-                                         int64_t lane, int64_t lanes) {
+                                         int64_t lane, int64_t lanes, int& flags) {
   double s = 0.0;
   for (int64_t i = lane; i < width; i += lanes) {
+    flags |= entry_flag(a[i]) | (entry_flag(b[i]) << 2);
     const double pa = static_cast<double>(a[i]);
     const double qb = static_cast<double>(b[i]);
     const double m = 0.5 * (pa + qb);

@@ -121,14 +121,16 @@ static void group_sum(double* warp, int G) {
 }
 
 template <bool JSD, typename T>
-static double partial(const T* a, const T* b, int64_t width, int64_t lane, int64_t lanes) {
-  return JSD ? jsd_partial(a, b, width, lane, lanes) : tvd_partial(a, b, width, lane, lanes);
+static double partial(const T* a, const T* b, int64_t width, int64_t lane, int64_t lanes, int& flags) {
+  return JSD ? jsd_partial(a, b, width, lane, lanes, flags) : tvd_partial(a, b, width, lane, lanes, flags);
 }
 
-// Emulates launch<JSD> of distances.cu: out must be pre-filled with a sentinel.
+// Emulates launch<JSD> of distances.cu: out must be pre-filled with a sentinel. Returns
+// the value_flags bits the checked launch ORs in (every thread's, as gather_flags).
 template <bool JSD, typename T>
-static void emulate_distance(const T* p, const T* q, T* out, int64_t rows, int64_t width) {
-  if (rows <= 0) return;
+static int emulate_distance(const T* p, const T* q, T* out, int64_t rows, int64_t width) {
+  int flags = 0;
+  if (rows <= 0) return flags;
   const int lanes = distance_lanes(width);
   const int64_t grid = distance_blocks(rows, lanes);
   for (int64_t block = 0; block < grid; ++block) {
@@ -140,7 +142,7 @@ static void emulate_distance(const T* p, const T* q, T* out, int64_t rows, int64
           for (int l = 0; l < kWarp; ++l) {
             const int t = w * kWarp + l;
             const int64_t row = base + t / lanes;
-            warp[l] = row < rows ? partial<JSD>(p + row * width, q + row * width, width, t % lanes, lanes) : 0.0;
+            warp[l] = row < rows ? partial<JSD>(p + row * width, q + row * width, width, t % lanes, lanes, flags) : 0.0;
           }
           group_sum(warp, lanes);
           for (int l = 0; l < kWarp; ++l) {
@@ -159,7 +161,7 @@ static void emulate_distance(const T* p, const T* q, T* out, int64_t rows, int64
         for (int w = 0; w < kBlock / kWarp; ++w) {
           double warp[kWarp];
           for (int l = 0; l < kWarp; ++l)
-            warp[l] = partial<JSD>(p + row * width, q + row * width, width, w * kWarp + l, kBlock);
+            warp[l] = partial<JSD>(p + row * width, q + row * width, width, w * kWarp + l, kBlock, flags);
           group_sum(warp, kWarp);
           warp_sums[w] = warp[0];
         }
@@ -171,6 +173,7 @@ static void emulate_distance(const T* p, const T* q, T* out, int64_t rows, int64
       }
     }
   }
+  return flags;
 }
 
 template <typename T>
@@ -200,20 +203,51 @@ static void check_distances(std::mt19937_64& rng) {
     for (int jsd = 0; jsd < 2; ++jsd) {
       Guarded<T> out(rows);
       for (int64_t r = 0; r < rows; ++r) out.data()[r] = T(-7);
-      if (jsd) emulate_distance<true>(p.data(), q.data(), out.data(), rows, width);
-      else emulate_distance<false>(p.data(), q.data(), out.data(), rows, width);
+      const int flags = jsd ? emulate_distance<true>(p.data(), q.data(), out.data(), rows, width)
+                            : emulate_distance<false>(p.data(), q.data(), out.data(), rows, width);
       EXPECT(out.intact(), "distance output overrun");
+      EXPECT(flags == 0, "flags %d on distributions", flags);
       for (int64_t r = 0; r < rows; ++r) {
         // plain sequential sum in double
         const T* a = p.data() + r * width;
         const T* b = q.data() + r * width;
-        const double want = jsd ? jsd_finish(jsd_partial(a, b, width, 0, 1))
-                                : tvd_finish(tvd_partial(a, b, width, 0, 1));
+        int unused = 0;
+        const double want = jsd ? jsd_finish(jsd_partial(a, b, width, 0, 1, unused))
+                                : tvd_finish(tvd_partial(a, b, width, 0, 1, unused));
         const double got = static_cast<double>(out.data()[r]);
         const double tol = (sizeof(T) == 4 ? 1e-6 : 1e-13) * (fabs(want) + 1e-300) + 1e-300;
         EXPECT(fabs(got - static_cast<double>(static_cast<T>(want))) <= tol,
                "%s row %lld of [%lld, %lld]: got %.17g want %.17g", jsd ? "jsd" : "tvd",
                (long long)r, (long long)rows, (long long)width, got, want);
+      }
+    }
+  }
+}
+
+// The checked launches' flags: bad entries planted at random in p and q reach the gathered
+// bits through whichever lane of whichever grid reads them (every shape's geometry).
+template <typename T>
+static void check_distance_flags(std::mt19937_64& rng) {
+  const int64_t shapes[][2] = {{1, 1}, {70, 5}, {9, 17}, {33, 300}, {4, 2048}, {3, 5000}, {2000, 3}};
+  const T bad[] = {T(NAN), T(INFINITY), -T(INFINITY), T(-0.5)};
+  for (auto& shape : shapes) {
+    const int64_t rows = shape[0], width = shape[1], n = rows * width;
+    for (int trial = 0; trial < 6; ++trial) {
+      std::vector<T> p(n, T(0.25)), q(n, T(0.5));
+      for (int k = 0; k < trial % 3; ++k) {  // 0, 1 or 2 bad entries in each input
+        p[rng() % n] = bad[rng() % 4];
+        q[rng() % n] = bad[rng() % 4];
+      }
+      int want = 0;  // by the definition: a NaN or infinite entry (bit 0), a negative finite one (bit 1)
+      for (int64_t i = 0; i < n; ++i) {
+        want |= (std::isfinite(p[i]) ? (p[i] < 0 ? 2 : 0) : 1) | ((std::isfinite(q[i]) ? (q[i] < 0 ? 2 : 0) : 1) << 2);
+      }
+      for (int jsd = 0; jsd < 2; ++jsd) {
+        std::vector<T> out(rows, T(-7));
+        const int got = jsd ? emulate_distance<true>(p.data(), q.data(), out.data(), rows, width)
+                            : emulate_distance<false>(p.data(), q.data(), out.data(), rows, width);
+        EXPECT(got == want, "%s flags of [%lld, %lld]: got %d want %d", jsd ? "jsd" : "tvd", (long long)rows,
+               (long long)width, got, want);
       }
     }
   }
@@ -728,6 +762,8 @@ int main(int argc, char** argv) {
   check_geometry();
   check_distances<float>(rng);
   check_distances<double>(rng);
+  check_distance_flags<float>(rng);
+  check_distance_flags<double>(rng);
   check_kendall<float>(rng);
   check_kendall<double>(rng);
   check_row_checks(rng);
