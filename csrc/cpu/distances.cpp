@@ -199,7 +199,10 @@ std::pair<at::Tensor, int32_t> tvd_and_flags(const at::Tensor& p, const at::Tens
 
 at::Tensor tvd_cpu(const at::Tensor& p, const at::Tensor& q) {
   check_inputs("tvd", p, q);
-  return tvd_and_flags(p, q).first;
+#ifdef AM_AVX2_PATH  // the same values as tvd_checked's, bit for bit: the same loop
+  if (p.scalar_type() == at::kFloat && avx2_fma()) return tvd_float_avx2(p, q).first;
+#endif
+  return tvd_scalar(p, q);
 }
 
 at::Tensor value_flags_cpu(const at::Tensor& p, const at::Tensor& q) {
