@@ -15,6 +15,7 @@
 
 #include "checks.h"
 #include "cpu/vec_avx2.h"
+#include "kernels/distances.h"
 
 namespace attnmetrics {
 namespace {
@@ -48,7 +49,7 @@ at::Tensor rowwise(const at::Tensor& p, const at::Tensor& q, RowFn row_fn) {
   return out;
 }
 
-// value_flags' bits of n entries: 1 NaN or infinite, 2 negative (and finite). First one
+// value_flags' bits of n entries (kernels/distances.h entry_flag, ORed). First one
 // vectorised pass that only asks whether any entry is out of [0, max] (integer ORs of
 // comparisons, no branch); the bits themselves only then, entry by entry.
 template <typename scalar_t>
@@ -60,7 +61,7 @@ int32_t entry_flags(const scalar_t* x, int64_t n) {
   }
   if (bad == 0) return 0;
   int32_t f = 0;
-  for (int64_t i = 0; i < n; ++i) f |= std::isfinite(x[i]) ? (x[i] < scalar_t(0) ? 2 : 0) : 1;
+  for (int64_t i = 0; i < n; ++i) f |= entry_flag(x[i]);
   return f;
 }
 
@@ -127,40 +128,41 @@ at::Tensor jsd_cpu(const at::Tensor& p, const at::Tensor& q) {
 }
 
 #ifdef AM_AVX2_PATH
-// One float32 row's TVD sum and whether an entry of a / b lies outside [0, max] (NaN,
-// infinite or negative): eight entries a step, the differences widened to double and
-// summed in two four-lane accumulators, the checks as ORed comparison masks. One pass
-// where the scalar path needs the distance's and the checks' (the checks alone cost as
-// much as the distance on SST-sized inputs: both read memory past L2).
-AM_AVX2 inline double tvd_row_avx2(const float* a, const float* b, int64_t k, bool& bad_a, bool& bad_b) {
+// Eight entries of a float32 row: |x - y| widened to double into s_lo / s_hi (four lanes
+// each), and whether an entry of x / y lies outside [0, max] (NaN, infinite or negative:
+// unordered comparisons count as true) ORed into out_x / out_y as comparison masks.
+AM_AVX2 inline void tvd_step8(__m256 x, __m256 y, __m256d& s_lo, __m256d& s_hi, __m256& out_x, __m256& out_y) {
   const __m256 zero = _mm256_setzero_ps();
   const __m256 largest = _mm256_set1_ps(std::numeric_limits<float>::max());
   const __m256d sign = _mm256_set1_pd(-0.0);
-  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
-  __m256 out_a = zero, out_b = zero;
+  out_x = _mm256_or_ps(out_x, _mm256_or_ps(_mm256_cmp_ps(x, zero, _CMP_NGE_UQ), _mm256_cmp_ps(x, largest, _CMP_NLE_UQ)));
+  out_y = _mm256_or_ps(out_y, _mm256_or_ps(_mm256_cmp_ps(y, zero, _CMP_NGE_UQ), _mm256_cmp_ps(y, largest, _CMP_NLE_UQ)));
+  const __m256d lo = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), _mm256_cvtps_pd(_mm256_castps256_ps128(y)));
+  const __m256d hi = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)));
+  s_lo = _mm256_add_pd(s_lo, _mm256_andnot_pd(sign, lo));
+  s_hi = _mm256_add_pd(s_hi, _mm256_andnot_pd(sign, hi));
+}
+
+// One float32 row's TVD sum and whether an entry of a / b lies outside [0, max]: eight
+// entries a step (tvd_step8), the last one to seven through a masked load (the zeros past
+// the row pass the checks and add nothing). One pass where the scalar path needs the
+// distance's and the checks' (the checks alone cost as much as the distance on SST-sized
+// inputs: both read memory past L2).
+AM_AVX2 inline double tvd_row_avx2(const float* a, const float* b, int64_t k, bool& bad_a, bool& bad_b) {
+  __m256d s_lo = _mm256_setzero_pd(), s_hi = _mm256_setzero_pd();
+  __m256 out_a = _mm256_setzero_ps(), out_b = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 8 <= k; i += 8) {
-    const __m256 x = _mm256_loadu_ps(a + i);
-    const __m256 y = _mm256_loadu_ps(b + i);
-    // not (0 <= v <= max), unordered (NaN) counting as true
-    out_a = _mm256_or_ps(out_a, _mm256_or_ps(_mm256_cmp_ps(x, zero, _CMP_NGE_UQ), _mm256_cmp_ps(x, largest, _CMP_NLE_UQ)));
-    out_b = _mm256_or_ps(out_b, _mm256_or_ps(_mm256_cmp_ps(y, zero, _CMP_NGE_UQ), _mm256_cmp_ps(y, largest, _CMP_NLE_UQ)));
-    const __m256d lo = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(x)), _mm256_cvtps_pd(_mm256_castps256_ps128(y)));
-    const __m256d hi = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1)));
-    s0 = _mm256_add_pd(s0, _mm256_andnot_pd(sign, lo));
-    s1 = _mm256_add_pd(s1, _mm256_andnot_pd(sign, hi));
+  for (; i + 8 <= k; i += 8) tvd_step8(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s_lo, s_hi, out_a, out_b);
+  if (i < k) {
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k - i)),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    tvd_step8(_mm256_maskload_ps(a + i, mask), _mm256_maskload_ps(b + i, mask), s_lo, s_hi, out_a, out_b);
   }
   bad_a = _mm256_movemask_ps(out_a) != 0;
   bad_b = _mm256_movemask_ps(out_b) != 0;
-  double tail = 0.0;
-  for (; i < k; ++i) {
-    bad_a |= !(a[i] >= 0.0f && a[i] <= std::numeric_limits<float>::max());
-    bad_b |= !(b[i] >= 0.0f && b[i] <= std::numeric_limits<float>::max());
-    tail += std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
-  }
   alignas(32) double lanes[4];
-  _mm256_store_pd(lanes, _mm256_add_pd(s0, s1));
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + tail;
+  _mm256_store_pd(lanes, _mm256_add_pd(s_lo, s_hi));
+  return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 }
 
 // tvd of float32 rows on AVX2 and FMA CPUs, with value_flags' bits of the rows' entries.
@@ -188,21 +190,23 @@ std::pair<at::Tensor, int32_t> tvd_float_avx2(const at::Tensor& p, const at::Ten
 }
 #endif
 
-// tvd and value_flags' bits of p and q: one pass for float32 on AVX2 CPUs, else the
-// distance's pass and the checks'.
-std::pair<at::Tensor, int32_t> tvd_and_flags(const at::Tensor& p, const at::Tensor& q) {
+// tvd of p and q; with `flags`, value_flags' bits of their entries ORed into it: in the same
+// pass for float32 on AVX2 CPUs, else in a pass of their own (none without `flags`).
+at::Tensor tvd_rows(const at::Tensor& p, const at::Tensor& q, int32_t* flags) {
 #ifdef AM_AVX2_PATH
-  if (p.scalar_type() == at::kFloat && avx2_fma()) return tvd_float_avx2(p, q);
+  if (p.scalar_type() == at::kFloat && avx2_fma()) {
+    auto [out, f] = tvd_float_avx2(p, q);
+    if (flags != nullptr) *flags |= f;
+    return out;
+  }
 #endif
-  return {tvd_scalar(p, q), flags_of(p, q)};
+  if (flags != nullptr) *flags |= flags_of(p, q);
+  return tvd_scalar(p, q);
 }
 
 at::Tensor tvd_cpu(const at::Tensor& p, const at::Tensor& q) {
   check_inputs("tvd", p, q);
-#ifdef AM_AVX2_PATH  // the same values as tvd_checked's, bit for bit: the same loop
-  if (p.scalar_type() == at::kFloat && avx2_fma()) return tvd_float_avx2(p, q).first;
-#endif
-  return tvd_scalar(p, q);
+  return tvd_rows(p, q, nullptr);
 }
 
 at::Tensor value_flags_cpu(const at::Tensor& p, const at::Tensor& q) {
@@ -219,15 +223,13 @@ at::Tensor distance_checked_cpu(const at::Tensor& p, const at::Tensor& q, const 
   const char* op = JSD ? "jsd_checked" : "tvd_checked";
   check_inputs(op, p, q);
   attnmetrics::check_flags_buffer(op, flags, p);
+  int32_t* bits = flags.mutable_data_ptr<int32_t>();
   if constexpr (JSD) {
     at::Tensor out = jsd_cpu(p, q);
-    flags.mutable_data_ptr<int32_t>()[0] |= flags_of(p, q);
-    return out;
-  } else {
-    auto [out, f] = tvd_and_flags(p, q);
-    flags.mutable_data_ptr<int32_t>()[0] |= f;
+    *bits |= flags_of(p, q);
     return out;
   }
+  return tvd_rows(p, q, bits);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "cuda/geometry.h"
+#include "kernels/distances.h"
 #include "kernels/flip.h"
 #include "kernels/kendall.h"
 #include "kernels/loo.h"
@@ -26,14 +27,9 @@ namespace gpu {
 // ---- tvd / jsd -----------------------------------------------------------------------
 // Lane `lane` of the `lanes` lanes given to a row sums items lane, lane + lanes, ...
 // in double; the kernel then adds the lanes' partial sums in a fixed tree order. Each
-// lane also ORs value_flags' bits of the entries it reads into `flags` (entry_flag: bit 0
-// NaN or infinite, bit 1 negative; p's in bits 0-1, q's in 2-3), which the checked
-// launches gather: the checks cost no second pass over the inputs.
-
-template <typename scalar_t>
-AM_HOST_DEVICE inline int entry_flag(scalar_t x) {
-  return isfinite(x) ? (x < scalar_t(0) ? 2 : 0) : 1;
-}
+// lane also ORs value_flags' bits of the entries it reads into `flags`
+// (kernels/distances.h entry_flag), which the checked launches gather: the checks cost
+// no second pass over the inputs.
 
 template <typename scalar_t>
 AM_HOST_DEVICE inline double tvd_partial(const scalar_t* a, const scalar_t* b, int64_t width,
