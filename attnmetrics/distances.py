@@ -2,7 +2,7 @@
 
 Both reduce one dimension of broadcastable tensors ``p`` and ``q`` and run on the C++
 kernels (``attnmetrics::tvd_checked`` / ``attnmetrics::jsd_checked``: the distance and the
-checks for NaN, infinite and negative entries in one call), which take contiguous ``[N, K]``
+checks for NaN, infinite and negative entries in one call), which take contiguous ``[..., K]``
 rows: this layer broadcasts, moves ``dim`` last and copies to that layout in row chunks, so
 the extra memory stays within ``memory_budget`` however large the batch.
 """
@@ -161,7 +161,8 @@ def _raise_for_values(p: Tensor, q: Tensor) -> None:
 def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
     _check_distribution("p", p)
     _check_distribution("q", q)
-    check_same_device(p=p, q=q)
+    if p.device != q.device:  # the message's dict costs more than the comparison
+        check_same_device(p=p, q=q)
     if p.dtype != q.dtype:
         raise ValueError(f"p and q must have one dtype, got p {p.dtype} and q {q.dtype}")
     shape = p.shape
@@ -181,20 +182,19 @@ def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
     if dim % len(shape) != len(shape) - 1:
         p, q = p.movedim(dim, -1), q.movedim(dim, -1)
     batch, width = p.shape[:-1], p.shape[-1]
-    flags = torch.zeros(1, dtype=torch.int32, device=p.device)
+    flags = p.new_zeros(1, dtype=torch.int32)
     # Per row: a contiguous copy of p and of q, plus the output.
     max_rows = max(1, memory_budget // ((2 * width + 1) * p.element_size()))
-    if math.prod(batch) <= max_rows:  # one block: no output buffer to fill
-        out = op(p.reshape(-1, width).contiguous(), q.reshape(-1, width).contiguous(), flags).view(batch)
+    if math.prod(batch) <= max_rows:  # one block: the kernels take [..., K], so no reshapes
+        out = op(p.contiguous(), q.contiguous(), flags)
     else:
         out = torch.empty(batch, dtype=p.dtype, device=p.device)
         flat = out.view(-1)
         start = 0
         for index in _row_blocks(tuple(batch), max_rows):
-            pb = p[index].reshape(-1, width).contiguous()
-            qb = q[index].reshape(-1, width).contiguous()
-            flat[start : start + pb.shape[0]] = op(pb, qb, flags)
-            start += pb.shape[0]
+            block = op(p[index].contiguous(), q[index].contiguous(), flags).view(-1)
+            flat[start : start + block.numel()] = block
+            start += block.numel()
     if int(flags):
         _raise_for_values(p, q)
     return out

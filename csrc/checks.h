@@ -55,16 +55,22 @@ inline int64_t check_linear_head(const at::Tensor& attention, const at::Tensor& 
 
 // ---- tvd / jsd ------------------------------------------------------------------------------
 
-// tvd's or jsd's (op's) p, q [N, K] (float32/float64, one dtype, contiguous).
+// tvd's or jsd's (op's) p, q [..., K] (float32/float64, one dtype, one shape, contiguous).
 inline void check_distance_shapes(const char* op, const at::Tensor& p, const at::Tensor& q) {
   TORCH_CHECK(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, op,
               ": p must be float32 or float64, got ", p.scalar_type());
   TORCH_CHECK(q.scalar_type() == p.scalar_type(), op, ": q must have p's dtype ",
               p.scalar_type(), ", got ", q.scalar_type());
-  TORCH_CHECK(p.dim() == 2, op, ": p must be [N, K], got ", p.sizes());
+  TORCH_CHECK(p.dim() >= 1, op, ": p must be [..., K] (at least one dimension), got a 0-d tensor");
   TORCH_CHECK(q.sizes() == p.sizes(), op, ": q must have p's shape ", p.sizes(), ", got ",
               q.sizes());
   TORCH_CHECK(p.is_contiguous() && q.is_contiguous(), op, ": p and q must be contiguous");
+}
+
+// The output of a distance over p's last dimension: p's shape without it; its numel() is the
+// number of rows, each p.size(-1) wide.
+inline at::Tensor distance_output(const at::Tensor& p) {
+  return at::empty(p.sizes().slice(0, p.dim() - 1), p.options());
 }
 
 // tvd_checked / jsd_checked's flags: int32 [1] on p's device, ORed into in place.

@@ -5,8 +5,8 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(attnmetrics, m) {
-  // Distances between distributions along the last dim of contiguous [N, K]
-  // inputs: TVD = 1/2 sum |p - q|; JSD in nats (0 log 0 = 0). Returns [N].
+  // Distances between distributions along the last dim of contiguous [..., K]
+  // inputs: TVD = 1/2 sum |p - q|; JSD in nats (0 log 0 = 0). Returns [...].
   m.def("tvd(Tensor p, Tensor q) -> Tensor");
   m.def("jsd(Tensor p, Tensor q) -> Tensor");
   // The value checks of tvd/jsd's inputs in one pass over contiguous p and q (any

@@ -160,10 +160,26 @@ def test_bounds_and_symmetry(k, rows, zeros, seed, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_opcheck(op, dtype):
     rng = np.random.default_rng(19)
-    for shape in [(4, 3), (1, 10), (0, 5)]:
+    for shape in [(4, 3), (1, 10), (0, 5), (7,), (2, 3, 5), (2, 0, 4)]:
         p = torch.from_numpy(rng.random(shape)).to(dtype)
         q = torch.from_numpy(rng.random(shape)).to(dtype)
         torch.library.opcheck(op, (p, q))
+
+
+@pytest.mark.parametrize("ops_pair", [(ops.tvd, ops.tvd_checked), (ops.jsd, ops.jsd_checked)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ops_take_any_leading_dims(ops_pair, dtype):
+    """The kernels reduce the last dim of [..., K]: a 3-d or 1-d input gives, bit for bit, the
+    [N, K] view's rows in its leading shape."""
+    rng = np.random.default_rng(23)
+    for shape in [(2, 3, 13), (13,), (3, 1, 2, 9)]:
+        p, q = (torch.from_numpy(rng.random(shape)).to(dtype) for _ in range(2))
+        for op in ops_pair:
+            args = (p, q) if op in (ops.tvd, ops.jsd) else (p, q, torch.zeros(1, dtype=torch.int32))
+            flat = op(*(a.reshape(-1, shape[-1]) if a.dtype != torch.int32 else a for a in args))
+            got = op(*args)
+            assert got.shape == shape[:-1]
+            assert torch.equal(got.reshape(-1), flat)
 
 
 # ---- value_flags: the value checks in one pass (the GPU path of tvd/jsd's validation) ---------
@@ -305,7 +321,7 @@ def test_bad_dim_budget_and_type(fn):
 def test_op_rejects_bad_input_without_crashing(op):
     good = torch.rand(3, 4)
     bad = [
-        ((torch.rand(4), torch.rand(4)), "p must be \\[N, K\\]"),
+        ((torch.tensor(0.5), torch.tensor(0.5)), "p must be \\[..., K\\] \\(at least one dimension\\)"),
         ((good, torch.rand(3, 5)), "q must have p's shape"),
         ((good, good.double()), "q must have p's dtype"),
         ((good.long(), good.long()), "p must be float32 or float64"),

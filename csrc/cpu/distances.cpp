@@ -33,9 +33,8 @@ void check_inputs(const char* op, const at::Tensor& p, const at::Tensor& q) {
 // Applies row_fn(p_row, q_row, K) -> acc_t to every row, in parallel.
 template <typename scalar_t, typename RowFn>
 at::Tensor rowwise(const at::Tensor& p, const at::Tensor& q, RowFn row_fn) {
-  const int64_t rows = p.size(0);
-  const int64_t width = p.size(1);
-  at::Tensor out = at::empty({rows}, p.options());
+  at::Tensor out = attnmetrics::distance_output(p);
+  const int64_t rows = out.numel(), width = p.size(-1);
   const scalar_t* ps = p.const_data_ptr<scalar_t>();
   const scalar_t* qs = q.const_data_ptr<scalar_t>();
   scalar_t* os = out.mutable_data_ptr<scalar_t>();
@@ -167,8 +166,8 @@ AM_AVX2 inline double tvd_row_avx2(const float* a, const float* b, int64_t k, bo
 
 // tvd of float32 rows on AVX2 and FMA CPUs, with value_flags' bits of the rows' entries.
 std::pair<at::Tensor, int32_t> tvd_float_avx2(const at::Tensor& p, const at::Tensor& q) {
-  const int64_t rows = p.size(0), width = p.size(1);
-  at::Tensor out = at::empty({rows}, p.options());
+  at::Tensor out = attnmetrics::distance_output(p);
+  const int64_t rows = out.numel(), width = p.size(-1);
   const float* ps = p.const_data_ptr<float>();
   const float* qs = q.const_data_ptr<float>();
   float* os = out.mutable_data_ptr<float>();

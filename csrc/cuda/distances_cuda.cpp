@@ -28,13 +28,14 @@ template <bool JSD>
 at::Tensor distance_cuda(const at::Tensor& p, const at::Tensor& q, int* flags = nullptr) {
   const char* op = JSD ? "jsd" : "tvd";
   const c10::cuda::CUDAGuard guard(p.device());
-  at::Tensor out = at::empty({p.size(0)}, p.options());
+  at::Tensor out = attnmetrics::distance_output(p);
+  const int64_t rows = out.numel(), width = p.size(-1);
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "distance_cuda", [&] {
     const scalar_t* ps = p.const_data_ptr<scalar_t>();
     const scalar_t* qs = q.const_data_ptr<scalar_t>();
     scalar_t* os = out.mutable_data_ptr<scalar_t>();
-    const cudaError_t err = JSD ? gpu::jsd(ps, qs, os, p.size(0), p.size(1), flags, current_stream())
-                                : gpu::tvd(ps, qs, os, p.size(0), p.size(1), flags, current_stream());
+    const cudaError_t err = JSD ? gpu::jsd(ps, qs, os, rows, width, flags, current_stream())
+                                : gpu::tvd(ps, qs, os, rows, width, flags, current_stream());
     check_launch(err, op);
   });
   return out;
