@@ -120,6 +120,12 @@ def test_checked_distances_match_cpu():
             close(got, want, dtype)
             close(got, host(plain(*dev(p, q))), dtype)
             assert int(want_flags) == int(host(got_flags)) == 1 | 8
+        # [..., K]: a 3-d input's rows in its leading shape, as the [N, K] view's
+        p3, q3 = p.view(10, 100, 50), q.view(10, 100, 50)
+        for op in (ops.tvd, ops.jsd):
+            got = op(*dev(p3, q3))
+            assert got.shape == (10, 100)
+            assert torch.equal(host(got).reshape(-1), host(op(*dev(p, q))))
 
 
 def test_distances_reject_bad_values_on_device_like_cpu():
