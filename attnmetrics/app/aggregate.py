@@ -113,11 +113,9 @@ def _setting(cell) -> dict:
     return {k: str(v) for k, v in cell.axes.items() if k != "seed"}
 
 
-def _same_instances(preds: list[dict]) -> bool:
-    return all(
-        np.array_equal(p["labels"], preds[0]["labels"]) and np.array_equal(p["lengths"], preds[0]["lengths"])
-        for p in preds
-    )
+def _same_arrays(preds: list[dict], *keys: str) -> bool:
+    """Whether every predictions dict holds the first's arrays under ``keys``."""
+    return all(np.array_equal(p[k], preds[0][k]) for p in preds for k in keys)
 
 
 def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
@@ -126,7 +124,7 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
     per_cell = [cell_statistics(r, p) for _, r, p in members]
     seeds = [s for s, _, _ in members]
     preds = [p for _, _, p in members]
-    have_preds = all(p is not None for p in preds) and _same_instances(preds)
+    have_preds = all(p is not None for p in preds) and _same_arrays(preds, "labels", "lengths")
     out: dict = {"seeds": seeds, "statistics": {}}
     stacked: dict[str, np.ndarray] = {}  # [seeds, N] per-instance values, by name
     for name in per_cell[0]:
@@ -217,7 +215,7 @@ def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
             if axis not in c.axes or str(c.axes[axis]) == baseline or p is None:
                 continue
             key = (c.grid, tuple(sorted((k, str(baseline if k == axis else v)) for k, v in c.axes.items())))
-            if key not in index or index[key][2] is None or not _same_instances([p, index[key][2]]):
+            if key not in index or index[key][2] is None or not _same_arrays([p, index[key][2]], "labels", "lengths"):
                 continue
             b, rb, pb = index[key]
             ok_c, ok_b = _correct(p), _correct(pb)
@@ -309,8 +307,8 @@ def _same_test_set(runs: list[tuple[dict, dict]]) -> bool:
         data = r.get("data", {})
         return data.get("name"), str(data.get("sizes")), r.get("split_seed")
 
-    first_results, first = runs[0]
-    return all(test_set(r) == test_set(first_results) and np.array_equal(p["labels"], first["labels"]) for r, p in runs)
+    first = test_set(runs[0][0])
+    return all(test_set(r) == first for r, _ in runs) and _same_arrays([p for _, p in runs], "labels")
 
 
 def load_cell(folder: Path) -> tuple[dict, dict | None]:
