@@ -96,7 +96,8 @@ def captum_loo_bucketed(model, tokens, lengths, output=sigmoid_output, mask=MASK
 def measure_against_captum(benchmark, model, tokens, lengths, per_evals, output=sigmoid_output, mask=MASK):
     """Ours (``leave_one_out(mode="mask")``, the benchmark's timing) and Captum stock at each of
     ``per_evals`` and length-bucketed, the values checked equal first (float32: batch composition
-    moves the last bits); returns ours' values and ``extra_info``'s common entries."""
+    moves the last bits); returns ours' values, ``extra_info``'s common entries and the machine's
+    multiply-add rate read before each timed round (:func:`rounds_beside_rate`)."""
     load_before = os.getloadavg()[0]
 
     def ours():
@@ -110,20 +111,23 @@ def measure_against_captum(benchmark, model, tokens, lengths, per_evals, output=
         stock, stock_s[per_eval] = timed(lambda: captum_loo(model, tokens, lengths, per_eval, output, mask))
         torch.testing.assert_close(masked, stock, rtol=1e-3, atol=1e-5)
     best = min(stock_s, key=stock_s.get)
-    return masked, dict(
-        rows=int(lengths.shape[0]),
-        mean_length=float(lengths.double().mean()),
-        maskings=int((lengths - 2).sum()),
-        threads=torch.get_num_threads(),
-        load_average_before=load_before,
-        leave_one_out_mask_s=mask_s,
-        captum_bucketed_s=bucketed_s,
-        captum_stock_s={str(k): v for k, v in stock_s.items()},
-        captum_stock_best_per_eval=best,
-        mask_speedup_vs_bucketed=bucketed_s / mask_s,
-        mask_speedup_vs_stock=stock_s[best] / mask_s,
-        max_abs_diff_vs_captum=float((masked - bucketed).abs().max()),
-        machine_gmacs_by_round=rates,
+    return (
+        masked,
+        dict(
+            rows=int(lengths.shape[0]),
+            mean_length=float(lengths.double().mean()),
+            maskings=int((lengths - 2).sum()),
+            threads=torch.get_num_threads(),
+            load_average_before=load_before,
+            leave_one_out_mask_s=mask_s,
+            captum_bucketed_s=bucketed_s,
+            captum_stock_s={str(k): v for k, v in stock_s.items()},
+            captum_stock_best_per_eval=best,
+            mask_speedup_vs_bucketed=bucketed_s / mask_s,
+            mask_speedup_vs_stock=stock_s[best] / mask_s,
+            max_abs_diff_vs_captum=float((masked - bucketed).abs().max()),
+        ),
+        rates,
     )
 
 
@@ -137,7 +141,7 @@ def test_leave_one_out_vs_captum(benchmark, case, embed_dim):
         batch, hi, per_evals = min(batch, 16), min(hi, lo + 10), PER_EVAL[:1]
     tokens, lengths = make_batch(batch, lo, hi)
     benchmark.group = f"loo-captum-{case}-E{embed_dim}"
-    _, info = measure_against_captum(benchmark, model, tokens, lengths, per_evals)
+    _, info, rates = measure_against_captum(benchmark, model, tokens, lengths, per_evals)
     _, delete_s = timed(lambda: leave_one_out(model, tokens, lengths))
     stock_s = info["captum_stock_s"][str(info["captum_stock_best_per_eval"])]
     benchmark.extra_info.update(
@@ -146,6 +150,7 @@ def test_leave_one_out_vs_captum(benchmark, case, embed_dim):
         leave_one_out_delete_s=delete_s,
         delete_speedup_vs_bucketed=info["captum_bucketed_s"] / delete_s,
         delete_speedup_vs_stock=stock_s / delete_s,
+        machine_gmacs_by_round=rates,
         load_average_after=os.getloadavg()[0],
     )
 
@@ -169,11 +174,10 @@ def test_leave_one_out_vs_captum_on_a_transformer(benchmark):
     per_evals = (1,) if small else PER_EVAL
     tokens, lengths = inputs("sst", small)
     benchmark.group = "loo-captum-transformer"
-    _, info = measure_against_captum(benchmark, model, tokens, lengths, per_evals, second_class, BERT_MASK)
+    _, info, rates = measure_against_captum(benchmark, model, tokens, lengths, per_evals, second_class, BERT_MASK)
     # the floor: every masking re-encodes its whole row (nothing is reusable: docs/speed.md), and
     # the rows themselves once, each at its own length
     macs = sum((n - 1) * encoder_macs(config, n) for n in lengths.tolist())
-    rates = info.pop("machine_gmacs_by_round")
     benchmark.extra_info.update(
         model=description,
         **info,
