@@ -986,3 +986,62 @@ def test_battery_memory_budget_on_the_device():
 
     assert memory_budget(torch.device("cpu")) == DEFAULT_MEMORY_BUDGET
     assert DEFAULT_MEMORY_BUDGET <= memory_budget(DEVICE) <= GPU_MEMORY_BUDGET
+
+
+def _device_reads(fn) -> int:
+    """How many times ``fn()`` waits on the GPU (torch's sync debug mode: ``.item()``, ``.cpu()``,
+    ``nonzero``, a blocking copy to the host...)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+@gpu_only
+def test_procedures_read_the_device_a_fixed_number_of_times():
+    """Issue 32 (one orchestration shaped for the device): validation reads the device a fixed
+    number of times per public call and nothing reads it inside the per-chunk loops, so a call
+    split into many chunks by a small memory budget waits on the GPU exactly as often as the same
+    call in one chunk."""
+    from attnmetrics import comprehensiveness, leave_one_out, permutation_test, sufficiency
+    from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
+    from attnmetrics.protocol import forward
+
+    torch.manual_seed(0)
+    model = EncoderAttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6)).to(DEVICE).eval()
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(3, 25, (64,), generator=g)
+    tokens = torch.randint(4, 50, (64, int(lengths.max())), generator=g)
+    tokens[torch.arange(tokens.shape[1]) >= lengths[:, None]] = 0
+    tokens, lengths = dev(tokens, lengths)
+    f = forward(model, tokens, lengths)
+    scores = torch.rand(f.attention.shape, generator=torch.Generator(DEVICE).manual_seed(2), device=DEVICE)
+    p = torch.softmax(torch.randn(20_000, 50, device=DEVICE), -1)
+    calls = {
+        "tvd": lambda budget: tvd(p, p.flip(0), memory_budget=budget),
+        "leave_one_out delete": lambda budget: leave_one_out(model, tokens, lengths, memory_budget=budget),
+        "leave_one_out mask": lambda budget: leave_one_out(
+            model, tokens, lengths, mode="mask", mask_token=1, memory_budget=budget
+        ),
+        "comprehensiveness": lambda budget: comprehensiveness(model, tokens, lengths, scores, memory_budget=budget),
+        "sufficiency": lambda budget: sufficiency(model, tokens, lengths, scores, memory_budget=budget),
+        "flip_fraction": lambda budget: flip_fraction(
+            f.attention, f.hidden, model.decoder, f.lengths, memory_budget=budget
+        ),
+        "permutation_test": lambda budget: permutation_test(
+            f.attention, f.hidden, model.decoder, f.lengths, permutations=20, memory_budget=budget
+        ),
+    }
+    counts = {}
+    for name, call in calls.items():
+        call(2**30)  # warm: cuDNN plans, the caching allocator
+        counts[name] = (_device_reads(lambda: call(2**30)), _device_reads(lambda: call(2**16)))
+    print(counts)
+    assert all(one == many for one, many in counts.values()), counts
