@@ -1,4 +1,4 @@
-// CPU impls of attnmetrics::tvd and attnmetrics::jsd on contiguous [N, K]
+// CPU impls of attnmetrics::tvd and attnmetrics::jsd on contiguous [..., K]
 // inputs: one output per row, accumulated in double, rows in parallel; value_flags
 // and the _checked forms (the distance and the value checks in one call).
 #include <ATen/AccumulateType.h>
@@ -28,24 +28,6 @@ void check_inputs(const char* op, const at::Tensor& p, const at::Tensor& q) {
   TORCH_CHECK(p.device().is_cpu() && q.device().is_cpu(), op,
               " (CPU): p and q must be CPU tensors");
   attnmetrics::check_distance_shapes(op, p, q);
-}
-
-// Applies row_fn(p_row, q_row, K) -> acc_t to every row, in parallel.
-template <typename scalar_t, typename RowFn>
-at::Tensor rowwise(const at::Tensor& p, const at::Tensor& q, RowFn row_fn) {
-  at::Tensor out = attnmetrics::distance_output(p);
-  const int64_t rows = out.numel(), width = p.size(-1);
-  const scalar_t* ps = p.const_data_ptr<scalar_t>();
-  const scalar_t* qs = q.const_data_ptr<scalar_t>();
-  scalar_t* os = out.mutable_data_ptr<scalar_t>();
-  // ~32k elements per task, ATen's usual grain for elementwise work.
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      os[i] = static_cast<scalar_t>(row_fn(ps + i * width, qs + i * width, width));
-    }
-  });
-  return out;
 }
 
 // value_flags' bits of n entries (kernels/distances.h entry_flag, ORed). First one
@@ -83,11 +65,38 @@ int32_t flags_of(const at::Tensor& p, const at::Tensor& q) {
   return f;
 }
 
+// Applies row_fn(a, b, K, bad) -> value to every row of p and q, in parallel, into p's shape
+// without its last dim; for the rows where row_fn sets bad (an entry it could not take), the
+// exact value_flags bits of both rows (entry_flags), ORed and returned.
+template <typename scalar_t, typename RowFn>
+std::pair<at::Tensor, int32_t> rowwise(const at::Tensor& p, const at::Tensor& q, RowFn row_fn) {
+  at::Tensor out = attnmetrics::distance_output(p);
+  const int64_t rows = out.numel(), width = p.size(-1);
+  const scalar_t* ps = p.const_data_ptr<scalar_t>();
+  const scalar_t* qs = q.const_data_ptr<scalar_t>();
+  scalar_t* os = out.mutable_data_ptr<scalar_t>();
+  std::atomic<int32_t> flags{0};
+  // ~32k elements per task, ATen's usual grain for elementwise work.
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    int32_t f = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const scalar_t* a = ps + i * width;
+      const scalar_t* b = qs + i * width;
+      bool bad = false;
+      os[i] = static_cast<scalar_t>(row_fn(a, b, width, bad));
+      if (bad) f |= entry_flags(a, width) | entry_flags(b, width) << 2;  // only when something is wrong
+    }
+    if (f != 0) flags.fetch_or(f);
+  });
+  return {out, flags.load()};
+}
+
 at::Tensor tvd_scalar(const at::Tensor& p, const at::Tensor& q) {
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "tvd_cpu", [&] {
     using acc_t = at::acc_type<scalar_t, /*is_cuda=*/false>;
-    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k) {
+    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k, bool&) {
       // Four running sums: one would make every add wait for the previous one.
       acc_t s[4] = {0, 0, 0, 0};
       int64_t i = 0;
@@ -98,7 +107,7 @@ at::Tensor tvd_scalar(const at::Tensor& p, const at::Tensor& q) {
       }
       for (; i < k; ++i) s[0] += std::abs(static_cast<acc_t>(a[i]) - static_cast<acc_t>(b[i]));
       return acc_t(0.5) * ((s[0] + s[1]) + (s[2] + s[3]));
-    });
+    }).first;
   });
   return out;
 }
@@ -151,42 +160,35 @@ AM_AVX2 inline __m256d load4(const double* x, int64_t n) {
   return _mm256_maskload_pd(x, mask);
 }
 
-// One row's JSD sum (before the halving), four entries a step, the last one to three through a
-// masked load; the lanes jsd_step4 leaves out through jsd_terms.
+// One row's JSD, four entries a step, the last one to three through a masked load; the lanes
+// jsd_step4 leaves out through jsd_terms, and bad set (any entry negative or not finite is among
+// them, so the checks need no pass of their own).
 template <typename scalar_t>
-AM_AVX2 double jsd_row_avx2(const scalar_t* a, const scalar_t* b, int64_t k) {
+AM_AVX2 double jsd_row_avx2(const scalar_t* a, const scalar_t* b, int64_t k, bool& bad) {
   __m256d s = _mm256_setzero_pd();
   double rest = 0;
   for (int64_t i = 0; i < k; i += 4) {
     const int64_t n = std::min<int64_t>(4, k - i);
     const int out = n == 4 ? jsd_step4(load4(a + i), load4(b + i), s) : jsd_step4(load4(a + i, n), load4(b + i, n), s);
+    bad |= out != 0;
     for (int64_t j = 0; out != 0 && j < n; ++j) {
       if (out >> j & 1) rest += jsd_terms<double>(a[i + j], b[i + j]);
     }
   }
-  return vec::sum4(s) + rest;
+  // Each pair's terms sum to >= 0 exactly; rounding may leave a tiny negative.
+  return std::max(0.0, 0.5 * (vec::sum4(s) + rest));
 }
 #endif
 
-at::Tensor jsd_cpu(const at::Tensor& p, const at::Tensor& q) {
-  check_inputs("jsd", p, q);
+at::Tensor jsd_scalar(const at::Tensor& p, const at::Tensor& q) {
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "jsd_cpu", [&] {
     using acc_t = at::acc_type<scalar_t, /*is_cuda=*/false>;
-    // Each pair's terms sum to >= 0 exactly; rounding may leave a tiny negative.
-#ifdef AM_AVX2_PATH
-    if (vec::avx2_fma()) {
-      out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k) {
-        return std::max(0.0, 0.5 * jsd_row_avx2(a, b, k));
-      });
-      return;
-    }
-#endif
-    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k) {
+    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k, bool&) {
       acc_t s = 0;  // the logs dominate the cost here, so one running sum is as fast as several
       for (int64_t i = 0; i < k; ++i) s += jsd_terms<acc_t>(a[i], b[i]);
-      return std::max(acc_t(0), acc_t(0.5) * s);
-    });
+      return std::max(acc_t(0), acc_t(0.5) * s);  // see jsd_row_avx2
+    }).first;
   });
   return out;
 }
@@ -229,48 +231,48 @@ AM_AVX2 inline double tvd_row_avx2(const float* a, const float* b, int64_t k, bo
   return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 }
 
-// tvd of float32 rows on AVX2 and FMA CPUs, with value_flags' bits of the rows' entries.
-std::pair<at::Tensor, int32_t> tvd_float_avx2(const at::Tensor& p, const at::Tensor& q) {
-  at::Tensor out = attnmetrics::distance_output(p);
-  const int64_t rows = out.numel(), width = p.size(-1);
-  const float* ps = p.const_data_ptr<float>();
-  const float* qs = q.const_data_ptr<float>();
-  float* os = out.mutable_data_ptr<float>();
-  std::atomic<int32_t> flags{0};
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    int32_t f = 0;
-    for (int64_t i = begin; i < end; ++i) {
-      bool bad_a = false, bad_b = false;
-      const float* a = ps + i * width;
-      const float* b = qs + i * width;
-      os[i] = static_cast<float>(0.5 * tvd_row_avx2(a, b, width, bad_a, bad_b));
-      if (bad_a) f |= entry_flags(a, width);  // the bits themselves: only when something is wrong
-      if (bad_b) f |= entry_flags(b, width) << 2;
-    }
-    if (f != 0) flags.fetch_or(f);
+// tvd of float32 rows and jsd of float32 or float64 rows on AVX2 and FMA CPUs, with value_flags'
+// bits of their entries from the same pass.
+std::pair<at::Tensor, int32_t> tvd_avx2(const at::Tensor& p, const at::Tensor& q) {
+  return rowwise<float>(p, q, [](const float* a, const float* b, int64_t k, bool& bad) {
+    bool bad_a = false, bad_b = false;
+    const double s = tvd_row_avx2(a, b, k, bad_a, bad_b);
+    bad = bad_a || bad_b;
+    return 0.5 * s;
   });
-  return {out, flags.load()};
+}
+
+std::pair<at::Tensor, int32_t> jsd_avx2(const at::Tensor& p, const at::Tensor& q) {
+  std::pair<at::Tensor, int32_t> out;
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "jsd_cpu", [&] {
+    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k, bool& bad) {
+      return jsd_row_avx2(a, b, k, bad);
+    });
+  });
+  return out;
 }
 #endif
 
-// tvd of p and q; with `flags`, value_flags' bits of their entries ORed into it: in the same
-// pass for float32 on AVX2 CPUs, else in a pass of their own (none without `flags`).
-at::Tensor tvd_rows(const at::Tensor& p, const at::Tensor& q, int32_t* flags) {
+// tvd or jsd of p and q; with `flags`, value_flags' bits of their entries ORed into it: from
+// the distance's own pass where the AVX2 kernels run (tvd float32, jsd), else in a pass of
+// their own (none without `flags`).
+template <bool JSD>
+at::Tensor distance_rows(const at::Tensor& p, const at::Tensor& q, int32_t* flags) {
 #ifdef AM_AVX2_PATH
-  if (p.scalar_type() == at::kFloat && avx2_fma()) {
-    auto [out, f] = tvd_float_avx2(p, q);
+  if (avx2_fma() && (JSD || p.scalar_type() == at::kFloat)) {
+    auto [out, f] = JSD ? jsd_avx2(p, q) : tvd_avx2(p, q);
     if (flags != nullptr) *flags |= f;
     return out;
   }
 #endif
   if (flags != nullptr) *flags |= flags_of(p, q);
-  return tvd_scalar(p, q);
+  return JSD ? jsd_scalar(p, q) : tvd_scalar(p, q);
 }
 
-at::Tensor tvd_cpu(const at::Tensor& p, const at::Tensor& q) {
-  check_inputs("tvd", p, q);
-  return tvd_rows(p, q, nullptr);
+template <bool JSD>
+at::Tensor distance_cpu(const at::Tensor& p, const at::Tensor& q) {
+  check_inputs(JSD ? "jsd" : "tvd", p, q);
+  return distance_rows<JSD>(p, q, nullptr);
 }
 
 at::Tensor value_flags_cpu(const at::Tensor& p, const at::Tensor& q) {
@@ -287,20 +289,14 @@ at::Tensor distance_checked_cpu(const at::Tensor& p, const at::Tensor& q, const 
   const char* op = JSD ? "jsd_checked" : "tvd_checked";
   check_inputs(op, p, q);
   attnmetrics::check_flags_buffer(op, flags, p);
-  int32_t* bits = flags.mutable_data_ptr<int32_t>();
-  if constexpr (JSD) {
-    at::Tensor out = jsd_cpu(p, q);
-    *bits |= flags_of(p, q);
-    return out;
-  }
-  return tvd_rows(p, q, bits);
+  return distance_rows<JSD>(p, q, flags.mutable_data_ptr<int32_t>());
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnmetrics, CPU, m) {
-  m.impl("tvd", &tvd_cpu);
-  m.impl("jsd", &jsd_cpu);
+  m.impl("tvd", &distance_cpu<false>);
+  m.impl("jsd", &distance_cpu<true>);
   m.impl("value_flags", &value_flags_cpu);
   m.impl("tvd_checked", &distance_checked_cpu<false>);
   m.impl("jsd_checked", &distance_checked_cpu<true>);
