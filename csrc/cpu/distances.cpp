@@ -65,11 +65,18 @@ int32_t flags_of(const at::Tensor& p, const at::Tensor& q) {
   return f;
 }
 
-// Applies row_fn(a, b, K, bad) -> value to every row of p and q, in parallel, into p's shape
-// without its last dim; for the rows where row_fn sets bad (an entry it could not take), the
-// exact value_flags bits of both rows (entry_flags), ORed and returned.
-template <typename scalar_t, typename RowFn>
-std::pair<at::Tensor, int32_t> rowwise(const at::Tensor& p, const at::Tensor& q, RowFn row_fn) {
+// value_flags' exact bits of a row pair that a kernel marked bad (only then: the error's path).
+template <typename scalar_t>
+int32_t row_flags(const scalar_t* a, const scalar_t* b, int64_t k) {
+  return entry_flags(a, k) | entry_flags(b, k) << 2;
+}
+
+// Runs rows_fn(a, b, out, n, K) -> flags over chunks of the rows of p and q in parallel (a
+// chunk's n rows start at a and b, their outputs at out), into p's shape without its last dim;
+// returns the chunks' flags ORed. A chunk function loops over its rows itself, so the row
+// kernels inline into it (an AVX2 one into an AVX2 loop).
+template <typename scalar_t, typename RowsFn>
+std::pair<at::Tensor, int32_t> rowwise(const at::Tensor& p, const at::Tensor& q, RowsFn rows_fn) {
   at::Tensor out = attnmetrics::distance_output(p);
   const int64_t rows = out.numel(), width = p.size(-1);
   const scalar_t* ps = p.const_data_ptr<scalar_t>();
@@ -79,34 +86,31 @@ std::pair<at::Tensor, int32_t> rowwise(const at::Tensor& p, const at::Tensor& q,
   // ~32k elements per task, ATen's usual grain for elementwise work.
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    int32_t f = 0;
-    for (int64_t i = begin; i < end; ++i) {
-      const scalar_t* a = ps + i * width;
-      const scalar_t* b = qs + i * width;
-      bool bad = false;
-      os[i] = static_cast<scalar_t>(row_fn(a, b, width, bad));
-      if (bad) f |= entry_flags(a, width) | entry_flags(b, width) << 2;  // only when something is wrong
-    }
+    const int32_t f = rows_fn(ps + begin * width, qs + begin * width, os + begin, end - begin, width);
     if (f != 0) flags.fetch_or(f);
   });
   return {out, flags.load()};
+}
+
+// tvd of one row, in acc_t: four running sums (one would make every add wait for the previous).
+template <typename acc_t, typename scalar_t>
+inline acc_t tvd_row(const scalar_t* a, const scalar_t* b, int64_t k) {
+  acc_t s[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= k; i += 4) {
+    for (int j = 0; j < 4; ++j) s[j] += std::abs(static_cast<acc_t>(a[i + j]) - static_cast<acc_t>(b[i + j]));
+  }
+  for (; i < k; ++i) s[0] += std::abs(static_cast<acc_t>(a[i]) - static_cast<acc_t>(b[i]));
+  return acc_t(0.5) * ((s[0] + s[1]) + (s[2] + s[3]));
 }
 
 at::Tensor tvd_scalar(const at::Tensor& p, const at::Tensor& q) {
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "tvd_cpu", [&] {
     using acc_t = at::acc_type<scalar_t, /*is_cuda=*/false>;
-    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k, bool&) {
-      // Four running sums: one would make every add wait for the previous one.
-      acc_t s[4] = {0, 0, 0, 0};
-      int64_t i = 0;
-      for (; i + 4 <= k; i += 4) {
-        for (int j = 0; j < 4; ++j) {
-          s[j] += std::abs(static_cast<acc_t>(a[i + j]) - static_cast<acc_t>(b[i + j]));
-        }
-      }
-      for (; i < k; ++i) s[0] += std::abs(static_cast<acc_t>(a[i]) - static_cast<acc_t>(b[i]));
-      return acc_t(0.5) * ((s[0] + s[1]) + (s[2] + s[3]));
+    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, scalar_t* o, int64_t n, int64_t k) {
+      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<scalar_t>(tvd_row<acc_t>(a + i * k, b + i * k, k));
+      return 0;
     }).first;
   });
   return out;
@@ -184,10 +188,13 @@ at::Tensor jsd_scalar(const at::Tensor& p, const at::Tensor& q) {
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "jsd_cpu", [&] {
     using acc_t = at::acc_type<scalar_t, /*is_cuda=*/false>;
-    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k, bool&) {
-      acc_t s = 0;  // the logs dominate the cost here, so one running sum is as fast as several
-      for (int64_t i = 0; i < k; ++i) s += jsd_terms<acc_t>(a[i], b[i]);
-      return std::max(acc_t(0), acc_t(0.5) * s);  // see jsd_row_avx2
+    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, scalar_t* o, int64_t n, int64_t k) {
+      for (int64_t i = 0; i < n; ++i, a += k, b += k) {
+        acc_t s = 0;  // the logs dominate the cost here, so one running sum is as fast as several
+        for (int64_t j = 0; j < k; ++j) s += jsd_terms<acc_t>(a[j], b[j]);
+        o[i] = static_cast<scalar_t>(std::max(acc_t(0), acc_t(0.5) * s));  // see jsd_row_avx2
+      }
+      return 0;
     }).first;
   });
   return out;
@@ -231,36 +238,49 @@ AM_AVX2 inline double tvd_row_avx2(const float* a, const float* b, int64_t k, bo
   return (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
 }
 
-// tvd of float32 rows and jsd of float32 or float64 rows on AVX2 and FMA CPUs, with value_flags'
-// bits of their entries from the same pass.
-std::pair<at::Tensor, int32_t> tvd_avx2(const at::Tensor& p, const at::Tensor& q) {
-  return rowwise<float>(p, q, [](const float* a, const float* b, int64_t k, bool& bad) {
+// tvd's AVX2 row pays a masked step and a horizontal sum per row: on narrower rows (model
+// outputs, C = 2) the scalar row and a checks pass of their own are faster (100,000 x 2:
+// 473 + 151 us against 720 us, one thread; from 8 entries the AVX2 row wins: 666 against 852 us).
+constexpr int64_t kTvdAvx2Width = 8;
+
+// Chunks of rows on AVX2 and FMA CPUs (rowwise's rows_fn), with value_flags' bits of the rows
+// the kernels mark bad: tvd of float32 rows, jsd of float32 or float64 rows.
+AM_AVX2 int32_t tvd_rows_avx2(const float* a, const float* b, float* out, int64_t n, int64_t k) {
+  int32_t f = 0;
+  for (int64_t i = 0; i < n; ++i, a += k, b += k) {
     bool bad_a = false, bad_b = false;
-    const double s = tvd_row_avx2(a, b, k, bad_a, bad_b);
-    bad = bad_a || bad_b;
-    return 0.5 * s;
-  });
+    out[i] = static_cast<float>(0.5 * tvd_row_avx2(a, b, k, bad_a, bad_b));
+    if (bad_a || bad_b) f |= row_flags(a, b, k);
+  }
+  return f;
+}
+
+template <typename scalar_t>
+AM_AVX2 int32_t jsd_rows_avx2(const scalar_t* a, const scalar_t* b, scalar_t* out, int64_t n, int64_t k) {
+  int32_t f = 0;
+  for (int64_t i = 0; i < n; ++i, a += k, b += k) {
+    bool bad = false;
+    out[i] = static_cast<scalar_t>(jsd_row_avx2(a, b, k, bad));
+    if (bad) f |= row_flags(a, b, k);
+  }
+  return f;
 }
 
 std::pair<at::Tensor, int32_t> jsd_avx2(const at::Tensor& p, const at::Tensor& q) {
   std::pair<at::Tensor, int32_t> out;
-  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "jsd_cpu", [&] {
-    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, int64_t k, bool& bad) {
-      return jsd_row_avx2(a, b, k, bad);
-    });
-  });
+  AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "jsd_cpu", [&] { out = rowwise<scalar_t>(p, q, jsd_rows_avx2<scalar_t>); });
   return out;
 }
 #endif
 
 // tvd or jsd of p and q; with `flags`, value_flags' bits of their entries ORed into it: from
-// the distance's own pass where the AVX2 kernels run (tvd float32, jsd), else in a pass of
-// their own (none without `flags`).
+// the distance's own pass where the AVX2 kernels run (jsd; tvd of float32 rows of at least
+// kTvdAvx2Width entries), else in a pass of their own (none without `flags`).
 template <bool JSD>
 at::Tensor distance_rows(const at::Tensor& p, const at::Tensor& q, int32_t* flags) {
 #ifdef AM_AVX2_PATH
-  if (avx2_fma() && (JSD || p.scalar_type() == at::kFloat)) {
-    auto [out, f] = JSD ? jsd_avx2(p, q) : tvd_avx2(p, q);
+  if (avx2_fma() && (JSD || (p.scalar_type() == at::kFloat && p.size(-1) >= kTvdAvx2Width))) {
+    auto [out, f] = JSD ? jsd_avx2(p, q) : rowwise<float>(p, q, tvd_rows_avx2);
     if (flags != nullptr) *flags |= f;
     return out;
   }
