@@ -290,8 +290,14 @@ def check_logits(
     if classes is not None and logits.shape[1] != classes:
         raise ValueError(f"{source} returned C = {logits.shape[1]} classes{on}, earlier C = {classes}")
     if finite and not torch.isfinite(logits).all():
-        raise ValueError(f"{source} returned NaN or infinite logits{on}{hint}")
+        raise nonfinite_logits(source, on, hint)
     return logits
+
+
+def nonfinite_logits(source: str = "decoder", on: str = "", hint: str = "") -> ValueError:
+    """check_logits' error for logits that are not finite, for a caller that checks a loop's
+    logits once after it (``finite=False`` in the loop)."""
+    return ValueError(f"{source} returned NaN or infinite logits{on}{hint}")
 
 
 def check_budget(memory_budget) -> int:

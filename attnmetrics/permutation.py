@@ -30,8 +30,8 @@ from attnmetrics._validation import (
     check_int,
     check_lengths,
     check_logits,
+    nonfinite_logits,
 )
-from attnmetrics.distances import tvd
 from attnmetrics.keyed import KeyedRows
 from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import token_mask
@@ -115,7 +115,9 @@ def _general(
     """Output TVD [B, P] (float64) with any decoder. Per chunk of rows: the permutations
     (kernel), the permuted weights by gather, the original and every permuted context of a
     row in one batched matmul (row b: ``[P + 1, T] @ [T, H]``, per head and summed over the
-    heads for multi-head attention ``[B, heads, T]``), decoded in batched calls."""
+    heads for multi-head attention ``[B, heads, T]``), decoded in batched calls. The values are
+    checked before the loop and the contexts' and logits' finiteness once after it: no device
+    read per chunk (issue 32's orchestration for the GPU)."""
     att = attention if attention.dim() == 3 else attention[:, None]  # [B, heads, T]
     vals = values if values.dim() == 4 else values[:, None]  # [B, heads, T, H]
     batch, heads, width, hidden = vals.shape
@@ -129,6 +131,8 @@ def _general(
     call_rows = max(1, budget // (8 * hidden * item))
     classes: list[int] = []
     result = torch.empty(batch, permutations, dtype=torch.float64, device=values.device)
+    check_values_finite(values, lengths)  # names the batch's row; the loop reads the device no more
+    chunks, finite = [], []  # per chunk: (s, e); its original contexts' and each decoder call's finiteness
     for s in range(0, batch, rows):
         e = min(batch, s + rows)
         n, lens = e - s, lengths[s:e]
@@ -139,19 +143,32 @@ def _general(
         # The same permutation of a row's tokens in every head.
         permuted = alpha.gather(2, perms.view(n, 1, -1).expand(-1, heads, -1)).view(n, heads, permutations, width)
         weights = torch.cat([alpha[:, :, None], permuted], 2)  # [n, heads, P + 1, T]
-        check_values_finite(values[s:e], lens, s)  # names the batch's row
         # Row b: original, then permuted contexts, summed over heads.
         contexts = torch.einsum("nhpt,nhtd->npd", weights, h).reshape(n * p1, hidden)
-        if not torch.isfinite(contexts[::p1]).all():  # finite values whose context overflowed
-            raise ValueError(f"a context sum_t alpha_t h_t of rows {s}..{e - 1} overflowed {values.dtype}")
+        ok = [torch.isfinite(contexts[::p1]).all()]  # finite values whose context overflowed?
         dists = []
         for c in range(0, n * p1, call_rows):
             part = contexts[c : c + call_rows]
-            logits = check_logits(decoder(part), part.shape[0], classes[0] if classes else None, dtype=attention.dtype)
+            logits = check_logits(
+                decoder(part), part.shape[0], classes[0] if classes else None, dtype=attention.dtype, finite=False
+            )
             classes[:] = [logits.shape[1]]
+            ok.append(torch.isfinite(logits).all())
             dists.append(output_distribution(logits.to(torch.float64)))
         dist = torch.cat(dists).view(n, p1, -1)
-        result[s:e] = tvd(dist[:, 1:], dist[:, :1], memory_budget=budget)
+        # distributions of the decoder's outputs: the unchecked kernel (checked below, with the logits)
+        result[s:e] = ops.tvd(dist[:, 1:].contiguous(), dist[:, :1].expand(-1, permutations, -1).contiguous())
+        chunks.append((s, e))
+        finite.append(torch.stack(ok))
+    flags = torch.cat(finite).tolist()  # the loop's one read
+    at = 0
+    for (s, e), ok in zip(chunks, finite):
+        context_ok, logits_ok = flags[at], all(flags[at + 1 : at + len(ok)])
+        at += len(ok)
+        if not context_ok:
+            raise ValueError(f"a context sum_t alpha_t h_t of rows {s}..{e - 1} overflowed {values.dtype}")
+        if not logits_ok:
+            raise nonfinite_logits()
     return result
 
 

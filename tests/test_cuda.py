@@ -1009,7 +1009,8 @@ def test_procedures_read_the_device_a_fixed_number_of_times():
     """Issue 32 (one orchestration shaped for the device): validation reads the device a fixed
     number of times per public call and nothing reads it inside the per-chunk loops, so a call
     split into many chunks by a small memory budget waits on the GPU exactly as often as the same
-    call in one chunk."""
+    call in one chunk. (The general-decoder paths of flip_fraction and attention_gradient still read
+    per chunk: flip's renormalised_contexts reads its row checks and output size per call.)"""
     from attnmetrics import comprehensiveness, leave_one_out, permutation_test, sufficiency
     from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
     from attnmetrics.protocol import forward
@@ -1024,6 +1025,8 @@ def test_procedures_read_the_device_a_fixed_number_of_times():
     f = forward(model, tokens, lengths)
     scores = torch.rand(f.attention.shape, generator=torch.Generator(DEVICE).manual_seed(2), device=DEVICE)
     p = torch.softmax(torch.randn(20_000, 50, device=DEVICE), -1)
+    hidden = f.hidden.shape[-1]
+    mlp = nn.Sequential(nn.Linear(hidden, 8), nn.Tanh(), nn.Linear(8, 2)).to(DEVICE)  # the general decoder path
     calls = {
         "tvd": lambda budget: tvd(p, p.flip(0), memory_budget=budget),
         "leave_one_out delete": lambda budget: leave_one_out(model, tokens, lengths, memory_budget=budget),
@@ -1037,6 +1040,9 @@ def test_procedures_read_the_device_a_fixed_number_of_times():
         ),
         "permutation_test": lambda budget: permutation_test(
             f.attention, f.hidden, model.decoder, f.lengths, permutations=20, memory_budget=budget
+        ),
+        "permutation_test, an MLP decoder": lambda budget: permutation_test(
+            f.attention, f.hidden, mlp, f.lengths, permutations=20, memory_budget=budget
         ),
     }
     counts = {}

@@ -488,6 +488,43 @@ def test_raw_ops_reject_bad_input():
 # ---- errors of the public API ------------------------------------------------------------
 
 
+def test_a_general_decoders_errors_in_a_later_chunk_name_their_rows():
+    """The general decoder's loop checks its contexts and logits once, after it (no device read per
+    chunk): an overflowing context or non-finite logits in the last of many chunks still raise,
+    naming that chunk's rows, and a finite batch gives the same TVDs at any budget."""
+    g = torch.Generator().manual_seed(53)
+    lengths = torch.randint(2, 6, (12,), generator=g)
+    mask = torch.arange(5) < lengths[:, None]
+    # two heads, each row a distribution over its real tokens; the contexts are summed over heads
+    att = torch.softmax(torch.randn(12, 2, 5, generator=g).masked_fill(~mask[:, None], -math.inf), -1)
+    values = torch.randn(12, 2, 5, 3, generator=g)
+
+    def mlp(x):
+        return torch.stack([x.sum(1), -x.sum(1)], 1) / 3
+
+    def call(v, decoder=mlp, budget=2**11):
+        generator = torch.Generator().manual_seed(0)
+        return permutation_test(
+            att, v, decoder, lengths, permutations=6, generator=generator, return_all=True, memory_budget=budget
+        )
+
+    whole, chunked = call(values, budget=2**30), call(values)
+    assert torch.equal(whole.tvd, chunked.tvd)
+    big = values.clone()
+    big[11] = 3e38  # finite, but the two heads' contexts sum past float32's largest
+    with pytest.raises(ValueError, match=r"a context sum_t alpha_t h_t of rows \d+\.\.11 overflowed torch\.float32"):
+        call(big)
+    marked = values.clone()
+    marked[11] = 1e7  # finite contexts; the decoder below gives NaN for them alone
+
+    def nan_on_marked(x):
+        return mlp(x).masked_fill((x.abs() > 1e6).any(1, keepdim=True), math.nan)
+
+    with pytest.raises(ValueError, match="decoder returned NaN or infinite logits"):
+        call(marked, decoder=nan_on_marked)
+    assert torch.isfinite(call(values, decoder=nan_on_marked).tvd).all()
+
+
 def test_clear_errors():
     att, values, lengths = batch(b=4, t=5, h=3, seed=47, min_len=2)
     dec = linear(3, 2)
