@@ -132,7 +132,7 @@ def _general(
     classes: list[int] = []
     result = torch.empty(batch, permutations, dtype=torch.float64, device=values.device)
     check_values_finite(values, lengths)  # names the batch's row; the loop reads the device no more
-    chunks, finite = [], []  # per chunk: (s, e); its original contexts' and each decoder call's finiteness
+    finite = []  # per chunk: whether its original contexts and its logits are finite
     for s in range(0, batch, rows):
         e = min(batch, s + rows)
         n, lens = e - s, lengths[s:e]
@@ -145,28 +145,25 @@ def _general(
         weights = torch.cat([alpha[:, :, None], permuted], 2)  # [n, heads, P + 1, T]
         # Row b: original, then permuted contexts, summed over heads.
         contexts = torch.einsum("nhpt,nhtd->npd", weights, h).reshape(n * p1, hidden)
-        ok = [torch.isfinite(contexts[::p1]).all()]  # finite values whose context overflowed?
-        dists = []
+        context_ok = torch.isfinite(contexts[::p1]).all()  # finite values whose context overflowed?
+        logits_ok, dists = [], []
         for c in range(0, n * p1, call_rows):
             part = contexts[c : c + call_rows]
             logits = check_logits(
                 decoder(part), part.shape[0], classes[0] if classes else None, dtype=attention.dtype, finite=False
             )
             classes[:] = [logits.shape[1]]
-            ok.append(torch.isfinite(logits).all())
+            logits_ok.append(torch.isfinite(logits).all())
             dists.append(output_distribution(logits.to(torch.float64)))
         dist = torch.cat(dists).view(n, p1, -1)
         # distributions of the decoder's outputs: the unchecked kernel (checked below, with the logits)
         result[s:e] = ops.tvd(dist[:, 1:].contiguous(), dist[:, :1].expand(-1, permutations, -1).contiguous())
-        chunks.append((s, e))
-        finite.append(torch.stack(ok))
-    flags = torch.cat(finite).tolist()  # the loop's one read
-    at = 0
-    for (s, e), ok in zip(chunks, finite):
-        context_ok, logits_ok = flags[at], all(flags[at + 1 : at + len(ok)])
-        at += len(ok)
+        finite.append(torch.stack([context_ok, torch.stack(logits_ok).all()]))
+    for s, (context_ok, logits_ok) in zip(range(0, batch, rows), torch.stack(finite).tolist()):  # the one read
         if not context_ok:
-            raise ValueError(f"a context sum_t alpha_t h_t of rows {s}..{e - 1} overflowed {values.dtype}")
+            raise ValueError(
+                f"a context sum_t alpha_t h_t of rows {s}..{min(batch, s + rows) - 1} overflowed {values.dtype}"
+            )
         if not logits_ok:
             raise nonfinite_logits()
     return result

@@ -41,13 +41,11 @@ at::Tensor distance_cuda(const at::Tensor& p, const at::Tensor& q, int* flags = 
   return out;
 }
 
-at::Tensor tvd_cuda(const at::Tensor& p, const at::Tensor& q) {
-  check_distance_inputs("tvd", p, q);
-  return distance_cuda<false>(p, q);
-}
-at::Tensor jsd_cuda(const at::Tensor& p, const at::Tensor& q) {
-  check_distance_inputs("jsd", p, q);
-  return distance_cuda<true>(p, q);
+// tvd / jsd without the value checks (the library's own callers on valid inputs).
+template <bool JSD>
+at::Tensor distance_plain_cuda(const at::Tensor& p, const at::Tensor& q) {
+  check_distance_inputs(JSD ? "jsd" : "tvd", p, q);
+  return distance_cuda<JSD>(p, q);
 }
 
 // The distance with the value checks in its own pass (rows.h tvd_partial / jsd_partial),
@@ -78,8 +76,8 @@ at::Tensor value_flags_cuda(const at::Tensor& p, const at::Tensor& q) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(attnmetrics, CUDA, m) {
-  m.impl("tvd", &tvd_cuda);
-  m.impl("jsd", &jsd_cuda);
+  m.impl("tvd", &distance_plain_cuda<false>);
+  m.impl("jsd", &distance_plain_cuda<true>);
   m.impl("value_flags", &value_flags_cuda);
   m.impl("tvd_checked", &distance_checked_cuda<false>);
   m.impl("jsd_checked", &distance_checked_cuda<true>);
