@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from attnmetrics._decoder import is_plain_linear
+from attnmetrics._deferred import defer
 from attnmetrics.keyed import check_keyed
 from attnmetrics.protocol import missing_members, token_mask
 
@@ -274,8 +275,9 @@ def check_logits(
     was called on what; ``on`` and ``hint`` extend the messages. With ``n=None`` only the shape
     is checked (logits given by a user, not returned by a call); otherwise the logits must also
     be float32 or float64 (``dtype``, the attention's, is named in the message when given).
-    ``finite=False`` leaves out the one check that reads the device (whether every logit is
-    finite), for a caller that checks a whole loop's logits once after it."""
+    The one check that reads the device (whether every logit is finite) waits, inside a
+    procedure's :func:`attnmetrics._deferred.deferred` scope, for the scope's one read;
+    ``finite=False`` leaves it out, for a caller that checks what the logits become."""
     if n is None:
         if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[1] < 1:
             got = list(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
@@ -289,14 +291,13 @@ def check_logits(
         raise ValueError(f"{source} must return float32 or float64 logits{like}, got {logits.dtype}{on}")
     if classes is not None and logits.shape[1] != classes:
         raise ValueError(f"{source} returned C = {logits.shape[1]} classes{on}, earlier C = {classes}")
-    if finite and not torch.isfinite(logits).all():
-        raise nonfinite_logits(source, on, hint)
+    if finite:
+        defer(torch.isfinite(logits).all(), lambda: nonfinite_logits(source, on, hint))
     return logits
 
 
 def nonfinite_logits(source: str = "decoder", on: str = "", hint: str = "") -> ValueError:
-    """check_logits' error for logits that are not finite, for a caller that checks a loop's
-    logits once after it (``finite=False`` in the loop)."""
+    """check_logits' error for logits that are not finite."""
     return ValueError(f"{source} returned NaN or infinite logits{on}{hint}")
 
 

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnmetrics._deferred import deferred
 from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET
 from attnmetrics.flip import removal_order
-from attnmetrics.loo import CPU_CALL_BYTES, _check_loo_inputs, _grouped_logits
+from attnmetrics.loo import _check_loo_inputs, _grouped_logits, call_budget
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import eval_mode
 
@@ -87,11 +88,7 @@ def full_rows(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DE
     several :func:`comprehensiveness` / :func:`sufficiency` calls on the same ``tokens`` and
     ``lengths`` (any orderings, fractions and modes). Arguments and errors as theirs."""
     lengths, _ = _check_loo_inputs(model, tokens, lengths, "delete", None, memory_budget)
-    return _full_rows(model, tokens, lengths, _call_budget(tokens, memory_budget))
-
-
-def _call_budget(tokens: Tensor, memory_budget: int) -> int:
-    return min(memory_budget, CPU_CALL_BYTES) if tokens.device.type == "cpu" else memory_budget
+    return _full_rows(model, tokens, lengths, call_budget(tokens.device, memory_budget))
 
 
 def _full_rows(model, tokens: Tensor, lengths: Tensor, budget: int) -> FullRows:
@@ -99,7 +96,7 @@ def _full_rows(model, tokens: Tensor, lengths: Tensor, budget: int) -> FullRows:
     real = lengths - model.lead - model.trail
     predicted = torch.full((batch,), -1, dtype=torch.int64, device=device)
     probability = torch.full((batch,), math.nan, dtype=torch.float64, device=device)
-    with eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad(), deferred():  # the logits' checks read once, at the end
         has = (real > 0).nonzero()[:, 0]  # rows without a real token have nothing to remove
         if not len(has):
             return FullRows(probability, predicted, 0, model.embed(tokens[:1, :1]).dtype, None)
@@ -224,6 +221,7 @@ def rationale_sizes(
     return counted
 
 
+@deferred()  # every model call's checks read once, at the end
 def _effect(
     model,
     tokens,
@@ -247,7 +245,7 @@ def _effect(
     device = tokens.device
     real = lengths - lead - trail
     scores = _check_scores(scores, batch, real)
-    budget = _call_budget(tokens, memory_budget)
+    budget = call_budget(tokens.device, memory_budget)
     full = _full_rows(model, tokens, lengths, budget) if full is None else _check_full_rows(full, batch, device)
     probability, predicted, dtype = full.probability, full.predicted, full.dtype
     k = rationale_sizes(scores, real, fractions, variant, rounding)

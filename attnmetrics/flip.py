@@ -25,6 +25,7 @@ from attnmetrics._decoder import (
     project,
     rows_per_chunk,
 )
+from attnmetrics._deferred import defer, deferred
 from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
@@ -34,6 +35,7 @@ from attnmetrics._validation import (
     check_inputs,
     check_lengths,
     check_logits,
+    nonfinite_logits,
 )
 from attnmetrics.keyed import KeyedRows
 from attnmetrics.outputs import decision, output_distribution
@@ -177,44 +179,49 @@ def attention_gradient(
     out = torch.zeros_like(attention, memory_format=torch.contiguous_format)
     row_bytes = attention[:1].numel() * hidden * values.element_size()
     rows = rows_per_chunk(row_bytes, budget)
-    for s in range(0, attention.shape[0], rows):
-        e = min(attention.shape[0], s + rows)
-        alpha = attention[s:e].masked_fill(~mask[s:e], 0)
-        h = values[s:e].masked_fill(~mask[s:e, ..., None], 0)  # padding is never read, NaN there too
-        check_values_finite(h, lengths[s:e], s)  # a NaN context would be blamed on the decoder
-        with torch.no_grad():
-            context = torch.einsum(to_context, alpha, h)
-        _check_finite_rows(context, s, f"the context sum_t alpha_t h_t overflowed {h.dtype}")
-        context.requires_grad_(True)
-        with torch.enable_grad():
-            logits = decoder(context)
-            if isinstance(logits, Tensor) and not torch.isfinite(logits).all():  # name the cause
-                name = non_finite_parameter(decoder)
-                if name is not None:
-                    raise ValueError(f"{name} must be finite, got NaN or infinite entries (the logits are not finite)")
-                hint = f" on finite contexts (the decoder's output overflowed {context.dtype}, or it produces NaN)"
-                check_logits(logits, e - s, hint=hint, dtype=attention.dtype)
-            logits = check_logits(logits, e - s, dtype=attention.dtype)
-            predicted = decision(logits.detach())
-            p = output_distribution(logits).gather(1, predicted[:, None]).sum()
-            if not p.requires_grad:
-                raise ValueError("decoder output does not depend differentiably on the context")
-            # Rows are independent, so the gradient of the sum is each row's own gradient.
-            (grad,) = torch.autograd.grad(p, context)
-        _check_finite_rows(
-            grad, s, "the decoder's gradient d p_y / d context is not finite (finite contexts and logits)"
-        )
-        with torch.no_grad():
-            out[s:e] = torch.einsum(to_scores, grad.to(h.dtype), h).masked_fill(~mask[s:e], 0)
-        _check_finite_rows(out[s:e], s, f"the gradient times values (d p_y / d c) . h_t overflowed {h.dtype}")
+    check_values_finite(values, lengths)  # a NaN context would be blamed on the decoder
+    with deferred():  # the chunks' checks read the device once, at the end
+        for s in range(0, attention.shape[0], rows):
+            e = min(attention.shape[0], s + rows)
+            alpha = attention[s:e].masked_fill(~mask[s:e], 0)
+            h = values[s:e].masked_fill(~mask[s:e, ..., None], 0)  # padding is never read, NaN there too
+            with torch.no_grad():
+                context = torch.einsum(to_context, alpha, h)
+            _check_finite_rows(context, s, f"the context sum_t alpha_t h_t overflowed {h.dtype}")
+            context.requires_grad_(True)
+            with torch.enable_grad():
+                logits = decoder(context)
+                if isinstance(logits, Tensor):  # name the cause of logits that are not finite
+                    defer(torch.isfinite(logits).all(), lambda: _nonfinite_logits(decoder, values.dtype))
+                logits = check_logits(logits, e - s, dtype=attention.dtype)
+                predicted = decision(logits.detach())
+                p = output_distribution(logits).gather(1, predicted[:, None]).sum()
+                if not p.requires_grad:
+                    raise ValueError("decoder output does not depend differentiably on the context")
+                # Rows are independent, so the gradient of the sum is each row's own gradient.
+                (grad,) = torch.autograd.grad(p, context)
+            _check_finite_rows(
+                grad, s, "the decoder's gradient d p_y / d context is not finite (finite contexts and logits)"
+            )
+            with torch.no_grad():
+                out[s:e] = torch.einsum(to_scores, grad.to(h.dtype), h).masked_fill(~mask[s:e], 0)
+            _check_finite_rows(out[s:e], s, f"the gradient times values (d p_y / d c) . h_t overflowed {h.dtype}")
     return out
 
 
+def _nonfinite_logits(decoder, dtype: torch.dtype) -> ValueError:
+    """The error for a decoder's logits that are not finite on finite contexts, naming the cause."""
+    name = non_finite_parameter(decoder)
+    if name is not None:
+        return ValueError(f"{name} must be finite, got NaN or infinite entries (the logits are not finite)")
+    return nonfinite_logits(hint=f" on finite contexts (the decoder's output overflowed {dtype}, or it produces NaN)")
+
+
 def _check_finite_rows(x: Tensor, offset: int, what: str) -> None:
-    """ValueError ``what`` and the first row (``offset`` + index) of ``x`` [n, ...] holding NaN or inf."""
+    """ValueError ``what`` and the first row (``offset`` + index) of ``x`` [n, ...] holding NaN or
+    inf (deferred inside a :func:`~attnmetrics._deferred.deferred` scope)."""
     bad = ~torch.isfinite(x.detach()).flatten(1).all(1)
-    if bad.any():
-        raise ValueError(f"{what} in row {offset + int(bad.nonzero()[0])}")
+    defer(~bad.any(), lambda: ValueError(f"{what} in row {offset + int(bad.nonzero()[0])}"))
 
 
 def _order_scores(
@@ -285,10 +292,21 @@ def _removed_mass(attention: Tensor, order: Tensor, removed: Tensor) -> Tensor:
 
 
 def _search_general(
-    attention: Tensor, values: Tensor, decoder: Decoder, lengths: Tensor, order: Tensor, budget: int, classes: list[int]
+    attention: Tensor,
+    values: Tensor,
+    decoder: Decoder,
+    lengths: Tensor,
+    len_list: list[int],
+    order: Tensor,
+    budget: int,
+    classes: list[int],
 ) -> tuple[Tensor, Tensor]:
     """Flip search with any decoder: all renormalised contexts of a chunk of rows, decided
     in batched decoder calls. ``classes`` carries C across calls (checked for consistency).
+    The chunks are planned from ``len_list`` (the lengths on the host) and the values were
+    checked finite by the caller: nothing here reads the device (the logits' checks wait for
+    the caller's :func:`~attnmetrics._deferred.deferred` scope), but on CUDA the
+    ``renormalised_contexts`` op reads back its row checks and output size once a chunk.
 
     Multi-head attention [B, heads, T] (values [B, heads, T, H]): each head's contexts come
     from the same kernel on the rows flattened to [B * heads, T], with the row's order in every
@@ -300,20 +318,20 @@ def _search_general(
     # Contexts of a chunk take about half the budget; the decoder is fed slices of an
     # eighth, leaving room for its own activations (a few times its input).
     ctx_budget, call_rows = budget // 2, max(1, budget // (8 * hidden * item))
-    row_bytes = lengths * (heads * hidden * item)
-    if not values.is_contiguous():
-        row_bytes = row_bytes + heads * width * hidden * item  # the chunk's contiguous copy
-    cum = torch.cumsum(row_bytes, 0)
+    row_bytes = heads * hidden * item
+    copy_bytes = 0 if values.is_contiguous() else heads * width * hidden * item  # the chunk's contiguous copy
     removed = torch.empty(batch, dtype=torch.int64, device=values.device)
     mass = attention.new_empty(batch)
     head_mean = attention.mean(1) if multi else attention
     s = 0
     while s < batch:
-        base = int(cum[s - 1]) if s else 0
-        e = max(s + 1, int(torch.searchsorted(cum, base + ctx_budget, right=True)))
+        e, used = s, 0
+        while e < batch and (e == s or used + len_list[e] * row_bytes + copy_bytes <= ctx_budget):
+            used += len_list[e] * row_bytes + copy_bytes
+            e += 1
         lens = lengths[s:e]
+        total = sum(len_list[s:e])
         ord_ = order[s:e].contiguous()
-        check_values_finite(values[s:e], lens, s)  # else NaN contexts, decided silently
         offsets = torch.cumsum(lens, 0) - lens
         if multi:
             flat_lens = lens.repeat_interleave(heads)
@@ -326,11 +344,10 @@ def _search_general(
             )
             # Row b's heads hold consecutive blocks of L_b contexts: block k of each head adds
             # into context offsets[b] + k.
-            total = int(lens.sum())
-            within = torch.arange(contexts.shape[0], device=lens.device) - torch.repeat_interleave(
-                torch.cumsum(flat_lens, 0) - flat_lens, flat_lens, output_size=contexts.shape[0]
+            within = torch.arange(heads * total, device=lens.device) - torch.repeat_interleave(
+                torch.cumsum(flat_lens, 0) - flat_lens, flat_lens, output_size=heads * total
             )
-            target = torch.repeat_interleave(offsets.repeat_interleave(heads), flat_lens, output_size=contexts.shape[0])
+            target = torch.repeat_interleave(offsets.repeat_interleave(heads), flat_lens, output_size=heads * total)
             contexts = contexts.new_zeros(total, hidden).index_add_(0, target + within, contexts)
         else:
             contexts = ops.renormalised_contexts(
@@ -489,8 +506,11 @@ def flip_fraction(
     multi = attention.dim() == 3
     batch, width = attention.shape[0], attention.shape[-1]
 
-    with torch.no_grad():
+    with torch.no_grad(), deferred():  # the decoder's logits checked once, at the end
         linear = is_plain_linear(decoder)
+        if not linear:  # the general search's contexts: NaN values would be decided silently
+            check_values_finite(values, lengths)
+            len_list = lengths.tolist()  # its chunks are planned on the host
         if linear:
             bias = decoder.bias.detach() if decoder.bias is not None else values.new_zeros(decoder.weight.shape[0])
             if not multi:
@@ -506,7 +526,7 @@ def flip_fraction(
             elif linear:
                 r, m = ops.flip_search_linear(att, projected, bias.contiguous(), order_, lengths)
             else:
-                r, m = _search_general(attention, values, decoder, lengths, order_, budget, classes)
+                r, m = _search_general(attention, values, decoder, lengths, len_list, order_, budget, classes)
             removed.append(r)
             mass.append(m)
         removed_t = torch.stack(removed)

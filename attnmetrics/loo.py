@@ -14,6 +14,7 @@ import operator
 import torch
 from torch import Tensor
 
+from attnmetrics._deferred import deferred
 from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
 from attnmetrics.outputs import output_distribution
@@ -70,11 +71,10 @@ def _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget) -
 
 
 def _model_logits(
-    model, tokens: Tensor, lengths: Tensor, what: str, classes: int | None, finite: bool = True
+    model, tokens: Tensor, lengths: Tensor, what: str, classes: int | None
 ) -> tuple[Tensor, int, torch.dtype]:
     """embed -> encode -> attend -> decoder on one batch; returns logits [N, C], the
-    estimated bytes per position, and the embeddings' dtype. ``finite=False``: the logits'
-    shape is checked, their values are left to the caller (no device read).
+    estimated bytes per position, and the embeddings' dtype.
 
     The byte estimate is what one position of this call held: its embedding and about eight
     hidden-sized vectors (an LSTM's four gates per direction, its output before and after
@@ -82,23 +82,22 @@ def _model_logits(
     """
     embedded = model.embed(tokens)
     hidden = model.encode(embedded, lengths)
-    logits = _head_logits(model, hidden, lengths, what, classes, finite)
+    logits = _head_logits(model, hidden, lengths, what, classes)
     per_position = (embedded.shape[-1] + 8 * hidden.shape[-1]) * hidden.element_size()
     return logits, per_position, embedded.dtype
 
 
-def _head_logits(model, hidden: Tensor, lengths: Tensor, what: str, classes: int | None, finite: bool = True) -> Tensor:
+def _head_logits(model, hidden: Tensor, lengths: Tensor, what: str, classes: int | None) -> Tensor:
     """attend -> decoder on hidden states [N, T, H]; checks the logits are finite [N, C]."""
     attention = model.attend(hidden, lengths)
     logits = model.decoder(torch.einsum("bt,bth->bh", attention, hidden))
-    return _checked_logits(logits, hidden.shape[0], what, classes, finite)
+    return _checked_logits(logits, hidden.shape[0], what, classes)
 
 
-def _checked_logits(logits, n: int, what: str, classes: int | None, finite: bool = True) -> Tensor:
-    """``logits`` if they are finite [n, C] (C = ``classes`` when given), else ValueError."""
-    return check_logits(
-        logits, n, classes, source="model", inputs=what, on=f" on {what}", hint=_ONLY_SPECIALS, finite=finite
-    )
+def _checked_logits(logits, n: int, what: str, classes: int | None) -> Tensor:
+    """``logits`` if they are finite [n, C] (C = ``classes`` when given), else ValueError (the
+    finiteness read deferred inside a procedure: :mod:`attnmetrics._deferred`)."""
+    return check_logits(logits, n, classes, source="model", inputs=what, on=f" on {what}", hint=_ONLY_SPECIALS)
 
 
 #: On the CPU a call holds rows of one length (no padding is computed), except that a call of
@@ -150,13 +149,20 @@ def padded_calls(device: torch.device) -> bool:
     return device.type != "cpu"
 
 
+def call_budget(device: torch.device, memory_budget: int, cpu_cap: int | None = None) -> int:
+    """Bytes a model call may hold on ``device``: the budget, capped at ``cpu_cap`` (default
+    :data:`CPU_CALL_BYTES`) where calls run the CPU's plan (:func:`padded_calls`)."""
+    if padded_calls(device):
+        return memory_budget
+    return min(memory_budget, CPU_CALL_BYTES if cpu_cap is None else cpu_cap)
+
+
 def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classes=None, padded=None):
     """Logits [N, C] of sequences ``seqs`` [N, T] in their order, run sorted by length, each
     call within ``budget`` bytes at ``per_position`` bytes per position (measured on a first
     one-row call when None); also returns per_position and the model's dtype. ``padded``
     (default :func:`padded_calls` of the sequences' device): calls hold rows of several lengths,
-    padded to their longest, and the logits are checked once after the last call; else every
-    call holds rows of one length (no padding). The models mask padding, so both give the
+    padded to their longest; else every call holds rows of one length (no padding). The models mask padding, so both give the
     same logits up to rounding."""
     if not len(seq_lengths):
         return None, per_position, None
@@ -166,7 +172,7 @@ def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classe
     parts, dtype, start = [], None, 0
     if per_position is None:
         first, per_position, dtype = _model_logits(
-            model, seqs[order[:1], : len_list[0]], seq_lengths[order[:1]], what, classes, not padded
+            model, seqs[order[:1], : len_list[0]], seq_lengths[order[:1]], what, classes
         )
         parts, start, classes = [first], 1, first.shape[1]
     groups = _length_groups(
@@ -179,14 +185,10 @@ def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classe
     )
     for s, e in groups:
         idx = order[start + s : start + e]
-        logits, _, dtype = _model_logits(
-            model, seqs[idx, : len_list[start + e - 1]], seq_lengths[idx], what, classes, not padded
-        )
+        logits, _, dtype = _model_logits(model, seqs[idx, : len_list[start + e - 1]], seq_lengths[idx], what, classes)
         parts.append(logits)
     out = torch.empty(len(len_list), parts[0].shape[1], dtype=parts[0].dtype, device=parts[0].device)
     out[order] = torch.cat(parts)
-    if padded:  # the one device read of the loop
-        _checked_logits(out, len(len_list), what, classes)
     return out, per_position, dtype
 
 
@@ -273,7 +275,7 @@ def leave_one_out(
     lead, trail = model.lead, model.trail
     batch, width = tokens.shape
     device = tokens.device
-    budget = min(memory_budget, CPU_CALL_BYTES) if device.type == "cpu" else memory_budget
+    budget = call_budget(device, memory_budget)
     real = lengths - lead - trail
     # Rows without a real token have nothing to delete; sorted by length, rows of one
     # length are consecutive and form the groups of the model calls.
@@ -281,37 +283,36 @@ def leave_one_out(
     rows = rows[torch.argsort(lengths[rows], stable=True)]
     row_list, len_list = rows.tolist(), lengths[rows].tolist()
 
-    with eval_mode(model):
-        with torch.no_grad():
-            if not row_list:
-                return torch.zeros(batch, width - lead, dtype=model.embed(tokens[:1, :1]).dtype, device=device)
-            reuse = _reuse(model, mode, mask_token)
-            if reuse is not None:
-                # A one-row call measures the bytes per position that size the blocks; the rows'
-                # output distributions come block by block, from the model's reuse when it gives them.
-                first, per_position, dtype = _model_logits(
-                    model, tokens[rows[:1], : len_list[0]], lengths[rows[:1]], "the input rows", None
-                )
-                original = first.new_empty(len(row_list), max(first.shape[1], 2))
-                cap = min(memory_budget, CPU_DELETION_CALL_BYTES if device.type == "cpu" else memory_budget)
-                parts = _deletions_by_model(
-                    model, tokens, lengths, rows, len_list, reuse, mode, per_position, cap, first.shape[1], original
-                )
-            else:
-                # The rows' original logits, in `rows` order. The first call (one row)
-                # measures the bytes per position that size every later call.
-                own, per_position, dtype = _grouped_logits(
-                    model, tokens[rows], lengths[rows], None, budget, "the input rows"
-                )
-                original = output_distribution(own)
-                parts = _deletions_by_kernel(
-                    model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, own.shape[1]
-                )
-            out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
-            for src, position, logits in parts:  # src indexes `rows`, position the row's real tokens
-                p = original[src].contiguous()
-                q = output_distribution(logits).to(p.dtype).contiguous()
-                out[rows[src], position] = ops.tvd(p, q).to(dtype)
+    with eval_mode(model), torch.no_grad(), deferred():  # the logits' checks read once, at the end
+        if not row_list:
+            return torch.zeros(batch, width - lead, dtype=model.embed(tokens[:1, :1]).dtype, device=device)
+        reuse = _reuse(model, mode, mask_token)
+        if reuse is not None:
+            # A one-row call measures the bytes per position that size the blocks; the rows'
+            # output distributions come block by block, from the model's reuse when it gives them.
+            first, per_position, dtype = _model_logits(
+                model, tokens[rows[:1], : len_list[0]], lengths[rows[:1]], "the input rows", None
+            )
+            original = first.new_empty(len(row_list), max(first.shape[1], 2))
+            cap = call_budget(device, memory_budget, CPU_DELETION_CALL_BYTES)
+            parts = _deletions_by_model(
+                model, tokens, lengths, rows, len_list, reuse, mode, per_position, cap, first.shape[1], original
+            )
+        else:
+            # The rows' original logits, in `rows` order. The first call (one row)
+            # measures the bytes per position that size every later call.
+            own, per_position, dtype = _grouped_logits(
+                model, tokens[rows], lengths[rows], None, budget, "the input rows"
+            )
+            original = output_distribution(own)
+            parts = _deletions_by_kernel(
+                model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, own.shape[1]
+            )
+        out = torch.zeros(batch, width - lead, dtype=dtype, device=device)
+        for src, position, logits in parts:  # src indexes `rows`, position the row's real tokens
+            p = original[src].contiguous()
+            q = output_distribution(logits).to(p.dtype).contiguous()
+            out[rows[src], position] = ops.tvd(p, q).to(dtype)
     return out
 
 

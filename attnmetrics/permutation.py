@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project, rows_per_chunk
+from attnmetrics._deferred import defer, deferred
 from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
@@ -30,7 +31,6 @@ from attnmetrics._validation import (
     check_int,
     check_lengths,
     check_logits,
-    nonfinite_logits,
 )
 from attnmetrics.keyed import KeyedRows
 from attnmetrics.outputs import output_distribution
@@ -116,8 +116,8 @@ def _general(
     (kernel), the permuted weights by gather, the original and every permuted context of a
     row in one batched matmul (row b: ``[P + 1, T] @ [T, H]``, per head and summed over the
     heads for multi-head attention ``[B, heads, T]``), decoded in batched calls. The values are
-    checked before the loop and the contexts' and logits' finiteness once after it: no device
-    read per chunk (issue 32's orchestration for the GPU)."""
+    checked before the loop and the contexts' and logits' finiteness once after it
+    (:mod:`attnmetrics._deferred`): no device read per chunk (issue 32's orchestration for the GPU)."""
     att = attention if attention.dim() == 3 else attention[:, None]  # [B, heads, T]
     vals = values if values.dim() == 4 else values[:, None]  # [B, heads, T, H]
     batch, heads, width, hidden = vals.shape
@@ -132,40 +132,36 @@ def _general(
     classes: list[int] = []
     result = torch.empty(batch, permutations, dtype=torch.float64, device=values.device)
     check_values_finite(values, lengths)  # names the batch's row; the loop reads the device no more
-    finite = []  # per chunk: whether its original contexts and its logits are finite
-    for s in range(0, batch, rows):
-        e = min(batch, s + rows)
-        n, lens = e - s, lengths[s:e]
-        mask = token_mask(lens, width)[:, None, :]
-        alpha = att[s:e].masked_fill(~mask, 0)
-        h = vals[s:e].masked_fill(~mask[..., None], 0)  # padding never enters a context
-        perms = ops.attention_permutations(lens, width, permutations, seed, first + s, 0)
-        # The same permutation of a row's tokens in every head.
-        permuted = alpha.gather(2, perms.view(n, 1, -1).expand(-1, heads, -1)).view(n, heads, permutations, width)
-        weights = torch.cat([alpha[:, :, None], permuted], 2)  # [n, heads, P + 1, T]
-        # Row b: original, then permuted contexts, summed over heads.
-        contexts = torch.einsum("nhpt,nhtd->npd", weights, h).reshape(n * p1, hidden)
-        context_ok = torch.isfinite(contexts[::p1]).all()  # finite values whose context overflowed?
-        logits_ok, dists = [], []
-        for c in range(0, n * p1, call_rows):
-            part = contexts[c : c + call_rows]
-            logits = check_logits(
-                decoder(part), part.shape[0], classes[0] if classes else None, dtype=attention.dtype, finite=False
+    with deferred():  # the contexts' and logits' checks read once, at the end
+        for s in range(0, batch, rows):
+            e = min(batch, s + rows)
+            n, lens = e - s, lengths[s:e]
+            mask = token_mask(lens, width)[:, None, :]
+            alpha = att[s:e].masked_fill(~mask, 0)
+            h = vals[s:e].masked_fill(~mask[..., None], 0)  # padding never enters a context
+            perms = ops.attention_permutations(lens, width, permutations, seed, first + s, 0)
+            # The same permutation of a row's tokens in every head.
+            permuted = alpha.gather(2, perms.view(n, 1, -1).expand(-1, heads, -1)).view(n, heads, permutations, width)
+            weights = torch.cat([alpha[:, :, None], permuted], 2)  # [n, heads, P + 1, T]
+            # Row b: original, then permuted contexts, summed over heads.
+            contexts = torch.einsum("nhpt,nhtd->npd", weights, h).reshape(n * p1, hidden)
+            defer(  # finite values whose context overflowed?
+                torch.isfinite(contexts[::p1]).all(),
+                lambda s=s, e=e: ValueError(
+                    f"a context sum_t alpha_t h_t of rows {s}..{e - 1} overflowed {values.dtype}"
+                ),
             )
-            classes[:] = [logits.shape[1]]
-            logits_ok.append(torch.isfinite(logits).all())
-            dists.append(output_distribution(logits.to(torch.float64)))
-        dist = torch.cat(dists).view(n, p1, -1)
-        # distributions of the decoder's outputs: the unchecked kernel (checked below, with the logits)
-        result[s:e] = ops.tvd(dist[:, 1:].contiguous(), dist[:, :1].expand(-1, permutations, -1).contiguous())
-        finite.append(torch.stack([context_ok, torch.stack(logits_ok).all()]))
-    for s, (context_ok, logits_ok) in zip(range(0, batch, rows), torch.stack(finite).tolist()):  # the one read
-        if not context_ok:
-            raise ValueError(
-                f"a context sum_t alpha_t h_t of rows {s}..{min(batch, s + rows) - 1} overflowed {values.dtype}"
-            )
-        if not logits_ok:
-            raise nonfinite_logits()
+            dists = []
+            for c in range(0, n * p1, call_rows):
+                part = contexts[c : c + call_rows]
+                logits = check_logits(
+                    decoder(part), part.shape[0], classes[0] if classes else None, dtype=attention.dtype
+                )
+                classes[:] = [logits.shape[1]]
+                dists.append(output_distribution(logits.to(torch.float64)))
+            dist = torch.cat(dists).view(n, p1, -1)
+            # distributions of the decoder's outputs: the unchecked kernel (checked with the logits)
+            result[s:e] = ops.tvd(dist[:, 1:].contiguous(), dist[:, :1].expand(-1, permutations, -1).contiguous())
     return result
 
 

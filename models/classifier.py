@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from attnmetrics._deferred import defer, deferring
 from attnmetrics._ops import ops
 from attnmetrics.data.tokens import UNK
 from attnmetrics.models.deletions import BiRNNDeletions, delete_positions, mask_positions
@@ -408,11 +409,17 @@ class EncoderAttentionClassifier(AttentionForward, nn.Module):
         """tokens [B, T] int64 -> embeddings [B, T, E]; ValueError for ids outside the vocabulary."""
         if tokens.numel():
             low, high = torch.aminmax(tokens)
-            if low < 0 or high >= self.config.vocab_size:  # else an IndexError deep inside embedding
-                raise ValueError(
-                    f"tokens must be ids in [0, vocab_size) = [0, {self.config.vocab_size}), got min {int(low)}, "
-                    f"max {int(high)}"
-                )
+            vocab = self.config.vocab_size
+            # else an IndexError deep inside the embedding (a device assert on a GPU); inside a
+            # procedure the read waits for its end (attnmetrics._deferred) and the lookup clamps
+            defer(
+                (low >= 0) & (high < vocab),
+                lambda: ValueError(
+                    f"tokens must be ids in [0, vocab_size) = [0, {vocab}), got min {int(low)}, max {int(high)}"
+                ),
+            )
+            if deferring():
+                tokens = tokens.clamp(0, vocab - 1)
         return self.embedding(tokens)
 
     def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnmetrics._deferred import defer, deferring
 from attnmetrics.models.bpe import EXTRACT, PAD, START, BPETokenizer
 from attnmetrics.models.classifier import ATTENTIONS, AttentionForward
 from attnmetrics.models.gpt import GPT, GPTConfig, causal_mask
@@ -172,11 +173,17 @@ class GPTClassifier(AttentionForward, nn.Module):
             raise ValueError(f"sequence length {T} exceeds the model's context {config.context}")
         if tokens.numel():
             low, high = torch.aminmax(tokens)
-            if low < 0 or high >= config.vocab_size:
-                raise ValueError(
-                    f"tokens must be ids in [0, vocab_size) = [0, {config.vocab_size}), got min {int(low)}, "
-                    f"max {int(high)}"
-                )
+            vocab = config.vocab_size
+            # else an IndexError deep inside the embedding (a device assert on a GPU); inside a
+            # procedure the read waits for its end (attnmetrics._deferred) and the lookup clamps
+            defer(
+                (low >= 0) & (high < vocab),
+                lambda: ValueError(
+                    f"tokens must be ids in [0, vocab_size) = [0, {vocab}), got min {int(low)}, max {int(high)}"
+                ),
+            )
+            if deferring():
+                tokens = tokens.clamp(0, vocab - 1)
         pos = torch.arange(T, device=tokens.device)
         return self.gpt.dropout(self.gpt.tokens(tokens) + self.gpt.positions(pos))
 
