@@ -265,8 +265,12 @@ def _effect(
             first = _repeated_sizes(k)
             columns_all = torch.arange(len(fractions), device=device)
             run = k.masked_fill(first != columns_all, -1)
-            # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget.
+            # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget,
+            # their lengths known on the host (one read), so no block's calls read the device
             block = max(1, budget // (len(fractions) * width * 8 * 8))
+            planned = _perturbed_lengths(
+                torch.cat([lengths[:, None], run], 1).tolist(), lead + trail, keep_rationale, mode
+            )
             for b0 in range(0, batch, block):
                 part = slice(b0, b0 + block)
                 # every counted fraction's perturbed row at once (kernels/loo.h), row-major
@@ -278,17 +282,34 @@ def _effect(
                     mask_token,
                     0,
                 )
-                if not len(rows):
+                block_lengths = [n for row in planned[b0 : b0 + block] for n in row]
+                if not block_lengths:
                     continue
                 rows += b0
                 out, _, _ = _grouped_logits(
-                    model, seqs, seq_lengths, full.bytes_per_position, budget, "a perturbed row", full.classes
+                    model,
+                    seqs,
+                    seq_lengths,
+                    full.bytes_per_position,
+                    budget,
+                    "a perturbed row",
+                    full.classes,
+                    host_lengths=block_lengths,
                 )
                 p = output_distribution(out).gather(1, predicted[rows, None])[:, 0]
                 values[rows, columns] = (probability[rows] - p.to(torch.float64)).to(dtype)
             values = values.gather(1, first)
             aopc = values.nanmean(1)
     return EraserResult(values, aopc, k, probability.to(dtype), predicted)
+
+
+def _perturbed_lengths(rows: list[list[int]], specials: int, keep_rationale: bool, mode: str) -> list[list[int]]:
+    """Per row ``[L, k_1, ..., k_F]`` (``k < 0``: no sequence), the lengths of the row's
+    ``rationale_batch`` sequences in their order: L masked, the ``specials`` and the rationale
+    alone (``keep_rationale``), or L - k without it."""
+    if mode == "mask":
+        return [[n] * sum(k >= 0 for k in ks) for n, *ks in rows]
+    return [[specials + k if keep_rationale else n - k for k in ks if k >= 0] for n, *ks in rows]
 
 
 _DOC = """
