@@ -268,7 +268,8 @@ def leave_one_out(
         ValueError: tokens not ``[B, T]`` int64 or with negative ids, an empty batch,
             lengths not ``[B]`` integers in ``[lead + trail, T]`` or on another device, an
             unknown mode, a missing, negative or superfluous mask_token, a non-positive
-            memory_budget, or model outputs that are not finite ``[N, C]`` logits.
+            memory_budget, or model outputs that are not finite ``[N, C]`` logits; deletion
+            of a one-token row on a model without special tokens (nothing would be left).
 
     Example (``attnmetrics.models`` holds J&W's classifier; any protocol model works)::
 
@@ -288,6 +289,12 @@ def leave_one_out(
     rows = torch.nonzero(real > 0).squeeze(1)
     rows = rows[torch.argsort(lengths[rows], stable=True)]
     row_list, len_list = rows.tolist(), lengths[rows].tolist()
+    if mode == "delete" and lead + trail == 0 and len_list and len_list[0] == 1:  # sorted: the shortest first
+        raise ValueError(
+            f"leave_one_out(mode='delete') needs rows of at least 2 tokens on a model without special "
+            f"tokens (lead = trail = 0): deleting the only token of row {row_list[0]} leaves an empty "
+            f"sequence, which no model can encode; use mode='mask' or leave such rows out"
+        )
 
     with eval_mode(model), torch.no_grad(), deferred():  # the logits' checks read once, at the end
         if not row_list:
@@ -324,23 +331,25 @@ def leave_one_out(
 
 def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_token, per_position, budget, classes):
     """Yield (src, position, logits) for every deletion (or masking) of ``rows``, the token
-    sequences built by the ``leave_one_out_batch`` kernel for a group of rows of one length
-    at a time and run through the whole model; ``src`` indexes ``rows``, ``position`` the
-    row's real tokens. A row whose deletions exceed the budget alone has its sequences
+    sequences built by the ``leave_one_out_batch`` kernel for a group of rows at a time and run
+    through the whole model (on the CPU a group holds rows of one length; where calls are padded,
+    :func:`padded_calls`, rows of ascending lengths up to the budget); ``src`` indexes ``rows``,
+    ``position`` the row's real tokens. A row whose deletions exceed the budget alone has its sequences
     built one call's chunk of positions at a time, so its L·(L−1) ids never exist at once."""
     lead, trail, device = model.lead, model.trail, tokens.device
     real = lengths[rows] - lead - trail
-    real_list = real.tolist()
+    real_list = [n - lead - trail for n in len_list]
     seq_widths = [length if mode == "mask" else length - 1 for length in len_list]
     # The kernel runs where the tokens are when it has a CUDA build, else on the CPU
     # (the token ids are small next to the model's work).
     on = device if device.type == "cpu" or _cuda_kernels() else torch.device("cpu")
-    for s, e in _length_groups(real_list, seq_widths, per_position, budget):
+    padding = None if padded_calls(device) else 0.0
+    for s, e in _length_groups(real_list, seq_widths, per_position, budget, padding=padding):
         idx = rows[s:e]
         group_tokens = tokens[idx, : len_list[e - 1]].to(on).contiguous()
         group_lengths = lengths[idx].to(on)
         # Calls of at most per_call sequences. A group of several rows fits in one call (see
-        # _length_groups); all its sequences have one length, so no call carries padding.
+        # _length_groups); on the CPU its sequences have one length, so no call carries padding.
         per_call = max(1, budget // max(1, seq_widths[e - 1] * per_position))
         if e - s == 1 and real_list[s] > per_call:
             # One row over the budget: positions [k0, k1) are the real tokens of the same row

@@ -17,7 +17,7 @@ from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfi
 from attnmetrics.models.deletions import delete_positions
 from attnmetrics.outputs import output_distribution
 from attnmetrics.testing.reference import leave_one_out_jw, leave_one_out_reference, tvd_reference
-from tests.toy import ToyClassifier
+from tests.toy import ProtocolOnly, ToyClassifier
 
 F64 = torch.float64
 MODES = ("delete", "mask")
@@ -668,3 +668,26 @@ def test_length_groups_follow_their_rule(rows, padding, small, budget):
         assert all(may_take(s, i) for i in range(s + 1, e))
         if e < len(rows):
             assert not may_take(s, e)
+
+
+@pytest.mark.parametrize("mode", ["delete", "mask"])
+@pytest.mark.parametrize("name, build", list(_models_for_padding()), ids=lambda x: x if isinstance(x, str) else "")
+def test_leave_one_out_padded_calls_give_the_exact_length_calls_values(name, build, mode, monkeypatch):
+    """Through the protocol alone (the ``leave_one_out_batch`` kernel and whole-model calls, as for
+    a transformer), a GPU's plan puts rows of several lengths into one padded group and call; every
+    model masks its padding, so the values equal the CPU's one-length calls' (float64)."""
+    model, inputs = build()
+    tokens, lengths = inputs(rows=9, width=11, seed=4)
+    mask = 1 if mode == "mask" else None
+    if mode == "delete" and model.lead + model.trail == 0:  # a one-token row has nothing left
+        with pytest.raises(ValueError, match=r"deleting the only token of row 1 leaves an empty sequence"):
+            leave_one_out(model, tokens, lengths)
+        lengths = lengths.clamp(min=2)
+    plain = ProtocolOnly(model)
+    exact = leave_one_out(plain, tokens, lengths, mode=mode, mask_token=mask)
+    exact_calls = plain.encode_calls
+    monkeypatch.setattr(attnmetrics.loo, "padded_calls", lambda device: True)
+    plain.encode_calls = 0
+    padded = leave_one_out(plain, tokens, lengths, mode=mode, mask_token=mask)
+    assert plain.encode_calls < exact_calls  # fewer, padded calls
+    torch.testing.assert_close(padded, exact, rtol=0, atol=1e-12)

@@ -39,3 +39,23 @@ def toy_batch(rows=4, width=9, vocab=30, seed=0):
     tokens = torch.randint(1, vocab, (rows, width), generator=g)
     tokens[torch.arange(width) >= lengths[:, None]] = 0
     return tokens, lengths
+
+
+class ProtocolOnly:
+    """``model`` through the protocol's members alone (no ``deletion_logits`` or other
+    capability): leave-one-out builds its edits with the ``leave_one_out_batch`` kernel and runs
+    the whole model, as for a transformer. ``encode_calls`` counts the model calls."""
+
+    def __init__(self, model):
+        self.model, self.lead, self.trail, self.decoder = model, model.lead, model.trail, model.decoder
+        self.encode_calls = 0
+
+    def embed(self, tokens):
+        return self.model.embed(tokens)
+
+    def encode(self, embedded, lengths):
+        self.encode_calls += 1
+        return self.model.encode(embedded, lengths)
+
+    def attend(self, hidden, lengths):
+        return self.model.attend(hidden, lengths)
