@@ -249,6 +249,16 @@ def _effect(
     full = _full_rows(model, tokens, lengths, budget) if full is None else _check_full_rows(full, batch, device)
     probability, predicted, dtype = full.probability, full.predicted, full.dtype
     k = rationale_sizes(scores, real, fractions, variant, rounding)
+    if mode == "delete" and not keep_rationale and lead + trail == 0:  # nothing may be left to encode
+        whole = (k == real[:, None]) & (real[:, None] > 0)
+        if whole.any():
+            b, j = (int(i) for i in whole.nonzero()[0])
+            raise ValueError(
+                f"comprehensiveness(mode='delete') on a model without special tokens (lead = trail = 0) "
+                f"would delete every token of row {b} (fraction {fractions[j]}: k = {int(k[b, j])} of "
+                f"{int(real[b])}), leaving an empty sequence, which no model can encode; use mode='mask' "
+                f"or leave rows that short out"
+            )
     values = torch.full((batch, len(fractions)), math.nan, dtype=dtype, device=device)
     if full.bytes_per_position is None:  # no row has a real token
         return EraserResult(values, values[:, 0].clone(), k, probability.to(dtype), predicted)
@@ -347,7 +357,9 @@ _DOC = """
             ``[B, >= L_max]`` floats on the tokens' device or not finite on a real token;
             fractions empty or outside (0, 1]; an unknown variant or rounding, or
             ``rounding="floor"`` with ferret; model outputs that are not finite ``[N, C]`` logits;
-            ``full_rows`` of other rows or on another device (TypeError: not a :class:`FullRows`).
+            ``full_rows`` of other rows or on another device (TypeError: not a :class:`FullRows`);
+            comprehensiveness deleting a whole row on a model without special tokens (GPT-2:
+            nothing would be left to encode).
     """
 
 

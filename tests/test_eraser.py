@@ -380,3 +380,19 @@ def test_a_rationale_size_repeated_across_fractions_runs_once():
     got = comprehensiveness(model, tokens, lengths, scores, full_rows=full)
     assert sum(seen) - before == distinct  # one perturbed row per distinct size of each row
     check(got, reference(model, tokens, lengths, scores, ERASER_FRACTIONS, False), 1e-10)
+
+
+def test_deleting_a_whole_row_without_special_tokens_is_named():
+    """GPT-2 has no special tokens: comprehensiveness of a one-token row would delete everything
+    (transformers then fails on an empty sequence); mask mode and sufficiency still run."""
+    pytest.importorskip("transformers", reason="transformers is optional")
+    from tests.models import test_hf
+
+    model = test_hf.tiny("gpt2")
+    tokens, lengths = test_hf.ragged("gpt2", 9, 11, 4)  # row 1: one token
+    scores = torch.randn(9, 11, generator=torch.Generator().manual_seed(0))
+    match = r"would delete every token of row 1 \(fraction 0.01: k = 1 of 1\), leaving an empty sequence"
+    with pytest.raises(ValueError, match=match):
+        comprehensiveness(model, tokens, lengths, scores)
+    assert comprehensiveness(model, tokens, lengths, scores, mode="mask", mask_token=3).values.isfinite().all()
+    assert sufficiency(model, tokens, lengths, scores).values.isfinite().all()
