@@ -18,6 +18,8 @@ import torch
 from torch import Tensor
 
 from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project
+from attnmetrics._deferred import defer, deferred
+from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
     check_budget,
@@ -28,7 +30,6 @@ from attnmetrics._validation import (
     check_int,
     check_logits,
 )
-from attnmetrics.distances import jsd, tvd
 from attnmetrics.keyed import KeyedRows, normal
 from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import FactoredValues, token_mask
@@ -123,6 +124,10 @@ def _outputs(
     """Output distributions [n, K, C'] for attention a [n, K, heads, W] over feats
     [n, heads, W, F]: projected values plus bias (linear decoder) or decoder(contexts)."""
     return _decode(_mix(a, feats, lift), decoder, bias, classes)
+
+
+def _nonfinite_candidates() -> ValueError:
+    return ValueError("the adversarial candidates' outputs are not finite (the search overflowed the dtype)")
 
 
 def _log_sum(p: Tensor, q: Tensor) -> Tensor:
@@ -357,36 +362,42 @@ def adversarial_attention(
     def row_bytes(w):
         return heads * _row_bytes(w, k, k * (k - 1) // 2, out_width, item)
 
-    for s, e in _chunks(lens, row_bytes, budget):
-        idx, w = rows[s:e], lens[e - 1]
-        valid = mask[idx, None, None, :w]  # [n, 1, 1, w]
-        alpha = out_att[idx, None, :, :w]  # [n, 1, heads, w], zero on padding
-        # padding of the features is zeroed: 0 * NaN would poison the products
-        feats = feats_all[idx, :, :w].masked_fill(~mask[idx, None, :w, None], 0.0)  # [n, heads, w, F]
-        if not linear:  # (projected values were checked) NaN contexts would be blamed on the decoder
-            check_values_finite(feats if multi else feats[:, 0], lengths[idx], idx)
-        chunk_lift = None if lift is None else (projection, offset[idx])
-        with torch.no_grad():
-            y0 = _outputs(alpha, feats, head, bias, classes, chunk_lift)  # [n, 1, C']
-        start = -torch.log(lengths[idx].to(dtype))[:, None, None, None]
-        z = (start + init_std * noise[idx, :, :, :w]).masked_fill(~valid, PADDING_LOGIT).requires_grad_(True)
-        # fused: Adam's update in one pass over z (torch >= 2.4 on the CPU), not six
-        opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad, fused=True)
-        with torch.no_grad():
-            for _ in range(steps):
-                z.grad = _gradient(z, alpha, y0, feats, head, bias, classes, penalty, margin, diversity, chunk_lift)
-                opt.step()  # padding's gradient is exactly 0: its logits stay put
+    if not linear:  # (projected values are checked) NaN contexts would be blamed on the decoder
+        check_values_finite(feats_all if multi else feats_all[:, 0], torch.where(lengths >= 2, lengths, 0))
+    with deferred():  # the chunks' checks read the device once, at the end
+        for s, e in _chunks(lens, row_bytes, budget):
+            idx, w = rows[s:e], lens[e - 1]
+            valid = mask[idx, None, None, :w]  # [n, 1, 1, w]
+            alpha = out_att[idx, None, :, :w]  # [n, 1, heads, w], zero on padding
+            # padding of the features is zeroed: 0 * NaN would poison the products
+            feats = feats_all[idx, :, :w].masked_fill(~mask[idx, None, :w, None], 0.0)  # [n, heads, w, F]
+            chunk_lift = None if lift is None else (projection, offset[idx])
+            with torch.no_grad():
+                y0 = _outputs(alpha, feats, head, bias, classes, chunk_lift)  # [n, 1, C']
+            start = -torch.log(lengths[idx].to(dtype))[:, None, None, None]
+            z = (start + init_std * noise[idx, :, :, :w]).masked_fill(~valid, PADDING_LOGIT).requires_grad_(True)
+            # fused: Adam's update in one pass over z (torch >= 2.4 on the CPU), not six
+            opt = torch.optim.Adam([z], lr=lr, amsgrad=amsgrad, fused=True)
+            with torch.no_grad():
+                for _ in range(steps):
+                    z.grad = _gradient(z, alpha, y0, feats, head, bias, classes, penalty, margin, diversity, chunk_lift)
+                    opt.step()  # padding's gradient is exactly 0: its logits stay put
 
-        with torch.no_grad():
-            a = torch.softmax(z.detach().masked_fill(~valid, -math.inf), -1)  # [n, K, heads, w]
-            # the outputs first: their check names the decoder if a NaN reached the candidates
-            change = tvd(_outputs(a, feats, head, bias, classes, chunk_lift), y0, memory_budget=budget)
-            far = jsd(a, alpha.expand_as(a), memory_budget=budget).mean(-1)  # [n, K]: mean over heads
-            score = torch.where(change <= threshold, far, -1.0)
-            best = score.argmax(1)  # first of equal maxima
-            take = score.gather(1, best[:, None]).squeeze(1) > 0  # else the original (JSD 0)
-            won = idx[take]
-            out_att[won, :, :w] = a[take, best[take]]
-            out_jsd[won] = far[take, best[take]]
-            out_tvd[won] = change[take, best[take]]
+            with torch.no_grad():
+                a = torch.softmax(z.detach().masked_fill(~valid, -math.inf), -1)  # [n, K, heads, w]
+                # the outputs first: the decoder's logits are checked (deferred), which names the decoder
+                # if a NaN reached the candidates; projected values plus bias are finite unless it did
+                outputs = _outputs(a, feats, head, bias, classes, chunk_lift)  # [n, K, C']
+                if head is None:
+                    defer(torch.isfinite(outputs).all(), _nonfinite_candidates)
+                # distributions checked above: the distance kernels unchecked, no device read
+                change = ops.tvd(outputs.contiguous(), y0.expand_as(outputs).contiguous())
+                far = ops.jsd(a.contiguous(), alpha.expand_as(a).contiguous()).mean(-1)  # [n, K]: mean over heads
+                score = torch.where(change <= threshold, far, -1.0)
+                best = score.argmax(1, keepdim=True)  # first of equal maxima
+                take = score.gather(1, best).squeeze(1) > 0  # else the original (JSD 0)
+                rows_n = torch.arange(len(idx), device=device)
+                out_att[idx, :, :w] = torch.where(take[:, None, None], a[rows_n, best[:, 0]], out_att[idx, :, :w])
+                out_jsd[idx] = torch.where(take, far.gather(1, best).squeeze(1), out_jsd[idx])
+                out_tvd[idx] = torch.where(take, change.gather(1, best).squeeze(1), out_tvd[idx])
     return AdversarialResult(out_jsd, out_att if multi else out_att[:, 0], out_tvd)

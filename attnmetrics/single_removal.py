@@ -21,6 +21,8 @@ import torch
 from torch import Tensor
 
 from attnmetrics._decoder import Decoder, check_values_finite, is_plain_linear, project, rows_per_chunk
+from attnmetrics._deferred import deferred
+from attnmetrics._ops import ops
 from attnmetrics._validation import (
     DEFAULT_MEMORY_BUDGET,
     check_budget,
@@ -29,7 +31,6 @@ from attnmetrics._validation import (
     check_inputs,
     check_logits,
 )
-from attnmetrics.distances import jsd
 from attnmetrics.flip import removal_order
 from attnmetrics.keyed import KeyedRows
 from attnmetrics.outputs import decision, output_distribution
@@ -204,7 +205,7 @@ def single_removal(
     batch, heads, width, hidden = vals.shape
     dtype, device = attention.dtype, attention.device
 
-    with torch.no_grad():
+    with torch.no_grad(), deferred():  # the decoder's logits checked once, at the end
         head_mean = att.mean(1) if multi else attention
         index = removed_positions(head_mean, lengths, which, generator, random_among)
         ok = index >= 0
@@ -232,10 +233,11 @@ def single_removal(
             row_bytes = heads * width * (hidden * item + 16) + 2 * hidden * item
         rows = rows_per_chunk(row_bytes, budget)
         classes: list[int] = []  # C of the first decoder call, checked on later ones
-        for s in range(0, batch, rows):
-            keep = s + ok[s : s + rows].nonzero().squeeze(1)  # rows with something to remove
-            if keep.numel() == 0:
-                continue
+        kept = ok.nonzero().squeeze(1)  # rows with something to remove (one read)
+        if not linear:  # else NaN contexts, blamed on the decoder; names the row
+            check_values_finite(values, torch.where(ok, lengths, 0))
+        for s in range(0, kept.shape[0], rows):
+            keep = kept[s : s + rows]
             mask = token_mask(lengths[keep], width)[:, None, :]  # [n, 1, T]
             alpha = att[keep].to(torch.float64).masked_fill(~mask, 0)
             # The token goes from every head; each head is renormalised on its own.
@@ -248,7 +250,6 @@ def single_removal(
                 proj = projected[keep].to(torch.float64).masked_fill(~mask[..., None], 0)
                 z = torch.einsum("nkht,nhtc->nkc", weights, proj) + bias  # [n, 2, C]
             else:
-                check_values_finite(vals[keep] if multi else values[keep], lengths[keep], keep)  # names the row
                 h = vals[keep]  # advanced indexing: a contiguous copy
                 h.masked_fill_(~mask[..., None], 0)  # padding never enters a context
                 contexts = torch.einsum("nkht,nhtd->nkd", weights.to(h.dtype), h)  # summed over heads
@@ -260,6 +261,7 @@ def single_removal(
                 z = z.view(n, 2, -1)
             dist = output_distribution(z.reshape(-1, z.shape[2]).to(torch.float64))
             dist = dist.view(z.shape[0], 2, -1)
-            divergence[keep] = jsd(dist[:, 0], dist[:, 1], memory_budget=budget)
+            # distributions of checked logits (deferred) or projections: the unchecked kernel
+            divergence[keep] = ops.jsd(dist[:, 0].contiguous(), dist[:, 1].contiguous())
             flipped[keep] = decision(z[:, 0]) != decision(z[:, 1])
     return SingleRemovalResult(divergence.to(dtype), flipped, index, removed_weight)

@@ -17,6 +17,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from attnmetrics._deferred import deferred
 from attnmetrics.kendall import kendall_tau
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import AttentionClassifier, Forward, forward
@@ -59,6 +60,7 @@ def single_token_inputs(tokens: Tensor, lengths: Tensor, lead: int, trail: int) 
 
 
 @torch.no_grad()
+@deferred()  # every model call's checks read once, at the end
 def single_token_test(
     model: AttentionClassifier,
     tokens: Tensor,

@@ -1015,7 +1015,13 @@ def test_procedures_read_the_device_a_fixed_number_of_times():
     (``leave_one_out_batch``, or the BiLSTM's own deletions, which plan each call's runs on the
     host), ERASER (``rationale_batch``) and flip search over a general decoder
     (``renormalised_contexts``)."""
-    from attnmetrics import attention_gradient, permutation_test
+    from attnmetrics import (
+        adversarial_attention,
+        attention_gradient,
+        permutation_test,
+        single_removal,
+        single_token_test,
+    )
     from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
     from attnmetrics.protocol import forward
 
@@ -1043,6 +1049,18 @@ def test_procedures_read_the_device_a_fixed_number_of_times():
         ),
         "permutation_test, an MLP decoder": lambda budget: permutation_test(
             f.attention, f.hidden, mlp, f.lengths, permutations=20, memory_budget=budget
+        ),
+        "single_removal, an MLP decoder": lambda budget: single_removal(
+            f.attention, f.hidden, mlp, f.lengths, memory_budget=budget
+        ),
+        "adversarial_attention": lambda budget: adversarial_attention(
+            f.attention, f.hidden, model.decoder, f.lengths, steps=3, memory_budget=budget
+        ),
+        "adversarial_attention, an MLP decoder": lambda budget: adversarial_attention(
+            f.attention, f.hidden, mlp, f.lengths, steps=3, memory_budget=budget
+        ),
+        "single_token_test": lambda budget: single_token_test(  # max_rows: its calls' size
+            model, tokens, lengths, max_rows=8192 if budget == 2**30 else 64
         ),
     }
     counts = {}

@@ -22,11 +22,14 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from attnmetrics import (
+    adversarial_attention,
     attention_gradient,
     comprehensiveness,
     flip_fraction,
     leave_one_out,
     permutation_test,
+    single_removal,
+    single_token_test,
     sufficiency,
     tvd,
 )
@@ -165,6 +168,28 @@ def _calls():
             ),
             lambda: head_mlp.calls,
         ),
+        "single_removal, an MLP decoder": (
+            lambda b: single_removal(a, h, mlp, n, which="random", generator=_seeded(), memory_budget=b).jsd,
+            lambda: mlp.calls,
+        ),
+        "single_removal, a linear decoder": (
+            lambda b: single_removal(a, h, model.decoder, n, memory_budget=b).jsd,
+            None,
+        ),
+        "adversarial_attention, an MLP decoder": (
+            lambda b: adversarial_attention(a, h, mlp, n, steps=3, generator=_seeded(), memory_budget=b).attention,
+            lambda: mlp.calls,
+        ),
+        "adversarial_attention, a linear decoder": (
+            lambda b: (
+                adversarial_attention(a, h, model.decoder, n, steps=3, generator=_seeded(), memory_budget=b).attention
+            ),
+            None,
+        ),
+        "single_token_test": (  # its chunks are max_rows single-token inputs a call
+            lambda b: single_token_test(plain, tokens, lengths, max_rows=8192 if b == ONE_CHUNK else 16).alone,
+            lambda: plain.encode_calls,
+        ),
     }
 
 
@@ -184,7 +209,7 @@ def test_reads_do_not_grow_with_the_chunks(gpu_plan, name):
     if counted is not None:  # the small budget did split the work
         assert calls[1] > calls[0] >= 1, calls
     assert reads[0] == reads[1], (reads, calls)
-    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
 def test_the_gpu_plan_gives_the_cpu_plans_values(monkeypatch):
@@ -196,4 +221,4 @@ def test_the_gpu_plan_gives_the_cpu_plans_values(monkeypatch):
     monkeypatch.setattr(attnmetrics.loo, "padded_calls", lambda device: True)
     monkeypatch.setattr(attnmetrics.models.classifier, "padded_runs", lambda device: True)
     for name, (call, _) in _calls().items():
-        torch.testing.assert_close(call(MANY_CHUNKS), cpu[name], rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(call(MANY_CHUNKS), cpu[name], rtol=1e-5, atol=1e-6, equal_nan=True, msg=name)
