@@ -212,6 +212,34 @@ def test_reads_do_not_grow_with_the_chunks(gpu_plan, name):
     torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_a_transformers_model_calls_read_nothing(gpu_plan, family):
+    """transformers tests a padding mask for padding before building it (a read per model call); our
+    mask function skips that test where calls are padded: leave-one-out and comprehensiveness on a
+    Hugging Face model read as often in many calls as in one."""
+    pytest.importorskip("transformers", reason="transformers is optional")
+    from tests.models import test_hf
+
+    model = ProtocolOnly(test_hf.tiny(family))
+    tokens, lengths = test_hf.ragged(family, 24, 11, 4)
+    lengths = lengths.clamp(min=2)  # GPT-2 has no special tokens: a one-token row cannot lose it
+    scores = torch.rand(24, 11, generator=torch.Generator().manual_seed(6))
+    for call in (
+        lambda b: leave_one_out(model, tokens, lengths, mode="mask", mask_token=3, memory_budget=b),
+        lambda b: comprehensiveness(model, tokens, lengths, scores, memory_budget=b).values,
+    ):
+        reads, calls, results = [], [], []
+        for budget in (ONE_CHUNK, 2**13):
+            before = model.encode_calls
+            with HostReads() as mode:
+                results.append(call(budget))
+            reads.append(sum(mode.count.values()))
+            calls.append(model.encode_calls - before)
+        assert calls[1] > calls[0] >= 1, calls
+        assert reads[0] == reads[1], (reads, calls)
+        torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
 def test_the_gpu_plan_gives_the_cpu_plans_values(monkeypatch):
     """The forced plan is the GPU's orchestration on the CPU: its values are the CPU plan's."""
     import attnmetrics.loo
