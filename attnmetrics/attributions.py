@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnmetrics._deferred import deferred
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import EXTRACT_READOUT, causal_mask, eval_mode, token_mask
@@ -247,9 +248,20 @@ class _Trace:
 
     ``gradients``: the forward runs from word embeddings that require gradients (detached from the
     embedding table), so that every state and probability is in an autograd graph whatever the
-    parameters' ``requires_grad``; the caller enables gradients."""
+    parameters' ``requires_grad``; the caller enables gradients. ``host_lengths``: the rows'
+    lengths as a list, for chunk functions that plan on the host (default: read here)."""
 
-    def __init__(self, model, stack: _Stack, tokens: Tensor, lengths: Tensor, method: str, gradients: bool = False):
+    def __init__(
+        self,
+        model,
+        stack: _Stack,
+        tokens: Tensor,
+        lengths: Tensor,
+        method: str,
+        gradients: bool = False,
+        host_lengths: list[int] | None = None,
+    ):
+        self.host_lengths = lengths.tolist() if host_lengths is None else host_lengths
         if stack.family == "gpt":
             self._gpt(model, stack.modules, tokens, lengths, gradients)
         else:
@@ -402,15 +414,16 @@ def _run(
     budget = check_budget(memory_budget)
     batch, width = tokens.shape
     dtype = layers[0].out.weight.dtype
-    used = int(lengths.max())  # one read: the columns past every row's length are padding
+    host_lengths = lengths.tolist()  # one read: the chunks' widths and plans
+    used = max(host_lengths, default=0)  # the columns past every row's length are padding
     out = torch.zeros(batch, width, *trailing, dtype=dtype, device=tokens.device)
     itemsize = torch.finfo(dtype).bits // 8
     row_bytes = _row_bytes(layers, used, itemsize) * (_GRADIENT_ROW_FACTOR if gradients else 1)
-    with eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad(), deferred():  # the chunks' logits checked once, at the end
         for rows in _chunks(batch, row_bytes, budget // 2):
             t, n = tokens[rows, :used], lengths[rows]
             with torch.enable_grad() if gradients else contextlib.nullcontext():
-                trace = _Trace(model, stack, t, n, method, gradients)
+                trace = _Trace(model, stack, t, n, method, gradients, host_lengths[rows])
                 score = per_chunk(layers, t, n, trace, budget // 2)
             out[rows, :used] = score.detach().to(dtype)
     return out if raw else _real(out, lengths, model, method)
@@ -943,7 +956,7 @@ def _decompx_chunk(model, predicted: bool):
         pooled = _pooled(model, lengths)
         y = torch.zeros(batch, width, classifier.out_features, dtype=x.dtype, device=x.device)
         # the rows longest first, in groups trimmed to their longest (the cost grows as T^2 per layer)
-        lens = lengths.tolist()
+        lens = trace.host_lengths
         order = sorted(range(batch), key=lambda b: -lens[b])
         start = 0
         while start < batch:

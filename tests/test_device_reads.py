@@ -240,6 +240,31 @@ def test_a_transformers_model_calls_read_nothing(gpu_plan, family):
         torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("method", ["globenc", "alti", "value_zeroing", "gradient_weighted_rollout", "decompx"])
+def test_the_attention_derived_attributions_read_nothing_per_chunk(gpu_plan, method):
+    """The attributions run a forward per chunk of rows; their checks wait for the end (attention
+    flow is left out: its max-flow runs on the host, a copy per chunk by design)."""
+    pytest.importorskip("transformers", reason="transformers is optional")
+    import attnmetrics.attributions
+    from tests.models import test_hf
+
+    model = test_hf.tiny("bert")
+    tokens, lengths = test_hf.ragged("bert", 24, 11, 4)
+    forwards = []
+    model.hf.bert.register_forward_hook(lambda *_: forwards.append(1))
+    fn = getattr(attnmetrics.attributions, method)
+    reads, calls, results = [], [], []
+    for budget in (ONE_CHUNK, 2**13):
+        before = len(forwards)
+        with HostReads() as mode:
+            results.append(fn(model, tokens, lengths, memory_budget=budget))
+        reads.append(sum(mode.count.values()))
+        calls.append(len(forwards) - before)
+    assert calls[1] > calls[0] >= 1, calls
+    assert reads[0] == reads[1], (reads, calls)
+    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+
+
 def test_the_gpu_plan_gives_the_cpu_plans_values(monkeypatch):
     """The forced plan is the GPU's orchestration on the CPU: its values are the CPU plan's."""
     import attnmetrics.loo
