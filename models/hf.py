@@ -105,13 +105,29 @@ def _attention_collector():
     return _active_collector
 
 
+def attention_mask(**kwargs) -> Tensor | None:
+    """``transformers``' eager mask function (a ``[B, 1, T, T]`` additive mask), except where the
+    procedures pad their calls (:func:`attnmetrics.loo.padded_calls`: a GPU): there it does not test
+    whether the padding mask holds any padding before building it. That test reads the mask back to
+    the host, a wait on the device in every model call (issue 32), and a padded call nearly always
+    holds padding. On the CPU, calls of one length hold none, and skipping the mask is worth the
+    (free) read."""
+    from transformers.masking_utils import eager_mask
+
+    from attnmetrics.loo import padded_calls
+
+    if padded_calls(torch.device(kwargs.get("device", "cpu"))):
+        kwargs["allow_is_bidirectional_skip"] = False
+    return eager_mask(**kwargs)
+
+
 def register() -> None:
-    """Register :func:`eager_attention` and the eager mask function as ``"attnmetrics"``."""
+    """Register :func:`eager_attention` and :func:`attention_mask` as ``"attnmetrics"``."""
     transformers = _transformers()
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     transformers.AttentionInterface.register(ATTENTION, eager_attention)
-    AttentionMaskInterface.register(ATTENTION, eager_mask)
+    AttentionMaskInterface.register(ATTENTION, attention_mask)
 
 
 class _Head(nn.Module):
