@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from attnmetrics._decoder import is_plain_linear
-from attnmetrics._deferred import defer
+from attnmetrics._deferred import defer, deferring
 from attnmetrics.keyed import check_keyed
 from attnmetrics.protocol import missing_members, token_mask
 
@@ -294,6 +294,23 @@ def check_logits(
     if finite:
         defer(torch.isfinite(logits).all(), lambda: nonfinite_logits(source, on, hint))
     return logits
+
+
+def checked_ids(tokens: Tensor, vocab_size: int) -> Tensor:
+    """``tokens`` if every id lies in ``[0, vocab_size)``, else ValueError naming the extremes (an
+    embedding lookup would fail deep inside torch, or assert on a GPU). Inside a procedure's
+    :func:`~attnmetrics._deferred.deferred` scope the check waits for the scope's read and the ids
+    come back clamped, so the lookup stays in bounds until the error is raised."""
+    if not tokens.numel():
+        return tokens
+    low, high = torch.aminmax(tokens)
+    defer(
+        (low >= 0) & (high < vocab_size),
+        lambda: ValueError(
+            f"tokens must be ids in [0, vocab_size) = [0, {vocab_size}), got min {int(low)}, max {int(high)}"
+        ),
+    )
+    return tokens.clamp(0, vocab_size - 1) if deferring() else tokens
 
 
 def nonfinite_logits(source: str = "decoder", on: str = "", hint: str = "") -> ValueError:

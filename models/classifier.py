@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from attnmetrics._deferred import defer, deferring
 from attnmetrics._ops import ops
+from attnmetrics._validation import checked_ids
 from attnmetrics.data.tokens import UNK
 from attnmetrics.models.deletions import BiRNNDeletions, delete_positions, mask_positions
 from attnmetrics.protocol import token_mask
@@ -407,19 +407,7 @@ class EncoderAttentionClassifier(AttentionForward, nn.Module):
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] int64 -> embeddings [B, T, E]; ValueError for ids outside the vocabulary."""
-        if tokens.numel():
-            low, high = torch.aminmax(tokens)
-            vocab = self.config.vocab_size
-            # else an IndexError deep inside the embedding (a device assert on a GPU); inside a
-            # procedure the read waits for its end (attnmetrics._deferred) and the lookup clamps
-            defer(
-                (low >= 0) & (high < vocab),
-                lambda: ValueError(
-                    f"tokens must be ids in [0, vocab_size) = [0, {vocab}), got min {int(low)}, max {int(high)}"
-                ),
-            )
-            if deferring():
-                tokens = tokens.clamp(0, vocab - 1)
+        tokens = checked_ids(tokens, self.config.vocab_size)  # deferred inside a procedure (attnmetrics._deferred)
         return self.embedding(tokens)
 
     def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnmetrics._deferred import defer, deferring
+from attnmetrics._validation import checked_ids
 from attnmetrics.models.bpe import EXTRACT, PAD, START, BPETokenizer
 from attnmetrics.models.classifier import ATTENTIONS, AttentionForward
 from attnmetrics.models.gpt import GPT, GPTConfig, causal_mask
@@ -171,19 +171,7 @@ class GPTClassifier(AttentionForward, nn.Module):
         T, config = tokens.shape[1], self.gpt.config
         if T > config.context:
             raise ValueError(f"sequence length {T} exceeds the model's context {config.context}")
-        if tokens.numel():
-            low, high = torch.aminmax(tokens)
-            vocab = config.vocab_size
-            # else an IndexError deep inside the embedding (a device assert on a GPU); inside a
-            # procedure the read waits for its end (attnmetrics._deferred) and the lookup clamps
-            defer(
-                (low >= 0) & (high < vocab),
-                lambda: ValueError(
-                    f"tokens must be ids in [0, vocab_size) = [0, {vocab}), got min {int(low)}, max {int(high)}"
-                ),
-            )
-            if deferring():
-                tokens = tokens.clamp(0, vocab - 1)
+        tokens = checked_ids(tokens, config.vocab_size)  # deferred inside a procedure (attnmetrics._deferred)
         pos = torch.arange(T, device=tokens.device)
         return self.gpt.dropout(self.gpt.tokens(tokens) + self.gpt.positions(pos))
 

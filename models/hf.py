@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnmetrics._validation import checked_ids
 from attnmetrics.models.own_attention import decompose_row
 from attnmetrics.models.text import TextEncoder
 from attnmetrics.protocol import TestedAttention, token_mask
@@ -326,8 +327,11 @@ class HFClassifier(nn.Module):
         return self.base.h[-1].attn
 
     def embed(self, tokens: Tensor) -> Tensor:
-        """tokens [B, T] int64 -> word embeddings [B, T, d] (positions are added by the model)."""
-        return self.base.get_input_embeddings()(tokens)
+        """tokens [B, T] int64 -> word embeddings [B, T, d] (positions are added by the model);
+        ValueError for ids outside the vocabulary (checked at the end of a procedure:
+        :func:`attnmetrics._validation.checked_ids`)."""
+        table = self.base.get_input_embeddings()
+        return table(checked_ids(tokens, table.num_embeddings))
 
     def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:
         """The last layer's states [B, T, d] (GPT-2: after the final LayerNorm), zero on padding."""

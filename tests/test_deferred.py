@@ -113,3 +113,18 @@ def test_attention_gradient_names_a_non_finite_decoder_parameter():
         decoder[2].weight[1, 0] = float("nan")
     with pytest.raises(ValueError, match=r"2\.weight must be finite"):
         attention_gradient(att, torch.ones(6, 3, 2, dtype=torch.float64), decoder, memory_budget=1)
+
+
+def test_a_hugging_face_models_ids_are_checked_too():
+    pytest.importorskip("transformers", reason="transformers is optional")
+    from tests.models import test_hf
+
+    model = test_hf.tiny("bert")
+    tokens, lengths = test_hf.ragged("bert", 4, 9, 0)
+    tokens[2, 1] = 10_000  # a real token of row 2
+    vocab = model.hf.bert.get_input_embeddings().num_embeddings
+    message = rf"tokens must be ids in \[0, vocab_size\) = \[0, {vocab}\), got min 0, max 10000"
+    with pytest.raises(ValueError, match=message):
+        model.embed(tokens)
+    with pytest.raises(ValueError, match=message):
+        leave_one_out(model, tokens, lengths, mode="mask", mask_token=3)
