@@ -123,7 +123,7 @@ def test_a_hugging_face_models_ids_are_checked_too():
     tokens, lengths = test_hf.ragged("bert", 4, 9, 0)
     tokens[2, 1] = 10_000  # a real token of row 2
     vocab = model.hf.bert.get_input_embeddings().num_embeddings
-    message = rf"tokens must be ids in \[0, vocab_size\) = \[0, {vocab}\), got min 0, max 10000"
+    message = rf"tokens must be ids in \[0, vocab_size\) = \[0, {vocab}\), got min \d+, max 10000"
     with pytest.raises(ValueError, match=message):
         model.embed(tokens)
     with pytest.raises(ValueError, match=message):
