@@ -162,9 +162,9 @@ def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classe
     call within ``budget`` bytes at ``per_position`` bytes per position (measured on a first
     one-row call when None); also returns per_position and the model's dtype. ``padded``
     (default :func:`padded_calls` of the sequences' device): calls hold rows of several lengths,
-    padded to their longest; else every call holds rows of one length (no padding). The models mask padding, so both give the
-    same logits up to rounding. ``host_lengths``: ``seq_lengths`` as a list, when the caller
-    knows them (else read here)."""
+    padded to their longest; else every call holds rows of one length (no padding). The models
+    mask padding, so both give the same logits up to rounding. ``host_lengths``: ``seq_lengths``
+    as a list, when the caller knows them (else read here)."""
     if not len(seq_lengths):
         return None, per_position, None
     padded = padded_calls(seqs.device) if padded is None else padded
@@ -173,7 +173,7 @@ def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classe
         len_list = seq_lengths[order].tolist()
     else:
         ranked = sorted(range(len(host_lengths)), key=host_lengths.__getitem__)  # stable, as argsort
-        order = torch.tensor(ranked, device=seqs.device)
+        order = torch.tensor(ranked).to(seqs.device, non_blocking=True)  # a copy to the device: no wait
         len_list = [host_lengths[i] for i in ranked]
     parts, dtype, start = [], None, 0
     if per_position is None:
