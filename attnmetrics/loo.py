@@ -168,13 +168,8 @@ def _grouped_logits(model, seqs, seq_lengths, per_position, budget, what, classe
     if not len(seq_lengths):
         return None, per_position, None
     padded = padded_calls(seqs.device) if padded is None else padded
-    if host_lengths is None:
-        order = torch.argsort(seq_lengths, stable=True)
-        len_list = seq_lengths[order].tolist()
-    else:
-        ranked = sorted(range(len(host_lengths)), key=host_lengths.__getitem__)  # stable, as argsort
-        order = torch.tensor(ranked).to(seqs.device, non_blocking=True)  # a copy to the device: no wait
-        len_list = [host_lengths[i] for i in ranked]
+    order = torch.argsort(seq_lengths, stable=True)
+    len_list = seq_lengths[order].tolist() if host_lengths is None else sorted(host_lengths)
     parts, dtype, start = [], None, 0
     if per_position is None:
         first, per_position, dtype = _model_logits(
