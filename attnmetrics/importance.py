@@ -62,10 +62,15 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
                 logits, tokens.shape[0], source="model", inputs="the input rows", on=" on the input rows"
             )
             probs = output_distribution(logits)
+            # Two classes (a sigmoid output's (1 - p, p) too): p_1 = 1 - p_0, so the gradient of p_1
+            # is minus p_0's and |grad p_1 . x| = |grad p_0 . x|: one backward pass, not two.
+            classes = 1 if probs.shape[1] == 2 else probs.shape[1]
             score = torch.zeros(embedded.shape[:2], dtype=embedded.dtype, device=embedded.device)
-            for c in range(probs.shape[1]):
-                (grad,) = torch.autograd.grad(probs[:, c].sum(), embedded, retain_graph=c + 1 < probs.shape[1])
+            for c in range(classes):
+                (grad,) = torch.autograd.grad(probs[:, c].sum(), embedded, retain_graph=c + 1 < classes)
                 score += (grad * embedded).sum(-1).abs()
+            if classes == 1:
+                score *= 2
     return _normalised(score.detach(), lengths, model, "gradient importance", "gradients of the output probabilities")
 
 

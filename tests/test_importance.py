@@ -31,7 +31,7 @@ def gradient_importance_loop(model, tokens, lengths):
     return out
 
 
-@pytest.mark.parametrize("classes", [1, 3])
+@pytest.mark.parametrize("classes", [1, 2, 3])
 def test_gradient_importance_matches_per_instance_jacobian(classes):
     model = ToyClassifier(classes=classes)
     tokens, lengths = toy_batch()
