@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
 from attnmetrics import single_token_test
