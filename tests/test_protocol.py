@@ -11,6 +11,7 @@ from torch import nn
 import attnmetrics
 from attnmetrics import _cudnn, gradient_importance
 from attnmetrics._validation import check_generator, same_device
+from attnmetrics.models import classifier
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.protocol import is_attention_classifier, missing_members
 from tests.toy import ToyClassifier, toy_batch
@@ -127,6 +128,10 @@ def cudnn_stub(monkeypatch):
 
     for cls in (nn.LSTM, nn.GRU):
         monkeypatch.setattr(cls, "forward", refusing(cls.forward))
+    # the encoders' runs over the padded batch (models/classifier.py: padded_runs) call cuDNN's
+    # RNN functions directly, one direction a call
+    encoder = classifier._BiRNNEncoder
+    monkeypatch.setattr(encoder, "_direction", refusing(encoder._direction))
     monkeypatch.setattr(_cudnn, "CUDNN_DEVICE_TYPES", ("cpu",))
     return seen
 

@@ -116,7 +116,8 @@ class Block:
         self.tokens, self.lengths = tokens, lengths
         self.keyed = {name: KeyedRows(s, first) for name, s in self.run.seeds.items()}
         self.keep("instance", torch.arange(first, first + len(lengths)))
-        self.out, self.own = out, own = tested_forward(self.model, tokens, lengths)
+        with torch.no_grad():  # no procedure differentiates through it (each runs its own passes)
+            self.out, self.own = out, own = tested_forward(self.model, tokens, lengths)
         if own is not None:
             self.args = (own.attention, own.values, own.decoder, own.lengths)
         else:
