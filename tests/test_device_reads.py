@@ -196,20 +196,27 @@ def _calls():
 CALLS = list(_calls())
 
 
-@pytest.mark.parametrize("name", CALLS)
-def test_reads_do_not_grow_with_the_chunks(gpu_plan, name):
-    call, counted = _calls()[name]
+def assert_reads_do_not_grow(call, calls_so_far, small_budget: int) -> None:
+    """``call(budget)`` reads the host as often at ``small_budget`` as in one chunk, with the same
+    values; ``calls_so_far()`` (the model's or decoder's calls; None: not counted) must show that the
+    small budget did split the work."""
     reads, calls, results = [], [], []
-    for budget in (ONE_CHUNK, MANY_CHUNKS):
-        before = counted() if counted is not None else 0
+    for budget in (ONE_CHUNK, small_budget):
+        before = calls_so_far() if calls_so_far is not None else 0
         with HostReads() as mode:
             results.append(call(budget))
         reads.append(sum(mode.count.values()))
-        calls.append((counted() if counted is not None else 0) - before)
-    if counted is not None:  # the small budget did split the work
+        calls.append((calls_so_far() if calls_so_far is not None else 0) - before)
+    if calls_so_far is not None:
         assert calls[1] > calls[0] >= 1, calls
     assert reads[0] == reads[1], (reads, calls)
     torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_reads_do_not_grow_with_the_chunks(gpu_plan, name):
+    call, counted = _calls()[name]
+    assert_reads_do_not_grow(call, counted, MANY_CHUNKS)
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
@@ -228,16 +235,7 @@ def test_a_transformers_model_calls_read_nothing(gpu_plan, family):
         lambda b: leave_one_out(model, tokens, lengths, mode="mask", mask_token=3, memory_budget=b),
         lambda b: comprehensiveness(model, tokens, lengths, scores, memory_budget=b).values,
     ):
-        reads, calls, results = [], [], []
-        for budget in (ONE_CHUNK, 2**13):
-            before = model.encode_calls
-            with HostReads() as mode:
-                results.append(call(budget))
-            reads.append(sum(mode.count.values()))
-            calls.append(model.encode_calls - before)
-        assert calls[1] > calls[0] >= 1, calls
-        assert reads[0] == reads[1], (reads, calls)
-        torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+        assert_reads_do_not_grow(call, lambda: model.encode_calls, 2**13)
 
 
 @pytest.mark.parametrize("method", ["globenc", "alti", "value_zeroing", "gradient_weighted_rollout", "decompx"])
@@ -253,16 +251,7 @@ def test_the_attention_derived_attributions_read_nothing_per_chunk(gpu_plan, met
     forwards = []
     model.hf.bert.register_forward_hook(lambda *_: forwards.append(1))
     fn = getattr(attnmetrics.attributions, method)
-    reads, calls, results = [], [], []
-    for budget in (ONE_CHUNK, 2**13):
-        before = len(forwards)
-        with HostReads() as mode:
-            results.append(fn(model, tokens, lengths, memory_budget=budget))
-        reads.append(sum(mode.count.values()))
-        calls.append(len(forwards) - before)
-    assert calls[1] > calls[0] >= 1, calls
-    assert reads[0] == reads[1], (reads, calls)
-    torch.testing.assert_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+    assert_reads_do_not_grow(lambda b: fn(model, tokens, lengths, memory_budget=b), lambda: len(forwards), 2**13)
 
 
 def test_the_gpu_plan_gives_the_cpu_plans_values(monkeypatch):
