@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnmetrics import loo
 from attnmetrics._validation import checked_ids
 from attnmetrics.models.own_attention import decompose_row
 from attnmetrics.models.text import TextEncoder
@@ -113,11 +114,9 @@ def attention_mask(**kwargs) -> Tensor | None:
     the host, a wait on the device in every model call (issue 32), and a padded call nearly always
     holds padding. On the CPU, calls of one length hold none, and skipping the mask is worth the
     (free) read."""
-    from transformers.masking_utils import eager_mask
+    from transformers.masking_utils import eager_mask  # optional: imported on use
 
-    from attnmetrics.loo import padded_calls
-
-    if padded_calls(torch.device(kwargs.get("device", "cpu"))):
+    if loo.padded_calls(torch.device(kwargs.get("device", "cpu"))):  # looked up per call (tests force the plan)
         kwargs["allow_is_bidirectional_skip"] = False
     return eager_mask(**kwargs)
 
