@@ -198,6 +198,7 @@ def ratio(fmt: str, numerator: Value, denominator: Value) -> Quote:
 # --- the committed sources ---------------------------------------------------------------------
 
 GPU = "benchmarks/results/gpu-check-h100-2026-11-26-674e96a.json"
+GPU_H200 = "benchmarks/results/gpu-check-h200-2026-11-27-ff3101f.json"
 GPU_MAIN = ("runs", "sst main job, cuda")
 CPU_MAIN = ("runs", "sst main job, one CPU thread of the same machine (beside the GPU stages)")
 GPU_BATTERY = ("runs", "battery of the cuda run's model, evaluate --device cuda")
@@ -245,37 +246,38 @@ def _sum(d: Mapping[str, float]) -> float:
     return sum(d.values())
 
 
-def _wall(run: tuple[str, ...], *path: Step, then: Callable[[Any], Any] | None = None) -> Value:
-    return Value(GPU, (*run, "wall_time_s", *path), then)
+def _gpu_check(prefix: str = "gpu", file: str = GPU) -> dict[str, Quote]:
+    """A run of benchmarks/gpu/check.sh: the H100's (``gpu.``, docs/speed.md "On a GPU (NVIDIA
+    H100)") and the H200's (``h200.``, the README's speed sentence)."""
 
+    def _wall(run: tuple[str, ...], *path: Step, then: Callable[[Any], Any] | None = None) -> Value:
+        return Value(file, (*run, "wall_time_s", *path), then)
 
-def _gpu_check() -> dict[str, Quote]:
-    """The H100 check (docs/speed.md, "On a GPU (NVIDIA H100)"; the README's speed sentence)."""
     s: dict[str, Quote] = {}
-    for name, run in (("gpu.main.cuda", GPU_MAIN), ("gpu.main.cpu", CPU_MAIN)):
-        s[f"{name}.total_s"] = Quote("{:.1f}", (_wall(run, "total"),))
-        s[f"{name}.training_s"] = Quote("{:.1f}", (_wall(run, "training"),))
-        s[f"{name}.battery_s"] = Quote("{:.1f}", (_wall(run, "experiments"),))
-    s["gpu.main.speedup"] = ratio(".1f", _wall(CPU_MAIN, "total"), _wall(GPU_MAIN, "total"))
-    s["gpu.main.training_speedup"] = ratio(".1f", _wall(CPU_MAIN, "training"), _wall(GPU_MAIN, "training"))
-    epochs = Value(GPU, (*GPU_MAIN, "training", "history"))
-    s["gpu.main.cuda.epoch_min_s"] = Quote("{:.1f}", (epochs,), lambda h: min(e["seconds"] for e in h))
-    s["gpu.main.cuda.epoch_max_s"] = Quote("{:.1f}", (epochs,), lambda h: max(e["seconds"] for e in h))
-    s["gpu.main.cuda.accuracy"] = one(".4f", GPU, *GPU_MAIN, "test", "accuracy")
-    s["gpu.main.cuda.loss"] = one(".4f", GPU, *GPU_MAIN, "test", "loss")
-    for name, run, fmt in (("gpu.battery.cuda", GPU_BATTERY, "{:.2f}"), ("gpu.battery.cpu", CPU_BATTERY, "{:.1f}")):
-        s[f"{name}.battery_s"] = Quote(fmt, (_wall(run, "experiments"),))
-        s[f"{name}.procedures_s"] = Quote(fmt, (_wall(run, "per_experiment", then=_sum),))
-    s["gpu.battery.speedup"] = ratio(".1f", _wall(CPU_BATTERY, "experiments"), _wall(GPU_BATTERY, "experiments"))
-    s["gpu.battery.procedures_speedup"] = ratio(
+    for name, run in (("main.cuda", GPU_MAIN), ("main.cpu", CPU_MAIN)):
+        s[f"{prefix}.{name}.total_s"] = Quote("{:.1f}", (_wall(run, "total"),))
+        s[f"{prefix}.{name}.training_s"] = Quote("{:.1f}", (_wall(run, "training"),))
+        s[f"{prefix}.{name}.battery_s"] = Quote("{:.1f}", (_wall(run, "experiments"),))
+    s[f"{prefix}.main.speedup"] = ratio(".1f", _wall(CPU_MAIN, "total"), _wall(GPU_MAIN, "total"))
+    s[f"{prefix}.main.training_speedup"] = ratio(".1f", _wall(CPU_MAIN, "training"), _wall(GPU_MAIN, "training"))
+    epochs = Value(file, (*GPU_MAIN, "training", "history"))
+    s[f"{prefix}.main.cuda.epoch_min_s"] = Quote("{:.1f}", (epochs,), lambda h: min(e["seconds"] for e in h))
+    s[f"{prefix}.main.cuda.epoch_max_s"] = Quote("{:.1f}", (epochs,), lambda h: max(e["seconds"] for e in h))
+    s[f"{prefix}.main.cuda.accuracy"] = one(".4f", file, *GPU_MAIN, "test", "accuracy")
+    s[f"{prefix}.main.cuda.loss"] = one(".4f", file, *GPU_MAIN, "test", "loss")
+    for name, run, fmt in (("battery.cuda", GPU_BATTERY, "{:.2f}"), ("battery.cpu", CPU_BATTERY, "{:.1f}")):
+        s[f"{prefix}.{name}.battery_s"] = Quote(fmt, (_wall(run, "experiments"),))
+        s[f"{prefix}.{name}.procedures_s"] = Quote(fmt, (_wall(run, "per_experiment", then=_sum),))
+    s[f"{prefix}.battery.speedup"] = ratio(".1f", _wall(CPU_BATTERY, "experiments"), _wall(GPU_BATTERY, "experiments"))
+    s[f"{prefix}.battery.procedures_speedup"] = ratio(
         ".1f", _wall(CPU_BATTERY, "per_experiment", then=_sum), _wall(GPU_BATTERY, "per_experiment", then=_sum)
     )
     for part in ("eraser", "adversarial", "gradient", "loo"):
         cuda, cpu = _wall(GPU_BATTERY, "per_experiment", part), _wall(CPU_BATTERY, "per_experiment", part)
-        s[f"gpu.battery.cuda.{part}_s"] = Quote("{:.2f}", (cuda,))
-        s[f"gpu.battery.cpu.{part}_s"] = Quote("{:.3g}", (cpu,))
-        s[f"gpu.battery.{part}_speedup"] = ratio(".2g", cpu, cuda)
-    s["gpu.minilm.battery_s"] = Quote("{:.1f}", (_wall(MINILM, "experiments"),))
+        s[f"{prefix}.battery.cuda.{part}_s"] = Quote("{:.2f}", (cuda,))
+        s[f"{prefix}.battery.cpu.{part}_s"] = Quote("{:.3g}", (cpu,))
+        s[f"{prefix}.battery.{part}_speedup"] = ratio(".2g", cpu, cuda)
+    s[f"{prefix}.minilm.battery_s"] = Quote("{:.1f}", (_wall(MINILM, "experiments"),))
     for part, fmt in (
         ("adversarial", "{:.1f}"),
         ("ig", "{:.1f}"),
@@ -285,8 +287,27 @@ def _gpu_check() -> dict[str, Quote]:
         ("globenc", "{:.2f}"),
         ("alti", "{:.2f}"),
     ):
-        s[f"gpu.minilm.{part}_s"] = Quote(fmt, (_wall(MINILM, "per_experiment", part),))
+        s[f"{prefix}.minilm.{part}_s"] = Quote(fmt, (_wall(MINILM, "per_experiment", part),))
+    if prefix == "h200":  # the methods added after the H100's run
+        for part in ("attention_flow", "decompx", "chefer"):
+            s[f"{prefix}.minilm.{part}_s"] = Quote("{:.1f}", (_wall(MINILM, "per_experiment", part),))
+        peers = ("peers_cuda",)
+        for name in ("loo_ours", "ig_ours", *(f"{m}_captum_{v}" for m, v in PEER_VARIANTS)):
+            s[f"{prefix}.peers.{name}_s"] = one(".2f", file, *peers, f"{name}_s")
+        for m, v in PEER_VARIANTS:
+            s[f"{prefix}.peers.{m}_captum_{v}_ratio"] = one(".2f", file, *peers, f"{m}_captum_{v}_ratio")
     return s
+
+
+#: peers_cuda.py's Captum users: (method, variant)
+PEER_VARIANTS = (
+    ("loo", "stock_per_eval_1"),
+    ("loo", "stock_per_eval_16"),
+    ("loo", "bucketed"),
+    ("ig", "stock_internal_64"),
+    ("ig", "stock_internal_1024"),
+    ("ig", "bucketed_internal_1024"),
+)
 
 
 def _gpu_check_earlier() -> dict[str, Quote]:
@@ -753,6 +774,7 @@ def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
 
 SOURCES: dict[str, Quote] = _sources(
     _gpu_check(),
+    _gpu_check("h200", GPU_H200),
     _gpu_check_earlier(),
     _minilm_table(),
     _method_sweeps(),

@@ -10,12 +10,19 @@
 # .gpu/wheels/captum-*.whl is installed (--no-deps) for the MiniLM battery's integrated gradients;
 # SST=DIR reads the SST files from DIR; CHECK_CPU=0 skips the CPU side (the main job and battery on
 # one CPU thread), CHECK_MINILM=0 the MiniLM battery (its widened weights are still written to /tmp/minilm).
+# With captum installed, benchmarks/gpu/peers_cuda.py runs last (CHECK_PEERS=0 skips it).
+# The tree and the carried files must stay under 64 MiB together: .gpu/sst.tar.xz and
+# .gpu/minilm16/model.safetensors.xz (xz of the float16 file) are unpacked here when present.
+# The device tool returns at most 8 files: everything is also in $OUT/all.tgz.
 # The torch.profiler view of 40 training steps: python benchmarks/gpu/profile_training.py (OUT set).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 . benchmarks/gpu/env.sh
 SST=${SST:-.gpu/sst}
+CHECK_PEERS=${CHECK_PEERS:-1}
+[ -f .gpu/sst.tar.xz ] && [ ! -d .gpu/sst ] && tar xJf .gpu/sst.tar.xz -C .gpu
+[ -f .gpu/minilm16/model.safetensors.xz ] && xz -d -T8 .gpu/minilm16/model.safetensors.xz
 CHECK_CPU=${CHECK_CPU:-1}
 CHECK_MINILM=${CHECK_MINILM:-1}
 T0=$(date +%s)
@@ -75,6 +82,10 @@ if [ "$CHECK_CPU" = 1 ]; then
   left=$(( 330 - ($(date +%s) - T0) ))
   timeout "$(( left > 5 ? left : 5 ))" tail --pid=$CPU_JOB -f /dev/null || pkill -f "/tmp/sst-cpu --no-progress"
   stamp "sst main job on one CPU thread: $(tail -2 "$OUT/sst-cpu.log" | tr '\n' ' ')"
+fi
+if [ "$CHECK_PEERS" = 1 ] && [ -f /tmp/minilm/model.safetensors ] && python3 -c "import captum" 2> /dev/null; then
+  timeout 110 python3 benchmarks/gpu/peers_cuda.py /tmp/minilm "$SST" "$OUT/peers-cuda.json" > "$OUT/peers.log" 2>&1
+  stamp "peers (leave-one-out, integrated gradients against Captum) rc=$? $(tail -1 "$OUT/peers.log")"
 fi
 tar czf /tmp/all.tgz -C "$OUT" . && mv /tmp/all.tgz "$OUT/all.tgz"
 stamp "done"
