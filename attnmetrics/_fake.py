@@ -92,3 +92,8 @@ def _lstm_runs_fake(gates, index, counts, h0, c0, weight, out, states=None):
 @torch.library.register_fake("attnmetrics::spliced_attention")
 def _spliced_attention_fake(table, pairs, lengths, v, lead, trail, tanh):
     return table.new_empty(pairs.shape[0], table.shape[1] - v.shape[0])
+
+
+@torch.library.register_fake("attnmetrics::attention_flow")
+def _attention_flow_fake(graphs, lengths, pooled, lead, trail):
+    return graphs.new_empty(graphs.shape[0], graphs.shape[2])

@@ -85,6 +85,9 @@ _OPS = (
     "lstm_runs",
     "spliced_attention",
 )
+#: Ops with a CPU impl only (their procedure runs on the host whatever the model's device):
+#: attention flow's maximum flows (csrc/cpu/flow.cpp)
+HOST_OPS = ("attention_flow",)
 
 
 def _sources(with_cuda: bool = False) -> list[str]:

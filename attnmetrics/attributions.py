@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnmetrics._deferred import deferred
+from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import EXTRACT_READOUT, causal_mask, eval_mode, token_mask
@@ -1038,9 +1039,9 @@ def _decompx_rows(layers, pooler, classifier, trace, lengths, pooled, fixed, per
 
 # ---- attention flow (Abnar & Zuidema 2020) --------------------------------------------------------
 
-#: the fixed-point scale of attention flow's integer capacities (scipy's maximum_flow takes int32):
-#: every capacity is at most 1 and every flow at most the pooled node's in-capacity, 1, so no
-#: capacity, residual or flow value passes 2^30 < 2^31 - 1
+#: the fixed-point scale of attention flow's integer capacities (csrc/cpu/flow.cpp's kScale; scipy's
+#: maximum_flow, which computed them before, takes int32): every capacity is at most 1 and every
+#: flow at most the pooled node's in-capacity, 1, so no capacity, residual or flow passes 2^30
 FLOW_SCALE = 2**30
 
 
@@ -1076,21 +1077,21 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
     (``[CLS]``, ``<start>``) and the trailing ones (``[SEP]``, ``<extract>``) and padding are 0.
 
     Runs on the CPU, whatever the model's device: one forward per chunk of rows on the model's
-    device (as the other methods), then the per-layer matrices in float64 move to the CPU and each
-    row's graph is built once and reused for its real tokens, one maximum flow per (row, token)
-    with ``scipy.sparse.csgraph.maximum_flow`` (Dinic's algorithm, sequential, one thread). With
+    device (as the other methods), then the per-layer matrices in float64 move to the CPU, where
+    the ``attention_flow`` op (``csrc/cpu/flow.cpp``, rows in parallel over torch's intra-op
+    threads) builds each row's graph once and runs Dinic's algorithm once per real token. With
     ``L >= 3`` a row's graph has ``(L - 1) n + 2`` nodes and ``(L - 2) n^2 + 2n`` edges (the input
     layer reduced to the source, the last to the pooled node), so a row costs n max flows of at
-    most ``O(V^2 E)`` each. Measured on one thread (random attention, 12 heads): a row takes about
-    n^3 and a little more than L (L = 6: 16 ms at n = 32, 0.56 s at n = 128; L = 12: 28 ms and
-    1.9 s), so a 512-token row of a 12-layer model takes minutes; 64 SST-like rows of a 6-layer
-    MiniLM-shaped model, 1.8 s (benchmarks/test_bench_attributions.py).
+    most ``O(V^2 E)`` each. Measured on one thread (random 12-head attention mixed into rollout's
+    matrices): L = 6, 1.4 ms a row at n = 32 and 61 ms at n = 128; L = 12, 2.3 ms and 166 ms
+    (scipy's ``maximum_flow`` on the same graphs, as this function called it before: 6-8x
+    slower; benchmarks/test_bench_attributions.py).
 
-    Precision: scipy's max flow takes int32 capacities, so for ``L >= 3`` every capacity is
-    rounded down to a multiple of ``2^-30`` (:data:`FLOW_SCALE`; no capacity, residual or flow of
-    the rounded graph passes 2^30, the pooled node's in-capacity being 1). Its maximum flow gives a
-    minimum cut C of the rounded graph (the nodes its residual graph reaches from the source), and
-    the result is C's capacity in the exact float64 capacities: by max-flow/min-cut,
+    Precision: the max flow runs on integer capacities, so for ``L >= 3`` every capacity is
+    rounded down to a multiple of ``2^-30`` (:data:`FLOW_SCALE`). Its maximum flow gives a
+    minimum cut C of the rounded graph (the nodes its residual graph reaches from the source: the
+    same set for every maximum flow, so the same cut scipy's Dinic finds), and the result is C's
+    capacity in the exact float64 capacities: by max-flow/min-cut,
     ``F <= result < F + |C| 2^-30`` with F the exact max flow and ``|C|`` the cut's edges (at most
     ``(L - 2) n^2 + 2n``), and the result is F itself, up to float64 rounding of the cut's sum,
     whenever C is also a minimum cut of the exact graph, as it was in every test against networkx's
@@ -1131,8 +1132,9 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
             probs = attentions(tokens[rows, :used], n)
             if out is None:  # the model's float dtype
                 out = torch.zeros(batch, width, dtype=probs.dtype, device=tokens.device)
-            graphs = layer_matrices(probs, n).cpu().numpy()  # [b, L, T, T] float64
-            out[rows, :used] = _flows(graphs, n.tolist(), pooled[rows].tolist(), model).to(out.device, out.dtype)
+            graphs = layer_matrices(probs, n).cpu().contiguous()  # [b, L, T, T] float64
+            flows = ops.attention_flow(graphs, n.cpu(), pooled[rows].cpu(), model.lead, model.trail)
+            out[rows, :used] = flows.to(out.device, out.dtype)  # NaN in a row not finite: _real names it
     return _real(out, lengths, model, "attention_flow")
 
 
@@ -1149,61 +1151,14 @@ def _flow_row_bytes(model, attentions, tokens: Tensor, lengths: Tensor) -> int:
     return 2 * (probs.numel() * probs.element_size() + probs[:, :, 0].numel() * 8)
 
 
-def _flows(graphs: np.ndarray, lengths: list[int], pooled: list[int], model) -> Tensor:
-    """``[b, T]`` float64: each row's real tokens' max flows to its pooled position through
-    ``graphs`` ``[b, L, T, T]`` (:func:`attnmetrics.rollout.layer_matrices`), NaN for a row whose
-    matrices are not finite (:func:`_real` names it), zero elsewhere."""
-    out = np.zeros(graphs.shape[0:1] + graphs.shape[-1:])
-    for row, n in enumerate(lengths):
-        sources = np.arange(model.lead, n - model.trail)
-        if sources.size == 0:
-            continue
-        m = graphs[row, :, :n, :n]
-        if not np.isfinite(m).all():  # _real names the row
-            out[row, sources] = np.nan
-            continue
-        out[row, sources] = _max_flows(m, pooled[row], sources)
-    return torch.from_numpy(out)
-
-
 def _max_flows(m: np.ndarray, pooled: int, sources: np.ndarray) -> np.ndarray:
     """Max flow from ``(0, j)`` to ``(L, pooled)`` for every j of ``sources``: ``m`` ``[L, n, n]``
     float64, ``m[l, i, k]`` the capacity from ``(l, k)`` to ``(l + 1, i)`` (see
-    :func:`attention_flow`). One and two layers in closed form; more through scipy's Dinic on
-    capacities rounded down to multiples of ``1 / FLOW_SCALE``, one graph reused for every source."""
-    from scipy.sparse import csr_array
-    from scipy.sparse.csgraph import breadth_first_order, maximum_flow
-
-    layers, n = m.shape[0], m.shape[1]
-    if layers == 1:  # one edge from (0, j) to (1, p)
-        return m[0, pooled, sources]
-    if layers == 2:  # the paths (0, j) -> (1, k) -> (2, p) share no edge
-        return np.minimum(m[0][:, sources], m[1, pooled][:, None]).sum(0)
-    # node 0 the source (its edges set per token), 1 + (l - 1) n + i the node (l, i) for
-    # l = 1 .. L - 1, the last one the pooled node (L, p); only edges that can reach it
-    caps = np.floor(m * FLOW_SCALE).astype(np.int32)  # every entry in [0, 2^30]
-    sink = 1 + (layers - 1) * n
-    inner = [caps[b].T.reshape(-1) for b in range(1, layers - 1)]  # node (l, k)'s row: m[l, :, k]
-    data = np.concatenate([np.zeros(n, np.int32), *inner, caps[layers - 1, pooled]])
-    layer_of = np.repeat(np.arange(1, layers - 1), n)  # the inner nodes' layers, k fastest
-    indices = np.concatenate(
-        [1 + np.arange(n), (1 + layer_of[:, None] * n + np.arange(n)).reshape(-1), np.full(n, sink)]
-    ).astype(np.int32)
-    ends = [n + n * np.arange((layers - 2) * n + 1), n + (layers - 2) * n * n + 1 + np.arange(n)]
-    indptr = np.concatenate([[0], *ends, [data.size]]).astype(np.int32)
-    exact = np.concatenate([np.zeros(n), *[m[b].T.reshape(-1) for b in range(1, layers - 1)], m[layers - 1, pooled]])
-    tails = np.repeat(np.arange(sink + 1), np.diff(indptr))  # each edge's tail node
-    flows = np.empty(len(sources))
-    graph = csr_array((data, indices, indptr), shape=(sink + 1, sink + 1))  # scipy copies it, never writes it
-    for index, j in enumerate(sources):
-        graph.data[:n], exact[:n] = caps[0, :, j], m[0, :, j]
-        residual = graph - maximum_flow(graph, 0, sink, method="dinic").flow
-        residual.data[residual.data < 0] = 0
-        residual.eliminate_zeros()
-        side = np.zeros(sink + 1, bool)  # the source side of the rounded graph's minimum cut
-        side[breadth_first_order(residual, 0, directed=True, return_predecessors=False)] = True
-        flows[index] = exact[side[tails] & ~side[indices]].sum()
-    return flows
+    :func:`attention_flow`); one row of the ``attention_flow`` op."""
+    graphs = torch.from_numpy(np.ascontiguousarray(m, dtype=np.float64))[None]
+    n = graphs.shape[-1]
+    flows = ops.attention_flow(graphs, torch.tensor([n]), torch.tensor([pooled]), 0, 0)[0]
+    return flows.numpy()[np.asarray(sources)]
 
 
 #: The attention-derived attributions by the battery's names for them (``--importances NAME``)

@@ -6,7 +6,8 @@ once per zeroed token, as the authors' loop does; Chefer's loop runs one forward
 per sentence, ours one of each per chunk of rows; DecompX's loop propagates every (query, input
 token) vector one matrix-vector product at a time; attention flow's builds a networkx graph per
 sentence and calls ``networkx.maximum_flow_value`` per token, as the authors' code, where ours runs
-scipy's Dinic on one reused graph a row). Same model, same inputs, one run; values checked equal first, the ratio (the loop's median
+the ``attention_flow`` op, Dinic's algorithm in C++ on one graph a row; its max flows are also timed
+against scipy's Dinic on the same graphs, as this library ran them before the op). Same model, same inputs, one run; values checked equal first, the ratio (the loop's median
 over ours) in ``extra_info["ratio_vs_loop"]``.
 
     OMP_NUM_THREADS=1 python -m pytest benchmarks/test_bench_attributions.py --benchmark-only -k "not cuda"
@@ -145,16 +146,21 @@ def _flow_graphs(m, tokens, lengths):
     return [mixed[b, :, :n, :n].numpy() for b, n in enumerate(lengths.tolist())]
 
 
-@pytest.mark.parametrize("side", ["networkx", "ours"])
-@pytest.mark.parametrize("rows", [3, 8])
+@pytest.mark.parametrize("side", ["networkx", "scipy", "ours"])
+@pytest.mark.parametrize("rows", [3, 8, 64])
 def test_flow_step(benchmark, rows, side):
     """The max flows alone (the forward left out): the first ``rows`` SST-like rows' graphs, every
-    real token's flow to [CLS], by networkx per token (the authors' code) or by ours; ours
-    checked equal to networkx (1e-12) first, the ratio in ``extra_info["ratio_vs_loop"]``."""
+    real token's flow to [CLS], by networkx per token (the authors' code; 3 and 8 rows), by scipy's
+    Dinic on one reused graph a row (``reference.scipy_max_flows``: this library before its C++ op)
+    or by ours (the ``attention_flow`` op); ours checked equal to the others (1e-12) first, the
+    ratios in ``extra_info["ratio_vs_loop"]`` (networkx) and ``["ratio_vs_scipy"]``."""
     import numpy as np
 
     from attnmetrics.attributions import _max_flows
+    from attnmetrics.testing.reference import scipy_max_flows
 
+    if side == "networkx" and rows > 8:
+        pytest.skip("networkx takes minutes on 64 rows")
     small = benchmark.disabled
     tokens, lengths = inputs("sst", small)
     tokens, lengths = tokens[:rows], lengths[:rows]
@@ -162,21 +168,26 @@ def test_flow_step(benchmark, rows, side):
     graphs = _flow_graphs(model(small), tokens, lengths)
     _record(benchmark, "flow step", f"sst[:{rows}]", tokens, lengths, "cpu")
     benchmark.group = f"attention flow's max flows, sst[:{rows}]"
+    baselines = {
+        "networkx": lambda: [networkx_max_flows(c, 0, range(1, c.shape[1] - 1)) for c in graphs],
+        "scipy": lambda: [scipy_max_flows(c, 0, np.arange(1, c.shape[1] - 1)) for c in graphs],
+    }
 
     def ours():
         return [_max_flows(c, 0, np.arange(1, c.shape[1] - 1)) for c in graphs]
 
-    def loop():
-        return [networkx_max_flows(c, 0, range(1, c.shape[1] - 1)) for c in graphs]
-
     if side == "ours":
-        want = _loops.get(("flow step", rows, small), (None,))[0] or loop()
-        for got, w in zip(ours(), want):
-            np.testing.assert_allclose(got, w, rtol=1e-12, atol=1e-15)
+        got = ours()
+        for name in baselines if rows <= 8 else ("scipy",):
+            want = _loops.get((f"flow step {name}", rows, small), (None,))[0] or baselines[name]()
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-15)
         benchmark.pedantic(ours, rounds=3, iterations=1, warmup_rounds=1)
-        if ("flow step", rows, small) in _loops and not small:
-            loop_s, ours_s = _loops["flow step", rows, small][1], benchmark.stats.stats.median
-            benchmark.extra_info.update(loop_s=loop_s, ours_s=ours_s, ratio_vs_loop=loop_s / ours_s)
+        for name, key in (("networkx", "ratio_vs_loop"), ("scipy", "ratio_vs_scipy")):
+            seen = _loops.get((f"flow step {name}", rows, small))
+            if seen is not None and seen[1] is not None:
+                ours_s = benchmark.stats.stats.median
+                benchmark.extra_info.update({f"{name}_s": seen[1], "ours_s": ours_s, key: seen[1] / ours_s})
     else:
-        got = benchmark.pedantic(loop, rounds=1, iterations=1)
-        _loops["flow step", rows, small] = (got, None if small else benchmark.stats.stats.median)
+        got = benchmark.pedantic(baselines[side], rounds=1 if side == "networkx" else 3, iterations=1)
+        _loops[f"flow step {side}", rows, small] = (got, None if small else benchmark.stats.stats.median)

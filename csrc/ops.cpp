@@ -104,4 +104,12 @@ TORCH_LIBRARY(attnmetrics, m) {
   // sequence where no position gets attention).
   m.def("spliced_attention(Tensor table, Tensor pairs, Tensor lengths, Tensor v, int lead, "
         "int trail, bool tanh) -> Tensor");
+  // Attention flow's maximum flows (Abnar & Zuidema 2020, sec. 3; cpu/flow.cpp, host only):
+  // graphs [B, L, T, T] float64, graphs[b, l, i, k] the capacity in [0, 1] of the edge from
+  // (l, k) to (l + 1, i) (attention rollout's per-layer matrices), lengths [B] int64 in [0, T],
+  // pooled [B] int64 in [0, lengths[b]). Returns [B, T] float64: the maximum flow from (0, j) to
+  // (L, pooled[b]) over row b's first lengths[b] positions for lead <= j < lengths[b] - trail
+  // (capacities floored to multiples of 2^-30 for L >= 3, the minimum cut's exact capacity
+  // returned), NaN there for a row whose graph is not finite, zero elsewhere.
+  m.def("attention_flow(Tensor graphs, Tensor lengths, Tensor pooled, int lead, int trail) -> Tensor");
 }

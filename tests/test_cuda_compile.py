@@ -158,6 +158,8 @@ def _check(results, name):
 
 
 FAMILIES = ("distances", "kendall", "flip", "permutation", "projection", "loo", "rollout", "lstm", "spliced")
+#: CPU files whose ops run on the host only (_ops.HOST_OPS): no kernels, no glue
+HOST_FAMILIES = ("flow",)
 
 
 def test_kernels_found():
@@ -167,7 +169,7 @@ def test_kernels_found():
 def test_glue_files_found():
     """One glue file per op family, beside its kernels, as the CPU impls in csrc/cpu."""
     assert set(GLUE) == {f"{family}_cuda.cpp" for family in FAMILIES}
-    assert {p.stem for p in (CSRC / "cpu").glob("*.cpp")} == set(FAMILIES)
+    assert {p.stem for p in (CSRC / "cpu").glob("*.cpp")} == set(FAMILIES) | set(HOST_FAMILIES)
 
 
 def _registered(path: Path, key: str) -> list[str]:
@@ -183,6 +185,8 @@ def test_glue_registers_every_op_once_as_the_cpu_impls_do():
     cpu = {p.stem: _registered(p, "CPU") for p in (CSRC / "cpu").glob("*.cpp")}
     everything = [op for ops in cuda.values() for op in ops]
     assert sorted(everything) == sorted(_ops._OPS)
+    host = {family: cpu.pop(family) for family in HOST_FAMILIES}
+    assert sorted(op for ops in host.values() for op in ops) == sorted(_ops.HOST_OPS)
     assert {name.removesuffix("_cuda.cpp"): sorted(ops) for name, ops in cuda.items()} == {
         family: sorted(ops) for family, ops in cpu.items()
     }

@@ -1057,6 +1057,51 @@ def networkx_max_flows(capacities, pooled: int, sources) -> list[float]:
     return [nx.maximum_flow_value(graph, (0, int(j)), (layers, pooled)) for j in sources]
 
 
+def scipy_max_flows(m, pooled: int, sources, scale: int = 2**30):
+    """Attention flow's maximum flows as the library computed them before its C++ op (and as a
+    user of scipy would): from ``(0, j)`` to ``(L, pooled)`` for every j of ``sources``, ``m``
+    ``[L, n, n]`` float64 (``m[l, i, k]`` the capacity from ``(l, k)`` to ``(l + 1, i)``). One and
+    two layers in closed form; more through ``scipy.sparse.csgraph.maximum_flow`` (Dinic) on
+    capacities floored to multiples of ``1 / scale`` (int32), one graph reused for every source,
+    then the exact float64 capacity of the minimum cut the residual graph gives (the nodes it
+    reaches from the source). The benchmark's baseline and an independent check of the op's
+    rounding and cut (``tests/test_attributions.py``)."""
+    import numpy as np
+    from scipy.sparse import csr_array
+    from scipy.sparse.csgraph import breadth_first_order, maximum_flow
+
+    layers, n = m.shape[0], m.shape[1]
+    if layers == 1:  # one edge from (0, j) to (1, p)
+        return m[0, pooled, sources]
+    if layers == 2:  # the paths (0, j) -> (1, k) -> (2, p) share no edge
+        return np.minimum(m[0][:, sources], m[1, pooled][:, None]).sum(0)
+    # node 0 the source (its edges set per token), 1 + (l - 1) n + i the node (l, i) for
+    # l = 1 .. L - 1, the last one the pooled node (L, p); only edges that can reach it
+    caps = np.floor(m * scale).astype(np.int32)  # every entry in [0, 2^30]
+    sink = 1 + (layers - 1) * n
+    inner = [caps[b].T.reshape(-1) for b in range(1, layers - 1)]  # node (l, k)'s row: m[l, :, k]
+    data = np.concatenate([np.zeros(n, np.int32), *inner, caps[layers - 1, pooled]])
+    layer_of = np.repeat(np.arange(1, layers - 1), n)  # the inner nodes' layers, k fastest
+    indices = np.concatenate(
+        [1 + np.arange(n), (1 + layer_of[:, None] * n + np.arange(n)).reshape(-1), np.full(n, sink)]
+    ).astype(np.int32)
+    ends = [n + n * np.arange((layers - 2) * n + 1), n + (layers - 2) * n * n + 1 + np.arange(n)]
+    indptr = np.concatenate([[0], *ends, [data.size]]).astype(np.int32)
+    exact = np.concatenate([np.zeros(n), *[m[b].T.reshape(-1) for b in range(1, layers - 1)], m[layers - 1, pooled]])
+    tails = np.repeat(np.arange(sink + 1), np.diff(indptr))  # each edge's tail node
+    flows = np.empty(len(sources))
+    graph = csr_array((data, indices, indptr), shape=(sink + 1, sink + 1))  # scipy copies it, never writes it
+    for index, j in enumerate(sources):
+        graph.data[:n], exact[:n] = caps[0, :, j], m[0, :, j]
+        residual = graph - maximum_flow(graph, 0, sink, method="dinic").flow
+        residual.data[residual.data < 0] = 0
+        residual.eliminate_zeros()
+        side = np.zeros(sink + 1, bool)  # the source side of the rounded graph's minimum cut
+        side[breadth_first_order(residual, 0, directed=True, return_predecessors=False)] = True
+        flows[index] = exact[side[tails] & ~side[indices]].sum()
+    return flows
+
+
 def attention_flow_reference(model, tokens, lengths):
     """:func:`attention_flow_sentence_reference` one row at a time, ``[B, T - lead]`` float64: each
     row's real tokens' flows (``model.lead`` and ``model.trail`` special positions dropped), zero
