@@ -291,6 +291,16 @@ def _gpu_check(prefix: str = "gpu", file: str = GPU) -> dict[str, Quote]:
     if prefix == "h200":  # the methods added after the H100's run
         for part in ("attention_flow", "decompx", "chefer"):
             s[f"{prefix}.minilm.{part}_s"] = Quote("{:.1f}", (_wall(MINILM, "per_experiment", part),))
+        after = (
+            "runs",
+            "MiniLM run --epochs 1 --importances all --integrated-gradients 16, cuda, at 1323a44 (attention flow's max flows in C++)",
+        )
+        s[f"{prefix}.minilm_op.battery_s"] = Quote("{:.1f}", (_wall(after, "experiments"),))
+        for part in ("attention_flow", "adversarial", "ig", "eraser"):
+            s[f"{prefix}.minilm_op.{part}_s"] = Quote("{:.1f}", (_wall(after, "per_experiment", part),))
+        s[f"{prefix}.minilm_op.flow_speedup"] = ratio(
+            ".1f", _wall(MINILM, "per_experiment", "attention_flow"), _wall(after, "per_experiment", "attention_flow")
+        )
         peers = ("peers_cuda",)
         for name in ("loo_ours", "ig_ours", *(f"{m}_captum_{v}" for m, v in PEER_VARIANTS)):
             s[f"{prefix}.peers.{name}_s"] = one(".2f", file, *peers, f"{name}_s")
