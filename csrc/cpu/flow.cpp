@@ -89,8 +89,8 @@ class RowFlow {
     for (int64_t i = 0; i < n_; ++i) {
       cap_[2 * i] = static_cast<int64_t>(std::floor(m_[i * T_ + j] * kScale));
     }
-    while (levels()) augment();
-    levels();  // the residual graph's reach from the source: level >= 0
+    while (levels()) augment();  // the last BFS, which missed the sink, leaves the residual
+                                 // graph's reach from the source: level >= 0
     double total = 0.0;
     for (int64_t i = 0; i < n_; ++i) {
       if (level_[node(1, i)] < 0) total += m_[i * T_ + j];
