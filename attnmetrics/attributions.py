@@ -1108,6 +1108,8 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
             nothing to roll out either).
         ValueError: bad ``tokens``, ``lengths`` or ``memory_budget``; an attention implementation
             that returns no probabilities (``sdpa``); a row whose flows are not finite.
+        RuntimeError: from the ``attention_flow`` op, a capacity outside ``[0, 1]`` (a model whose
+            attention probabilities are negative), naming its row, layer and entry.
 
     Returns:
         ``[B, T - lead]`` in the model's float dtype: each real token's maximum flow to the pooled

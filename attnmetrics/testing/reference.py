@@ -1065,7 +1065,7 @@ def scipy_max_flows(m, pooled: int, sources, scale: int = 2**30):
     capacities floored to multiples of ``1 / scale`` (int32), one graph reused for every source,
     then the exact float64 capacity of the minimum cut the residual graph gives (the nodes it
     reaches from the source). The benchmark's baseline and an independent check of the op's
-    rounding and cut (``tests/test_attributions.py``)."""
+    rounding and cut (``tests/test_flow_op.py``)."""
     import numpy as np
     from scipy.sparse import csr_array
     from scipy.sparse.csgraph import breadth_first_order, maximum_flow

@@ -27,6 +27,11 @@ namespace {
 
 constexpr double kScale = 1073741824.0;  // 2^30, attributions.FLOW_SCALE
 constexpr int64_t kInfinity = std::numeric_limits<int64_t>::max();
+// Edge ids, node ids and capacities in 32 bits: a capacity is at most 2^30 and an edge's residual
+// and its reverse's add up to its capacity, so none passes 2^30; the op checks that a row's edge ids
+// fit (kMaxEdges).
+using Id = int32_t;
+constexpr int64_t kMaxEdges = std::numeric_limits<Id>::max() / 2;
 
 // One row's graph: edges in pairs (2e forward, 2e + 1 its reverse), adjacency by tail in CSR
 // form (only edges whose floored capacity can carry flow, and the source's, which change per
@@ -43,9 +48,9 @@ class RowFlow {
     base_.assign(2 * E, 0);
     int64_t e = 0;
     auto add = [&](int64_t u, int64_t v, double c) {
-      head_[2 * e] = v;
-      head_[2 * e + 1] = u;
-      base_[2 * e] = static_cast<int64_t>(std::floor(c * kScale));
+      head_[2 * e] = static_cast<Id>(v);
+      head_[2 * e + 1] = static_cast<Id>(u);
+      base_[2 * e] = static_cast<Id>(std::floor(c * kScale));
       ++e;
     };
     for (int64_t i = 0; i < n; ++i) add(0, node(1, i), 0.0);  // set per token
@@ -72,8 +77,8 @@ class RowFlow {
     std::vector<int64_t> fill(start_.begin(), start_.end() - 1);
     for (int64_t f = 0; f < E; ++f) {
       if (f < n || base_[2 * f] > 0) {
-        adj_[fill[head_[2 * f + 1]]++] = 2 * f;
-        adj_[fill[head_[2 * f]]++] = 2 * f + 1;
+        adj_[fill[head_[2 * f + 1]]++] = static_cast<Id>(2 * f);
+        adj_[fill[head_[2 * f]]++] = static_cast<Id>(2 * f + 1);
       }
     }
     cap_.resize(2 * E);
@@ -85,9 +90,9 @@ class RowFlow {
 
   // The exact capacity of the rounded graph's minimum cut for the source token j.
   double flow_from(int64_t j) {
-    std::memcpy(cap_.data(), base_.data(), cap_.size() * sizeof(int64_t));
+    std::memcpy(cap_.data(), base_.data(), cap_.size() * sizeof(Id));
     for (int64_t i = 0; i < n_; ++i) {
-      cap_[2 * i] = static_cast<int64_t>(std::floor(m_[i * T_ + j] * kScale));
+      cap_[2 * i] = static_cast<Id>(std::floor(m_[i * T_ + j] * kScale));
     }
     while (levels()) augment();  // the last BFS, which missed the sink, leaves the residual
                                  // graph's reach from the source: level >= 0
@@ -141,11 +146,11 @@ class RowFlow {
     while (true) {
       if (u == sink_) {
         int64_t push = kInfinity;
-        for (int64_t d = 0; d < depth; ++d) push = std::min(push, cap_[path_[d]]);
+        for (int64_t d = 0; d < depth; ++d) push = std::min<int64_t>(push, cap_[path_[d]]);
         int64_t back = depth;
         for (int64_t d = depth - 1; d >= 0; --d) {
-          cap_[path_[d]] -= push;
-          cap_[path_[d] ^ 1] += push;
+          cap_[path_[d]] -= static_cast<Id>(push);
+          cap_[path_[d] ^ 1] += static_cast<Id>(push);
           if (cap_[path_[d]] == 0) back = d;  // the earliest saturated edge
         }
         depth = back;  // resume from its tail
@@ -173,7 +178,8 @@ class RowFlow {
 
   const double* m_;
   int64_t L_, T_, n_, pooled_, V_, sink_;
-  std::vector<int64_t> head_, base_, cap_, start_, adj_, level_, next_, queue_, path_;
+  std::vector<Id> head_, base_, cap_, adj_;  // per edge (adj_: per edge end)
+  std::vector<int64_t> start_, level_, next_, queue_, path_;  // per node
 };
 
 at::Tensor attention_flow_cpu(const at::Tensor& graphs, const at::Tensor& lengths,
@@ -207,6 +213,8 @@ at::Tensor attention_flow_cpu(const at::Tensor& graphs, const at::Tensor& length
     if (n - trail <= lead) continue;
     TORCH_CHECK(pool[b] >= 0 && pool[b] < n, "attention_flow: pooled[", b, "] = ", pool[b],
                 " is outside [0, lengths[", b, "]) = [0, ", n, ")");
+    TORCH_CHECK(L < 3 || 2 * n + (L - 2) * n * n <= kMaxEdges, "attention_flow: row ", b, "'s graph (",
+                L, " layers, ", n, " positions) has more than ", kMaxEdges, " edges");
     const double* row = m + b * L * T * T;
     for (int64_t l = 0; l < L && finite[b]; ++l) {
       for (int64_t i = 0; i < n && finite[b]; ++i) {
