@@ -1083,8 +1083,8 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
     ``L >= 3`` a row's graph has ``(L - 1) n + 2`` nodes and ``(L - 2) n^2 + 2n`` edges (the input
     layer reduced to the source, the last to the pooled node), so a row costs n max flows of at
     most ``O(V^2 E)`` each. Measured on one thread (random 12-head attention mixed into rollout's
-    matrices): L = 6, 1.4 ms a row at n = 32 and 61 ms at n = 128; L = 12, 2.3 ms and 166 ms
-    (scipy's ``maximum_flow`` on the same graphs, as this function called it before: 6-8x
+    matrices): L = 6, 0.9 ms a row at n = 32 and 39 ms at n = 128; L = 12, 2.0 ms and 110 ms
+    (scipy's ``maximum_flow`` on the same graphs, as this function called it before: 10-16x
     slower; benchmarks/test_bench_attributions.py).
 
     Precision: the max flow runs on integer capacities, so for ``L >= 3`` every capacity is
