@@ -142,3 +142,20 @@ def test_bad_input_is_named():
     negative[0, 1, 2, 0] = -0.25
     with pytest.raises(RuntimeError, match=r"graphs\[0, 1, 2, 0\] = -0.25 is not a capacity in \[0, 1\]"):
         ops.attention_flow(negative, lengths, pooled, 0, 0)
+
+
+def test_rows_in_parallel_equal_one_thread():
+    """Rows run in parallel over torch's intra-op threads; each row's flows are the same bits."""
+    rng = np.random.default_rng(7)
+    lengths = [int(n) for n in rng.integers(0, 12, 24)]
+    g = graphs(rng, lengths, 4, 12)
+    pooled = torch.zeros(24, dtype=torch.long)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.attention_flow(g, torch.tensor(lengths), pooled, 1, 0)
+        torch.set_num_threads(2)
+        two = ops.attention_flow(g, torch.tensor(lengths), pooled, 1, 0)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
