@@ -748,6 +748,25 @@ def _transformer_floor() -> dict[str, Quote]:
     return s
 
 
+FLOW = "benchmarks/results/attention-flow-cpu-1thread.json"
+
+
+def _flow_step() -> dict[str, Quote]:
+    """Attention flow's max flows (the ``attention_flow`` op) against scipy's and networkx's, one
+    CPU thread (docs/speed.md, README's speed tables): ``flow.ROWS.{ours_ms,scipy_ms,vs_scipy,vs_networkx}``."""
+    s: dict[str, Quote] = {}
+    for rows in (3, 8, 64):
+        ours = ("benchmarks", {"name": f"test_flow_step[{rows}-ours]"})
+        s[f"flow.{rows}.ours_ms"] = Quote("{:.1f}", (Value(FLOW, (*ours, "stats", "median"), lambda t: t * 1e3),))
+        s[f"flow.{rows}.scipy_ms"] = Quote(
+            "{:.0f}", (Value(FLOW, (*ours, "extra_info", "scipy_s"), lambda t: t * 1e3),)
+        )
+        s[f"flow.{rows}.vs_scipy"] = Quote("{:.1f}", (Value(FLOW, (*ours, "extra_info", "ratio_vs_scipy")),))
+        if rows <= 8:
+            s[f"flow.{rows}.vs_networkx"] = Quote("{:,.0f}", (Value(FLOW, (*ours, "extra_info", "ratio_vs_loop")),))
+    return s
+
+
 def _attributions() -> dict[str, Quote]:
     """The attention-derived attributions against their plain loops, one CPU thread (docs/speed.md)."""
     s: dict[str, Quote] = {}
@@ -797,6 +816,7 @@ SOURCES: dict[str, Quote] = _sources(
     _cpu_table(),
     _leave_one_out_and_eraser(),
     _transformer_floor(),
+    _flow_step(),
     _attributions(),
 )
 
