@@ -246,13 +246,19 @@ def _sum(d: Mapping[str, float]) -> float:
     return sum(d.values())
 
 
-def _gpu_check(prefix: str = "gpu", file: str = GPU) -> dict[str, Quote]:
-    """A run of benchmarks/gpu/check.sh: the H100's (``gpu.``, docs/speed.md "On a GPU (NVIDIA
-    H100)") and the H200's (``h200.``, the README's speed sentence)."""
+def _wall_in(file: str) -> Callable[..., Value]:
+    """``wall(run, *path, then=None)``: a run's ``wall_time_s`` entry in a check's file."""
 
-    def _wall(run: tuple[str, ...], *path: Step, then: Callable[[Any], Any] | None = None) -> Value:
+    def wall(run: tuple[str, ...], *path: Step, then: Callable[[Any], Any] | None = None) -> Value:
         return Value(file, (*run, "wall_time_s", *path), then)
 
+    return wall
+
+
+def _gpu_check(prefix: str = "gpu", file: str = GPU) -> dict[str, Quote]:
+    """A run of benchmarks/gpu/check.sh: the H100's (``gpu.``, docs/speed.md "On a GPU (NVIDIA
+    H100)") and the H200's (``h200.``, the README's speed sentence and table)."""
+    _wall = _wall_in(file)
     s: dict[str, Quote] = {}
     for name, run in (("main.cuda", GPU_MAIN), ("main.cpu", CPU_MAIN)):
         s[f"{prefix}.{name}.total_s"] = Quote("{:.1f}", (_wall(run, "total"),))
@@ -288,24 +294,29 @@ def _gpu_check(prefix: str = "gpu", file: str = GPU) -> dict[str, Quote]:
         ("alti", "{:.2f}"),
     ):
         s[f"{prefix}.minilm.{part}_s"] = Quote(fmt, (_wall(MINILM, "per_experiment", part),))
-    if prefix == "h200":  # the methods added after the H100's run
-        for part in ("attention_flow", "decompx", "chefer"):
-            s[f"{prefix}.minilm.{part}_s"] = Quote("{:.1f}", (_wall(MINILM, "per_experiment", part),))
-        after = (
-            "runs",
-            "MiniLM run --epochs 1 --importances all --integrated-gradients 16, cuda, at 1323a44 (attention flow's max flows in C++)",
-        )
-        s[f"{prefix}.minilm_op.battery_s"] = Quote("{:.1f}", (_wall(after, "experiments"),))
-        for part in ("attention_flow", "adversarial", "ig", "eraser"):
-            s[f"{prefix}.minilm_op.{part}_s"] = Quote("{:.1f}", (_wall(after, "per_experiment", part),))
-        s[f"{prefix}.minilm_op.flow_speedup"] = ratio(
-            ".1f", _wall(MINILM, "per_experiment", "attention_flow"), _wall(after, "per_experiment", "attention_flow")
-        )
-        peers = ("peers_cuda",)
-        for name in ("loo_ours", "ig_ours", *(f"{m}_captum_{v}" for m, v in PEER_VARIANTS)):
-            s[f"{prefix}.peers.{name}_s"] = one(".2f", file, *peers, f"{name}_s")
-        for m, v in PEER_VARIANTS:
-            s[f"{prefix}.peers.{m}_captum_{v}_ratio"] = one(".2f", file, *peers, f"{m}_captum_{v}_ratio")
+    return s
+
+
+def _h200_extras() -> dict[str, Quote]:
+    """The H200 check's file beyond :func:`_gpu_check`'s keys: the MiniLM methods added after the
+    H100's run, the later MiniLM run with attention flow's C++ max flows, the peers on the device."""
+    wall, s = _wall_in(GPU_H200), {}
+    for part in ("attention_flow", "decompx", "chefer"):
+        s[f"h200.minilm.{part}_s"] = Quote("{:.1f}", (wall(MINILM, "per_experiment", part),))
+    after = (
+        "runs",
+        "MiniLM run --epochs 1 --importances all --integrated-gradients 16, cuda, at 1323a44 (attention flow's max flows in C++)",
+    )
+    s["h200.minilm_op.battery_s"] = Quote("{:.1f}", (wall(after, "experiments"),))
+    for part in ("attention_flow", "adversarial", "ig", "eraser"):
+        s[f"h200.minilm_op.{part}_s"] = Quote("{:.1f}", (wall(after, "per_experiment", part),))
+    s["h200.minilm_op.flow_speedup"] = ratio(
+        ".1f", wall(MINILM, "per_experiment", "attention_flow"), wall(after, "per_experiment", "attention_flow")
+    )
+    for name in ("loo_ours", "ig_ours", *(f"{m}_captum_{v}" for m, v in PEER_VARIANTS)):
+        s[f"h200.peers.{name}_s"] = one(".2f", GPU_H200, "peers_cuda", f"{name}_s")
+    for m, v in PEER_VARIANTS:
+        s[f"h200.peers.{m}_captum_{v}_ratio"] = one(".2f", GPU_H200, "peers_cuda", f"{m}_captum_{v}_ratio")
     return s
 
 
@@ -804,6 +815,7 @@ def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
 SOURCES: dict[str, Quote] = _sources(
     _gpu_check(),
     _gpu_check("h200", GPU_H200),
+    _h200_extras(),
     _gpu_check_earlier(),
     _minilm_table(),
     _method_sweeps(),

@@ -12,7 +12,8 @@
 # one CPU thread), CHECK_MINILM=0 the MiniLM battery (its widened weights are still written to /tmp/minilm).
 # With captum installed, benchmarks/gpu/peers_cuda.py runs last (CHECK_PEERS=0 skips it).
 # The tree and the carried files must stay under 64 MiB together: .gpu/sst.tar.xz and
-# .gpu/minilm16/model.safetensors.xz (xz of the float16 file) are unpacked here when present.
+# .gpu/minilm16/model.safetensors.xz (xz of the float16 file) are unpacked by prepare.sh when present;
+# the MiniLM stage is benchmarks/gpu/minilm.sh.
 # The device tool returns at most 8 files: everything is also in $OUT/all.tgz.
 # The torch.profiler view of 40 training steps: python benchmarks/gpu/profile_training.py (OUT set).
 set -u
@@ -21,17 +22,13 @@ OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 . benchmarks/gpu/env.sh
 SST=${SST:-.gpu/sst}
 CHECK_PEERS=${CHECK_PEERS:-1}
-[ -f .gpu/sst.tar.xz ] && [ ! -d .gpu/sst ] && tar xJf .gpu/sst.tar.xz -C .gpu
-[ -f .gpu/minilm16/model.safetensors.xz ] && xz -d -T8 .gpu/minilm16/model.safetensors.xz
+. benchmarks/gpu/prepare.sh
 CHECK_CPU=${CHECK_CPU:-1}
 CHECK_MINILM=${CHECK_MINILM:-1}
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/stages.txt"; }
 { nvidia-smi -L; nvcc --version | tail -1; $CXX --version | head -1; nproc; lscpu | grep -m1 "Model name"
   python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name(0))"; } > "$OUT/env.txt" 2>&1
-if ls .gpu/wheels/captum-*.whl > /dev/null 2>&1; then
-  python3 -m pip install --no-deps --no-index -q .gpu/wheels/captum-*.whl > "$OUT/pip.log" 2>&1
-fi
 timeout 240 python3 -c "import attnmetrics._ops as o; o.load(); print('CUDA kernels:', o.CUDA_KERNELS)" > "$OUT/build.log" 2>&1
 stamp "build rc=$? $(tail -1 "$OUT/build.log")"
 timeout 100 python3 -m pytest tests -q -rfE --tb=short -p no:cacheprovider -n 8 -m cuda > "$OUT/tests-cuda.log" 2>&1
@@ -56,23 +53,8 @@ if [ "$CHECK_CPU" = 1 ]; then
   stamp "battery on one CPU thread (evaluate) rc=$? $(tail -1 "$OUT/eval-cpu.log")"
   cp /tmp/eval-cpu/results.json "$OUT/eval-cpu-results.json" 2>/dev/null
 fi
-if [ -f .gpu/minilm16/model.safetensors ]; then
-  python3 - <<'PY'
-import os, shutil
-from safetensors.torch import load_file, save_file
-os.makedirs("/tmp/minilm", exist_ok=True)
-weights = load_file(".gpu/minilm16/model.safetensors")
-save_file({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, "/tmp/minilm/model.safetensors",
-          metadata={"format": "pt"})
-for name in os.listdir(".gpu/minilm16"):
-    if name != "model.safetensors":
-        shutil.copy(f".gpu/minilm16/{name}", "/tmp/minilm/")
-PY
-fi
-if [ -f .gpu/minilm16/model.safetensors ] && [ "$CHECK_MINILM" = 1 ]; then
-  timeout 150 python3 -m attnmetrics run --dataset sst --data-dir "$SST" --model hf:/tmp/minilm --device cuda --epochs 1 \
-    --importances all --integrated-gradients 16 --out /tmp/minilm-cuda --no-progress > "$OUT/minilm.log" 2>&1
-  stamp "MiniLM run (1 epoch, battery with every importance) on cuda rc=$? $(tail -1 "$OUT/minilm.log")"
+if [ -f /tmp/minilm/model.safetensors ] && [ "$CHECK_MINILM" = 1 ]; then
+  OUT="$OUT" SST="$SST" bash benchmarks/gpu/minilm.sh
   cp /tmp/minilm-cuda/results.json "$OUT/minilm-cuda-results.json" 2>/dev/null
 fi
 timeout 60 python3 -m pytest benchmarks/test_bench_distances.py benchmarks/test_bench_kendall.py -q -k cuda -p no:cacheprovider \

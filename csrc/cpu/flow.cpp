@@ -33,6 +33,9 @@ constexpr int64_t kInfinity = std::numeric_limits<int64_t>::max();
 using Id = int32_t;
 constexpr int64_t kMaxEdges = std::numeric_limits<Id>::max() / 2;
 
+// A capacity in [0, 1] floored to a multiple of 2^-30, in units of 2^-30.
+inline Id floored(double c) { return static_cast<Id>(std::floor(c * kScale)); }
+
 // One row's graph: edges in pairs (2e forward, 2e + 1 its reverse), adjacency by tail in CSR
 // form (only edges whose floored capacity can carry flow, and the source's, which change per
 // token). Forward edges are numbered in scipy's CSR order: the source's n, then each inner
@@ -50,7 +53,7 @@ class RowFlow {
     auto add = [&](int64_t u, int64_t v, double c) {
       head_[2 * e] = static_cast<Id>(v);
       head_[2 * e + 1] = static_cast<Id>(u);
-      base_[2 * e] = static_cast<Id>(std::floor(c * kScale));
+      base_[2 * e] = floored(c);
       ++e;
     };
     for (int64_t i = 0; i < n; ++i) add(0, node(1, i), 0.0);  // set per token
@@ -92,7 +95,7 @@ class RowFlow {
   double flow_from(int64_t j) {
     std::memcpy(cap_.data(), base_.data(), cap_.size() * sizeof(Id));
     for (int64_t i = 0; i < n_; ++i) {
-      cap_[2 * i] = static_cast<Id>(std::floor(m_[i * T_ + j] * kScale));
+      cap_[2 * i] = floored(m_[i * T_ + j]);
     }
     while (levels()) augment();  // the last BFS, which missed the sink, leaves the residual
                                  // graph's reach from the source: level >= 0
