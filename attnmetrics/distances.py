@@ -176,9 +176,10 @@ def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
         raise ValueError(f"dim must lie in [{-len(shape)}, {len(shape) - 1}] for shape {list(shape)}, got {dim}")
     check_budget(memory_budget)  # a positive int: True is refused too
 
-    # Views only: the kernel input is copied below, chunk by chunk. The kernels check the
-    # values in the same pass (value_flags' bits, ORed over the chunks): the call reads the
-    # device once, at the end.
+    # Views only: the kernels read rows a fixed stride apart in place (a contiguous input, one
+    # row expanded over the batch); any other input is copied below, chunk by chunk. The kernels
+    # check the values in the same pass (value_flags' bits, ORed over the chunks): the call
+    # reads the device once, at the end.
     if dim % len(shape) != len(shape) - 1:
         p, q = p.movedim(dim, -1), q.movedim(dim, -1)
     batch, width = p.shape[:-1], p.shape[-1]
@@ -186,18 +187,36 @@ def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
     # Per row: a contiguous copy of p and of q, plus the output.
     max_rows = max(1, memory_budget // ((2 * width + 1) * p.element_size()))
     if math.prod(batch) <= max_rows:  # one block: the kernels take [..., K], so no reshapes
-        out = op(p.contiguous(), q.contiguous(), flags)
+        out = op(_in_place_rows(p), _in_place_rows(q), flags)
     else:
         out = torch.empty(batch, dtype=p.dtype, device=p.device)
         flat = out.view(-1)
         start = 0
         for index in _row_blocks(tuple(batch), max_rows):
-            block = op(p[index].contiguous(), q[index].contiguous(), flags).view(-1)
+            block = op(_in_place_rows(p[index]), _in_place_rows(q[index]), flags).view(-1)
             flat[start : start + block.numel()] = block
             start += block.numel()
     if int(flags):
         _raise_for_values(p, q)
     return out
+
+
+def _in_place_rows(x: Tensor) -> Tensor:
+    """``x`` [..., K] itself when the distance kernels read it in place (unit stride along K and
+    its rows a fixed stride apart once the batch dims are flattened, size-1 dims ignored: a
+    contiguous tensor, or one row expanded over the batch, which they read from cache), else a
+    contiguous copy. The rule of ``row_stride`` in ``csrc/checks.h``."""
+    sizes, strides = x.shape, x.stride()
+    if x.numel() and sizes[-1] > 1 and strides[-1] != 1:
+        return x.contiguous()
+    span = None  # stride * size of the batch dim inside this one
+    for size, stride in zip(reversed(sizes[:-1]), reversed(strides[:-1])):
+        if size == 1:
+            continue
+        if span is not None and stride != span:
+            return x.contiguous()
+        span = stride * size
+    return x
 
 
 def _row_blocks(batch: tuple[int, ...], max_rows: int, prefix: tuple = ()) -> Iterator[tuple]:

@@ -55,7 +55,29 @@ inline int64_t check_linear_head(const at::Tensor& attention, const at::Tensor& 
 
 // ---- tvd / jsd ------------------------------------------------------------------------------
 
-// tvd's or jsd's (op's) p, q [..., K] (float32/float64, one dtype, one shape, contiguous).
+// The distance in elements between consecutive rows of t [..., K] when the distance kernels can
+// read t in place: unit stride along K and the rows a fixed stride apart when the batch dims are
+// flattened (K for a contiguous tensor, 0 for one row expanded over the batch, as q[0].expand_as(p);
+// size-1 dims ignored); -1 when they cannot (a copy is needed). attnmetrics/distances.py
+// _in_place_rows is the same rule in Python.
+inline int64_t row_stride(const at::Tensor& t) {
+  if (t.numel() == 0) return t.size(-1);  // nothing is read
+  if (t.size(-1) > 1 && t.stride(-1) != 1) return -1;
+  int64_t stride = t.size(-1), span = -1;  // span: stride * size of the batch dim inside this one
+  for (int64_t i = t.dim() - 2; i >= 0; --i) {
+    if (t.size(i) == 1) continue;
+    if (span < 0) {
+      stride = t.stride(i);
+    } else if (t.stride(i) != span) {
+      return -1;
+    }
+    span = t.stride(i) * t.size(i);
+  }
+  return stride;
+}
+
+// tvd's or jsd's (op's) p, q [..., K] (float32/float64, one dtype, one shape, rows readable in
+// place: row_stride >= 0).
 inline void check_distance_shapes(const char* op, const at::Tensor& p, const at::Tensor& q) {
   TORCH_CHECK(p.scalar_type() == at::kFloat || p.scalar_type() == at::kDouble, op,
               ": p must be float32 or float64, got ", p.scalar_type());
@@ -64,7 +86,10 @@ inline void check_distance_shapes(const char* op, const at::Tensor& p, const at:
   TORCH_CHECK(p.dim() >= 1, op, ": p must be [..., K] (at least one dimension), got a 0-d tensor");
   TORCH_CHECK(q.sizes() == p.sizes(), op, ": q must have p's shape ", p.sizes(), ", got ",
               q.sizes());
-  TORCH_CHECK(p.is_contiguous() && q.is_contiguous(), op, ": p and q must be contiguous");
+  TORCH_CHECK(row_stride(p) >= 0 && row_stride(q) >= 0, op,
+              ": p and q must be contiguous along K with their rows a fixed stride apart (a contiguous "
+              "tensor, or one row expanded over the batch), got strides ", p.strides(), " and ",
+              q.strides());
 }
 
 // The output of a distance over p's last dimension: p's shape without it; its numel() is the

@@ -5,8 +5,9 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY(attnmetrics, m) {
-  // Distances between distributions along the last dim of contiguous [..., K]
-  // inputs: TVD = 1/2 sum |p - q|; JSD in nats (0 log 0 = 0). Returns [...].
+  // Distances between distributions along the last dim of [..., K] inputs whose rows
+  // lie a fixed stride apart (checks.h row_stride: contiguous, or one row expanded):
+  // TVD = 1/2 sum |p - q|; JSD in nats (0 log 0 = 0). Returns [...].
   m.def("tvd(Tensor p, Tensor q) -> Tensor");
   m.def("jsd(Tensor p, Tensor q) -> Tensor");
   // The value checks of tvd/jsd's inputs in one pass over contiguous p and q (any

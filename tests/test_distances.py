@@ -233,6 +233,83 @@ def test_ops_take_any_leading_dims(ops_pair, dtype):
             assert torch.equal(got.reshape(-1), flat)
 
 
+def in_place_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """x [rows, K] as a tensor of its values that the kernels read in place, without a copy:
+    rows with a gap after each (NaN there, which no check may see), the first row expanded over
+    the batch (stride 0), or a size-1 dim of an odd stride."""
+    rows, k = x.shape
+    if layout == "gapped":
+        wide = torch.full((rows, k + 3), float("nan"), dtype=x.dtype)
+        wide[:, :k] = x
+        return wide[:, :k]
+    if layout == "expanded":
+        return x[0].expand(rows, k)
+    return x.as_strided((1, rows, 1, k), (7, k, 5, 1))  # [1, rows, 1, K]
+
+
+@given(
+    st.integers(1, 12),
+    st.sampled_from([1, 2, 7, 8, 13, 40]),
+    st.sampled_from(["gapped", "expanded", "unit dim"]),
+    st.sampled_from(["p", "q", "both"]),
+    st.sampled_from([torch.float32, torch.float64]),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
+@settings(max_examples=150, deadline=None)
+def test_ops_read_rows_a_fixed_stride_apart_in_place(rows, k, layout, which, dtype, bad, seed):
+    """Inputs whose rows lie a fixed stride apart (checks.h row_stride) give, bit for bit, the
+    values and flags of their contiguous copies; a bad entry of a broadcast row is flagged, NaN
+    in the gaps between rows is not."""
+    g = torch.Generator().manual_seed(seed)
+    p, q = (torch.rand(rows, k, generator=g, dtype=dtype) for _ in range(2))
+    if bad:
+        q[0, int(torch.randint(0, k, (1,), generator=g))] = -0.5  # row 0: the expanded one too
+    p, q = (in_place_layout(x, layout) if which in (name, "both") else x for name, x in (("p", p), ("q", q)))
+    if p.dim() != q.dim():
+        p, q = (x.view(1, rows, 1, k) if x.dim() == 2 else x for x in (p, q))
+    copies = (p.contiguous(), q.contiguous())
+    for checked, plain in ((ops.tvd_checked, ops.tvd), (ops.jsd_checked, ops.jsd)):
+        torch.testing.assert_close(plain(p, q), plain(*copies), rtol=0, atol=0)
+        flags, want = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        torch.testing.assert_close(checked(p, q, flags), checked(*copies, want), rtol=0, atol=0)
+        assert int(flags) == int(want) == (8 if bad else 0)
+
+
+def test_python_and_cpp_agree_on_what_is_read_in_place():
+    """distances._in_place_rows copies exactly the inputs the ops refuse (checks.h row_stride)."""
+    from attnmetrics.distances import _in_place_rows
+
+    x = torch.rand(6, 4, dtype=torch.float64)
+    layouts = [
+        x,
+        x.t(),
+        x[0].expand(6, 4),
+        x[:, :3],
+        x[::2],
+        x[:, ::2],
+        x.view(2, 3, 4),
+        x.view(2, 3, 4)[:, :2],
+        x.view(2, 3, 4).transpose(0, 1),
+        x[0].expand(2, 3, 4),
+        x.view(1, 6, 4).expand(2, 6, 4),
+        x.as_strided((6, 1, 4), (4, 9, 1)),
+        x[:, :1],
+        x.t()[:, :1],
+        x.t()[:1],
+        torch.rand(0, 3).t(),
+    ]
+    for t in layouts:
+        in_place = _in_place_rows(t) is t
+        try:
+            ops.tvd(t, t)
+            accepted = True
+        except RuntimeError as e:
+            assert "must be contiguous along K" in str(e)
+            accepted = False
+        assert in_place == accepted, (tuple(t.shape), t.stride())
+
+
 # ---- value_flags: the value checks in one pass (the GPU path of tvd/jsd's validation) ---------
 
 
@@ -376,7 +453,9 @@ def test_op_rejects_bad_input_without_crashing(op):
         ((good, torch.rand(3, 5)), "q must have p's shape"),
         ((good, good.double()), "q must have p's dtype"),
         ((good.long(), good.long()), "p must be float32 or float64"),
-        ((good.t(), good.t()), "must be contiguous"),
+        ((good.t(), good.t()), "must be contiguous along K with their rows a fixed stride apart"),
+        ((good, torch.rand(3, 8)[:, ::2]), r"got strides \[4, 1\] and \[8, 2\]"),
+        ((torch.rand(2, 3, 4), torch.rand(3, 4).expand(2, 3, 4)), r"got strides \[12, 4, 1\] and \[0, 4, 1\]"),
     ]
     for args, match in bad:
         with pytest.raises(RuntimeError, match=match):

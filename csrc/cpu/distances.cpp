@@ -1,6 +1,7 @@
-// CPU impls of attnmetrics::tvd and attnmetrics::jsd on contiguous [..., K]
-// inputs: one output per row, accumulated in double, rows in parallel; value_flags
-// and the _checked forms (the distance and the value checks in one call).
+// CPU impls of attnmetrics::tvd and attnmetrics::jsd on [..., K] inputs whose rows lie a
+// fixed stride apart (checks.h row_stride: contiguous, or one row expanded over the batch):
+// one output per row, accumulated in double, rows in parallel; value_flags and the _checked
+// forms (the distance and the value checks in one call).
 #include <ATen/AccumulateType.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -65,20 +66,48 @@ int32_t flags_of(const at::Tensor& p, const at::Tensor& q) {
   return f;
 }
 
+// entry_flags over the entries of t [..., K] that its rows cover (row_stride >= 0): one pass
+// over the memory when the rows are packed (or one row is expanded), else row by row (the gaps
+// between rows are not t's).
+int32_t row_entry_flags(const at::Tensor& t) {
+  const int64_t width = t.size(-1), rows = width == 0 ? 0 : t.numel() / width, stride = row_stride(t);
+  int32_t f = 0;
+  AT_DISPATCH_FLOATING_TYPES(t.scalar_type(), "value_flags_cpu", [&] {
+    const scalar_t* x = t.const_data_ptr<scalar_t>();
+    if (rows <= 1 || stride == 0) {
+      f = flags_of(x, std::min<int64_t>(rows, 1) * width);
+    } else if (stride == width) {
+      f = flags_of(x, rows * width);
+    } else {
+      std::atomic<int32_t> flags{0};
+      at::parallel_for(0, rows, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(width, 1)),
+                       [&](int64_t begin, int64_t end) {
+                         int32_t g = 0;
+                         for (int64_t r = begin; r < end; ++r) g |= entry_flags(x + r * stride, width);
+                         if (g != 0) flags.fetch_or(g);
+                       });
+      f = flags.load();
+    }
+  });
+  return f;
+}
+
 // value_flags' exact bits of a row pair that a kernel marked bad (only then: the error's path).
 template <typename scalar_t>
 int32_t row_flags(const scalar_t* a, const scalar_t* b, int64_t k) {
   return entry_flags(a, k) | entry_flags(b, k) << 2;
 }
 
-// Runs rows_fn(a, b, out, n, K) -> flags over chunks of the rows of p and q in parallel (a
-// chunk's n rows start at a and b, their outputs at out), into p's shape without its last dim;
-// returns the chunks' flags ORed. A chunk function loops over its rows itself, so the row
-// kernels inline into it (an AVX2 one into an AVX2 loop).
+// Runs rows_fn(a, sa, b, sb, out, n, K) -> flags over chunks of the rows of p and q in parallel
+// (a chunk's n rows start at a and b, sa and sb elements apart: checks.h row_stride; their
+// outputs at out), into p's shape without its last dim; returns the chunks' flags ORed. A chunk
+// function loops over its rows itself, so the row kernels inline into it (an AVX2 one into an
+// AVX2 loop).
 template <typename scalar_t, typename RowsFn>
 std::pair<at::Tensor, int32_t> rowwise(const at::Tensor& p, const at::Tensor& q, RowsFn rows_fn) {
   at::Tensor out = attnmetrics::distance_output(p);
   const int64_t rows = out.numel(), width = p.size(-1);
+  const int64_t sp = row_stride(p), sq = row_stride(q);
   const scalar_t* ps = p.const_data_ptr<scalar_t>();
   const scalar_t* qs = q.const_data_ptr<scalar_t>();
   scalar_t* os = out.mutable_data_ptr<scalar_t>();
@@ -86,7 +115,7 @@ std::pair<at::Tensor, int32_t> rowwise(const at::Tensor& p, const at::Tensor& q,
   // ~32k elements per task, ATen's usual grain for elementwise work.
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(width, 1));
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
-    const int32_t f = rows_fn(ps + begin * width, qs + begin * width, os + begin, end - begin, width);
+    const int32_t f = rows_fn(ps + begin * sp, sp, qs + begin * sq, sq, os + begin, end - begin, width);
     if (f != 0) flags.fetch_or(f);
   });
   return {out, flags.load()};
@@ -108,8 +137,9 @@ at::Tensor tvd_scalar(const at::Tensor& p, const at::Tensor& q) {
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "tvd_cpu", [&] {
     using acc_t = at::acc_type<scalar_t, /*is_cuda=*/false>;
-    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, scalar_t* o, int64_t n, int64_t k) {
-      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<scalar_t>(tvd_row<acc_t>(a + i * k, b + i * k, k));
+    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, int64_t sa, const scalar_t* b, int64_t sb, scalar_t* o,
+                                     int64_t n, int64_t k) {
+      for (int64_t i = 0; i < n; ++i) o[i] = static_cast<scalar_t>(tvd_row<acc_t>(a + i * sa, b + i * sb, k));
       return 0;
     }).first;
   });
@@ -188,8 +218,9 @@ at::Tensor jsd_scalar(const at::Tensor& p, const at::Tensor& q) {
   at::Tensor out;
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "jsd_cpu", [&] {
     using acc_t = at::acc_type<scalar_t, /*is_cuda=*/false>;
-    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, const scalar_t* b, scalar_t* o, int64_t n, int64_t k) {
-      for (int64_t i = 0; i < n; ++i, a += k, b += k) {
+    out = rowwise<scalar_t>(p, q, [](const scalar_t* a, int64_t sa, const scalar_t* b, int64_t sb, scalar_t* o,
+                                     int64_t n, int64_t k) {
+      for (int64_t i = 0; i < n; ++i, a += sa, b += sb) {
         acc_t s = 0;  // the logs dominate the cost here, so one running sum is as fast as several
         for (int64_t j = 0; j < k; ++j) s += jsd_terms<acc_t>(a[j], b[j]);
         o[i] = static_cast<scalar_t>(std::max(acc_t(0), acc_t(0.5) * s));  // see jsd_row_avx2
@@ -245,9 +276,10 @@ constexpr int64_t kTvdAvx2Width = 8;
 
 // Chunks of rows on AVX2 and FMA CPUs (rowwise's rows_fn), with value_flags' bits of the rows
 // the kernels mark bad: tvd of float32 rows, jsd of float32 or float64 rows.
-AM_AVX2 int32_t tvd_rows_avx2(const float* a, const float* b, float* out, int64_t n, int64_t k) {
+AM_AVX2 int32_t tvd_rows_avx2(const float* a, int64_t sa, const float* b, int64_t sb, float* out, int64_t n,
+                              int64_t k) {
   int32_t f = 0;
-  for (int64_t i = 0; i < n; ++i, a += k, b += k) {
+  for (int64_t i = 0; i < n; ++i, a += sa, b += sb) {
     bool bad_a = false, bad_b = false;
     out[i] = static_cast<float>(0.5 * tvd_row_avx2(a, b, k, bad_a, bad_b));
     if (bad_a || bad_b) f |= row_flags(a, b, k);
@@ -256,9 +288,10 @@ AM_AVX2 int32_t tvd_rows_avx2(const float* a, const float* b, float* out, int64_
 }
 
 template <typename scalar_t>
-AM_AVX2 int32_t jsd_rows_avx2(const scalar_t* a, const scalar_t* b, scalar_t* out, int64_t n, int64_t k) {
+AM_AVX2 int32_t jsd_rows_avx2(const scalar_t* a, int64_t sa, const scalar_t* b, int64_t sb, scalar_t* out,
+                              int64_t n, int64_t k) {
   int32_t f = 0;
-  for (int64_t i = 0; i < n; ++i, a += k, b += k) {
+  for (int64_t i = 0; i < n; ++i, a += sa, b += sb) {
     bool bad = false;
     out[i] = static_cast<scalar_t>(jsd_row_avx2(a, b, k, bad));
     if (bad) f |= row_flags(a, b, k);
@@ -285,7 +318,7 @@ at::Tensor distance_rows(const at::Tensor& p, const at::Tensor& q, int32_t* flag
     return out;
   }
 #endif
-  if (flags != nullptr) *flags |= flags_of(p, q);
+  if (flags != nullptr) *flags |= row_entry_flags(p) | row_entry_flags(q) << 2;
   return JSD ? jsd_scalar(p, q) : tvd_scalar(p, q);
 }
 

@@ -1,4 +1,5 @@
-// CUDA tvd / jsd on contiguous [rows, width]: each row's sum in double, split
+// CUDA tvd / jsd on [rows, width] whose rows lie a fixed stride apart (launch.h; an expanded
+// row has stride 0 and is read from cache): each row's sum in double, split
 // across a group of lanes (4, a warp, or a block by width; geometry.h), the
 // partial sums added in a fixed tree order, so results do not vary run to run.
 #include <cuda_runtime.h>
@@ -47,8 +48,9 @@ __device__ __forceinline__ double group_sum(double s) {
 // lanes past the last row add zeros. flags: null, or value_flags' bits ORed in.
 template <typename scalar_t, int G, bool JSD>
 __global__ void __launch_bounds__(kBlock)
-    per_group_kernel(const scalar_t* __restrict__ p, const scalar_t* __restrict__ q,
-                    scalar_t* __restrict__ out, int64_t rows, int64_t width, int* __restrict__ flags) {
+    per_group_kernel(const scalar_t* __restrict__ p, int64_t p_stride, const scalar_t* __restrict__ q,
+                    int64_t q_stride, scalar_t* __restrict__ out, int64_t rows, int64_t width,
+                    int* __restrict__ flags) {
   int f = 0;
   constexpr int64_t kRowsPerBlock = kBlock / G;
   const int64_t lane = threadIdx.x % G;
@@ -57,7 +59,7 @@ __global__ void __launch_bounds__(kBlock)
        base += stride) {
     const int64_t row = base + threadIdx.x / G;
     double s = 0.0;
-    if (row < rows) s = partial<JSD>(p + row * width, q + row * width, width, lane, G, f);
+    if (row < rows) s = partial<JSD>(p + row * p_stride, q + row * q_stride, width, lane, G, f);
     s = group_sum<G>(s);
     if (row < rows && lane == 0) out[row] = static_cast<scalar_t>(finish<JSD>(s));
   }
@@ -67,15 +69,16 @@ __global__ void __launch_bounds__(kBlock)
 // One block per row (wide rows), grid-stride over rows.
 template <typename scalar_t, bool JSD>
 __global__ void __launch_bounds__(kBlock)
-    per_block_kernel(const scalar_t* __restrict__ p, const scalar_t* __restrict__ q,
-                    scalar_t* __restrict__ out, int64_t rows, int64_t width, int* __restrict__ flags) {
+    per_block_kernel(const scalar_t* __restrict__ p, int64_t p_stride, const scalar_t* __restrict__ q,
+                    int64_t q_stride, scalar_t* __restrict__ out, int64_t rows, int64_t width,
+                    int* __restrict__ flags) {
   constexpr int kWarps = kBlock / kWarp;
   int f = 0;
   __shared__ double warp_sums[kWarps];
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    double s = partial<JSD>(p + row * width, q + row * width, width, threadIdx.x, kBlock, f);
+    double s = partial<JSD>(p + row * p_stride, q + row * q_stride, width, threadIdx.x, kBlock, f);
     s = group_sum<kWarp>(s);
     if (lane == 0) warp_sums[warp] = s;
     __syncthreads();
@@ -90,17 +93,17 @@ __global__ void __launch_bounds__(kBlock)
 }
 
 template <bool JSD, typename scalar_t>
-cudaError_t launch(const scalar_t* p, const scalar_t* q, scalar_t* out, int64_t rows,
-                   int64_t width, int* flags, cudaStream_t stream) {
+cudaError_t launch(const scalar_t* p, int64_t ps, const scalar_t* q, int64_t qs, scalar_t* out,
+                   int64_t rows, int64_t width, int* flags, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   const int lanes = distance_lanes(width);
   const dim3 grid(static_cast<unsigned int>(distance_blocks(rows, lanes)));
   if (lanes == kSmallGroup) {
-    per_group_kernel<scalar_t, kSmallGroup, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width, flags);
+    per_group_kernel<scalar_t, kSmallGroup, JSD><<<grid, kBlock, 0, stream>>>(p, ps, q, qs, out, rows, width, flags);
   } else if (lanes == kWarp) {
-    per_group_kernel<scalar_t, kWarp, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width, flags);
+    per_group_kernel<scalar_t, kWarp, JSD><<<grid, kBlock, 0, stream>>>(p, ps, q, qs, out, rows, width, flags);
   } else {
-    per_block_kernel<scalar_t, JSD><<<grid, kBlock, 0, stream>>>(p, q, out, rows, width, flags);
+    per_block_kernel<scalar_t, JSD><<<grid, kBlock, 0, stream>>>(p, ps, q, qs, out, rows, width, flags);
   }
   return cudaGetLastError();
 }
@@ -143,21 +146,21 @@ cudaError_t value_flags(const double* p, int64_t np, const double* q, int64_t nq
   return launch_flags(p, np, q, nq, flags, stream);
 }
 
-cudaError_t tvd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
-                int* flags, cudaStream_t stream) {
-  return launch<false>(p, q, out, rows, width, flags, stream);
+cudaError_t tvd(const float* p, int64_t p_stride, const float* q, int64_t q_stride, float* out,
+                int64_t rows, int64_t width, int* flags, cudaStream_t stream) {
+  return launch<false>(p, p_stride, q, q_stride, out, rows, width, flags, stream);
 }
-cudaError_t tvd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
-                int* flags, cudaStream_t stream) {
-  return launch<false>(p, q, out, rows, width, flags, stream);
+cudaError_t tvd(const double* p, int64_t p_stride, const double* q, int64_t q_stride, double* out,
+                int64_t rows, int64_t width, int* flags, cudaStream_t stream) {
+  return launch<false>(p, p_stride, q, q_stride, out, rows, width, flags, stream);
 }
-cudaError_t jsd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
-                int* flags, cudaStream_t stream) {
-  return launch<true>(p, q, out, rows, width, flags, stream);
+cudaError_t jsd(const float* p, int64_t p_stride, const float* q, int64_t q_stride, float* out,
+                int64_t rows, int64_t width, int* flags, cudaStream_t stream) {
+  return launch<true>(p, p_stride, q, q_stride, out, rows, width, flags, stream);
 }
-cudaError_t jsd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
-                int* flags, cudaStream_t stream) {
-  return launch<true>(p, q, out, rows, width, flags, stream);
+cudaError_t jsd(const double* p, int64_t p_stride, const double* q, int64_t q_stride, double* out,
+                int64_t rows, int64_t width, int* flags, cudaStream_t stream) {
+  return launch<true>(p, p_stride, q, q_stride, out, rows, width, flags, stream);
 }
 
 }  // namespace gpu

@@ -30,12 +30,13 @@ at::Tensor distance_cuda(const at::Tensor& p, const at::Tensor& q, int* flags = 
   const c10::cuda::CUDAGuard guard(p.device());
   at::Tensor out = attnmetrics::distance_output(p);
   const int64_t rows = out.numel(), width = p.size(-1);
+  const int64_t sp = attnmetrics::row_stride(p), sq = attnmetrics::row_stride(q);
   AT_DISPATCH_FLOATING_TYPES(p.scalar_type(), "distance_cuda", [&] {
     const scalar_t* ps = p.const_data_ptr<scalar_t>();
     const scalar_t* qs = q.const_data_ptr<scalar_t>();
     scalar_t* os = out.mutable_data_ptr<scalar_t>();
-    const cudaError_t err = JSD ? gpu::jsd(ps, qs, os, rows, width, flags, current_stream())
-                                : gpu::tvd(ps, qs, os, rows, width, flags, current_stream());
+    const cudaError_t err = JSD ? gpu::jsd(ps, sp, qs, sq, os, rows, width, flags, current_stream())
+                                : gpu::tvd(ps, sp, qs, sq, os, rows, width, flags, current_stream());
     check_launch(err, op);
   });
   return out;

@@ -15,16 +15,18 @@
 namespace attnmetrics {
 namespace gpu {
 
-// tvd / jsd of p, q [rows, width] into out [rows]; accumulated in double. flags: null,
-// or ORs value_flags' bits of p and q into *flags in the same pass (see below).
-cudaError_t tvd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
-                int* flags, cudaStream_t stream);
-cudaError_t tvd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
-                int* flags, cudaStream_t stream);
-cudaError_t jsd(const float* p, const float* q, float* out, int64_t rows, int64_t width,
-                int* flags, cudaStream_t stream);
-cudaError_t jsd(const double* p, const double* q, double* out, int64_t rows, int64_t width,
-                int* flags, cudaStream_t stream);
+// tvd / jsd of p, q [rows, width] into out [rows], row r of p at p + r * p_stride and of q at
+// q + r * q_stride (checks.h row_stride: width when packed, 0 for one row against every row);
+// accumulated in double. flags: null, or ORs value_flags' bits of p and q into *flags in the
+// same pass (see below).
+cudaError_t tvd(const float* p, int64_t p_stride, const float* q, int64_t q_stride, float* out,
+                int64_t rows, int64_t width, int* flags, cudaStream_t stream);
+cudaError_t tvd(const double* p, int64_t p_stride, const double* q, int64_t q_stride, double* out,
+                int64_t rows, int64_t width, int* flags, cudaStream_t stream);
+cudaError_t jsd(const float* p, int64_t p_stride, const float* q, int64_t q_stride, float* out,
+                int64_t rows, int64_t width, int* flags, cudaStream_t stream);
+cudaError_t jsd(const double* p, int64_t p_stride, const double* q, int64_t q_stride, double* out,
+                int64_t rows, int64_t width, int* flags, cudaStream_t stream);
 // value_flags of p [np] and q [nq]: ORs into *flags (zeroed by the caller) bit 0 / 1
 // for a NaN or infinite / a negative entry of p, bits 2 / 3 for q.
 cudaError_t value_flags(const float* p, int64_t np, const float* q, int64_t nq, int* flags,
