@@ -69,13 +69,13 @@ def _project_prefix_fake(values, weight, lengths):
 def _leave_one_out_batch_fake(tokens, lengths, lead, trail, mask_token=None, pad=0):
     ctx = torch.library.get_ctx()
     n, width = ctx.new_dynamic_size(), ctx.new_dynamic_size()
-    return tokens.new_empty(n, width), lengths.new_empty(n), lengths.new_empty(n)
+    return tokens.new_empty(n, width), tokens.new_empty(n), tokens.new_empty(n)  # lengths may be on the host
 
 
 @torch.library.register_fake("attnmetrics::rationale_batch")
 def _rationale_batch_fake(tokens, lengths, rank, sizes, lead, trail, keep_rationale, mask_token=None, pad=0):
     n = torch.library.get_ctx().new_dynamic_size()
-    return tokens.new_empty(n, tokens.shape[1]), lengths.new_empty(n), lengths.new_empty(n), lengths.new_empty(n)
+    return tokens.new_empty(n, tokens.shape[1]), tokens.new_empty(n), tokens.new_empty(n), tokens.new_empty(n)
 
 
 @torch.library.register_fake("attnmetrics::attention_rollout")

@@ -278,14 +278,16 @@ def _effect(
             # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget,
             # their lengths known on the host (one read), so no block's calls read the device
             block = max(1, budget // (len(fractions) * width * 8 * 8))
-            planned = _perturbed_lengths(
-                torch.cat([lengths[:, None], run], 1).tolist(), lead + trail, keep_rationale, mode
-            )
+            host = torch.cat([lengths[:, None], run], 1).cpu()  # the one read; the op plans from it
+            planned = _perturbed_lengths(host.tolist(), lead + trail, keep_rationale, mode)
             for b0 in range(0, batch, block):
                 part = slice(b0, b0 + block)
                 # every counted fraction's perturbed row at once (kernels/loo.h), row-major
                 seqs, seq_lengths, rows, columns = ops.rationale_batch(
-                    *(t[part].contiguous() for t in (tokens, lengths, rank, run)),
+                    tokens[part].contiguous(),
+                    host[part, 0].contiguous(),
+                    rank[part].contiguous(),
+                    host[part, 1:].contiguous(),
                     lead,
                     trail,
                     keep_rationale,

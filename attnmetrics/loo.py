@@ -342,7 +342,8 @@ def _deletions_by_kernel(model, tokens, lengths, rows, len_list, mode, mask_toke
     for s, e in _length_groups(real_list, seq_widths, per_position, budget, padding=padding):
         idx = rows[s:e]
         group_tokens = tokens[idx, : len_list[e - 1]].to(on).contiguous()
-        group_lengths = lengths[idx].to(on)
+        # the lengths from the host: the op plans there and never waits for the device
+        group_lengths = torch.tensor(len_list[s:e], dtype=torch.int64)
         # Calls of at most per_call sequences. A group of several rows fits in one call (see
         # _length_groups); on the CPU its sequences have one length, so no call carries padding.
         per_call = max(1, budget // max(1, seq_widths[e - 1] * per_position))

@@ -12,7 +12,9 @@
 #include <cstdint>
 #include <optional>
 #include <utility>
+#include <vector>
 
+#include "kernels/loo.h"
 #include "kernels/rollout.h"
 
 namespace attnmetrics {
@@ -279,10 +281,55 @@ inline int64_t check_rationale_inputs(const at::Tensor& tokens, const at::Tensor
               rank.sizes());
   TORCH_CHECK(sizes.dim() == 2 && sizes.size(0) == B, "sizes must have shape [B, F] = [", B,
               ", F], got ", sizes.sizes());
-  TORCH_CHECK(rank.device() == tokens.device() && sizes.device() == tokens.device(),
-              "rank and sizes must be on tokens' device ", tokens.device(), ", got ",
-              rank.device(), " and ", sizes.device());
+  TORCH_CHECK(rank.device() == tokens.device(), "rank must be on tokens' device ", tokens.device(),
+              ", got ", rank.device());
+  TORCH_CHECK(sizes.device() == lengths.device(), "sizes must be on lengths' device ",
+              lengths.device(), ", got ", sizes.device());
   return sizes.size(1);
+}
+
+// ---- host plans of leave_one_out_batch and rationale_batch ---------------------------------
+// From lengths (and sizes) in host memory, after the range check: where each row's sequences
+// start, how many there are and how wide. The CPU impls plan this way, and so does the CUDA
+// glue when lengths come on the host (no read back of the device).
+
+struct SequencePlan {
+  std::vector<int64_t> offsets;  // leave-one-out: [B], row b's first sequence; ERASER: [B + 1]
+  std::vector<int64_t> index;    // ERASER only: b * F + f of each sequence, row-major
+  int64_t total = 0, width = 0;  // the number of sequences; leave-one-out: the longest one
+};
+
+// len [B] in [lead + trail, T] (else the error names the first offender).
+inline SequencePlan plan_leave_one_out(const int64_t* len, int64_t B, int64_t T, int64_t lead,
+                                       int64_t trail, bool mask) {
+  check_length_range(len, B, lead + trail, "lead + trail", T);
+  SequencePlan plan;
+  plan.offsets.resize(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = loo::real_count(len[b], lead, trail);
+    plan.offsets[static_cast<size_t>(b)] = plan.total;
+    plan.total += n;
+    // Only rows that yield a sequence set the width: no padding beyond the longest.
+    if (n > 0) plan.width = std::max(plan.width, loo::sequence_length(len[b], mask));
+  }
+  return plan;
+}
+
+// len [B] as plan_leave_one_out; k [B, F]: one sequence per entry >= 0.
+inline SequencePlan plan_rationales(const int64_t* len, const int64_t* k, int64_t B, int64_t F,
+                                    int64_t T, int64_t lead, int64_t trail) {
+  check_length_range(len, B, lead + trail, "lead + trail", T);
+  SequencePlan plan;
+  plan.offsets.assign(static_cast<size_t>(B) + 1, 0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t f = 0; f < F; ++f) {
+      if (k[b * F + f] >= 0) plan.index.push_back(b * F + f);
+    }
+    plan.offsets[static_cast<size_t>(b) + 1] = static_cast<int64_t>(plan.index.size());
+  }
+  plan.total = static_cast<int64_t>(plan.index.size());
+  plan.width = T;
+  return plan;
 }
 
 // ---- attention_rollout ---------------------------------------------------------------------

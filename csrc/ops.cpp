@@ -65,7 +65,9 @@ TORCH_LIBRARY(attnmetrics, m) {
   // position t = lead .. L-trail-1: the row with t deleted (length L-1), or with
   // t replaced by mask_token if given (length L). Returns sequences [N, W] int64
   // (N = sum(L - lead - trail), row b's block in position order, W = the longest
-  // sequence, shorter ones padded with pad), their lengths [N] and source rows [N].
+  // sequence, shorter ones padded with pad), their lengths [N] and source rows [N], all on
+  // tokens' device. With tokens on a GPU, lengths may come on the host: the op then plans
+  // there and never waits for the device (on the device, it reads back sizes once a call).
   m.def("leave_one_out_batch(Tensor tokens, Tensor lengths, int lead, int trail, "
         "int? mask_token=None, int pad=0) -> (Tensor, Tensor, Tensor)");
   // ERASER's perturbed rows (DeYoung et al. 2020, sec. 4; kernels/loo.h): tokens, lengths,
@@ -75,7 +77,8 @@ TORCH_LIBRARY(attnmetrics, m) {
   // in row-major order: the rationale (the real tokens ranked below the size) alone when
   // keep_rationale, else removed; removed tokens deleted, or replaced by mask_token if
   // given. Returns sequences [N, T] int64 padded with pad, their lengths [N], and b [N] and
-  // f [N] of each.
+  // f [N] of each, on tokens' device. rank is on tokens' device, sizes on lengths' (the host
+  // too, as leave_one_out_batch's lengths: then no read back).
   m.def("rationale_batch(Tensor tokens, Tensor lengths, Tensor rank, Tensor sizes, int lead, "
         "int trail, bool keep_rationale, int? mask_token=None, int pad=0) "
         "-> (Tensor, Tensor, Tensor, Tensor)");

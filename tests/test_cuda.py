@@ -386,6 +386,51 @@ def test_project_prefix_matches_cpu(dtype):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@gpu_only
+@pytest.mark.parametrize("mask_token", [None, 4])
+def test_sequence_ops_plan_from_host_lengths_without_waiting(mask_token):
+    """leave_one_out_batch and rationale_batch with tokens (and rank) on the GPU and lengths (and
+    sizes) on the host: the CPU impl's outputs bit for bit, on the GPU, the same range error, and
+    no wait on the device (issue 32: the procedures call them once a chunk)."""
+    g = torch.Generator().manual_seed(4)
+    for b, t, lead, trail in ((1, 3, 1, 1), (200, 30, 1, 1), (50, 9, 0, 0), (6, 4, 2, 2), (0, 5, 1, 1)):
+        tokens = torch.randint(5, 900, (b, t), generator=g)
+        lengths = torch.randint(lead + trail, t + 1, (b,), generator=g)
+        span = max(1, t - lead - trail)
+        rank = torch.stack([torch.randperm(span, generator=g) for _ in range(b)]) if b else torch.zeros(0, span)
+        rank = rank.to(torch.int64)
+        sizes = torch.randint(-1, t + 2, (b, 3), generator=g)
+        on_gpu = dev(tokens, rank)
+        got = []
+        waits = _device_reads(
+            lambda: got.extend(
+                [
+                    ops.leave_one_out_batch(on_gpu[0], lengths, lead, trail, mask_token, 3),
+                    ops.rationale_batch(on_gpu[0], lengths, on_gpu[1], sizes, lead, trail, True, mask_token, 3),
+                ]
+            )
+        )
+        assert waits == [], waits
+        want = [
+            ops.leave_one_out_batch(tokens, lengths, lead, trail, mask_token, 3),
+            ops.rationale_batch(tokens, lengths, rank, sizes, lead, trail, True, mask_token, 3),
+        ]
+        for w_op, g_op in zip(want, got):
+            for w, x in zip(w_op, g_op):
+                assert x.device == DEVICE and torch.equal(x.cpu(), w)
+    tokens, bad = torch.ones(2, 4, dtype=torch.int64), torch.tensor([3, 5])
+    for call in (
+        lambda: ops.leave_one_out_batch(dev(tokens), bad, 1, 1, None, 0),
+        lambda: ops.rationale_batch(dev(tokens), bad, dev(tokens), torch.zeros(2, 1, dtype=torch.int64), 1, 1, True),
+    ):
+        with pytest.raises(RuntimeError, match=r"lengths\[1\] = 5 is outside \[lead \+ trail, T\] = \[2, 4\]"):
+            call()
+    with pytest.raises(RuntimeError, match="sizes must be on lengths' device cpu"):
+        ops.rationale_batch(
+            dev(tokens), bad.clamp(max=4), dev(tokens), dev(torch.zeros(2, 1, dtype=torch.int64)), 1, 1, True
+        )
+
+
 @pytest.mark.parametrize("mask_token", [None, 4])
 def test_leave_one_out_batch_matches_cpu(mask_token):
     g = torch.Generator().manual_seed(2)
@@ -1028,22 +1073,26 @@ def test_procedures_read_the_device_a_fixed_number_of_times():
     number of times per public call and nothing reads it inside the per-chunk loops, so a call
     split into many chunks by a small memory budget waits on the GPU exactly as often as the same
     call in one chunk. The Python side of every procedure is checked on the CPU
-    (tests/test_device_reads.py); this adds the reads inside our CUDA ops. Left out, because an op
-    of theirs reads back its output size and row checks once a chunk: leave-one-out
-    (``leave_one_out_batch``, or the BiLSTM's own deletions, which plan each call's runs on the
-    host), ERASER (``rationale_batch``), flip search over a general decoder
-    (``renormalised_contexts``) and the permutation test over a general decoder
-    (``attention_permutations`` reads its lengths' range once a chunk: 5 reads in one chunk, 20
-    in 16 on the H200, 2026-11-27)."""
+    (tests/test_device_reads.py); this adds the reads inside our CUDA ops. Leave-one-out and ERASER
+    through the kernels give ``leave_one_out_batch`` and ``rationale_batch`` their lengths on the
+    host, so those ops plan there and read nothing (they read once a chunk before 2026-11-27).
+    Left out, because an op of theirs reads back its output size and row checks once a chunk:
+    leave-one-out through the BiLSTM's own deletions (which plan each call's runs on the host),
+    flip search over a general decoder (``renormalised_contexts``) and the permutation test over a
+    general decoder (``attention_permutations`` reads its lengths' range once a chunk: 5 reads in
+    one chunk, 20 in 16 on the H200, 2026-11-27)."""
     from attnmetrics import (
         adversarial_attention,
         attention_gradient,
+        comprehensiveness,
+        leave_one_out,
         permutation_test,
         single_removal,
         single_token_test,
     )
     from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
     from attnmetrics.protocol import forward
+    from tests.toy import ProtocolOnly
 
     torch.manual_seed(0)
     model = EncoderAttentionClassifier(ModelConfig(vocab_size=50, embed_dim=8, hidden_size=6)).to(DEVICE).eval()
@@ -1056,7 +1105,16 @@ def test_procedures_read_the_device_a_fixed_number_of_times():
     p = torch.softmax(torch.randn(20_000, 50, device=DEVICE), -1)
     hidden = f.hidden.shape[-1]
     mlp = nn.Sequential(nn.Linear(hidden, 8), nn.Tanh(), nn.Linear(8, 2)).to(DEVICE)  # the general decoder path
+    plain = ProtocolOnly(model)  # no deletion_logits: the leave_one_out_batch kernel and the whole model
+    scores = torch.rand(f.attention.shape, generator=g).to(DEVICE)
     calls = {
+        "leave_one_out (kernel)": lambda budget: leave_one_out(plain, tokens, lengths, memory_budget=budget),
+        "leave_one_out, mask (kernel)": lambda budget: leave_one_out(
+            plain, tokens, lengths, mode="mask", mask_token=1, memory_budget=budget
+        ),
+        "comprehensiveness": lambda budget: (
+            comprehensiveness(plain, tokens, lengths, scores[:, 1:], memory_budget=budget).values
+        ),
         "tvd": lambda budget: tvd(p, p.flip(0), memory_budget=budget),
         "flip_fraction": lambda budget: flip_fraction(
             f.attention, f.hidden, model.decoder, f.lengths, memory_budget=budget

@@ -28,16 +28,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> leave_one_out_batch_cpu(
 
   // Offsets decide where each row writes: computed here, never taken from the caller.
   const int64_t* len = lengths.data_ptr<int64_t>();
-  attnmetrics::check_length_range(len, B, lead + trail, "lead + trail", T);
-  std::vector<int64_t> offsets(static_cast<size_t>(B));
-  int64_t total = 0, width = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = attnmetrics::loo::real_count(len[b], lead, trail);
-    offsets[static_cast<size_t>(b)] = total;
-    total += n;
-    // Only rows that yield a sequence set the width: no padding beyond the longest.
-    if (n > 0) width = std::max(width, attnmetrics::loo::sequence_length(len[b], mask));
-  }
+  const attnmetrics::SequencePlan plan = attnmetrics::plan_leave_one_out(len, B, T, lead, trail, mask);
+  const std::vector<int64_t>& offsets = plan.offsets;
+  const int64_t total = plan.total, width = plan.width;
 
   auto out = at::empty({total, width}, tokens.options());
   auto out_lengths = at::empty({total}, lengths.options());
@@ -68,16 +61,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> rationale_batch_cpu(
                                                         mask_token);
   const int64_t B = tokens.size(0), T = tokens.size(1), R = rank.size(1);
   const int64_t* len = lengths.data_ptr<int64_t>();
-  attnmetrics::check_length_range(len, B, lead + trail, "lead + trail", T);
   // Row b's sequences start at offsets[b]: computed here, never taken from the caller.
   const int64_t* k = sizes.data_ptr<int64_t>();
-  std::vector<int64_t> offsets(static_cast<size_t>(B) + 1, 0);
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t n = 0;
-    for (int64_t f = 0; f < F; ++f) n += k[b * F + f] >= 0;
-    offsets[static_cast<size_t>(b) + 1] = offsets[static_cast<size_t>(b)] + n;
-  }
-  const int64_t total = offsets.back();
+  const attnmetrics::SequencePlan plan = attnmetrics::plan_rationales(len, k, B, F, T, lead, trail);
+  const std::vector<int64_t>& offsets = plan.offsets;
+  const int64_t total = plan.total;
   auto out = at::empty({total, T}, tokens.options());
   auto out_lengths = at::empty({total}, lengths.options());
   auto out_row = at::empty({total}, lengths.options());

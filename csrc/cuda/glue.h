@@ -16,12 +16,15 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/aminmax.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/stack.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "checks.h"
 
@@ -52,6 +55,16 @@ inline void check_cuda_contiguous(const at::Tensor& t, const char* name, const c
   attnmetrics::check_length_range(host.const_data_ptr<int64_t>(), host.size(0), low, low_name,
                                   width, prefix);
   TORCH_CHECK(false, prefix, "lengths changed while being checked");  // not reached
+}
+
+// Host values on `device` without waiting for it: staged in pinned memory and copied on the
+// current stream (the caching host allocator keeps the pinned block until the copy is done).
+// For the ops that plan from lengths given on the host (no read back).
+inline at::Tensor upload(const std::vector<int64_t>& values, const c10::Device& device) {
+  at::Tensor host = at::empty({static_cast<int64_t>(values.size())},
+                              at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  std::copy(values.begin(), values.end(), host.mutable_data_ptr<int64_t>());
+  return host.to(device, at::kLong, /*non_blocking=*/true);
 }
 
 // lengths [B >= 1] on the device all in [0, width], in one read back (min and max).
