@@ -11,6 +11,11 @@ each approach is timed once more after a warm-up call (``torch.cuda.synchronize`
 - integrated gradients, 20 steps: ours against Captum's ``IntegratedGradients`` over the padded batch
   at ``internal_batch_size`` 64 and 1,024, and length-bucketed (``benchmarks/test_bench_peers.py``'s users).
 
+Beside them, leave-one-out's multiply-add floor on this device (``benchmarks.measure.encoder_macs`` of
+every masked row and every row once, over the device's best float32 4,096² product rate, TF32 off as
+torch's default): what exact recomputation in float32 cannot beat, and so what the issue's
+"10x Captum on a GPU" would need (``loo_ten_times_stock_s`` against ``loo_floor_s``).
+
 ferret is not run here: its pinned environment (transformers < 5, numpy < 2) cannot be installed on
 a machine without network access, and does not fit the device tool's carry limit beside the model.
 
@@ -31,6 +36,7 @@ from attnmetrics import leave_one_out
 from attnmetrics.data.corpora import load_sst
 from attnmetrics.importance import integrated_gradients
 from attnmetrics.models.hf import HFClassifier
+from benchmarks.measure import encoder_macs
 from benchmarks.test_bench_loo_captum import captum_loo, captum_loo_bucketed, second_class
 from benchmarks.test_bench_peers import IG_STEPS, captum_ig, captum_ig_bucketed
 
@@ -50,6 +56,14 @@ def cuda_timed(fn):
     out = fn()
     sync()
     return out, time.perf_counter() - start
+
+
+def device_gmacs(n: int = 4096, repeats: int = 20) -> float:
+    """The device's multiply-add rate in GMAC/s: the best of ``repeats`` float32 ``n x n`` products
+    (TF32 as torch's default leaves it: off for matrix products)."""
+    a, b = torch.randn(n, n, device=DEVICE), torch.randn(n, n, device=DEVICE)
+    best = min(cuda_timed(lambda: torch.mm(a, b))[1] for _ in range(repeats))
+    return n**3 / best / 1e9
 
 
 def compare(result: dict, out_path: str, ours, ours_s: float, users: dict, atol: float) -> None:
@@ -102,6 +116,22 @@ def main(model_dir: str, sst_dir: str, out_path: str, rows: int | None = None) -
         "loo_captum_bucketed": lambda: captum_loo_bucketed(model, tokens, lengths, second_class, mask),
     }
     compare(result, out_path, ours, result["loo_ours_s"], loo_users, atol=1e-5)
+    # the floor: each row once and each of its real tokens masked (a row of its own length)
+    real = (lengths - model.lead - model.trail).clamp(min=0).tolist()
+    macs = sum((1 + n) * encoder_macs(user.config, n + model.lead + model.trail) for n in real)
+    rate = device_gmacs()
+    result.update(
+        device_gmacs=rate,
+        loo_multiply_adds=macs,
+        loo_floor_s=macs / (rate * 1e9),
+        loo_ours_times_floor=result["loo_ours_s"] * rate * 1e9 / macs,
+        loo_ten_times_stock_s=result["loo_captum_stock_per_eval_1_s"] / 10,
+    )
+    print(
+        f"leave-one-out floor {result['loo_floor_s']:.3f} s at {rate:.0f} GMAC/s: ours "
+        f"{result['loo_ours_times_floor']:.2f}x it; 10x Captum stock would need {result['loo_ten_times_stock_s']:.3f} s",
+        flush=True,
+    )
     ours, result["ig_ours_s"] = cuda_timed(lambda: integrated_gradients(model, tokens, lengths, steps=IG_STEPS))
     ig_users = {
         "ig_captum_stock_internal_64": lambda: captum_ig(captum_attr, user, tokens, lengths, 64),
