@@ -1,6 +1,8 @@
 """tvd / jsd kernels against the plain torch formula (attnmetrics.testing.reference), same inputs.
 
-One group per (function, case): pytest-benchmark's "(x)" factors give the ratio. The
+One group per (function, case): pytest-benchmark's "(x)" factors give the ratio. ``kernel`` is the
+public call (its checks and their one device read included), ``op`` the bare kernel on the same
+inputs (a broadcast row as a stride-0 view), the floor of the public call's time. The
 100,000-row cases include one broadcasting a single distribution against the batch,
 where the formula materialises full-size temporaries and the kernels read the one row in
 place (stride 0; until 2026-11-27 they copied it to the batch's size in chunks, 3.4x slower
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 from attnmetrics import jsd, tvd
+from attnmetrics._ops import ops
 from attnmetrics.testing.reference import jsd_reference, tvd_reference
 from benchmarks.measure import skip_without, synchronised
 
@@ -57,7 +60,7 @@ def _copy_reference(case):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", list(FUNCTIONS))
-@pytest.mark.parametrize("impl", ["kernel", "torch-formula", "d2d-copy"])
+@pytest.mark.parametrize("impl", ["kernel", "op", "torch-formula", "d2d-copy"])
 def test_distance(benchmark, name, case, impl, device):
     skip_without(device)
     if impl == "d2d-copy" and device != "cuda":
@@ -69,7 +72,11 @@ def test_distance(benchmark, name, case, impl, device):
         copy, moved = _copy_reference(case)
         benchmark(synchronised(copy, device))
     else:
-        fn = synchronised(FUNCTIONS[name][0 if impl == "kernel" else 1], device)
+        if impl == "op":  # the kernel alone: no Python wrapper, no value checks, no device read
+            op = ops.tvd if name == "tvd" else ops.jsd
+            fn = synchronised(lambda p, q: op(p, q.expand_as(p)), device)
+        else:
+            fn = synchronised(FUNCTIONS[name][0 if impl == "kernel" else 1], device)
         out = benchmark(fn, *inputs(case, device))
         assert out.shape == (rows,)
         # the kernel reads p and q as stored (a broadcast row once: from cache after that) and
