@@ -249,3 +249,36 @@ def test_a_committed_report_md_as_source(tmp_path):
     problems = rn.run(tmp_path, ["doc.md"], sources, write=False)
     assert [p.key for p in problems] == ["ambiguous", "not_a_number"]
     assert "2 elements match" in problems[0].problem and "'all'" in problems[1].problem
+
+
+def test_gpu_collector_writes_what_readme_numbers_reads(tmp_path):
+    """benchmarks/gpu/collect.py turns a check's output folder into the committed gpu-check JSON: on a
+    folder laid out from the committed H200 check, every run lands under the name readme_numbers reads,
+    equal to its source, and a second write is refused without --force."""
+    spec = importlib.util.spec_from_file_location("collect", ROOT / "benchmarks" / "gpu" / "collect.py")
+    collect = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collect)
+    committed = json.loads((ROOT / rn.GPU_H200).read_text())
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "env.txt").write_text("\n".join(committed["device"]) + "\n")
+    (out / "stages.txt").write_text("\n".join(committed["stages"]) + "\n")
+    (out / "tests-cuda.log").write_text("FAILED tests/test_cuda.py::test_x - boom\n1 failed, 125 passed in 20s\n")
+    by_run = {run: name for name, run in collect.RUNS.items()}
+    for run in (rn.GPU_MAIN, rn.CPU_MAIN, rn.GPU_BATTERY, rn.CPU_BATTERY, rn.MINILM):
+        (out / by_run[run[1]]).write_text(json.dumps(committed["runs"][run[1]]))
+    (out / "peers-cuda.json").write_text(json.dumps(committed["peers_cuda"]))
+    results = tmp_path / "results"
+    results.mkdir()
+    collect.main([str(out), "--commit", "abc1234", "--date", "2026-11-27", "--results", str(results)])
+    written = json.loads((results / "gpu-check-h200-2026-11-27-abc1234.json").read_text())
+    for run in (rn.GPU_MAIN, rn.CPU_MAIN, rn.GPU_BATTERY, rn.CPU_BATTERY, rn.MINILM):
+        assert written["runs"][run[1]] == committed["runs"][run[1]]
+    assert written["peers_cuda"] == committed["peers_cuda"] and written["device"] == committed["device"]
+    assert written["tests_cuda"] == {
+        "summary": "1 failed, 125 passed in 20s",
+        "failed": ["FAILED tests/test_cuda.py::test_x - boom"],
+    }
+    assert written["missing"] == [] and not (results / "cuda-h200-2026-11-27-abc1234.json").exists()
+    with pytest.raises(SystemExit):
+        collect.main([str(out), "--commit", "abc1234", "--date", "2026-11-27", "--results", str(results)])

@@ -15,6 +15,8 @@
 # .gpu/minilm16/model.safetensors.xz (xz of the float16 file) are unpacked by prepare.sh when present;
 # the MiniLM stage is benchmarks/gpu/minilm.sh.
 # The device tool returns at most 8 files: everything is also in $OUT/all.tgz.
+# Back here: python benchmarks/gpu/collect.py <the unpacked all.tgz> --commit <short hash> writes
+# benchmarks/results/gpu-check-<gpu>-<date>-<commit>.json and cuda-<gpu>-<date>-<commit>.json.
 # The torch.profiler view of 40 training steps: python benchmarks/gpu/profile_training.py (OUT set).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
