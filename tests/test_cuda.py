@@ -96,6 +96,36 @@ def test_distances_match_cpu(dtype, width):
         assert (host(ops.jsd(*dev(p, p))) == 0).all() and (host(ops.tvd(*dev(p, p))) == 0).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("width", [2, 16, 50, 4096])
+def test_distances_read_strided_rows_in_place_like_cpu(dtype, width):
+    """Rows a fixed stride apart (gapped, one row expanded, odd-stride size-1 dims; checks.h
+    row_stride) read in place on the device: bit for bit the values of their contiguous copies,
+    the CPU's within the tolerance above, no flag from the NaN between gapped rows, the flag of a
+    negative entry in a broadcast row; and the public call's broadcast as the CPU's."""
+    from tests.test_distances import in_place_layout
+
+    g = torch.Generator().manual_seed(width)
+    p, q = (torch.rand(40, width, generator=g, dtype=dtype) for _ in range(2))
+    p_d, q_d = dev(p, q)
+    for layout in ("gapped", "expanded", "unit dim"):
+        x = in_place_layout(q_d, layout)
+        y = p_d.view(1, 40, 1, width) if x.dim() == 4 else p_d
+        for checked, plain in ((ops.tvd_checked, ops.tvd), (ops.jsd_checked, ops.jsd)):
+            got = plain(y, x)
+            assert torch.equal(got, plain(y, x.contiguous())), (layout, plain)
+            flags = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+            assert torch.equal(checked(y, x, flags), got) and int(flags) == 0, (layout, checked)
+            close(host(got), plain(y.cpu(), x.cpu()), dtype, atol64=width * torch.finfo(F64).eps)
+    bad = q_d[0].clone()
+    bad[width // 2] = -0.5
+    flags = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    ops.tvd_checked(p_d, bad.expand(40, width), flags)
+    assert int(flags) == 8
+    for fn in (tvd, jsd):
+        close(host(fn(p_d, q_d[0])), fn(p, q[0]), dtype, atol64=width * torch.finfo(F64).eps)
+
+
 def test_value_flags_match_cpu():
     """The one-pass value checks of tvd/jsd on the GPU: every flag as the CPU sets it, on
     tensors long enough for the grid-stride loop and the per-warp OR."""

@@ -239,7 +239,7 @@ def in_place_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
     the batch (stride 0), or a size-1 dim of an odd stride."""
     rows, k = x.shape
     if layout == "gapped":
-        wide = torch.full((rows, k + 3), float("nan"), dtype=x.dtype)
+        wide = torch.full((rows, k + 3), float("nan"), dtype=x.dtype, device=x.device)
         wide[:, :k] = x
         return wide[:, :k]
     if layout == "expanded":
