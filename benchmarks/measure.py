@@ -67,12 +67,14 @@ def peak_extra_mib(fn):
     return _status_mib("VmHWM") - before
 
 
-def matmul_gmacs(n: int = 1024, repeats: int = 20) -> float:
-    """This process's multiply-add rate in GMAC/s at its torch threads: the best of ``repeats``
-    float32 ``n x n`` matrix products, the pace a transformer's dense layers can reach here."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.mm(a, b)  # warm: the library's kernels and buffers
-    best = min(timed(lambda: torch.mm(a, b))[1] for _ in range(repeats))
+def matmul_gmacs(n: int = 1024, repeats: int = 20, device: str = "cpu") -> float:
+    """This process's multiply-add rate in GMAC/s at its torch threads (or on ``device``, TF32 as
+    torch leaves it: off for matrix products): the best of ``repeats`` float32 ``n x n`` matrix
+    products, the pace a transformer's dense layers can reach there."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    mm = synchronised(lambda: torch.mm(a, b), device)
+    mm()  # warm: the library's kernels and buffers
+    best = min(timed(mm)[1] for _ in range(repeats))
     return n**3 / best / 1e9
 
 

@@ -296,7 +296,8 @@ inline int64_t check_rationale_inputs(const at::Tensor& tokens, const at::Tensor
 struct SequencePlan {
   std::vector<int64_t> offsets;  // leave-one-out: [B], row b's first sequence; ERASER: [B + 1]
   std::vector<int64_t> index;    // ERASER only: b * F + f of each sequence, row-major
-  int64_t total = 0, width = 0;  // the number of sequences; leave-one-out: the longest one
+  int64_t total = 0;             // the number of sequences
+  int64_t width = 0;             // leave-one-out only: the longest sequence (ERASER's are T wide)
 };
 
 // len [B] in [lead + trail, T] (else the error names the first offender).
@@ -328,7 +329,6 @@ inline SequencePlan plan_rationales(const int64_t* len, const int64_t* k, int64_
     plan.offsets[static_cast<size_t>(b) + 1] = static_cast<int64_t>(plan.index.size());
   }
   plan.total = static_cast<int64_t>(plan.index.size());
-  plan.width = T;
   return plan;
 }
 

@@ -36,7 +36,7 @@ from attnmetrics import leave_one_out
 from attnmetrics.data.corpora import load_sst
 from attnmetrics.importance import integrated_gradients
 from attnmetrics.models.hf import HFClassifier
-from benchmarks.measure import encoder_macs
+from benchmarks.measure import encoder_macs, matmul_gmacs
 from benchmarks.test_bench_loo_captum import captum_loo, captum_loo_bucketed, second_class
 from benchmarks.test_bench_peers import IG_STEPS, captum_ig, captum_ig_bucketed
 
@@ -56,14 +56,6 @@ def cuda_timed(fn):
     out = fn()
     sync()
     return out, time.perf_counter() - start
-
-
-def device_gmacs(n: int = 4096, repeats: int = 20) -> float:
-    """The device's multiply-add rate in GMAC/s: the best of ``repeats`` float32 ``n x n`` products
-    (TF32 as torch's default leaves it: off for matrix products)."""
-    a, b = torch.randn(n, n, device=DEVICE), torch.randn(n, n, device=DEVICE)
-    best = min(cuda_timed(lambda: torch.mm(a, b))[1] for _ in range(repeats))
-    return n**3 / best / 1e9
 
 
 def compare(result: dict, out_path: str, ours, ours_s: float, users: dict, atol: float) -> None:
@@ -119,7 +111,7 @@ def main(model_dir: str, sst_dir: str, out_path: str, rows: int | None = None) -
     # the floor: each row once and each of its real tokens masked (a row of its own length)
     real = (lengths - model.lead - model.trail).clamp(min=0).tolist()
     macs = sum((1 + n) * encoder_macs(user.config, n + model.lead + model.trail) for n in real)
-    rate = device_gmacs()
+    rate = matmul_gmacs(4096, device=DEVICE)
     result.update(
         device_gmacs=rate,
         loo_multiply_adds=macs,
