@@ -9,18 +9,24 @@ tables and text where the run's JSON is not committed), the path into it and the
 quoted in (``<!-- n:KEY:SPEC -->`` quotes a one-value key with another format spec, e.g. ``.1f``).
 ``python scripts/readme_numbers.py`` rewrites every marked number from its source (each file
 atomically; it prints what changed); ``--check`` changes nothing and exits 1, listing each marked
-number that differs from its source (file, line, key, both values) and each marker whose key,
-source file or path into it is missing; ``--list`` prints every key with its value. Markers inside
-code (a `code span` or a fenced block) are examples and left alone. ``tests/test_readme_numbers.py``
-runs the check. Standard library only: it reads JSON and markdown and imports nothing of attnmetrics.
+number that differs from its source (file, line, key, both values); ``--list`` prints every key with
+its value. A marker that cannot be quoted (its key, source file or path into it missing, its source
+not UTF-8 or not JSON, a NaN or infinity in what it quotes, a ratio over zero, a format spec that does
+not apply) is named on one line and leaves its document as it was, and a missing or non-UTF-8 document
+is refused: either exits 2 (as diff does: 1 for a difference, 2 for trouble). Markers inside code (a
+`code span` or a fenced block) are examples and left alone. ``tests/test_readme_numbers.py`` runs the
+check. Standard library only: it reads JSON and markdown and imports nothing of attnmetrics
+(benchmarks/gpu/collect.py borrows its atomic write and its NaN search).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
+import reprlib
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -42,7 +48,8 @@ Step = str | int | Mapping[str, Any] | re.Pattern[str]
 
 
 class SourceError(Exception):
-    """A marker's key is not in the mapping, or its source file or path is missing."""
+    """A marker cannot be quoted from its source (see the module's docstring), or a document is
+    missing or not UTF-8."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,7 @@ class Value:
             source = root / self.file
             if not source.is_file():
                 raise SourceError(f"source file {self.file} not found")
-            text = source.read_text(encoding="utf-8")
+            text = read_utf8(source, f"source file {self.file}")
             if source.suffix == ".md":
                 cache[self.file] = markdown_source(text)
             else:
@@ -72,12 +79,36 @@ class Value:
         x = cache[self.file]
         for i, step in enumerate(self.path):
             x = _step(x, step, self.file, self.path[: i + 1])
-        if self.then is None:
-            return x
-        try:
-            return self.then(x)
-        except (ValueError, TypeError, IndexError) as e:
-            raise SourceError(f"{self.file}{_show(self.path)}: {x!r}: {e}") from None
+        if (found := non_finite(x)) is not None:
+            raise SourceError(f"{self.file}{_show(self.path)}{found}, not a finite number")
+        return x if self.then is None else _apply(self.then, (x,), f"{self.file}{_show(self.path)}")
+
+
+def read_utf8(path: Path, name: str) -> str:
+    """``path``'s text; a file that is not UTF-8 is a :class:`SourceError` naming it as ``name``."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{name} is not UTF-8: {e}") from None
+
+
+def non_finite(x: Any, at: tuple[Step, ...] = ()) -> str | None:
+    """Where in ``x`` (a JSON value) its first NaN or infinity is, and it: ``['a'][0] is nan``
+    ("" + `` is nan`` when ``x`` is one); None when it has none."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return f"{_show(at)} is {x!r}"
+    items = x.items() if isinstance(x, dict) else enumerate(x) if isinstance(x, list) else ()
+    return next((found for k, v in items if (found := non_finite(v, (*at, k))) is not None), None)
+
+
+def _apply(f: Callable[..., Any], args: Sequence[Any], where: str) -> Any:
+    """``f(*args)``, a failure (a division by zero, a field that is not there) a :class:`SourceError`
+    naming ``where`` the arguments come from and the arguments."""
+    try:
+        return f(*args)
+    except (ArithmeticError, LookupError, TypeError, ValueError) as e:
+        shown = ", ".join(map(reprlib.repr, args))
+        raise SourceError(f"{where}: {shown}: {type(e).__name__}: {e}") from None
 
 
 def markdown_source(markdown: str) -> dict[str, Any]:
@@ -164,10 +195,15 @@ class Quote:
     minus: str = "-"
     typeset: Callable[[float], str] | None = None  # formats the one value instead of ``fmt`` (e.g. by size)
 
+    @property
+    def files(self) -> str:
+        """The files its values come from, each named once."""
+        return ", ".join(dict.fromkeys(v.file for v in self.values))
+
     def text(self, root: Path, cache: dict[str, Any], spec: str | None = None) -> str:
         values = [v.resolve(root, cache) for v in self.values]
         if self.combine is not None:
-            values = [self.combine(*values)]
+            values = [_apply(self.combine, values, self.files)]
         fmt = self.fmt
         if spec is not None:
             if len(values) != 1:
@@ -175,8 +211,16 @@ class Quote:
             fmt = "{:" + spec + "}"
         for v in values:
             if not isinstance(v, int | float) or isinstance(v, bool):
-                raise SourceError(f"value {v!r} is not a number")
-        text = self.typeset(*values) if self.typeset is not None and spec is None else fmt.format(*values)
+                raise SourceError(f"value {v!r} from {self.files} is not a number")
+            if not math.isfinite(v):
+                raise SourceError(f"value {v!r} from {self.files} is not a finite number")
+        if self.typeset is not None and spec is None:
+            text = self.typeset(*values)
+        else:
+            try:
+                text = fmt.format(*values)
+            except (LookupError, ValueError) as e:
+                raise SourceError(f"format {fmt!r} does not apply to {', '.join(map(repr, values))}: {e}") from None
         return text.replace("-", self.minus)
 
 
@@ -894,15 +938,14 @@ def fill(
             if quote is None:
                 findings.append(Finding(document, n, key, quoted, problem=f"key {key!r} is not in the mapping"))
                 return m[0]
-            files = ", ".join(dict.fromkeys(v.file for v in quote.values))
             try:
                 expected = quote.text(root, cache, spec)
             except SourceError as e:
-                findings.append(Finding(document, n, key, quoted, files, problem=str(e)))
+                findings.append(Finding(document, n, key, quoted, quote.files, problem=str(e)))
                 return m[0]
             if expected == quoted:
                 return m[0]
-            findings.append(Finding(document, n, key, quoted, files, expected))
+            findings.append(Finding(document, n, key, quoted, quote.files, expected))
             return m[0].replace(f"-->{quoted}<!--", f"-->{expected}<!--", 1)
 
         out.append(MARKER.sub(lambda m: m[0] if quoted_code(m) else replace(m), line))
@@ -910,12 +953,22 @@ def fill(
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in its folder (the file keeps its mode)."""
+    """Write ``text`` to ``path`` through a temporary file of its own in ``path``'s folder (two writers
+    at once never share one), synced, then renamed over ``path``: a reader sees the old file or the
+    whole new one. An existing file keeps its mode; a new one gets the umask's."""
+    try:
+        mode = path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        umask = os.umask(0)  # the only way to read it; set straight back
+        os.umask(umask)
+        mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -937,7 +990,7 @@ def run(
         path = root / document
         if not path.is_file():
             raise SourceError(f"document {document} not found under {root}")
-        original = path.read_text(encoding="utf-8")
+        original = read_utf8(path, f"document {document}")
         text, findings = fill(original, document, sources, root, cache)
         filled.append((path, text if text != original else "", findings))
     if write:
@@ -962,13 +1015,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 value = quote.text(args.root, {})
             except SourceError as e:
                 value = f"ERROR: {e}"
-            print(f"{key} = {value}  ({', '.join(dict.fromkeys(v.file for v in quote.values))})")
+            print(f"{key} = {value}  ({quote.files})")
         return 0
     try:
-        findings = run(args.root, args.documents, write=not args.check)
+        findings = run(args.root, args.documents, SOURCES, write=not args.check)
     except SourceError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     problems = [f for f in findings if f.problem]
     for f in findings:
         print(f, file=sys.stderr if f.problem or args.check else sys.stdout)
@@ -976,7 +1029,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{len(problems)} marker(s) could not be resolved; their documents were left as they were", file=sys.stderr
         )
-        return 1
+        return 2
     if args.check and findings:
         print(f"{len(findings)} number(s) differ from their sources: python scripts/readme_numbers.py", file=sys.stderr)
         return 1

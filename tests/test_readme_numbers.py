@@ -3,6 +3,7 @@
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import sys
@@ -15,6 +16,9 @@ _spec = importlib.util.spec_from_file_location("readme_numbers", ROOT / "scripts
 rn = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = rn  # dataclasses look their module up
 _spec.loader.exec_module(rn)
+_spec = importlib.util.spec_from_file_location("collect", ROOT / "benchmarks" / "gpu" / "collect.py")
+collect = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(collect)
 
 
 def test_committed_documents_quote_their_sources():
@@ -45,24 +49,28 @@ def tree(tmp_path):
         json.dumps(
             {
                 "test": {"accuracy": 0.8337, "n": 1821},
-                "rows": [{"name": "a", "s": 2.0}, {"name": "b", "s": 0.5}],
+                "rows": [{"name": "a", "s": 2.0}, {"name": "b", "s": 0.5}, {"name": "zero", "s": 0.0}],
             }
         )
     )
+    # json.dumps would write NaN and Infinity too; json.loads reads them
+    (tmp_path / "r" / "nonfinite.json").write_text('{"x": NaN, "parts": {"a": 1.0, "b": -Infinity}}')
+    (tmp_path / "r" / "latin1.json").write_bytes('{"x": 1, "name": "café"}'.encode("latin-1"))
+    a, b, zero = (rn.Value("r/results.json", ("rows", {"name": n}, "s")) for n in ("a", "b", "zero"))
     sources = {
         "acc": rn.one(".3f", "r/results.json", "test", "accuracy"),
         "n": rn.one(",", "r/results.json", "test", "n"),
-        "speedup": rn.ratio(
-            ".1f",
-            rn.Value("r/results.json", ("rows", {"name": "a"}, "s")),
-            rn.Value("r/results.json", ("rows", {"name": "b"}, "s")),
-        ),
+        "speedup": rn.ratio(".1f", a, b),
+        "over_zero": rn.ratio(".1f", a, zero),
         "pair": rn.Quote(
             "{:.3f} of {:,}",
             (rn.Value("r/results.json", ("test", "accuracy")), rn.Value("r/results.json", ("test", "n"))),
         ),
         "gone": rn.one(".3f", "r/missing.json", "test"),
         "nopath": rn.one(".3f", "r/results.json", "test", "f1"),
+        "nan": rn.one(".3f", "r/nonfinite.json", "x"),
+        "inf_summed": rn.one(".1f", "r/nonfinite.json", "parts", then=rn._sum),
+        "latin1": rn.one(".0f", "r/latin1.json", "x"),
     }
     return tmp_path, sources
 
@@ -122,6 +130,62 @@ def test_an_unresolved_marker_is_an_error_naming_it(tree, marker, named):
     problems = [f for f in findings if f.problem]
     assert len(problems) == 1 and named in str(problems[0]), findings
     assert doc.read_text(encoding="utf-8") == text  # a document with a problem is not rewritten
+
+
+@pytest.mark.parametrize(
+    "marker, named",
+    [
+        ("<!-- n:nan -->nan<!-- /n -->", "nan: r/nonfinite.json['x'] is nan, not a finite number"),
+        (
+            "<!-- n:inf_summed -->0<!-- /n -->",
+            "inf_summed: r/nonfinite.json['parts']['b'] is -inf, not a finite number",
+        ),
+        (
+            "<!-- n:over_zero -->0<!-- /n -->",
+            "over_zero: r/results.json: 2.0, 0.0: ZeroDivisionError: float division by zero",
+        ),
+        ("<!-- n:acc:.3q -->0<!-- /n -->", "acc: format '{:.3q}' does not apply to 0.8337: Unknown format code 'q'"),
+        ("<!-- n:latin1 -->1<!-- /n -->", "latin1: source file r/latin1.json is not UTF-8: 'utf-8' codec can't decode"),
+        ("<!-- n:nokey -->1<!-- /n -->", "nokey: key 'nokey' is not in the mapping"),
+    ],
+)
+def test_the_command_line_names_a_marker_it_cannot_quote_and_exits_2(tree, monkeypatch, capsys, marker, named):
+    """A NaN or infinity, a ratio over zero, a format spec that does not apply, a source that is not
+    UTF-8: one line naming the marker's key and file (and the format spec), exit 2 (1 is a number that
+    differs), the document left as it was."""
+    root, sources = tree
+    monkeypatch.setattr(rn, "SOURCES", sources)
+    text = f"A <!-- n:acc -->0.000<!-- /n --> and {marker}.\n"
+    doc = _doc(root, text)
+    for check in ([], ["--check"]):
+        assert rn.main(["--root", str(root), "doc.md", *check]) == 2
+        assert doc.read_text(encoding="utf-8") == text
+        lines = capsys.readouterr().err.splitlines()
+        problems = [line for line in lines if "0.000" not in line]
+        assert len(problems) == 2 and problems[0].startswith("doc.md:1: " + named), lines
+        assert problems[1] == "1 marker(s) could not be resolved; their documents were left as they were"
+
+
+def test_a_document_that_is_not_utf8_is_refused(tree, monkeypatch, capsys):
+    root, sources = tree
+    monkeypatch.setattr(rn, "SOURCES", sources)
+    (root / "doc.md").write_bytes("Accuracy <!-- n:acc -->0.834<!-- /n --> café\n".encode("latin-1"))
+    assert rn.main(["--root", str(root), "doc.md"]) == 2
+    assert capsys.readouterr().err == (
+        "error: document doc.md is not UTF-8: 'utf-8' codec can't decode byte 0xe9 in position 43: invalid continuation byte\n"
+    )
+
+
+def test_write_atomic_gives_a_new_file_the_umask_and_keeps_an_existing_files_mode(tmp_path):
+    path = tmp_path / "new.json"
+    rn.write_atomic(path, "{}\n")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.read_text() == "{}\n" and path.stat().st_mode & 0o777 == 0o666 & ~umask
+    path.chmod(0o640)
+    rn.write_atomic(path, "[]\n")
+    assert path.read_text() == "[]\n" and path.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json"]  # no temporary file left
 
 
 def test_a_marker_opening_a_line_is_refused(tree):
@@ -251,13 +315,14 @@ def test_a_committed_report_md_as_source(tmp_path):
     assert "2 elements match" in problems[0].problem and "'all'" in problems[1].problem
 
 
-def test_gpu_collector_writes_what_readme_numbers_reads(tmp_path):
-    """benchmarks/gpu/collect.py turns a check's output folder into the committed gpu-check JSON: on a
-    folder laid out from the committed H200 check, every run lands under the name readme_numbers reads,
-    equal to its source, and a second write is refused without --force."""
-    spec = importlib.util.spec_from_file_location("collect", ROOT / "benchmarks" / "gpu" / "collect.py")
-    collect = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(collect)
+# --- benchmarks/gpu/collect.py -----------------------------------------------------------------
+
+COLLECTED = "gpu-check-h200-2026-11-27-abc1234.json"
+
+
+@pytest.fixture
+def check_out(tmp_path):
+    """A check's output folder laid out from the committed H200 check, and an empty results folder."""
     committed = json.loads((ROOT / rn.GPU_H200).read_text())
     out = tmp_path / "out"
     out.mkdir()
@@ -270,8 +335,20 @@ def test_gpu_collector_writes_what_readme_numbers_reads(tmp_path):
     (out / "peers-cuda.json").write_text(json.dumps(committed["peers_cuda"]))
     results = tmp_path / "results"
     results.mkdir()
-    collect.main([str(out), "--commit", "abc1234", "--date", "2026-11-27", "--results", str(results)])
-    written = json.loads((results / "gpu-check-h200-2026-11-27-abc1234.json").read_text())
+    return out, results, committed
+
+
+def _collect(out, results, *args):
+    return collect.main([str(out), "--commit", "abc1234", "--date", "2026-11-27", "--results", str(results), *args])
+
+
+def test_gpu_collector_writes_what_readme_numbers_reads(check_out, capsys):
+    """benchmarks/gpu/collect.py turns a check's output folder into the committed gpu-check JSON: on a
+    folder laid out from the committed H200 check, every run lands under the name readme_numbers reads,
+    equal to its source, and a second write is refused without --force."""
+    out, results, committed = check_out
+    assert _collect(out, results) == 0
+    written = json.loads((results / COLLECTED).read_text())
     for run in (rn.GPU_MAIN, rn.CPU_MAIN, rn.GPU_BATTERY, rn.CPU_BATTERY, rn.MINILM):
         assert written["runs"][run[1]] == committed["runs"][run[1]]
     assert written["peers_cuda"] == committed["peers_cuda"] and written["device"] == committed["device"]
@@ -280,5 +357,82 @@ def test_gpu_collector_writes_what_readme_numbers_reads(tmp_path):
         "failed": ["FAILED tests/test_cuda.py::test_x - boom"],
     }
     assert written["missing"] == [] and not (results / "cuda-h200-2026-11-27-abc1234.json").exists()
-    with pytest.raises(SystemExit):
-        collect.main([str(out), "--commit", "abc1234", "--date", "2026-11-27", "--results", str(results)])
+    capsys.readouterr()
+    assert _collect(out, results) == 2
+    assert capsys.readouterr().err == f"collect.py: error: {results / COLLECTED} exist; pass --force to overwrite\n"
+
+
+def test_gpu_collector_copies_the_kernel_benchmarks_as_written(check_out):
+    out, results, _ = check_out
+    bench = '{"benchmarks": [{"name": "tvd", "stats": {"median": 3.3e-05}}]}'  # not json.dumps's spacing
+    (out / "bench-cuda.json").write_text(bench)
+    assert _collect(out, results) == 0
+    assert (results / "cuda-h200-2026-11-27-abc1234.json").read_text() == bench
+
+
+def test_gpu_collector_writes_through_a_temporary_file_of_its_own(check_out):
+    """Two runs at once: the other run's temporary file (the name a fixed temporary would share) is
+    neither overwritten nor renamed over the result, and the result is one run's whole JSON."""
+    out, results, _ = check_out
+    others = results / COLLECTED.replace(".json", ".tmp")
+    others.write_text('{"another run": ')
+    assert _collect(out, results) == 0
+    assert others.read_text() == '{"another run": '
+    assert json.loads((results / COLLECTED).read_text())["commit"] == "abc1234"
+    assert sorted(p.name for p in results.iterdir()) == sorted([COLLECTED, others.name])
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (
+            {"eval-cuda-results.json": '{"wall_time_s": {"experiments": NaN}}'},
+            "eval-cuda-results.json['wall_time_s']['experiments'] is nan, expected a finite number",
+        ),
+        (
+            {"peers-cuda.json": '{"loo_ours_s": [1.0, Infinity]}'},
+            "peers-cuda.json['loo_ours_s'][1] is inf, expected a finite number",
+        ),
+        (
+            {"bench-cuda.json": '{"benchmarks": [{"stats": {"ops": Infinity}}]}'},
+            "bench-cuda.json['benchmarks'][0]['stats']['ops'] is inf",
+        ),
+        (
+            {"sst-cuda-results.json": '{"test": {"accuracy": 0.8'},
+            "sst-cuda-results.json is not JSON (a truncated copy?): Expecting",
+        ),
+        ({"peers-cuda.json": b'{"name": "caf\xe9"}'}, "peers-cuda.json is not UTF-8"),
+        ({"tests-cuda.log": ""}, "tests-cuda.log is empty, expected pytest's output ending in its summary line"),
+    ],
+)
+def test_gpu_collector_refuses_a_file_it_would_commit_wrong(check_out, capsys, change, named):
+    """A NaN or infinity (named by its key), a truncated JSON, an empty tests log: one line naming the
+    file, exit 2, nothing written."""
+    out, results, _ = check_out
+    for name, content in change.items():
+        (out / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+    assert _collect(out, results) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"collect.py: error: {out}/{named}") and err.count("\n") == 1, err
+    assert list(results.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "folder, args, named",
+    [
+        ("missing", (), "{out}: no such folder, expected the check's output folder"),
+        ("empty", (), "{out} holds none of the check's files (env.txt, stages.txt, tests-cuda.log, "),
+        ("out", ("--commit", "a/b"), "--commit 'a/b': expected a commit's hash, 7 to 40 hex digits"),
+        ("out", ("--date", "2026/11/27"), "--date '2026/11/27': expected a date, YYYY-MM-DD"),
+        ("out", ("--gpu", "../h200"), "--gpu '../h200': expected letters, digits, - and _"),
+    ],
+)
+def test_gpu_collector_refuses_a_folder_or_argument_it_cannot_collect(check_out, capsys, folder, args, named):
+    out, results, _ = check_out
+    out = out.parent / folder
+    if folder == "empty":
+        out.mkdir()
+    assert _collect(out, results, *args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("collect.py: error: " + named.format(out=out)) and err.count("\n") == 1, err
+    assert list(results.iterdir()) == []
