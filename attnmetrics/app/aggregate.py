@@ -238,10 +238,15 @@ def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
     return tests
 
 
-def group_comparisons(cells: list[tuple[object, dict, dict | None]], pairs: list[tuple[str, str]]) -> list[dict]:
+def group_comparisons(
+    cells: list[tuple[object, dict, dict | None]], pairs: list[tuple[str, str]]
+) -> tuple[list[dict], list[dict]]:
     """Test accuracy of grid A's models minus grid B's, paired, for each ``(A, B)`` in ``pairs``
     (the config's ``[sweep] compare``) and each pair of their groups that differ only in the grid
-    (equal axes but the seed; else, per dataset, the grids' one group each on it).
+    (equal axes but the seed; else, per dataset, the grids' one group each on it). Returns the
+    comparisons and those left out (``a_grid``, ``b_grid``, groups ``a`` and ``b`` or None, and
+    ``reason``, in words): a grid without finished cells, a group without a counterpart in the
+    other grid, two groups without a common seed with predictions or tested on different instances.
 
     On the seeds both groups have and their common test instances (the comparison is left out
     where the groups were tested on different instances: another data set, split or labels; the
@@ -253,9 +258,15 @@ def group_comparisons(cells: list[tuple[object, dict, dict | None]], pairs: list
     by_grid: dict[str, dict[str, list]] = {}
     for c, r, p in cells:
         by_grid.setdefault(c.grid, {}).setdefault(c.group, []).append((c, r, p))
-    out = []
+    out, left_out = [], []
     for a, b in pairs:
         groups_a, groups_b = by_grid.get(a, {}), by_grid.get(b, {})
+        pair = {"a_grid": a, "b_grid": b}
+        if not groups_a or not groups_b:
+            empty = " and ".join(repr(g) for g, groups in ((a, groups_a), (b, groups_b)) if not groups)
+            left_out.append({**pair, "a": None, "b": None, "reason": f"grid {empty} has no finished cell"})
+            continue
+        matched = set()
         for name_a, members_a in groups_a.items():
             axes = _setting(members_a[0][0])
             same = [g for g, m in groups_b.items() if _setting(m[0][0]) == axes]
@@ -263,20 +274,39 @@ def group_comparisons(cells: list[tuple[object, dict, dict | None]], pairs: list
                 on_a = [g for g, m in groups_a.items() if m[0][0].axes["dataset"] == axes["dataset"]]
                 on_b = [g for g, m in groups_b.items() if m[0][0].axes["dataset"] == axes["dataset"]]
                 same = on_b if len(on_a) == len(on_b) == 1 else []
+            if not same:
+                reason = (
+                    f"no group of grid {b!r} has its axes, nor is there one group of each grid on {axes['dataset']}"
+                )
+                left_out.append({**pair, "a": name_a, "b": None, "reason": reason})
             for name_b in same:
-                if (entry := _compare_groups(name_a, members_a, name_b, groups_b[name_b])) is not None:
-                    out.append({"a_grid": a, "b_grid": b, "dataset": axes["dataset"], **entry})
-    return out
+                matched.add(name_b)
+                entry = _compare_groups(name_a, members_a, name_b, groups_b[name_b])
+                if isinstance(entry, str):
+                    left_out.append({**pair, "a": name_a, "b": name_b, "reason": entry})
+                else:
+                    out.append({**pair, "dataset": axes["dataset"], **entry})
+        for name_b in (g for g in groups_b if g not in matched):
+            reason = f"no group of grid {a!r} has its axes, nor is there one group of each grid on its dataset"
+            left_out.append({**pair, "a": None, "b": name_b, "reason": reason})
+    return out, left_out
 
 
-def _compare_groups(name_a: str, members_a: list, name_b: str, members_b: list) -> dict | None:
-    """:func:`group_comparisons`' entry for two groups' (cell, predictions); None without common
-    seeds with predictions on the same instances."""
+def _compare_groups(name_a: str, members_a: list, name_b: str, members_b: list) -> dict | str:
+    """:func:`group_comparisons`' entry for two groups' (cell, predictions), or why there is none:
+    no common seed with predictions, or other test instances."""
     runs_a = {c.axes["seed"]: (r, p) for c, r, p in members_a if p is not None}
     runs_b = {c.axes["seed"]: (r, p) for c, r, p in members_b if p is not None}
     seeds = sorted(set(runs_a) & set(runs_b))
-    if not seeds or not _same_test_set([runs_a[s] for s in seeds] + [runs_b[s] for s in seeds]):
-        return None
+    if not seeds:
+
+        def has(name: str, members: list, runs: dict) -> str:
+            lacking = sorted(c.axes["seed"] for c, _, p in members if p is None)
+            return f"{name} seeds {sorted(runs)}" + (f" (and {lacking} without predictions.npz)" if lacking else "")
+
+        return f"no common seed with predictions.npz: {has('A', members_a, runs_a)}, {has('B', members_b, runs_b)}"
+    if other := _test_set_difference([runs_a[s] for s in seeds] + [runs_b[s] for s in seeds]):
+        return f"tested on different instances: {other}"
     right_a = np.stack([_correct(runs_a[s][1]) for s in seeds])
     right_b = np.stack([_correct(runs_b[s][1]) for s in seeds])
     ci = seed_instance_ci(right_a.astype(np.float64) - right_b, np.mean)
@@ -299,16 +329,27 @@ def _compare_groups(name_a: str, members_a: list, name_b: str, members_b: list) 
     }
 
 
-def _same_test_set(runs: list[tuple[dict, dict]]) -> bool:
-    """Whether runs ``(results, predictions)`` were tested on the same instances: the same data set
-    and split (name, split sizes, split seed) and the same labels in the same order."""
+def _test_set_difference(runs: list[tuple[dict, dict]]) -> str | None:
+    """How runs ``(results, predictions)`` differ in the instances they were tested on, in words
+    (None: the same): the data set, the split sizes, the split seed, or the labels (their order)."""
+    parts = {
+        "data set": lambda r, _: r.get("data", {}).get("name"),
+        "split sizes": lambda r, _: str(r.get("data", {}).get("sizes")),
+        "split seed": lambda r, _: r.get("split_seed"),
+    }
+    for what, of in parts.items():
+        values = list(dict.fromkeys(of(*run) for run in runs))
+        if len(values) > 1:
+            return f"{what} {' vs '.join(map(str, values))}"
+    if not _same_arrays([p for _, p in runs], "labels"):
+        return "other labels (or another order) on the test split"
+    return None
 
-    def test_set(r: dict) -> tuple:
-        data = r.get("data", {})
-        return data.get("name"), str(data.get("sizes")), r.get("split_seed")
 
-    first = test_set(runs[0][0])
-    return all(test_set(r) == first for r, _ in runs) and _same_arrays([p for _, p in runs], "labels")
+def comparison_left_out(c: dict) -> str:
+    """A left-out entry of :func:`group_comparisons` as one line: the pair, the groups and why."""
+    groups = f": {c['a'] or '–'} vs {c['b'] or '–'}" if c["a"] or c["b"] else ""
+    return f"[sweep] compare {c['a_grid']} vs {c['b_grid']}{groups} left out: {c['reason']}"
 
 
 def load_cell(folder: Path) -> tuple[dict, dict | None]:
@@ -357,7 +398,7 @@ def aggregate(cells: list[tuple[object, dict, dict | None]], compare: list[tuple
         groups.setdefault(c.group, []).append((c, r, p))
     out = {"conventions": CONVENTIONS, "groups": {}, "paired_tests": paired_tests(cells)}
     if compare:
-        out["comparisons"] = group_comparisons(cells, list(compare))
+        out["comparisons"], out["comparisons_left_out"] = group_comparisons(cells, list(compare))
     for name, members in groups.items():
         c0 = members[0][0]
         out["groups"][name] = {
@@ -399,5 +440,7 @@ def aggregate_sweep(sweep) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     table = sweep_table((f"{c.grid}/{c.name}", c.grid, c.group, {**c.axes, **model_setting(r)}, r) for c, r, _ in cells)
     write_parquet_atomic(out / "instances.parquet", table)
+    for c in agg.get("comparisons_left_out", []):
+        print(f"attnmetrics sweep: {comparison_left_out(c)}", file=sys.stderr)
     write_json_atomic(out / "aggregate.json", agg)
     return render_sweep(agg, out)

@@ -211,8 +211,10 @@ def _overview(agg: dict) -> list[str]:
 
 
 def _models_section(agg: dict, folder: Path) -> list[str]:
-    rows = _stat_rows(agg, "model")
-    return ["## Models", "", table(rows, STAT_HEADERS), ""] + _comparisons_part(agg) if rows else []
+    rows, comparisons = _stat_rows(agg, "model"), _comparisons_part(agg)
+    if not rows and not comparisons:
+        return []
+    return ["## Models", "", *([table(rows, STAT_HEADERS), ""] if rows else []), *comparisons]
 
 
 COMPARISON_HEADERS = ["model A", "model B", "accuracy A", "accuracy B", "A − B", "95% CI (seeds, instances)"]
@@ -235,18 +237,30 @@ def _comparisons_part(agg: dict) -> list[str]:
         ]
         for c in agg.get("comparisons", [])
     ]
-    if not rows:
+    left_out = [
+        [f"{c['a_grid']} vs {c['b_grid']}", c["a"] or "–", c["b"] or "–", c["reason"]]
+        for c in agg.get("comparisons_left_out", [])
+    ]
+    if not rows and not left_out:
         return []
-    return [
+    lines = [
         "### Paired comparisons",
         "",
         "Test accuracy of model A minus model B on the seeds both have and their common test instances: the",
         "estimate is the mean over seeds of each seed's mean difference; its 95% CI resamples the seeds, then",
         "the instances (one draw for both models, so every instance stays paired); McNemar's exact test per seed.",
         "",
-        table(rows, COMPARISON_HEADERS),
-        "",
     ]
+    if rows:
+        lines += [table(rows, COMPARISON_HEADERS), ""]
+    if left_out:
+        lines += [
+            "Left out of the config's comparisons (`[sweep] compare`), and why:",
+            "",
+            table(left_out, ["compare", "model A", "model B", "left out because"]),
+            "",
+        ]
+    return lines
 
 
 def _gpt_section(agg: dict, folder: Path) -> list[str]:

@@ -302,7 +302,8 @@ def test_group_comparisons_pair_seeds_and_instances_like_a_plain_loop():
     cells.append((other, test_set, _predictions(right["b", 0], labels[::-1].copy())))  # other instances
     split = Cell("d", {"dataset": "sst", "encoder": "lstm", "attention": "tanh", "seed": 0}, ())
     cells.append((split, {**test_set, "split_seed": 1}, _predictions(right["b", 0], labels)))  # another split
-    (got,) = group_comparisons(cells, [("a", "b")])
+    (got,), left_out = group_comparisons(cells, [("a", "b")])
+    assert left_out == []
     assert (got["a"], got["b"], got["seeds"], got["instances"]) == ("a/sst-gpt-tanh", "b/sst-lstm-tanh", [0, 1], 80)
     diff = np.stack([right["a", s].astype(float) - right["b", s] for s in (0, 1)])
     estimate, low, high = _loop_seed_instance_ci(diff, np.mean, 9999)
@@ -312,4 +313,88 @@ def test_group_comparisons_pair_seeds_and_instances_like_a_plain_loop():
     for t in got["per_seed"]:
         a, b = right["a", t["seed"]], right["b", t["seed"]]
         assert (t["b01"], t["b10"]) == (int(np.sum(b & ~a)), int(np.sum(a & ~b)))
-    assert group_comparisons(cells, [("a", "c")]) == [] and group_comparisons(cells, [("a", "d")]) == []
+    for other, why in (("c", "other labels (or another order) on the test split"), ("d", "split seed 0 vs 1")):
+        why = f"tested on different instances: {why}"
+        assert group_comparisons(cells, [("a", other)]) == (
+            [],
+            [{"a_grid": "a", "b_grid": other, "a": "a/sst-gpt-tanh", "b": f"{other}/sst-lstm-tanh", "reason": why}],
+        )
+
+
+def _left_out_cells(labels, tmp_path=None):
+    """Grids a, b, c, d, e: b shares no seed with a; c has a's seed but no predictions.npz; d was tested
+    on another data set; e has two groups on sst (a's group matches neither); f has no finished cell.
+    With ``tmp_path``: also written as run folders (results.json, predictions.npz) of a sweep there."""
+    from attnmetrics.app.io import write_json_atomic, write_npz_atomic
+    from attnmetrics.app.sweep.config import Sweep
+
+    right = labels > -1
+    runs = [("a", "lstm", 0, "sst", True), ("b", "lstm", 1, "sst", True), ("c", "lstm", 0, "sst", False)]
+    runs += [("d", "lstm", 0, "imdb", True), ("e", "cnn", 0, "sst", True), ("e", "gru", 0, "sst", True)]
+    cells = []
+    for grid, encoder, seed, dataset, predicted in runs:
+        cell = Cell(grid, {"dataset": "sst", "encoder": encoder, "attention": "tanh", "seed": seed}, ())
+        results = {"command": "run", "config": {}, "data": {"name": dataset, "sizes": {"test": len(labels)}}}
+        results |= {"split_seed": 0, "test": {"accuracy": 1.0, "macro_f1": 1.0}}
+        predictions = _predictions(right, labels) if predicted else None
+        cells.append((cell, results, predictions))
+        if tmp_path is not None:
+            folder = cell.folder(tmp_path)
+            folder.mkdir(parents=True)
+            if predicted:
+                write_npz_atomic(folder / "predictions.npz", **predictions)
+            write_json_atomic(folder / "results.json", results)
+    compare = [("a", g) for g in "bcdef"]
+    sweep = Sweep(tmp_path, 1, [c for c, _, _ in cells] + [Cell("f", {**cells[0][0].axes}, ())], "", compare=compare)
+    return cells, sweep
+
+
+#: why each of _left_out_cells' comparisons is left out
+LEFT_OUT = [
+    ("a/sst-lstm-tanh", "b/sst-lstm-tanh", "no common seed with predictions.npz: A seeds [0], B seeds [1]"),
+    ("a/sst-lstm-tanh", "c/sst-lstm-tanh", "no common seed with predictions.npz: A seeds [0], B seeds [] (and [0] without predictions.npz)"),
+    ("a/sst-lstm-tanh", "d/sst-lstm-tanh", "tested on different instances: data set sst vs imdb"),
+    ("a/sst-lstm-tanh", None, "no group of grid 'e' has its axes, nor is there one group of each grid on sst"),
+    (None, "e/sst-cnn-tanh", "no group of grid 'a' has its axes, nor is there one group of each grid on its dataset"),
+    (None, "e/sst-gru-tanh", "no group of grid 'a' has its axes, nor is there one group of each grid on its dataset"),
+    (None, None, "grid 'f' has no finished cell"),
+]  # fmt: skip
+
+
+def test_group_comparisons_name_each_pair_left_out_and_why():
+    """[sweep] compare: no comparison vanishes without a word; each left out is named with its reason."""
+    from attnmetrics.app.aggregate import group_comparisons
+
+    cells, sweep = _left_out_cells(np.arange(12) % 2)
+    compared, left_out = group_comparisons(cells, sweep.compare)
+    assert compared == []
+    got = sorted(((c["a"], c["b"], c["reason"]) for c in left_out), key=str)
+    assert got == sorted(LEFT_OUT, key=str)
+    assert {(c["a_grid"], c["b_grid"]) for c in left_out} == set(sweep.compare)
+
+
+def test_a_sweep_names_its_comparisons_left_out_in_aggregate_json_the_report_and_on_stderr(tmp_path, capsys):
+    import json
+
+    from attnmetrics.app.aggregate import aggregate_sweep
+
+    _, sweep = _left_out_cells(np.arange(12) % 2, tmp_path)
+    report = aggregate_sweep(sweep).read_text()
+    agg = json.loads((tmp_path / "aggregate.json").read_text())
+    assert agg["comparisons"] == []
+    assert sorted(((c["a"], c["b"], c["reason"]) for c in agg["comparisons_left_out"]), key=str) == sorted(
+        LEFT_OUT, key=str
+    )
+    part = " ".join(report.split("### Paired comparisons")[1].split("\n## ")[0].split())
+    assert "Left out of the config's comparisons (`[sweep] compare`), and why:" in part
+    assert (
+        "| a vs d | a/sst-lstm-tanh | d/sst-lstm-tanh | tested on different instances: data set sst vs imdb |" in part
+    )
+    assert "| a vs f | – | – | grid 'f' has no finished cell |" in part
+    err = capsys.readouterr().err.splitlines()
+    assert "attnmetrics sweep: [sweep] compare a vs f left out: grid 'f' has no finished cell" in err
+    assert (
+        "attnmetrics sweep: [sweep] compare a vs b: a/sst-lstm-tanh vs b/sst-lstm-tanh left out: "
+        "no common seed with predictions.npz: A seeds [0], B seeds [1]"
+    ) in err
+    assert sum("left out" in line for line in err) == 7

@@ -500,3 +500,22 @@ def test_config_compare_pairs_two_grids_of_the_config(tmp_path):
     ):
         with pytest.raises(ValueError, match=words):
             load_config(_config(tmp_path, f"[sweep]\ncompare = {compare}\n" + grids))
+
+
+def test_config_compare_refuses_a_pair_listed_twice_naming_it(tmp_path, capsys):
+    """The same pair twice, or both ways round (the same comparison, its sign flipped), is refused in
+    one line naming the pairs, by load_config and by the command (no traceback)."""
+    from attnmetrics.app.cli import main
+
+    grids = "".join(f'[[grid]]\nname = "{g}"\ndatasets = ["sst"]\n' for g in "ghk")
+    for compare, named in (
+        ('[["g", "h"], ["g", "k"], ["g", "h"]]', "['g', 'h'] and ['g', 'h']"),
+        ('[["g", "h"], ["h", "g"]]', "['g', 'h'] and ['h', 'g']"),
+    ):
+        with pytest.raises(ValueError, match="compare lists the same pair of grids twice") as e:
+            load_config(_config(tmp_path, f"[sweep]\ncompare = {compare}\n" + grids))
+        assert named in str(e.value) and "\n" not in str(e.value)
+    assert main(["sweep", str(tmp_path / "sweep.toml"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "['g', 'h'] and ['h', 'g']" in err and "Traceback" not in err
+    load_config(_config(tmp_path, '[sweep]\ncompare = [["g", "h"], ["g", "k"], ["h", "k"]]\n' + grids))  # distinct

@@ -344,6 +344,10 @@ def _compare(pairs, names: set[str]) -> list[tuple[str, str]]:
         if pair[0] == pair[1]:
             raise ValueError(f"[sweep]: compare pairs a grid with itself: {pair!r}")
         out.append((pair[0], pair[1]))
+    # a pair twice, or both ways round (the same comparison, its sign flipped): the report would repeat it
+    twice = sorted({f"{list(p)!r} and {list(q)!r}" for k, p in enumerate(out) for q in out[k + 1 :] if {*p} == {*q}})
+    if twice:
+        raise ValueError(f"[sweep]: compare lists the same pair of grids twice: {'; '.join(twice)}; list each once")
     return out
 
 
