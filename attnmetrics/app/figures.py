@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attnmetrics.app.io import write_png_atomic
 from attnmetrics.app.summaries import MAX_ATTENTION_BINS, as_floats
 
 if TYPE_CHECKING:
@@ -30,10 +31,8 @@ def subplots(nrows: int = 1, ncols: int = 1, *, figsize: tuple[float, float], **
 def save_figure(fig: Figure, path: Path) -> str:
     """Write ``fig`` to ``path`` as a PNG, atomically (a re-rendered report never leaves a
     half-written figure); returns the file name."""
-    tmp = path.with_name(f".{path.name}.tmp.png")
     fig.tight_layout()
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
+    write_png_atomic(path, fig, dpi=120)
     return path.name
 
 

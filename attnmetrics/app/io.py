@@ -85,6 +85,12 @@ def write_npz_atomic(path: str | os.PathLike, **arrays: np.ndarray) -> None:
     _write_atomic(path, lambda f: np.savez(f, **arrays), "wb")
 
 
+def write_png_atomic(path: str | os.PathLike, fig, dpi: int) -> None:
+    """Write a matplotlib ``Figure`` as a PNG at ``dpi``, atomically: concurrent writers of the same
+    figure (several ``report`` calls at once) each write a temporary file of their own."""
+    _write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi), "wb")
+
+
 #: Claims a run folder while a run writes it (locked with flock); gone once the run ends.
 MARKER = ".attnmetrics-run"
 #: In a staging folder a failed run kept (and named): the next claim names it instead of removing it.
