@@ -113,6 +113,11 @@ def read_results(path: str | os.PathLike) -> dict:
         results = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise ValueError(f"{path} is not readable JSON ({e}); rerun the run to rewrite it") from None
+    except RecursionError:  # json's decoder nests a call per level
+        raise ValueError(
+            f"{path} is not a run's results (JSON nested deeper than Python's {sys.getrecursionlimit()} levels); "
+            "rerun the run to rewrite it"
+        ) from None
     lacking = [k for k in RUN_KEYS if k not in results] if isinstance(results, dict) else list(RUN_KEYS)
     if lacking:
         kind = "an object" if isinstance(results, dict) else f"a JSON {type(results).__name__}"

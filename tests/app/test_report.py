@@ -3,6 +3,8 @@ its warning on a model at chance level."""
 
 import threading
 
+import pytest
+
 from attnmetrics.app.figures import save_figure, subplots
 
 
@@ -40,3 +42,18 @@ def test_concurrent_writes_of_one_figure_all_succeed_and_leave_one_valid_png(tmp
     assert errors == []
     assert imread(path).shape[:2] == (240, 240)  # 2 in at 120 dpi: a whole PNG
     assert [p.name for p in tmp_path.iterdir()] == ["methods.png"]  # no temporary left
+
+
+@pytest.mark.parametrize("where", ["top", "inside"])
+def test_report_on_a_deeply_nested_results_json_is_one_line_naming_it(tmp_path, capsys, where):
+    from attnmetrics.app.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    deep = "[" * 100_000 + "]" * 100_000
+    text = deep if where == "top" else '{"command": "run", "config": {}, "data": {}, "instances": ' + deep + "}"
+    (run / "results.json").write_text(text)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"{run / 'results.json'} is not a run's results (JSON nested deeper than" in err
