@@ -706,11 +706,14 @@ def _cosine_distance(a: Tensor, b: Tensor) -> Tensor:
     """``1 - cos(a, b)`` over the last dimension, as ``||a/|a| - b/|b|||^2 / 2`` (the same number,
     without the cancellation of ``1 - cos`` when the vectors nearly agree: float32 keeps about
     ``eps / sqrt(distance)`` relative precision instead of ``eps / distance``), so never below 0
-    (scikit-learn's cosine_distances clips at 0); a zero vector has cosine 0 with anything."""
-    na, nb = a.norm(dim=-1, keepdim=True), b.norm(dim=-1, keepdim=True)
+    (scikit-learn's cosine_distances clips at 0); a zero vector has cosine 0 with anything. NaN
+    where either norm is not finite (a state holding NaN or inf, or whose norm overflows), so that
+    :func:`_real` names the row instead of counting the distance as a zero vector's 1."""
+    na, nb = a.norm(dim=-1), b.norm(dim=-1)
     tiny = torch.finfo(a.dtype).tiny
-    half = 0.5 * (a / na.clamp_min(tiny) - b / nb.clamp_min(tiny)).square().sum(-1)
-    return torch.where((na > 0).squeeze(-1) & (nb > 0).squeeze(-1), half, torch.ones_like(half))
+    half = 0.5 * (a / na[..., None].clamp_min(tiny) - b / nb[..., None].clamp_min(tiny)).square().sum(-1)
+    distance = torch.where((na == 0) | (nb == 0), torch.ones_like(half), half)
+    return torch.where(torch.isfinite(na) & torch.isfinite(nb), distance, torch.full_like(half, float("nan")))
 
 
 def gradient_weighted_rollout(

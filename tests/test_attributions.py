@@ -359,12 +359,30 @@ def test_max_flows_equal_networkx_on_hard_graphs(kind):
             np.testing.assert_allclose(got, want, rtol=0, atol=1e-10)
 
 
-def test_attention_flow_names_a_row_that_is_not_finite(inputs):
-    m = tiny(layers=3)
+#: the two methods that read the logits name them first (the chunks' logits checks)
+READS_LOGITS = ("chefer", "decompx")
+
+
+@pytest.mark.parametrize("corruption", ["NaN weight", "1e30 embedding"])
+@pytest.mark.parametrize("name", METHODS)
+def test_states_that_are_not_finite_are_named(name, corruption, inputs):
+    """A NaN query weight (every state from layer 1 on is NaN) or one word's float32 embedding at
+    1e30 (its LayerNorm's variance overflows: NaN from the embeddings on): no method returns
+    scores, each names the row (or the logits) that is not finite. Value Zeroing returned clean
+    shares here (a NaN distance counted as 1: 1/9 each for the 1e30 row)."""
+    m = tiny(dtype=torch.float32)
     with torch.no_grad():
-        m.hf.bert.encoder.layer[1].attention.self.query.weight[0, 0] = float("nan")
-    with pytest.raises(ValueError, match="attention_flow is not finite in row 0"):
-        attention_flow(m, *inputs)
+        if corruption == "NaN weight":
+            m.hf.bert.encoder.layer[1].attention.self.query.weight[0, 0] = float("nan")
+        else:
+            m.hf.bert.embeddings.word_embeddings.weight[inputs[0][0, 1]] = 1e30
+    match = (
+        "model returned NaN or infinite logits on the input rows"
+        if name in READS_LOGITS
+        else f"^{FUNCTION.get(name, name)} is not finite in row 0: the model's states hold NaN or inf"
+    )
+    with pytest.raises(ValueError, match=match):
+        METHODS[name](m, *inputs)
 
 
 @pytest.mark.cuda
