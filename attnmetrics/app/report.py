@@ -6,8 +6,12 @@ Everything here reads the plain ``results`` dictionary written to ``results.json
 
 from __future__ import annotations
 
+import sys
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from attnmetrics.app.battery import experiments
 from attnmetrics.app.io import write_text_atomic
@@ -35,6 +39,40 @@ def _timing(wall: dict) -> list[str]:
         inner = ", ".join(f"{name} {fmt(sec, 1)}" for name, sec in per.items())
         parts.append(f"battery {fmt(wall.get('experiments'), 1)} s ({inner})")
     return [f"Wall time: {'; '.join(parts)}.", ""] if parts else []
+
+
+#: the confidence level of the test accuracy's interval in the chance-level check
+CHANCE_CONFIDENCE = 0.95
+
+
+def chance_level(results: dict, folder: Path) -> str | None:
+    """A warning, in words, where the model is at chance level: the Wilson interval of its test
+    accuracy (``scipy.stats.binomtest``'s ``proportion_ci``, :data:`CHANCE_CONFIDENCE`) reaches the
+    majority-class rate of the test labels (predictions.npz in ``folder``), so always predicting
+    the majority class does as well; None where it does not, or without the test labels."""
+    accuracy = (results.get("test") or {}).get("accuracy")
+    try:
+        with np.load(folder / "predictions.npz") as f:
+            labels = f["labels"]
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile):
+        return None  # no test labels (or unreadable): nothing to compare with
+    if accuracy is None or not labels.size:
+        return None
+    from scipy.stats import binomtest  # scipy.stats loads in a report, not in every command's start
+
+    n, counts = labels.size, np.bincount(labels)
+    majority = counts.max() / n
+    ci = binomtest(round(accuracy * n), n).proportion_ci(confidence_level=CHANCE_CONFIDENCE, method="wilson")
+    if ci.low > majority:
+        return None
+    classes = results["data"].get("classes") or []
+    name = classes[counts.argmax()] if counts.argmax() < len(classes) else f"class {counts.argmax()}"
+    return (
+        f"the model is at chance level: its test accuracy {fmt(accuracy)} ({100 * CHANCE_CONFIDENCE:g} % Wilson "
+        f"interval [{fmt(ci.low)}, {fmt(ci.high)}] over {n} instances) is not above the majority-class rate "
+        f"{fmt(majority)} (always {name!r}), so the faithfulness numbers and the method ranking describe a model "
+        "no better than a constant guess"
+    )
 
 
 def render(results: dict, folder: str | Path) -> Path:
@@ -81,6 +119,9 @@ def render(results: dict, folder: str | Path) -> Path:
             ),
             "",
         ]
+    if warning := chance_level(results, folder):
+        print(f"attnmetrics: warning: {folder}: {warning}", file=sys.stderr)
+        lines += [f"**Warning**: {warning}.", ""]
     if isinstance(results.get("battery"), str):
         lines += ["## Faithfulness battery", "", results["battery"], ""]
     for experiment in _sections():

@@ -57,3 +57,48 @@ def test_report_on_a_deeply_nested_results_json_is_one_line_naming_it(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert f"{run / 'results.json'} is not a run's results (JSON nested deeper than" in err
+
+
+def _run(tmp_path, labels, accuracy):
+    """A run folder of ``report``'s minimum: results.json with the test metrics, predictions.npz."""
+    import numpy as np
+
+    from attnmetrics.app.io import write_json_atomic, write_npz_atomic
+
+    run = tmp_path / "run"
+    run.mkdir()
+    labels = np.asarray(labels)
+    sizes = {"train": 10, "dev": 10, "test": len(labels)}
+    data = {"name": "sst", "sizes": sizes, "classes": ["negative", "positive"]}
+    results = {"command": "run", "config": {"dataset": "sst"}, "data": data}
+    write_json_atomic(run / "results.json", results | {"test": {"accuracy": accuracy, "macro_f1": 0.5}})
+    write_npz_atomic(run / "predictions.npz", labels=labels)
+    return run
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "interval"),
+    [
+        (0.62, "[0.551, 0.684]"),  # 124 of 200 right: the majority rate 0.6 is in its Wilson interval
+        (0.55, "[0.481, 0.617]"),  # below the majority rate
+        (0.70, None),  # 140 of 200, interval [0.633, 0.759]: above 0.6
+        (0.90, None),
+    ],
+)
+def test_a_model_at_chance_level_is_warned_of_in_the_report_and_on_stderr(tmp_path, capsys, accuracy, interval):
+    """The test accuracy within its 95 % Wilson interval of the majority-class rate (here 0.6: 120 of
+    200 labels negative): a warning in report.md and on stderr; a model above it: none."""
+    from attnmetrics.app.cli import main
+
+    run = _run(tmp_path, [0] * 120 + [1] * 80, accuracy)
+    assert main(["report", str(run)]) == 0
+    report, err = (run / "report.md").read_text(), capsys.readouterr().err
+    if interval is None:
+        assert "Warning" not in report and "chance" not in report and err == ""
+        return
+    words = (
+        f"the model is at chance level: its test accuracy {accuracy:.3f} (95 % Wilson interval {interval} over 200 "
+        "instances) is not above the majority-class rate 0.600 (always 'negative')"
+    )
+    assert f"**Warning**: {words}" in report
+    assert err.startswith(f"attnmetrics: warning: {run}: {words}") and err.count("\n") == 1
