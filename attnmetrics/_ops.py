@@ -2,8 +2,14 @@
 
 The sources ship inside the package (``attnmetrics/csrc``) and are compiled on first
 use by ``torch.utils.cpp_extension.load`` (ninja). The build is cached in
-``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``), so later processes
-only load the shared library.
+``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions/<python>_<torch's device>``), in a
+folder keyed by everything that changes the binary (:func:`build_key`: the sources' bytes, the
+flags, the compiler named by ``CXX``, torch's version, the Python ABI, the CUDA architectures):
+checkouts and environments whose builds would be identical share one build and load it without
+running the compiler or ninja, and builds that differ never evict each other. A new key's build
+starts from the newest earlier build of the same checkout (its objects and ninja's log are
+copied), so editing one source recompiles that file only. Build folders not loaded for
+``STALE_DAYS`` days are removed after a build.
 
 Two builds, under two names so their caches never clash:
 
@@ -25,6 +31,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -56,8 +64,14 @@ _loaded = False
 
 #: Whether the loaded build holds the CUDA kernels (set by :func:`load`).
 CUDA_KERNELS = False
-#: The loaded build's name: ``attnmetrics_C`` or ``attnmetrics_C_cuda`` (set by :func:`load`).
+#: The loaded build's name: ``attnmetrics_C_<key>`` or ``attnmetrics_C_cuda_<key>`` (set by :func:`load`).
 EXTENSION_NAME = None
+#: The loaded build's folder (set by :func:`load`).
+BUILD_DIR: Path | None = None
+#: Written into a build folder, atomically, once its library is complete: the key and what it hashes.
+STAMP = "attnmetrics-build.json"
+#: A build folder not loaded for this many days is removed after another build completes.
+STALE_DAYS = 30
 
 # -fopenmp: at::parallel_for runs in parallel. No -std: torch's build passes its own (C++20), which
 # its headers need from torch 2.14 on (std::strong_ordering); a -std=c++17 here would override it.
@@ -151,29 +165,103 @@ def _register_cuda_stubs(why: str) -> None:
         _stub_library.impl(name, stub, "CUDA")
 
 
-@contextlib.contextmanager
-def _build_lock(name: str, with_cuda: bool = False) -> Iterator[None]:
-    """Hold an exclusive flock on ``TORCH_EXTENSIONS_DIR/<name>.build-lock`` around the build.
+def _inputs(with_cuda: bool) -> list[Path]:
+    """The files a build compiles or includes: all of csrc, csrc/cuda only with the CUDA kernels."""
+    return sorted(
+        p for p in _CSRC.rglob("*") if p.is_file() and (with_cuda or "cuda" not in p.relative_to(_CSRC).parts)
+    )
 
-    torch serialises builds with a plain lock file (``<name>/lock``) that a killed build (kill -9,
-    the OOM killer) leaves behind, and every later import then waits on it forever, silently.
-    A flock dies with its holder: whoever holds ours is the only attnmetrics build alive, so a
-    torch lock file found then is stale and is removed, with a notice naming it. Prints a
-    one-line notice while it waits for another process's build, and before a (re)compile.
+
+def build_key(with_cuda: bool = False) -> tuple[str, dict]:
+    """The key of the build this process would load: a SHA-256 over everything that changes the
+    binary, and that description (sources by content, not by path, so two checkouts of one commit
+    get one key). Not in it: the compiler's version behind the ``CXX`` name (an upgrade in place
+    keeps the key; remove the build folder to rebuild)."""
+    sources = hashlib.sha256()
+    for path in _inputs(with_cuda):
+        sources.update(path.relative_to(_CSRC).as_posix().encode() + b"\0")
+        sources.update(path.read_bytes() + b"\0")
+    what = {
+        "sources": sources.hexdigest(),
+        "cxx": os.environ.get("CXX", "c++"),
+        "cxx_flags": CXX_FLAGS,
+        "torch": f"{torch.__version__} {torch.version.git_version} cuda {torch.version.cuda}",
+        "python": f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}",
+        "cuda": None,
+    }
+    if with_cuda:
+        archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or sorted(
+            {".".join(map(str, torch.cuda.get_device_capability(i))) for i in range(torch.cuda.device_count())}
+        )
+        what["cuda"] = {"nvcc": find_nvcc(), "nvcc_flags": NVCC_FLAGS, "archs": archs}
+    key = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+    return key, what
+
+
+def _built(build_dir: Path, key: str) -> Path | None:
+    """The library in ``build_dir`` when its stamp (written once the library was complete) has ``key``."""
+    try:
+        stamp = json.loads((build_dir / STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    library = build_dir / stamp.get("library", "")
+    return library if stamp.get("key") == key and library.is_file() else None
+
+
+def _replace_atomic(target: Path, data: bytes) -> None:
+    """Write ``data`` to ``target`` through a unique temporary file and a rename."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _publish(library: Path, build_dir: Path, key: str, what: dict) -> Path:
+    """Copy the freshly linked ``library`` into the keyed ``build_dir``, then write its stamp, each
+    atomically: a reader that finds the stamp finds the whole library."""
+    target = build_dir / library.name
+    _replace_atomic(target, library.read_bytes())
+    stamp = {"key": key, "library": target.name, "what": what, "built_in": str(library.parent)}
+    _replace_atomic(build_dir / STAMP, json.dumps(stamp, indent=1).encode())
+    return target
+
+
+def _prune(root: Path, keep: tuple[Path, ...]) -> None:
+    """Remove attnmetrics build folders (keyed and work folders) not loaded for ``STALE_DAYS`` days."""
+    cutoff = time.time() - STALE_DAYS * 86400
+    for folder in root.glob("attnmetrics_C*"):
+        if not folder.is_dir() or folder in keep:
+            continue
+        used = [p.stat().st_mtime for p in (folder / STAMP, folder) if p.exists()]
+        if max(used) < cutoff:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _build_lock(work_dir: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``<work_dir>.build-lock`` around a build in ``work_dir``.
+
+    torch serialises builds with a plain lock file (``<work_dir>/lock``) that a killed build
+    (kill -9, the OOM killer) leaves behind, and every later import then waits on it forever,
+    silently. A flock dies with its holder: whoever holds ours is the only attnmetrics build alive
+    in that folder, so a torch lock file found then is stale and is removed, with a notice naming
+    it. Prints a one-line notice while it waits for another process's build.
     """
-    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
-    fd = os.open(build_dir.parent / f"{name}.build-lock", os.O_RDWR | os.O_CREAT, 0o644)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work_dir.parent / f"{work_dir.name}.build-lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             print(
-                f"attnmetrics: waiting for another process to finish building the kernels ({build_dir})",
+                f"attnmetrics: waiting for another process to finish building the kernels ({work_dir})",
                 file=sys.stderr,
                 flush=True,
             )
             fcntl.flock(fd, fcntl.LOCK_EX)
-        stale = build_dir / "lock"
+        stale = work_dir / "lock"
         if stale.exists():
             print(
                 f"attnmetrics: removing the stale build lock {stale} (left by a build that was killed)",
@@ -181,24 +269,7 @@ def _build_lock(name: str, with_cuda: bool = False) -> Iterator[None]:
                 flush=True,
             )
             stale.unlink(missing_ok=True)
-        built = [p.stat().st_mtime for p in build_dir.glob(f"{name}*.so")]
-        # what this build compiles: csrc/cuda only with the CUDA kernels
-        inputs = [
-            p for p in _CSRC.rglob("*") if p.is_file() and (with_cuda or "cuda" not in p.relative_to(_CSRC).parts)
-        ]
-        if not built or max(p.stat().st_mtime for p in inputs) > max(built):
-            sources = len(_sources(with_cuda))
-            print(
-                f"attnmetrics: compiling the {'C++/CUDA' if with_cuda else 'C++'} kernels once, {sources} source "
-                f"files with {os.environ.get('CXX', 'c++')} on {os.environ.get('MAX_JOBS', 'all')} jobs "
-                f"(1-3 minutes on 2 cores), cached in {build_dir}",
-                file=sys.stderr,
-                flush=True,
-            )
-            with _build_progress(build_dir, sources):
-                yield
-        else:
-            yield
+        yield
     finally:
         os.close(fd)  # releases the flock
 
@@ -238,35 +309,79 @@ def _build_progress(build_dir: Path, sources: int, every: float = 15.0) -> Itera
         )
 
 
-def load() -> None:
-    """Compile (first time) and load the extension; idempotent."""
-    global _loaded, CUDA_KERNELS, EXTENSION_NAME
-    if _loaded:
-        return
+def _build(name: str, with_cuda: bool, work_dir: Path) -> Path:
+    """Compile (ninja: only what changed since this work folder's last build) and link the kernels
+    in ``work_dir``; the linked library's path."""
     if shutil.which(os.environ.get("CXX", "c++")) is None:
         raise RuntimeError(
             "attnmetrics needs a C++ compiler to build its kernels on first use: "
             f"no '{os.environ.get('CXX', 'c++')}' on PATH (install g++, or set CXX)."
         )
-    with_cuda, why_not = _want_cuda()
-    if why_not:
-        warnings.warn(f"attnmetrics: building the CPU kernels only: {why_not}", RuntimeWarning, stacklevel=2)
-    name = "attnmetrics_C_cuda" if with_cuda else "attnmetrics_C"
     sources = _sources(with_cuda)
-    with _build_lock(name, with_cuda):
-        cpp_extension.load(
+    print(
+        f"attnmetrics: compiling the {'C++/CUDA' if with_cuda else 'C++'} kernels, once for these sources, "
+        f"flags, torch and Python: up to {len(sources)} source files with {os.environ.get('CXX', 'c++')} on "
+        f"{os.environ.get('MAX_JOBS', 'all')} jobs (about 2 minutes on 2 cores for all of them), in {work_dir}",
+        file=sys.stderr,
+        flush=True,
+    )
+    with _build_progress(work_dir, len(sources)):
+        library = cpp_extension.load(
             name=name,
             sources=sources,
             extra_include_paths=[str(_CSRC)],
             extra_cflags=CXX_FLAGS,
             extra_cuda_cflags=NVCC_FLAGS if with_cuda else None,
             extra_ldflags=["-fopenmp"],
+            build_directory=str(work_dir),
             is_python_module=False,
             verbose=os.environ.get("ATTNMETRICS_VERBOSE_BUILD") == "1",
         )
+    return Path(library)
+
+
+def _work_dir(root: Path, base: str, what: dict) -> Path:
+    """This checkout's build folder for ``base`` under ``root``: keyed by the sources' path (not
+    their bytes, so that ninja recompiles only what changed), the Python ABI and torch."""
+    checkout = hashlib.sha256(json.dumps([str(_CSRC), what["python"], what["torch"]]).encode()).hexdigest()
+    return root / f"{base}-work-{checkout[:16]}"
+
+
+def load() -> None:
+    """Load the extension, compiling it first when no build with this process's key exists; idempotent.
+
+    The library lives in ``<root>/<name>_<key>`` (:func:`build_key`), which any checkout or
+    environment with the same key loads as is. A build runs in this checkout's work folder
+    ``<root>/<name>-work-<checkout>`` under a flock, and its library is then published into the
+    keyed folder.
+    """
+    global _loaded, CUDA_KERNELS, EXTENSION_NAME, BUILD_DIR
+    if _loaded:
+        return
+    with_cuda, why_not = _want_cuda()
+    if why_not:
+        warnings.warn(f"attnmetrics: building the CPU kernels only: {why_not}", RuntimeWarning, stacklevel=2)
+    base = "attnmetrics_C_cuda" if with_cuda else "attnmetrics_C"
+    key, what = build_key(with_cuda)
+    name = f"{base}_{key[:16]}"
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    library = _built(build_dir, key)
+    if library is None:
+        work_dir = _work_dir(build_dir.parent, base, what)
+        with _build_lock(work_dir):
+            library = _built(build_dir, key)  # built by another process while this one waited
+            if library is None:
+                library = _publish(_build(base, with_cuda, work_dir), build_dir, key, what)
+                _prune(build_dir.parent, keep=(build_dir, work_dir))
+            else:
+                torch.ops.load_library(str(library))
+    else:
+        torch.ops.load_library(str(library))
+    with contextlib.suppress(OSError):  # a read-only shared cache is used as it is
+        os.utime(build_dir / STAMP)  # when it was last loaded: builds unused for STALE_DAYS are pruned
     if why_not:
         _register_cuda_stubs(why_not)
-    CUDA_KERNELS, EXTENSION_NAME = with_cuda, name
+    CUDA_KERNELS, EXTENSION_NAME, BUILD_DIR = with_cuda, name, build_dir
     _loaded = True
 
 
