@@ -36,6 +36,25 @@ def save_figure(fig: Figure, path: Path) -> str:
     return path.name
 
 
+#: the markers of :func:`point_styles`, a new one after each nine colours; never "x", the baseline's
+MARKERS = "osD^vP*p<h"
+#: the colour and marker of a baseline beside :func:`point_styles`' points (tab20's greys are left out of theirs)
+BASELINE_STYLE = {"color": "grey", "marker": "x"}
+
+
+def point_styles(n: int) -> list[dict[str, object]]:
+    """``n`` distinct styles (``color``, ``marker``) for one point each in a legend: tab20's colours
+    but its greys (the baseline's), the nine dark shades, then the nine light, each nine with a
+    marker of its own (:data:`MARKERS`), so the first 18 differ in colour and the first 90 in
+    colour or marker."""
+    from matplotlib import colormaps
+
+    tab20 = [c for k, c in enumerate(colormaps["tab20"].colors) if k not in (14, 15)]  # 14, 15: grey
+    colours = [*tab20[0::2], *tab20[1::2]]
+    hues = len(colours) // 2
+    return [{"color": colours[k % len(colours)], "marker": MARKERS[k // hues % len(MARKERS)]} for k in range(n)]
+
+
 def violins(ax, data: list[np.ndarray], positions, width=0.8, color=None):
     """One violin (with its median) per array of ``data`` at ``positions`` on ``ax``; NaNs
     dropped, arrays with fewer than two finite values left out."""

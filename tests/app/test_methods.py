@@ -272,6 +272,37 @@ def test_the_report_renders_the_section_and_its_figure(tmp_path):
     assert "side by side" not in render(results, tmp_path).read_text()
 
 
+@pytest.mark.parametrize("methods", [13, 25])
+def test_the_methods_figure_gives_each_method_a_style_of_its_own_past_ten(tmp_path, monkeypatch, methods):
+    """methods.png: every method's point (and legend entry) a colour of its own (up to 18; and a
+    marker of its own for each nine colours beyond), none the random baseline's grey cross."""
+    from matplotlib.colors import to_hex
+
+    from attnmetrics.app.battery import methods as module
+
+    drawn = []
+    monkeypatch.setattr(module, "save_figure", lambda fig, path: drawn.append(fig) or path.name)
+
+    def cell(mean):
+        return {"mean": mean, "ci95": [mean - 0.01, mean + 0.01]}
+
+    rows = [
+        {"method": f"m{k}", "comprehensiveness": cell(k / 30), "sufficiency": cell(0.5 - k / 60)}
+        for k in range(methods)
+    ]
+    s = {"methods": rows, "baseline": {"random": {"comprehensiveness": cell(0.1), "sufficiency": cell(0.4)}}}
+    assert module.eraser_figure(s, tmp_path / "methods.png", "title") == "methods.png"
+    (ax,) = drawn[0].axes
+    points = {c.get_label(): c.lines[0] for c in ax.containers}  # each errorbar's point
+    assert list(points) == [f"m{k}" for k in range(methods)] + ["random (baseline)"]
+    styles = [(to_hex(line.get_color()), line.get_marker()) for line in points.values()]
+    assert len(set(styles)) == methods + 1
+    colours = [colour for colour, _ in styles[:methods]]
+    assert len(set(colours)) == min(methods, 18)
+    assert styles[-1] == (to_hex("grey"), "x") and all(m != "x" for _, m in styles[:-1])
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(points)
+
+
 # a sweep's table (issues 28, 29): the cells' per-instance values over seeds
 
 

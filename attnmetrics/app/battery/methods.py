@@ -19,7 +19,7 @@ import numpy as np
 
 from attnmetrics.app.battery.flip import common_rows
 from attnmetrics.app.battery.registry import Context, Experiment, importances
-from attnmetrics.app.figures import save_figure, subplots
+from attnmetrics.app.figures import BASELINE_STYLE, point_styles, save_figure, subplots
 from attnmetrics.app.markdown import fmt, table
 from attnmetrics.app.summaries import as_floats, nanmean
 from attnmetrics.stats import bootstrap_ci_rows, seed_instance_ci
@@ -303,13 +303,15 @@ def figure(results: dict, folder: Path) -> str | None:
 def eraser_figure(s: dict, path: Path, title: str) -> str | None:
     """:func:`figure`'s plot of a table in :func:`method_table`'s layout (a run's, or a sweep
     group's from :func:`sweep_table`) into ``path``; None where no method has both AOPCs."""
-    points = [(r["method"], r["comprehensiveness"], r["sufficiency"], None) for r in s["methods"]]
-    points += [(f"{k} (baseline)", b["comprehensiveness"], b["sufficiency"], "grey") for k, b in s["baseline"].items()]
+    points = [(r["method"], r["comprehensiveness"], r["sufficiency"]) for r in s["methods"]]
     points = [p for p in points if _finite(p[1]) and _finite(p[2])]
+    points = [(*p, style) for p, style in zip(points, point_styles(len(points)))]  # one colour and marker each
+    baseline = [(f"{k} (baseline)", b["comprehensiveness"], b["sufficiency"]) for k, b in s["baseline"].items()]
+    points += [(*p, BASELINE_STYLE) for p in baseline if _finite(p[1]) and _finite(p[2])]
     if not points:
         return None
     fig, ax = subplots(figsize=(6.5, 4.5))
-    for k, (name, comp, suff, color) in enumerate(points):
+    for name, comp, suff, style in points:
         err = [
             [[max(0.0, v["mean"] - v["ci95"][0])], [max(0.0, v["ci95"][1] - v["mean"])]]
             if all(b is not None and math.isfinite(b) for b in v["ci95"])
@@ -317,9 +319,8 @@ def eraser_figure(s: dict, path: Path, title: str) -> str | None:
             for v in (comp, suff)
         ]
         ax.errorbar(
-            comp["mean"], suff["mean"], xerr=err[0], yerr=err[1], fmt="o", capsize=3, color=color or f"C{k % 10}",
-            label=name,
-        )  # fmt: skip
+            comp["mean"], suff["mean"], xerr=err[0], yerr=err[1], linestyle="none", capsize=3, label=name, **style
+        )
     ax.set_xlabel("comprehensiveness AOPC (higher: more faithful)")
     ax.set_ylabel("sufficiency AOPC (lower: more faithful)")
     ax.set_title(title)
