@@ -30,6 +30,15 @@ attention, padded queries are zeroed), chunked to a memory budget, device-agnost
 (pre-LayerNorm) classifiers are refused: the authors' decompositions of residual and LayerNorm do
 not apply to them.
 
+Precision: a float16 or bfloat16 model is run in float32, its forward included. For the call, its
+half parameters and buffers hold their values as float32 (the same numbers; its own tensors are put
+back after, also on an error), so every method returns, in float32, exactly what it returns for the
+same weights converted to float32. In the half dtype the decompositions are differences of nearly
+equal numbers (ALTI's ``||y_i||_1 - d_ij``, Value Zeroing's distances between a state and its
+altered self, DecompX's and Chefer's logits): a random width-256 BERT's ALTI was 95 % off its
+float32 value in bfloat16. The float32 copies hold twice the half weights' bytes for the call,
+outside the chunks' memory budget; the model must not be used elsewhere meanwhile.
+
 The layer notation of the first four: layer ``l`` maps its input ``x`` ``[T, d]`` (the embeddings'
 output for ``l = 0``) through heads ``h`` with attention ``A_h`` ``[T, T]`` and values
 ``v_h(x_j) = x_j W_V^h + b_V^h``; ``f_h(x_j) = v_h(x_j) W_O^h`` is head h's value through its slice
@@ -237,6 +246,27 @@ def _has(module: nn.Module, path: str) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _in_float32(model) -> Iterator[None]:
+    """Half precision computed in float32 (the module docstring's Precision): for the block, every
+    parameter and buffer of ``model`` in a float dtype narrower than float32 (float16, bfloat16)
+    holds its values as float32 (exactly the same numbers), then its own tensor again when the block
+    closes, also when it raises; the parameters stay the same ``nn.Parameter`` objects (tied ones
+    stay tied). Holds the float32 copies beside the originals: three times the half weights' bytes.
+    An object that is not an ``nn.Module`` is left alone."""
+    narrow = []
+    if isinstance(model, nn.Module):
+        tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}.values()
+        narrow = [(t, t.data) for t in tensors if t.is_floating_point() and t.element_size() < 4]
+    try:
+        for t, data in narrow:
+            t.data = data.float()
+        yield
+    finally:
+        for t, data in narrow:
+            t.data = data
+
+
 class _Trace:
     """One forward of a chunk of rows: every layer's input ``x[l]`` ``[B, T, d]`` (``x[L]`` the last
     layer's output), attention probabilities ``probs[l]`` ``[B, H, T, T]`` and values ``v[l]``
@@ -408,25 +438,28 @@ def _run(
     ``gradients``: each chunk's trace is recorded for autograd (``_Trace``'s ``gradients``) and
     ``per_chunk`` runs with gradients enabled. ``trailing``: ``per_chunk`` returns
     ``[b, width, *trailing]``; ``raw``: the assembled ``[B, T, *trailing]`` over every position is
-    returned as it is (zero past the chunks' widths), not laid out over the real tokens."""
-    stack = _stack(model, method)
-    layers = stack.parts
-    lengths = check_model_inputs(model, tokens, lengths)
-    budget = check_budget(memory_budget)
-    batch, width = tokens.shape
-    dtype = layers[0].out.weight.dtype
-    host_lengths = lengths.tolist()  # one read: the chunks' widths and plans
-    used = max(host_lengths, default=0)  # the columns past every row's length are padding
-    out = torch.zeros(batch, width, *trailing, dtype=dtype, device=tokens.device)
-    itemsize = torch.finfo(dtype).bits // 8
-    row_bytes = _row_bytes(layers, used, itemsize) * (_GRADIENT_ROW_FACTOR if gradients else 1)
-    with eval_mode(model), torch.no_grad(), deferred():  # the chunks' logits checked once, at the end
-        for rows in _chunks(batch, row_bytes, budget // 2):
-            t, n = tokens[rows, :used], lengths[rows]
-            with torch.enable_grad() if gradients else contextlib.nullcontext():
-                trace = _Trace(model, stack, t, n, method, gradients, host_lengths[rows])
-                score = per_chunk(layers, t, n, trace, budget // 2)
-            out[rows, :used] = score.detach().to(dtype)
+    returned as it is (zero past the chunks' widths), not laid out over the real tokens. A half
+    precision model runs in float32 (:func:`_in_float32`; its parts read inside, so our GPT's value
+    weights, a slice of ``qkv``'s, are float32 too), and so does everything after its forward."""
+    with _in_float32(model), eval_mode(model), torch.no_grad():
+        stack = _stack(model, method)
+        layers = stack.parts
+        lengths = check_model_inputs(model, tokens, lengths)
+        budget = check_budget(memory_budget)
+        batch, width = tokens.shape
+        dtype = layers[0].out.weight.dtype
+        host_lengths = lengths.tolist()  # one read: the chunks' widths and plans
+        used = max(host_lengths, default=0)  # the columns past every row's length are padding
+        out = torch.zeros(batch, width, *trailing, dtype=dtype, device=tokens.device)
+        itemsize = torch.finfo(dtype).bits // 8
+        row_bytes = _row_bytes(layers, used, itemsize) * (_GRADIENT_ROW_FACTOR if gradients else 1)
+        with deferred():  # the chunks' logits checked once, at the end
+            for rows in _chunks(batch, row_bytes, budget // 2):
+                t, n = tokens[rows, :used], lengths[rows]
+                with torch.enable_grad() if gradients else contextlib.nullcontext():
+                    trace = _Trace(model, stack, t, n, method, gradients, host_lengths[rows])
+                    score = per_chunk(layers, t, n, trace, budget // 2)
+                out[rows, :used] = score.detach().to(dtype)
     return out if raw else _real(out, lengths, model, method)
 
 
@@ -458,14 +491,16 @@ def attention_value_norm(
     Args:
         model: a protocol model whose ``hf`` is a BERT-like ``BertForSequenceClassification``
             (e.g. ``attnmetrics.models.hf.HFClassifier``), or our ``GPTClassifier`` with the extract
-            read-out; in eval mode for the call.
+            read-out; in eval mode for the call, and in float32 if it is float16 or bfloat16
+            (module docstring, Precision).
         tokens: ``[B, T]`` int64 ids, ``[CLS] ... [SEP]`` (``<start> ... <extract>``) then padding.
         lengths: ``[B]`` integer lengths, special tokens included, in ``[lead + trail, T]``.
         memory_budget: bytes a chunk of rows may hold (default 256 MiB).
 
     Returns:
-        ``[B, T - lead]`` in the model's float dtype: each real token's norm, in the units of the
-        hidden states (non-negative, not normalised), zero past each row's real tokens.
+        ``[B, T - lead]`` in the model's float dtype (float32 for a half precision model): each real
+        token's norm, in the units of the hidden states (non-negative, not normalised), zero past
+        each row's real tokens.
 
     Raises:
         TypeError: the model is neither our GPT classifier nor has a Hugging Face model
@@ -503,8 +538,9 @@ def globenc(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
     Args, Raises: as :func:`attention_value_norm`.
 
     Returns:
-        ``[B, T - lead]`` in the model's float dtype: each real token's GlobEnc score
-        (non-negative, the product of norms: not normalised), zero past each row's real tokens.
+        ``[B, T - lead]`` in the model's float dtype (float32 for a half precision model): each real
+        token's GlobEnc score (non-negative, the product of norms: not normalised), zero past each
+        row's real tokens.
     """
 
     return _run(model, tokens, lengths, memory_budget, "globenc", _rolled_out(model, _norm_enc))
@@ -541,9 +577,9 @@ def alti(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT
     Args, Raises: as :func:`attention_value_norm`.
 
     Returns:
-        ``[B, T - lead]`` in the model's float dtype: each real token's share of the pooled
-        position's last attention output, in [0, 1] (the shares of all positions, special tokens
-        included, sum to 1), zero past each row's real tokens.
+        ``[B, T - lead]`` in the model's float dtype (float32 for a half precision model): each real
+        token's share of the pooled position's last attention output, in [0, 1] (the shares of all
+        positions, special tokens included, sum to 1), zero past each row's real tokens.
     """
 
     return _run(model, tokens, lengths, memory_budget, "alti", _rolled_out(model, _alti_layer))
@@ -657,9 +693,10 @@ def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int 
     Args, Raises: as :func:`attention_value_norm`.
 
     Returns:
-        ``[B, T - lead]`` in the model's float dtype: each real token's share of the pooled
-        position in [0, 1] (the shares of all positions, special tokens included, sum to 1 unless
-        a layer's row of distances was all 0), zero past each row's real tokens.
+        ``[B, T - lead]`` in the model's float dtype (float32 for a half precision model): each real
+        token's share of the pooled position in [0, 1] (the shares of all positions, special tokens
+        included, sum to 1 unless a layer's row of distances was all 0), zero past each row's real
+        tokens.
     """
 
     def per_chunk(layers, tokens, lengths, trace, budget):
@@ -753,10 +790,10 @@ def gradient_weighted_rollout(
             differentiable trace is budgeted at about four times a plain one's).
 
     Returns:
-        ``[B, T - lead]`` in the model's float dtype: each real token's relevance ``R[p, j]``
-        (non-negative, not normalised nor bounded, of no single unit: each ``Ā_b`` is in the
-        logit's units, ``R`` sums products of them across layers), zero past each row's real
-        tokens.
+        ``[B, T - lead]`` in the model's float dtype (float32 for a half precision model): each real
+        token's relevance ``R[p, j]`` (non-negative, not normalised nor bounded, of no single unit:
+        each ``Ā_b`` is in the logit's units, ``R`` sums products of them across layers), zero past
+        each row's real tokens.
 
     Raises:
         TypeError, ValueError: as :func:`attention_value_norm`; also logits that are not
@@ -871,8 +908,9 @@ def decompx(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
         ``nn.Linear``, or logits that are not ``[B, C]`` or not finite.
 
     Returns:
-        ``[B, T - lead]`` in the model's float dtype: each real token's signed contribution to the
-        predicted class's logit (logit units, not normalised), zero past each row's real tokens.
+        ``[B, T - lead]`` in the model's float dtype (float32 for a half precision model): each real
+        token's signed contribution to the predicted class's logit (logit units, not normalised),
+        zero past each row's real tokens.
     """
     return _run(model, tokens, lengths, memory_budget, "decompx", _decompx_chunk(model, predicted=True))
 
@@ -881,9 +919,9 @@ def decompx_contributions(
     model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET
 ) -> Tensor:
     """DecompX's per-class decomposition of the logits (:func:`decompx`): ``[B, T, C]`` in the
-    model's float dtype, ``y_{c<-k}`` for every position k of each row (``[CLS]`` and ``[SEP]``
-    included, padding 0) and every logit c, summing over k to the model's logits (every bias is
-    assigned to the tokens). Args and errors as :func:`decompx`."""
+    model's float dtype (float32 for a half precision model), ``y_{c<-k}`` for every position k of
+    each row (``[CLS]`` and ``[SEP]`` included, padding 0) and every logit c, summing over k to the
+    model's logits (every bias is assigned to the tokens). Args and errors as :func:`decompx`."""
     classes = _decompx_head(model, "decompx_contributions")[1].out_features
     return _run(
         model,
@@ -1101,7 +1139,7 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
     float max flow (1e-12 relative on the tests' models and on random graphs with tied cuts). C can
     differ only where cuts come within ``|C| 2^-30`` of each other, e.g. through capacities below
     2^-30 that round to 0 (a random graph with such capacities: 4e-12 above F). The result is then
-    cast to the model's dtype.
+    cast to the model's float dtype (float32 for a half precision model: module docstring).
 
     Args: as :func:`attention_value_norm` (``memory_budget`` bounds the forward's chunks; the flows
     hold one row's graph at a time).
@@ -1115,10 +1153,10 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
             attention probabilities are negative), naming its row, layer and entry.
 
     Returns:
-        ``[B, T - lead]`` in the model's float dtype: each real token's maximum flow to the pooled
-        position, in [0, 1] (a share of the pooled node's in-capacity 1; the tokens' flows may sum
-        past 1, each one is the most that token alone could send), zero past each row's real
-        tokens.
+        ``[B, T - lead]`` in the model's float dtype (float32 for a half precision model): each real
+        token's maximum flow to the pooled position, in [0, 1] (a share of the pooled node's
+        in-capacity 1; the tokens' flows may sum past 1, each one is the most that token alone could
+        send), zero past each row's real tokens.
     """
 
     from attnmetrics.rollout import layer_attentions, layer_matrices
@@ -1130,12 +1168,12 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
     used = int(lengths.max())  # one read: the columns past every row's length are padding
     pooled = _pooled(model, lengths)
     out = None
-    with eval_mode(model), torch.no_grad():
+    with _in_float32(model), eval_mode(model), torch.no_grad():
         row_bytes = _flow_row_bytes(model, attentions, tokens[:1, :used], lengths[:1])
         for rows in _chunks(batch, row_bytes, budget // 2):
             n = lengths[rows]
             probs = attentions(tokens[rows, :used], n)
-            if out is None:  # the model's float dtype
+            if out is None:  # the model's float dtype (float32 for a half precision model)
                 out = torch.zeros(batch, width, dtype=probs.dtype, device=tokens.device)
             graphs = layer_matrices(probs, n).cpu().contiguous()  # [b, L, T, T] float64
             flows = ops.attention_flow(graphs, n.cpu(), pooled[rows].cpu(), model.lead, model.trail)
