@@ -112,7 +112,7 @@ def encode_to_file(
 
     The texts are concatenated as they come; GPT-1 trained on one stream of books too.
     """
-    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    dtype = _token_dtype(tokenizer.vocab_size)
     path = Path(path)
     n = 0
     with open(path, "wb") as f:
@@ -130,10 +130,28 @@ def encode_to_file(
     return n
 
 
+def _token_dtype(vocab_size: int) -> type[np.unsignedinteger]:
+    return np.uint16 if vocab_size <= 1 << 16 else np.uint32
+
+
 def read_tokens(path: str | os.PathLike, vocab_size: int) -> np.ndarray:
     """The token file written by :func:`encode_to_file`, memory-mapped (read-only)."""
-    dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    return np.memmap(path, dtype=dtype, mode="r")
+    return np.memmap(path, dtype=_token_dtype(vocab_size), mode="r")
+
+
+def check_stream(path: str | os.PathLike, vocab_size: int, context: int, name: str) -> None:
+    """Refuse the token file ``path`` (of :func:`encode_to_file`) if it is shorter than one window
+    of ``context + 1`` tokens: too short to train on or to validate with.
+
+    Raises:
+        ValueError: one line naming the text (``name``), the tokens it has and those needed.
+    """
+    n = Path(path).stat().st_size // np.dtype(_token_dtype(vocab_size)).itemsize
+    if n < context + 1:
+        raise ValueError(
+            f"{name} is too short to pre-train on: {n} tokens after BPE, at least {context + 1} needed "
+            f"(one window: the model's context {context} + 1); give a longer text"
+        )
 
 
 def sample_windows(tokens: np.ndarray, batch_size: int, context: int, generator: torch.Generator) -> Tensor:
@@ -444,6 +462,14 @@ def _starting_point(out_dir: Path, model_config, config, train_texts, tokenizer,
     return GPT(model_config), tokenizer, config, None, None
 
 
+def _checked_streams(out_dir: Path, vocab_size: int, context: int, train_name: str, valid_name: str) -> dict:
+    """The digests of ``out_dir``'s token streams (``train_tokens_sha256``, ``valid_tokens_sha256``),
+    each first checked to hold a window (:func:`check_stream`; on every rank, so each raises alike)."""
+    for s, name in (("train", train_name), ("valid", valid_name)):
+        check_stream(out_dir / f"{s}.tokens", vocab_size, context, name)
+    return {f"{s}_tokens_sha256": sha256_file(out_dir / f"{s}.tokens") for s in ("train", "valid")}
+
+
 def _step(model, optimizer, windows: Tensor, rank: int, world: int, device, grad_clip: float) -> Tensor:
     """One optimiser step on this rank's slice of ``windows`` (every rank draws the same ones),
     the gradient summed over the ranks weighted by their windows; returns the batch's loss (the
@@ -476,6 +502,8 @@ def pretrain(
     stop_at: int | None = None,
     cache_dir: str | os.PathLike | None = None,
     device: str | torch.device = "cpu",
+    train_name: str = "the training texts",
+    valid_name: str = "the validation text",
 ) -> PretrainResult:
     """Pre-train a GPT for ``config.steps`` steps into ``out_dir`` (checkpoints as in the module
     docstring, the last one at the final step).
@@ -493,7 +521,9 @@ def pretrain(
     streams it wrote. Each step's windows are drawn as one process draws them and split over
     the ranks, so a resumed run continues the same stream on any number of ranks.
 
-    Raises ValueError when ``resume`` finds no checkpoint or a text is too short for a window.
+    Raises ValueError when ``resume`` finds no checkpoint or, before the first step, when the
+    training texts or the validation text are too short for a window (named ``train_name``,
+    ``valid_name``).
     """
     out_dir = Path(out_dir)
     start_time = time.perf_counter()
@@ -526,7 +556,7 @@ def pretrain(
         encode_to_file(tokenizer, [valid_text], out_dir / "valid.tokens")
     if world > 1:
         dist.barrier()  # the token streams are written (out_dir must be shared by the ranks)
-    streams = {f"{s}_tokens_sha256": sha256_file(out_dir / f"{s}.tokens") for s in ("train", "valid")}
+    streams = _checked_streams(out_dir, tokenizer.vocab_size, model.config.context, train_name, valid_name)
     if resume:
         for key, digest in streams.items():
             if meta.get(key) != digest:

