@@ -243,6 +243,29 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+#: the dtypes a checkpoint may hold that the loaders upcast to float32: half precision overflows in
+#: fine-tuning (NaN logits within an epoch on the CPU), and the procedures compute in float32 or float64
+HALF_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def _check_tokenizer(path: Path, tokenizer, vocab_size: int) -> None:
+    """ValueError where ``path`` holds none of ``tokenizer``'s files (``transformers`` then builds
+    one of the special tokens alone: every word ``[UNK]``), or where its ids reach past the
+    model's ``vocab_size`` embeddings."""
+    names = sorted({"tokenizer.json", *type(tokenizer).vocab_files_names.values()})
+    if not any((path / name).is_file() for name in names):
+        raise ValueError(
+            f"{path} has no tokenizer files (expected {' or '.join(names)}); save the model's tokenizer "
+            "there (tokenizer.save_pretrained)"
+        )
+    top = max(tokenizer.get_vocab().values())
+    if top >= vocab_size:
+        raise ValueError(
+            f"{path}: the tokenizer's ids go up to {top}, the model's vocabulary has {vocab_size} "
+            "(vocab_size in config.json); the tokenizer is not this model's"
+        )
+
+
 class HFClassifier(nn.Module):
     """A Hugging Face ``BertForSequenceClassification`` or ``GPT2ForSequenceClassification`` on
     the protocol (``embed``, ``encode``, ``attend``, ``decoder``, ``lead``/``trail``) with
@@ -251,8 +274,15 @@ class HFClassifier(nn.Module):
     ``tokens`` are the model tokenizer's ids with right padding: BERT ``[CLS] ... [SEP]`` (lead =
     trail = 1), GPT-2 the text's ids alone (lead = trail = 0; pooled at the last real token).
     ``attend`` puts all the weight on the pooled position, so the protocol's forward is the
-    model's own; the procedures test :meth:`tested_attention` instead.
+    model's own; the procedures test :meth:`tested_attention` instead. Every method taking
+    ``tokens`` raises ValueError for ids outside ``[0, vocab_size)``, naming ``tokens``, its
+    extreme ids and ``vocab_size`` (the model's input embeddings): one ``aminmax`` per call.
+
+    ``upcast_from``: the half-precision dtype (float16 or bfloat16) :meth:`from_pretrained` or
+    :meth:`from_config` found and upcast to float32, else None (the constructor casts nothing).
     """
+
+    upcast_from: torch.dtype | None = None
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -278,17 +308,47 @@ class HFClassifier(nn.Module):
         return HFClassifierConfig(type(self.hf).__name__, self.hf.config.to_dict())
 
     @classmethod
+    def _in_float32(cls, hf: nn.Module) -> HFClassifier:
+        """The loaders' wrapper of ``hf``, cast to float32 in place (its config's ``dtype`` too: what
+        a run's model.json records) where its weights or, for a model built from a config, that
+        config are half precision; :attr:`upcast_from` names that dtype."""
+        dtype = next(hf.parameters()).dtype
+        if dtype not in HALF_PRECISION:
+            dtype = getattr(hf.config, "dtype", None)
+            dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+        if dtype in HALF_PRECISION:
+            hf.float()
+            hf.config.dtype = torch.float32
+        model = cls(hf)
+        model.upcast_from = dtype if dtype in HALF_PRECISION else None
+        return model
+
+    @classmethod
     def from_config(cls, config: HFClassifierConfig) -> HFClassifier:
-        """A randomly initialised model of ``config`` (the weights come from a checkpoint)."""
+        """A randomly initialised float32 model of ``config`` (the weights come from a checkpoint;
+        a half-precision ``dtype`` in the config is upcast: :attr:`upcast_from`)."""
         transformers = _transformers()
         hf_config = transformers.AutoConfig.for_model(**config.hf_config)
-        return cls(getattr(transformers, config.architecture)(hf_config))
+        return cls._in_float32(getattr(transformers, config.architecture)(hf_config))
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, num_labels: int) -> tuple[HFClassifier, HFInputs]:
         """A Hugging Face checkpoint folder (read offline) with a new ``num_labels``-way head
-        (whatever head it had is replaced), and its tokenizer."""
+        (whatever head it had is replaced), and its tokenizer. Half-precision (float16, bfloat16)
+        weights are upcast to float32 (:attr:`upcast_from` names their dtype); float32 and float64
+        ones are kept.
+
+        Raises:
+            ValueError: a model or tokenizer that cannot be loaded, a folder without tokenizer files
+                (``transformers`` would build a tokenizer of the special tokens alone), or a
+                tokenizer whose ids reach past the model's vocabulary; each naming ``path``.
+        """
+        path = Path(path)
         transformers = _transformers()
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: cannot load the Hugging Face tokenizer: {_first_line(e)}") from e
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its report would list the new head as missing
         try:
@@ -305,10 +365,10 @@ class HFClassifier(nn.Module):
             ) from e
         finally:
             transformers.logging.set_verbosity(verbosity)
+        _check_tokenizer(path, tokenizer, hf.get_input_embeddings().num_embeddings)
         if hf.config.pad_token_id is None:  # GPT-2: padding is masked, the id is only a filler
             hf.config.pad_token_id = 0
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        return cls(hf), HFInputs(tokenizer)
+        return cls._in_float32(hf), HFInputs(tokenizer)
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         """Biases and LayerNorm weights, exempt from weight decay (BERT's fine-tuning recipe)."""
@@ -327,10 +387,16 @@ class HFClassifier(nn.Module):
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] int64 -> word embeddings [B, T, d] (positions are added by the model);
-        ValueError for ids outside the vocabulary (checked at the end of a procedure:
+        ValueError for ids outside the vocabulary, as every method taking ``tokens``."""
+        return self.base.get_input_embeddings()(self._checked(tokens))
+
+    def _checked(self, tokens: Tensor) -> Tensor:
+        """``tokens`` if every id lies in ``[0, vocab_size)`` (the model's input embeddings), else
+        ValueError naming ``tokens``, the extreme ids and ``vocab_size``. One ``aminmax`` per call;
+        its read waits for the device once per call outside a procedure, once at the procedure's
+        end inside one (the ids then come back clamped until the error is raised:
         :func:`attnmetrics._validation.checked_ids`)."""
-        table = self.base.get_input_embeddings()
-        return table(checked_ids(tokens, table.num_embeddings))
+        return checked_ids(tokens, self.base.get_input_embeddings().num_embeddings)
 
     def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:
         """The last layer's states [B, T, d] (GPT-2: after the final LayerNorm), zero on padding."""
@@ -352,7 +418,7 @@ class HFClassifier(nn.Module):
         if attention is not None:
             raise ValueError("a Hugging Face classifier takes no imposed attention (W&P's diagnostic models)")
         mask = token_mask(lengths, tokens.shape[1]).long()
-        hidden = self.base(input_ids=tokens, attention_mask=mask).last_hidden_state
+        hidden = self.base(input_ids=self._checked(tokens), attention_mask=mask).last_hidden_state
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         return self.decoder(hidden[rows, self.pooled(lengths)]), self.attend(hidden, lengths)
 
@@ -373,7 +439,7 @@ class HFClassifier(nn.Module):
         probs: list[Tensor] = []
         layers = self.attention_layers
         with hooked(layers, lambda q, k, v, p, scaling: probs.append(p) or p):
-            self.base(input_ids=tokens, attention_mask=token_mask(lengths, T).long())
+            self.base(input_ids=self._checked(tokens), attention_mask=token_mask(lengths, T).long())
         if len(probs) != len(layers):
             raise ValueError(
                 f"the layers' attention probabilities: {type(self.hf).__name__}'s attention implementation "
@@ -420,7 +486,7 @@ class HFClassifier(nn.Module):
 
         with hooked([self.last_attention], hook):
             mask = token_mask(lengths, T).long()
-            out = self.base(input_ids=tokens, attention_mask=mask, output_hidden_states=True)
+            out = self.base(input_ids=self._checked(tokens), attention_mask=mask, output_hidden_states=True)
         x = out.hidden_states[-2][rows, p]  # the last layer's input at the pooled position
         logits = self.decoder(out.last_hidden_state[rows, p])
         q, k, v, probs = (captured[n] for n in ("query", "key", "value", "probs"))

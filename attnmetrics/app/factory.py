@@ -140,8 +140,24 @@ def _hf_model(config: RunConfig, splits, results: Results):
             f"(max_position_embeddings in config.json); use --max-length {limit} or less"
         )
     inputs.max_length = config.max_length
-    results["pretrained"] = {"path": str(path.resolve()), "model": config.model}
+    upcast = _report_upcast(model, path)
+    results["pretrained"] = {"path": str(path.resolve()), "model": config.model, "upcast_from": upcast}
     return model.to(config.device), inputs
+
+
+def _report_upcast(model, source: Path) -> str | None:
+    """Say on stderr that a Hugging Face model's half-precision weights were upcast to float32 at
+    load (:attr:`~attnmetrics.models.hf.HFClassifier.upcast_from`); their dtype's name, None if none was."""
+    dtype = getattr(model, "upcast_from", None)
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    print(
+        f"attnmetrics: {source}: its weights are {name}; upcast to float32 to train and test it "
+        "(half precision overflows to NaN in fine-tuning)",
+        file=sys.stderr,
+    )
+    return name
 
 
 def _jain_wallace_model(config: RunConfig, splits, results: Results):
@@ -233,6 +249,7 @@ def _saved_model(config: RunConfig, results: Results) -> Built:
     """evaluate's model, vocabulary and data splits, from the run folder it names (the split,
     data folder and protocol it was trained with, unless the flags say otherwise)."""
     ckpt = load_checkpoint(config.model_run / CHECKPOINT)
+    _report_upcast(ckpt.model, config.model_run / CHECKPOINT)
     saved = ckpt.extra
     if ckpt.vocab is None or "dataset" not in saved:
         raise ValueError(

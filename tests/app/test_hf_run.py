@@ -5,6 +5,8 @@ the battery on its own attention, then `evaluate` on the saved checkpoint gives 
 from __future__ import annotations
 
 import json
+import math
+import shutil
 
 import pytest
 import torch
@@ -138,3 +140,49 @@ def test_importances_all_puts_the_attributions_in_the_methods_table(tmp_path):
     table = report.split("## The explanation methods side by side")[1]
     for name in ("value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx", "attention_flow"):
         assert f"| {name} " in table
+
+
+#: the battery's cheapest run: what the tests of loading need is that it runs at all
+SKIP = ["--skip", "permutation", "adversarial", "single_removal", "single_token", "--examples", "0"]
+
+
+def test_a_half_precision_checkpoint_is_upcast_to_float32_and_said_so(checkpoint, tmp_path, capsys):
+    # transformers loads a checkpoint in its own dtype: a float16 one was fine-tuned in float16, to
+    # NaN logits, and run stopped after training on scikit-learn's "Input contains NaN."
+    half = tmp_path / "half"
+    shutil.copytree(checkpoint, half)
+    transformers.BertForSequenceClassification.from_pretrained(half).to(torch.float16).save_pretrained(half)
+    out = tmp_path / "run"
+    args = ["run", *FLAGS, *FAST_BATTERY, *SKIP, "--model", f"hf:{half}", "--epochs", "1", "--out", str(out)]
+    assert main(args) == 0
+    assert f"attnmetrics: {half}: its weights are float16; upcast to float32 to train and test it" in (
+        capsys.readouterr().err
+    )
+    results = json.loads((out / "results.json").read_text())
+    assert results["pretrained"]["upcast_from"] == "float16" and results["model"]["hf_config"]["dtype"] == "float32"
+    assert math.isfinite(results["training"]["history"][0]["dev_loss"])
+    # evaluate's loader, on a run folder saved in float16 (its model.json and weights)
+    saved = out / "model"
+    meta = json.loads((saved / "model.json").read_text())
+    meta["model"]["hf_config"]["dtype"] = "float16"
+    (saved / "model.json").write_text(json.dumps(meta))
+    weights = torch.load(saved / "model.pt", weights_only=True)
+    torch.save({k: v.half() if v.is_floating_point() else v for k, v in weights.items()}, saved / "model.pt")
+    again = ["evaluate", str(out), *FAST_BATTERY, *SKIP, "--limit", "120", "--threads", "1", "--no-progress"]
+    assert main([*again, "--out", str(tmp_path / "again")]) == 0
+    assert f"attnmetrics: {saved}: its weights are float16; upcast to float32" in capsys.readouterr().err
+    reloaded = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert reloaded["model"]["hf_config"]["dtype"] == "float32" and math.isfinite(reloaded["test"]["loss"])
+
+
+def test_a_folder_without_tokenizer_files_is_refused_before_training(checkpoint, tmp_path, capsys):
+    # transformers built a tokenizer of the 5 special tokens: the model trained and was tested on [UNK] alone
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(checkpoint / name, bare)
+    out = tmp_path / "r"
+    assert main(["run", *FLAGS, "--model", f"hf:{bare}", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"attnmetrics: {bare} has no tokenizer files (expected tokenizer.json or vocab.txt)")
+    assert not out.exists()

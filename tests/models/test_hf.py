@@ -5,6 +5,8 @@ on the model's own attention."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -222,6 +224,75 @@ def test_a_damaged_hugging_face_folder_is_named_in_one_line(damage, tmp_path):
     with pytest.raises(ValueError, match=f"^{tmp_path}: cannot ") as caught:
         HFClassifier.from_pretrained(tmp_path, 2)
     assert "\n" not in str(caught.value)
+
+
+def saved_bert(folder, model: HFClassifier, words: int = 55):
+    """``model`` saved in ``folder`` with a WordPiece tokenizer of the 5 special tokens and ``words`` words
+    (ids 0 .. words + 4)."""
+    vocab = {
+        w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(words))])
+    }
+    transformers.BertTokenizerFast(vocab=vocab).save_pretrained(folder)
+    model.hf.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_checkpoint_is_upcast_to_float32(dtype, tmp_path):
+    """transformers loads a checkpoint in its own dtype, and fine-tuning in half precision ended in
+    NaN logits ("Input contains NaN." after training); both loaders upcast to float32 and name the
+    dtype they found."""
+    half = tiny("bert")
+    half.hf.to(dtype)
+    model, _ = HFClassifier.from_pretrained(saved_bert(tmp_path, half), 2)
+    assert model.upcast_from == dtype and {p.dtype for p in model.parameters()} == {torch.float32}
+    assert model.config.hf_config["dtype"] == "float32"  # what a run's model.json records
+    weights = {k: v for k, v in half.hf.state_dict().items() if "classifier" not in k}  # the new head aside
+    torch.testing.assert_close(
+        {k: model.hf.state_dict()[k] for k in weights}, {k: v.float() for k, v in weights.items()}
+    )
+    # evaluate's loader, from a config saved in half precision
+    rebuilt = HFClassifier.from_config(half.config)
+    assert half.config.hf_config["dtype"] == str(dtype).removeprefix("torch.")
+    assert rebuilt.upcast_from == dtype and {p.dtype for p in rebuilt.parameters()} == {torch.float32}
+    kept, _ = HFClassifier.from_pretrained(saved_bert(tmp_path / "f64", tiny("bert")), 2)  # float64 is kept
+    assert kept.upcast_from is None and {p.dtype for p in kept.parameters()} == {F64}
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_a_folder_without_tokenizer_files_is_refused(family, tmp_path):
+    """transformers builds a tokenizer of the special tokens alone (BERT: 5 tokens, every word
+    [UNK]; GPT-2: 1) from a folder without its files."""
+    tiny(family).hf.save_pretrained(tmp_path)
+    expected = "tokenizer.json or vocab.txt" if family == "bert" else "merges.txt or tokenizer.json or vocab.json"
+    with pytest.raises(
+        ValueError, match=f"^{re.escape(str(tmp_path))} has no tokenizer files \\(expected {expected}\\)"
+    ):
+        HFClassifier.from_pretrained(tmp_path, 2)
+
+
+def test_a_tokenizer_past_the_models_vocabulary_is_refused(tmp_path):
+    saved_bert(tmp_path, tiny("bert"), words=56)  # ids up to 60 against 60 embeddings
+    with pytest.raises(
+        ValueError,
+        match=f"^{re.escape(str(tmp_path))}: the tokenizer's ids go up to 60, the model's vocabulary has 60 ",
+    ):
+        HFClassifier.from_pretrained(tmp_path, 2)
+    _, inputs = HFClassifier.from_pretrained(saved_bert(tmp_path / "fits", tiny("bert")), 2)  # ids up to 59
+    assert len(inputs) == 60
+
+
+@pytest.mark.parametrize("method", ["forward", "tested_attention", "layer_attentions", "rollout", "embed"])
+def test_ids_past_the_vocabulary_are_named_by_every_method_taking_tokens(method):
+    """One ValueError naming the argument, the largest id and the vocabulary, where torch's embedding
+    raised an IndexError (the forward, the tested attention and the layer attentions hand the ids
+    to transformers, not to embed)."""
+    model = tiny("bert")
+    tokens, lengths = ragged("bert")
+    tokens[3, 2] = 75
+    call = getattr(model, method)
+    with pytest.raises(ValueError, match=r"^tokens must be ids in \[0, vocab_size\) = \[0, 60\), got min 0, max 75$"):
+        call(tokens) if method == "embed" else call(tokens, lengths)
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
