@@ -379,10 +379,10 @@ def writable(out: Path, flag: str = "--out") -> Iterator[None]:
     naming ``flag``, ``out``, the path refused and the cause (a traceback before)."""
     try:
         yield
-    except (FileExistsError, FileNotFoundError, UnwritableFolder):
-        raise  # their messages are ours already
+    except UnwritableFolder:
+        raise
     except OSError as e:
-        if e.errno is None:
+        if e.errno is None:  # raised with a message of ours (a file in the way, a claim held)
             raise
         where = f": {e.filename}" if e.filename else ""
         error = UnwritableFolder(f"{flag} {out} cannot be written ({e.strerror}{where}); choose a folder you can write")
@@ -394,7 +394,7 @@ def check_writable(folder: str | os.PathLike, flag: str = "--out") -> Path:
     """Make ``folder`` (and its parents) if missing and write a temporary file in it, before any
     work: :class:`UnwritableFolder` in one line if it cannot be written (for outputs that are not
     claimed: a sweep's folder, a comparison's)."""
-    folder = Path(folder)
+    folder = check_folder_path(folder, flag)
     with writable(folder, flag):
         folder.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=folder).close()
@@ -421,20 +421,60 @@ def claimed_folder(folder: str | os.PathLike) -> Iterator[Path]:
         os.close(fd)
 
 
+def _missing_target(link: Path) -> str:
+    """Why the link ``link`` leads nowhere, in words."""
+    try:
+        os.stat(link)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "a loop of links"
+    return "which does not exist"
+
+
+def check_folder_path(folder: str | os.PathLike, flag: str = "--out") -> Path:
+    """Refuse, before any work and in one line naming ``flag``, a path where no folder can be made:
+    a file or a path inside one, a link to nowhere or a loop of links (``folder`` or the nearest of
+    its parents that exists), a name the file system refuses (too long: :class:`UnwritableFolder`).
+
+    Raises:
+        FileExistsError: ``folder`` or a parent of it is a file.
+        FileNotFoundError: ``folder`` or a parent of it is a link that leads nowhere.
+        UnwritableFolder: the file system refuses to look the path up.
+    """
+    folder = Path(folder)
+    with writable(folder, flag):  # a name too long, a parent that cannot be searched
+        for path in (folder, *folder.parents):
+            at = "" if path == folder else f": {path}"
+            if path.is_symlink() and not path.exists():
+                raise FileNotFoundError(
+                    f"{flag} {folder}{at} is a link to {os.readlink(path)}, {_missing_target(path)}; choose a folder"
+                )
+            if path.exists():
+                if not path.is_dir():
+                    raise FileExistsError(f"{flag} {folder}{at} is a file, not a folder; choose a folder")
+                _check_names(folder, path)
+                break
+    return folder
+
+
+def _check_names(folder: Path, base: Path) -> None:
+    """Raise ENAMETOOLONG (an OSError) for a name of ``folder`` below its nearest existing parent
+    ``base`` that is longer than ``base``'s file system allows: ``mkdir`` would make the folders
+    before that name, then fail."""
+    try:
+        limit = os.pathconf(base, "PC_NAME_MAX")
+    except (OSError, ValueError):  # the file system does not say
+        return
+    for i in range(len(base.parts), len(folder.parts)):
+        if len(os.fsencode(folder.parts[i])) > limit:
+            raise OSError(errno.ENAMETOOLONG, os.strerror(errno.ENAMETOOLONG), str(Path(*folder.parts[: i + 1])))
+
+
 def check_out(out: str | os.PathLike, protect: tuple[str | os.PathLike, ...] = ()) -> Path:
-    """Refuse an ``--out`` that a run could not write without harm, before any work: a file or a
-    path inside one, the working folder or one of its parents, a link to nowhere, or a folder
+    """Refuse an ``--out`` that a run could not write without harm, before any work: what
+    :func:`check_folder_path` refuses, the working folder or one of its parents, or a folder
     holding (or inside) one of ``protect``."""
-    out = Path(out)
-    if out.is_symlink() and not out.exists():
-        raise FileNotFoundError(f"--out {out} is a link to {os.readlink(out)}, which does not exist; choose a folder")
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--out {out} is a file, not a folder; choose a folder for the run")
-    for parent in out.parents:  # the nearest that exists
-        if parent.exists():
-            if not parent.is_dir():
-                raise FileExistsError(f"--out {out}: {parent} is a file, not a folder; choose a folder for the run")
-            break
+    out = check_folder_path(out)
     resolved, cwd = out.resolve(), Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
         raise FileExistsError(f"--out {out} is the working folder or one of its parents; choose a new folder")

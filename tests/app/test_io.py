@@ -4,6 +4,8 @@ import contextlib
 import json
 import math
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -316,3 +318,99 @@ def test_no_run_takes_out_in_the_gap_of_a_swap(tmp_path, monkeypatch):
         with run_folder(out):
             pytest.fail("OUT holds a finished run")
     assert json.loads((out / "results.json").read_text()) == {"run": "new"}
+
+
+#: every command that writes an --out
+OUT_COMMANDS = ("run", "train", "evaluate", "report", "sweep", "pretrain")
+
+
+def _inputs(folder):
+    """Small inputs in ``folder`` that let each of :data:`OUT_COMMANDS` reach its --out checks: two
+    run folders, a sweep config, a corpus."""
+    from tests.inputs import SST_SAMPLE
+
+    for name in ("a-run", "b-run"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "results.json").write_text('{"command": "run", "config": {}, "data": {"name": "sst"}}')
+    (folder / "sweep.toml").write_text(
+        f'[sweep]\ndata_dirs = {{ sst = "{SST_SAMPLE}" }}\n[defaults]\nlimit = 40\nepochs = 1\n'
+        '[[grid]]\nname = "g"\ndatasets = ["sst"]\n'
+    )
+    (folder / "books").mkdir()
+    for name in ("a.txt", "b.txt"):
+        (folder / "books" / name).write_text("It was the best of times, it was the worst of times. " * 40)
+    return folder
+
+
+def _argv(command: str, inputs, out) -> list[str]:
+    """``command``'s arguments writing into ``out``, on the :func:`_inputs` in ``inputs``."""
+    from tests.inputs import QUICK_SST
+
+    run = inputs / "a-run"
+    return {
+        "run": ["run", *QUICK_SST],
+        "train": ["train", *QUICK_SST],
+        "evaluate": ["evaluate", str(run)],
+        "report": ["report", str(run), str(inputs / "b-run")],
+        "sweep": ["sweep", str(inputs / "sweep.toml")],
+        "pretrain": ["pretrain", "--corpus", str(inputs / "books"), "--held-out", "b.txt", "--steps", "1"],
+    }[command] + ["--out", str(out)]
+
+
+@pytest.mark.parametrize("command", OUT_COMMANDS)
+def test_an_out_where_no_folder_can_be_is_refused_in_one_line(tmp_path, capsys, command):
+    # issue 31, the remaining unclear --out errors: a name too long was an OSError traceback in
+    # every command; report took a file or a link for a folder (a FileExistsError traceback);
+    # sweep wrote through a link to nowhere and raised on a loop of links
+    from attnmetrics.app.cli import main
+
+    inputs = _inputs(tmp_path / "inputs")
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "loop").symlink_to("loop")
+    notes, gone, loop, long = tmp_path / "notes.txt", tmp_path / "gone", tmp_path / "loop", "n" * 300
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for out, expected in (
+        (notes, f"--out {notes} is a file, not a folder"),
+        (notes / "r", f"--out {notes / 'r'}: {notes} is a file, not a folder"),
+        (gone, f"--out {gone} is a link to {tmp_path / 'nowhere'}, which does not exist"),
+        (gone / "r", f"--out {gone / 'r'}: {gone} is a link to {tmp_path / 'nowhere'}, which does not exist"),
+        (loop, f"--out {loop} is a link to loop, a loop of links"),
+        (tmp_path / long, f"--out {tmp_path / long} cannot be written (File name too long: {tmp_path / long})"),
+        (  # refused before the folders above the long name are made
+            tmp_path / "new" / long / "r",
+            f"--out {tmp_path / 'new' / long / 'r'} cannot be written (File name too long: {tmp_path / 'new' / long})",
+        ),
+    ):
+        assert main(_argv(command, inputs, out)) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and expected in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert notes.read_text() == "mine"
+
+
+def test_an_out_on_a_read_only_file_system_is_refused_in_one_line_by_every_command(tmp_path):
+    # issue 31, unclear errors: "OSError: [Errno 30] Read-only file system" as a traceback. A real
+    # read-only mount, in a mount namespace of the test's own (needs unshare and mount rights)
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    mount = f"mount -t tmpfs -o ro,size=1m tmpfs {ro}"
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "sh", "-c", mount]).returncode:
+        pytest.skip("no private read-only mount here (unshare -m and mount)")
+    outs = [(command, out) for command in OUT_COMMANDS for out in (ro / command, ro / "new" / command)]
+    inputs = _inputs(tmp_path / "inputs")
+    argvs = [_argv(command, inputs, out) for command, out in outs]
+    code = f"import sys; from attnmetrics.app.cli import main; sys.exit(max([main(a) for a in {argvs!r}]))"
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"{mount} && exec {sys.executable} -c {shlex.quote(code)}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == len(outs), done.stderr
+    for (command, out), line in zip(outs, lines, strict=True):
+        assert f"--out {out} cannot be written (Read-only file system: {ro}" in line, (command, line)
+    assert list(ro.iterdir()) == []  # outside the namespace, the folder the mount covered

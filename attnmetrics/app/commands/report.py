@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnmetrics.app.io import UnwritableFolder, check_writable, is_run_folder, read_results
+from attnmetrics.app.io import UnwritableFolder, check_folder_path, check_writable, is_run_folder, read_results
 from attnmetrics.app.report import render, render_comparison
 
 
@@ -39,23 +39,24 @@ def report(args: ReportArgs) -> int:
     if args.out is None:
         print("attnmetrics: comparing several runs needs --out FOLDER for comparison.md", file=sys.stderr)
         return 2
-    if is_run_folder(args.out):
-        print(
-            f"attnmetrics: --out {args.out} is a run folder; write the comparison to a folder of its own",
-            file=sys.stderr,
-        )
-        return 2
-    if (args.out / "comparison.md").exists() and not args.overwrite:
-        print(
-            f"attnmetrics: {args.out / 'comparison.md'} already exists; pass --overwrite to replace it, or choose "
-            "another --out",
-            file=sys.stderr,
-        )
-        return 2
     try:
-        check_writable(args.out)
-    except UnwritableFolder as e:
+        _check_comparison_out(args)
+    except (FileExistsError, FileNotFoundError, UnwritableFolder) as e:
         print(f"attnmetrics: {e}", file=sys.stderr)
         return 2
     print(render_comparison(runs, args.out))
     return 0
+
+
+def _check_comparison_out(args: ReportArgs) -> None:
+    """Refuse an ``--out`` the comparison must not be written to, before any work: a path where no
+    folder can be (:func:`~attnmetrics.app.io.check_folder_path`), a run folder, a folder holding a
+    comparison.md without ``--overwrite``, a folder that cannot be written."""
+    check_folder_path(args.out)
+    if is_run_folder(args.out):
+        raise FileExistsError(f"--out {args.out} is a run folder; write the comparison to a folder of its own")
+    if (args.out / "comparison.md").exists() and not args.overwrite:
+        raise FileExistsError(
+            f"{args.out / 'comparison.md'} already exists; pass --overwrite to replace it, or choose another --out"
+        )
+    check_writable(args.out)

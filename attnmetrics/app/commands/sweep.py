@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnmetrics.app.io import UnwritableFolder, check_writable
+from attnmetrics.app.io import UnwritableFolder, check_folder_path, check_writable
 from attnmetrics.app.sweep import Runner, cell_command, load_config, run_sweep
 from attnmetrics.app.sweep.config import SLURM_KEYS
 from attnmetrics.app.sweep.runner import invalid_cells
@@ -17,13 +17,12 @@ SWEEP_FILES = ("status.json", "aggregate.json", ".sweep.lock")
 
 
 def refuse_out(out: Path, overwrite: bool) -> str | None:
-    """Why the sweep must not write into ``out`` (None: it may): a file; a run folder (its
-    report.md and instances.parquet are the run's); or a folder of other files, neither empty nor
-    a sweep's own (:data:`SWEEP_FILES`), unless ``overwrite``."""
-    if not out.exists():
-        return None
+    """Why the sweep must not write into the folder ``out`` (None: it may; a file is
+    :func:`~attnmetrics.app.io.check_folder_path`'s): a run folder (its report.md and
+    instances.parquet are the run's); or a folder of other files, neither empty nor a sweep's own
+    (:data:`SWEEP_FILES`), unless ``overwrite``."""
     if not out.is_dir():
-        return f"--out {out} is a file, not a folder; choose a folder for the sweep"
+        return None
     if (out / "results.json").is_file():
         return f"--out {out} is a run folder (results.json); choose a folder of its own for the sweep"
     if overwrite or not any(out.iterdir()) or any((out / f).exists() for f in SWEEP_FILES):
@@ -59,10 +58,14 @@ def sweep(args: SweepArgs) -> int:
     OUT/report.md, OUT/aggregate.json and the figures."""
     from attnmetrics.app.aggregate import aggregate_sweep
 
+    flag = "--out" if args.out else f"{args.config}'s [sweep] out"
     try:
+        if args.out is not None:  # as given: reading the config resolves its links
+            check_folder_path(args.out)
         slurm = {k: getattr(args, k) for k in SLURM_KEYS if getattr(args, k) is not None}
         grid = load_config(args.config, args.out, args.jobs, args.executor, slurm, dict(args.data_dir or ()))
-    except (ValueError, FileNotFoundError) as e:
+        check_folder_path(grid.out, flag)
+    except (ValueError, FileNotFoundError, FileExistsError, UnwritableFolder) as e:
         print(f"attnmetrics sweep: {e}", file=sys.stderr)
         return 2
     missing = [] if args.report_only else [*invalid_cells(grid), *grid.missing_data()]
@@ -80,7 +83,7 @@ def sweep(args: SweepArgs) -> int:
         print(f"attnmetrics sweep: {refused}", file=sys.stderr)
         return 2
     try:
-        check_writable(grid.out, "--out" if args.out else f"{args.config}'s [sweep] out")
+        check_writable(grid.out, flag)
     except UnwritableFolder as e:
         print(f"attnmetrics sweep: {e}", file=sys.stderr)
         return 2
