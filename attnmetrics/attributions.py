@@ -315,11 +315,12 @@ class _Trace:
         # returns (our adapter's returns them whenever transformers collects them)
         mask = token_mask(lengths, tokens.shape[1]).long()
         kwargs = dict(attention_mask=mask, output_hidden_states=True, output_attentions=True)
-        if gradients:  # the same embeddings as from the ids (positions and token types added by the model)
-            words = model.hf.bert.get_input_embeddings()(tokens).detach().requires_grad_(True)
-            out = model.hf.bert(inputs_embeds=words, **kwargs)
-        else:
-            out = model.hf.bert(input_ids=tokens, **kwargs)
+        # the word embeddings of the ids, checked against the vocabulary (ValueError naming tokens);
+        # positions and token types are added by the model, as from input_ids
+        words = model.embed(tokens)
+        if gradients:
+            words = words.detach().requires_grad_(True)
+        out = model.hf.bert(inputs_embeds=words, **kwargs)
         probs = list(out.attentions or ())
         if len(probs) != len(layers) or any(p is None for p in probs):
             raise ValueError(

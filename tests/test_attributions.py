@@ -437,6 +437,11 @@ def test_bad_inputs_are_named(name, model, inputs):
         f(model, tokens, lengths, memory_budget=0)
     with pytest.raises(TypeError, match="lengths must be a torch.Tensor, got list"):
         f(model, tokens, lengths.tolist())
+    vocab = model.hf.bert.get_input_embeddings().num_embeddings
+    past = tokens.clone()
+    past[2, 1] = vocab + 7  # an id past the vocabulary: was an IndexError from the embedding lookup
+    with pytest.raises(ValueError, match=rf"tokens must be ids in \[0, vocab_size\) = \[0, {vocab}\).*max {vocab + 7}"):
+        f(model, past, lengths)
 
 
 def test_an_attention_without_probabilities_is_named(inputs):
