@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -361,7 +362,8 @@ def _argv(command: str, inputs, out) -> list[str]:
 def test_an_out_where_no_folder_can_be_is_refused_in_one_line(tmp_path, capsys, command):
     # issue 31, the remaining unclear --out errors: a name too long was an OSError traceback in
     # every command; report took a file or a link for a folder (a FileExistsError traceback);
-    # sweep wrote through a link to nowhere and raised on a loop of links
+    # sweep wrote through a link to nowhere and raised on a loop of links; a folder the system
+    # refuses to make with ENOENT (in /proc, even to root) was that error, without --out
     from attnmetrics.app.cli import main
 
     inputs = _inputs(tmp_path / "inputs")
@@ -381,6 +383,7 @@ def test_an_out_where_no_folder_can_be_is_refused_in_one_line(tmp_path, capsys, 
             tmp_path / "new" / long / "r",
             f"--out {tmp_path / 'new' / long / 'r'} cannot be written (File name too long: {tmp_path / 'new' / long})",
         ),
+        (Path("/proc/attnmetrics-new/r"), "--out /proc/attnmetrics-new/r cannot be written (No such file or directory"),
     ):
         assert main(_argv(command, inputs, out)) == 2
         err = capsys.readouterr().err
