@@ -255,6 +255,7 @@ LOO_JW = "benchmarks/results/loo-jw-cpu-1thread.json"
 ERASER = "benchmarks/results/eraser-cpu-1thread.json"
 LOO_CAPTUM = "benchmarks/results/loo-captum-cpu-1thread.json"
 SST_LSTM = "reports/sst-lstm/report.md"
+MR_LSTM = "reports/mr-lstm/report.md"
 SST_GPT_EXTRACT = "reports/sst-gpt-extract/report.md"
 GPT1 = "reports/gpt1/report.md"
 GPT1_GROUPS = (
@@ -601,10 +602,11 @@ def _gpt1_extract() -> dict[str, Quote]:
 
 
 def _single_runs() -> dict[str, Quote]:
-    """The single runs' committed report.md (docs/results.md, "What a run gives"): the default
-    BiLSTM on SST and GPT-1's own attention (their results.json are not committed)."""
+    """The single runs' committed report.md (docs/results.md, "What a run gives"; the README's main
+    job): the default BiLSTM on SST and on ``mr``, and GPT-1's own attention (their results.json
+    are not committed)."""
     s: dict[str, Quote] = {}
-    for name, file in (("sst_lstm", SST_LSTM), ("sst_gpt_extract", SST_GPT_EXTRACT)):
+    for name, file in (("sst_lstm", SST_LSTM), ("mr_lstm", MR_LSTM), ("sst_gpt_extract", SST_GPT_EXTRACT)):
 
         def cell(row: Mapping[str, Any], column: str, fmt: str = ".3f", file: str = file, **kw: Any) -> Quote:
             return one(fmt, file, "tables", row, column, then=cell_number, **kw)
@@ -615,7 +617,8 @@ def _single_runs() -> dict[str, Quote]:
         s[f"{name}.accuracy"] = cell({"test accuracy": ...}, "test accuracy")
         s[f"{name}.roc_auc"] = cell({"ROC-AUC": ...}, "ROC-AUC")
         for order in ("attention", "random"):
-            flip = {"_section": "Decision flip under attention removal", "ordering": order}
+            # the table of every row's statistics (newer reports add a paired table in the section)
+            flip = {"_section": "Decision flip under attention removal", "ordering": order, "never flips": ...}
             s[f"{name}.flip.{order}.never"] = cell(flip, "never flips", ".2f")
             s[f"{name}.flip.{order}.fraction"] = cell(flip, "mean fraction", ".2f")
             s[f"{name}.flip.{order}.percent"] = Quote(
@@ -635,7 +638,14 @@ def _single_runs() -> dict[str, Quote]:
             (Value(file, ("tables", {"weight removed": "top"}, "decision flips"), cell_number),),
             lambda x: 100 * x,
         )
-    s["sst_lstm.best_epoch"] = one(".0f", SST_LSTM, "tables", {"best epoch": ...}, "best epoch", then=cell_number)
+    for name, file in (("sst_lstm", SST_LSTM), ("mr_lstm", MR_LSTM)):
+        s[f"{name}.best_epoch"] = one(".0f", file, "tables", {"best epoch": ...}, "best epoch", then=cell_number)
+    # the main job's size and time (the report's header lines)
+    s["mr_lstm.test_size"] = one(",.0f", MR_LSTM, "tables", {"test": ...}, "test", then=cell_number)
+    total = re.compile(r"wall time ([0-9.]+) s")
+    s["mr_lstm.wall_time_min"] = one(".1f", MR_LSTM, "text", total, then=lambda x: float(x) / 60)
+    for phase in ("training", "battery"):
+        s[f"mr_lstm.{phase}_s"] = one(".0f", MR_LSTM, "text", re.compile(rf"{phase} ([0-9.]+) s"), then=float)
     adversary_share = re.compile(r"share above 0\.5: ([0-9]+\.[0-9]+)")
     s["sst_lstm.adversarial.above_half.percent"] = one(
         ".0f", SST_LSTM, "text", adversary_share, then=lambda x: 100 * float(x)
