@@ -256,6 +256,7 @@ ERASER = "benchmarks/results/eraser-cpu-1thread.json"
 LOO_CAPTUM = "benchmarks/results/loo-captum-cpu-1thread.json"
 SST_LSTM = "reports/sst-lstm/report.md"
 MR_LSTM = "reports/mr-lstm/report.md"
+CI_RUN = "benchmarks/results/ci-run-2core-2026-11-28.json"
 SST_GPT_EXTRACT = "reports/sst-gpt-extract/report.md"
 GPT1 = "reports/gpt1/report.md"
 GPT1_GROUPS = (
@@ -665,6 +666,19 @@ def _single_runs() -> dict[str, Quote]:
     return s
 
 
+def _ci_run() -> dict[str, Quote]:
+    """The README's test command, timed on a fresh clone (CI_RUN)."""
+    stage = ("stages_s",)
+    return {
+        "ci.minutes": one(".0f", CI_RUN, "total_s", then=lambda x: x / 60),
+        "ci.build_s": one(".0f", CI_RUN, *stage, "py311 kernel build"),
+        "ci.suite_min": one(".0f", CI_RUN, *stage, "py311 suite (a clone alone)", then=lambda x: x / 60),
+        "ci.bench_min": one(
+            ".0f", CI_RUN, *stage, "py311 benchmarks, once each (--benchmark-disable)", then=lambda x: x / 60
+        ),
+    }
+
+
 def _cpu_table() -> dict[str, Quote]:
     """docs/speed.md's first table: each op against the papers' approach, one CPU thread (CPU_BENCH)."""
     s: dict[str, Quote] = {}
@@ -879,6 +893,7 @@ SOURCES: dict[str, Quote] = _sources(
     _gpt1(),
     _gpt1_extract(),
     _single_runs(),
+    _ci_run(),
     _cpu_table(),
     _leave_one_out_and_eraser(),
     _transformer_floor(),
