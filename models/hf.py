@@ -2,8 +2,10 @@
 (docs/definitions.md §15). Needs the optional ``transformers`` (``pip install -e .[hf]``).
 
 Supported: BERT-like encoders (``BertForSequenceClassification``: BERT, MiniLM, ...; pooled at
-``[CLS]``) and GPT-2-like decoders (``GPT2ForSequenceClassification``; pooled at the last real
-token). The tested attention is the last layer's attention row of the pooled position, per head,
+``[CLS]``), GPT-2-like decoders (``GPT2ForSequenceClassification``) and Llama-layout decoders
+(``LlamaForSequenceClassification`` and the same layout in Qwen2, with q/k/v biases, and Mistral:
+RMSNorm before each block, rotary positions, grouped-query attention, a gated MLP); the decoders
+are pooled at the last real token. The tested attention is the last layer's attention row of the pooled position, per head,
 decomposed as for GPT-1 (models/own_attention.py): with ``a[h, s]`` that row, ``U[h, s]`` head h's
 value vectors through its slice of the output projection, ``b_o`` that projection's bias and
 ``x_p`` the layer's input at the pooled position,
@@ -15,7 +17,10 @@ value vectors through its slice of the output projection, ``b_o`` that projectio
 
 so ``sum_h sum_t alpha[h, t] values[h, t]`` is the attention sublayer's output plus its residual,
 exactly, for any ``alpha`` whose heads each sum to 1. The decoder is the rest of the network from
-there to the logits (:class:`BertAfterAttention`, :class:`GPT2AfterAttention`).
+there to the logits (:class:`BertAfterAttention`, :class:`GPT2AfterAttention`,
+:class:`LlamaAfterAttention`). With grouped-query attention each query head reads its key/value
+head's values (``transformers``' ``repeat_kv``: query head ``h`` uses key/value head
+``h // (heads / key_value_heads)``), so the decomposition is per query head.
 
 The model's attention runs through ``transformers``' attention interface: one eager attention
 function registered as ``"attnmetrics"``, with the eager mask function under the same name (a
@@ -69,8 +74,13 @@ def eager_attention(module, query, key, value, attention_mask, scaling=None, dro
     no ``[B, heads, T, T]`` tensor and no copies of the strided query, key and value (7-20 %
     off an SST-sized forward of a d = 256 BERT on one CPU thread; every re-encoding procedure
     runs this way). A forward hook of one's own on the module sees ``None`` probabilities
-    then: set ``_attnmetrics_hook`` (:func:`hooked`) to read them."""
+    then: set ``_attnmetrics_hook`` (:func:`hooked`) to read them. Grouped-query attention's
+    ``key`` and ``value`` (fewer heads than ``query``) are repeated to the query heads first, as
+    ``transformers``' ``repeat_kv``; the hook sees them per query head."""
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads in turn
+        key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
     if not module.training and getattr(module, "_attnmetrics_hook", None) is None and not _collecting_attentions():
         mask = None if attention_mask is None else attention_mask[..., : key.shape[-2]]
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
@@ -132,7 +142,7 @@ def register() -> None:
 
 class _Head(nn.Module):
     """The protocol's decoder: the pooled final state ``[N, d]`` -> logits (BERT: pooler,
-    dropout, classifier; GPT-2: score; the final LayerNorm is in the encoder). Shares the
+    dropout, classifier; the decoders: score; their final norm is in the encoder). Shares the
     model's modules."""
 
     def __init__(self, model, family: str):
@@ -177,6 +187,46 @@ class GPT2AfterAttention(nn.Module):
         return self.head(self.ln_f(z + self.block.mlp(self.block.ln_2(z))))
 
 
+class LlamaAfterAttention(nn.Module):
+    """A Llama-layout classifier after the last layer's attention at the pooled token: ``z``
+    ``[N, d]`` (attention output plus residual) -> ``+ MLP(RMSNorm_2(z))`` -> final RMSNorm -> the
+    head (score) ``[N, C]``."""
+
+    def __init__(self, model, head: _Head):
+        super().__init__()
+        self.layer, self.norm, self.head = model.model.layers[-1], model.model.norm, head
+
+    def forward(self, z: Tensor) -> Tensor:
+        return self.head(self.norm(z + self.layer.mlp(self.layer.post_attention_layernorm(z))))
+
+
+#: the parts a Llama-layout decoder layer has (``transformers``' Llama, Qwen2, Mistral)
+_LLAMA_LAYER = ("self_attn", "input_layernorm", "post_attention_layernorm", "mlp")
+
+
+def _llama_layout(model: nn.Module) -> bool:
+    """``model.model.layers`` of Llama-layout decoder layers, ``model.model.norm`` and ``model.score``."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return (
+        isinstance(layers, nn.ModuleList)
+        and len(layers) > 0
+        and hasattr(model.model, "norm")
+        and hasattr(model, "score")
+        and all(hasattr(layer, part) for layer in layers for part in _LLAMA_LAYER)
+        and all(hasattr(layers[-1].self_attn, f"{n}_proj") for n in "qkvo")
+    )
+
+
+#: the classes :class:`HFClassifier` is proved on, for its error message
+SUPPORTED = (
+    "BertForSequenceClassification",
+    "GPT2ForSequenceClassification",
+    "LlamaForSequenceClassification",
+    "Qwen2ForSequenceClassification",
+    "MistralForSequenceClassification",
+)
+
+
 @contextlib.contextmanager
 def hooked(modules: list[nn.Module], hook):
     """Give each attention module :func:`eager_attention`'s ``_attnmetrics_hook`` for the block."""
@@ -191,18 +241,23 @@ def hooked(modules: list[nn.Module], hook):
 
 class HFInputs(TextEncoder):
     """Texts -> the model's own token ids (its tokenizer: WordPiece, BPE, ...; no lower-casing or
-    number replacement of ours), at most ``max_length`` ids with the tokenizer's special tokens."""
+    number replacement of ours), at most ``max_length`` ids, with the tokenizer's special tokens
+    when ``special_tokens`` (BERT's ``[CLS] ... [SEP]``, the model's ``lead``/``trail``); a
+    decoder's ids are the text's alone (``special_tokens=False``: a Llama tokenizer's ``<s>`` would
+    otherwise be tested as a word)."""
 
     filename = "hf_tokenizer"  # a folder in the checkpoint
 
-    def __init__(self, tokenizer, max_length: int = 64):
-        self.tokenizer, self.max_length = tokenizer, max_length
+    def __init__(self, tokenizer, max_length: int = 64, special_tokens: bool = True):
+        self.tokenizer, self.max_length, self.special_tokens = tokenizer, max_length, special_tokens
 
     def __len__(self) -> int:
         return len(self.tokenizer)
 
     def encode(self, texts: Iterable[str]) -> list[list[int]]:
-        return self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
+        return self.tokenizer(
+            list(texts), truncation=True, max_length=self.max_length, add_special_tokens=self.special_tokens
+        )["input_ids"]
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Each id's token (``##`` pieces and ``Ġ`` spaces as the tokenizer writes them)."""
@@ -211,14 +266,16 @@ class HFInputs(TextEncoder):
     def save(self, path: str | os.PathLike) -> None:
         path = Path(path)
         self.tokenizer.save_pretrained(path)
-        (path / "attnmetrics.json").write_text(json.dumps({"max_length": self.max_length}))
+        settings = {"max_length": self.max_length, "special_tokens": self.special_tokens}
+        (path / "attnmetrics.json").write_text(json.dumps(settings))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> HFInputs:
         path = Path(path)
         transformers = _transformers()
-        max_length = json.loads((path / "attnmetrics.json").read_text())["max_length"]
-        return cls(transformers.AutoTokenizer.from_pretrained(path), max_length)
+        settings = json.loads((path / "attnmetrics.json").read_text())
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+        return cls(tokenizer, settings["max_length"], settings.get("special_tokens", True))
 
 
 @dataclass(frozen=True)
@@ -292,10 +349,10 @@ class HFClassifier(nn.Module):
             self.family, self.lead, self.trail = "bert", 1, 1
         elif hasattr(model, "transformer") and hasattr(model, "score"):
             self.family, self.lead, self.trail = "gpt2", 0, 0
+        elif _llama_layout(model):
+            self.family, self.lead, self.trail = "llama", 0, 0
         else:
-            raise ValueError(
-                f"unsupported model {name}: BertForSequenceClassification or GPT2ForSequenceClassification"
-            )
+            raise ValueError(f"unsupported model {name}: supported are {', '.join(SUPPORTED)} (or their layouts)")
         model.set_attn_implementation(ATTENTION)
         self.hf = model
         self.decoder = _Head(model, self.family)
@@ -348,6 +405,12 @@ class HFClassifier(nn.Module):
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as e:
+            files = ("tokenizer*", "vocab*", "merges.txt", "*.model")
+            if (path / "config.json").is_file() and not any(next(path.glob(f), None) for f in files):
+                raise ValueError(
+                    f"{path} has no tokenizer files (expected tokenizer.json, or its tokenizer class's vocabulary "
+                    "files); save the model's tokenizer there (tokenizer.save_pretrained)"
+                ) from e
             raise ValueError(f"{path}: cannot load the Hugging Face tokenizer: {_first_line(e)}") from e
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # its report would list the new head as missing
@@ -368,7 +431,8 @@ class HFClassifier(nn.Module):
         _check_tokenizer(path, tokenizer, hf.get_input_embeddings().num_embeddings)
         if hf.config.pad_token_id is None:  # GPT-2: padding is masked, the id is only a filler
             hf.config.pad_token_id = 0
-        return cls._in_float32(hf), HFInputs(tokenizer)
+        model = cls._in_float32(hf)
+        return model, HFInputs(tokenizer, special_tokens=model.family == "bert")
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         """Biases and LayerNorm weights, exempt from weight decay (BERT's fine-tuning recipe)."""
@@ -376,14 +440,14 @@ class HFClassifier(nn.Module):
 
     @property
     def base(self) -> nn.Module:
-        return self.hf.bert if self.family == "bert" else self.hf.transformer
+        if self.family == "bert":
+            return self.hf.bert
+        return self.hf.transformer if self.family == "gpt2" else self.hf.model
 
     @property
     def last_attention(self) -> nn.Module:
         """The last layer's self-attention module (where the attention function is called)."""
-        if self.family == "bert":
-            return self.base.encoder.layer[-1].attention.self
-        return self.base.h[-1].attn
+        return self.attention_layers[-1]
 
     def embed(self, tokens: Tensor) -> Tensor:
         """tokens [B, T] int64 -> word embeddings [B, T, d] (positions are added by the model);
@@ -427,7 +491,9 @@ class HFClassifier(nn.Module):
         """Every layer's self-attention module, first to last."""
         if self.family == "bert":
             return [layer.attention.self for layer in self.base.encoder.layer]
-        return [block.attn for block in self.base.h]
+        if self.family == "gpt2":
+            return [block.attn for block in self.base.h]
+        return [layer.self_attn for layer in self.base.layers]
 
     def layer_attentions(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         """Every layer's attention probabilities ``[B, layers, heads, T, T]`` (query × key), first
@@ -495,10 +561,15 @@ class HFClassifier(nn.Module):
             proj = self.base.encoder.layer[-1].attention.output.dense
             w_o, b_o = proj.weight, proj.bias  # [d, d] (out, in)
             after = BertAfterAttention(self.hf, self.decoder)
-        else:
+        elif self.family == "gpt2":
             proj = self.base.h[-1].attn.c_proj  # Conv1D: weight [in, out]
             w_o, b_o = proj.weight.T, proj.bias
             after = GPT2AfterAttention(self.hf, self.decoder)
+        else:
+            proj = self.last_attention.o_proj  # [d, heads * dh] (out, in); Llama's has no bias
+            w_o = proj.weight
+            b_o = proj.bias if proj.bias is not None else w_o.new_zeros(w_o.shape[0])
+            after = LlamaAfterAttention(self.hf, self.decoder)
         real = token_mask(lengths, T, self.lead, self.trail)
         attention, values, factored, _ = decompose_row(
             probs[rows, :, p],

@@ -19,8 +19,30 @@ from attnmetrics.protocol import forward, token_mask  # noqa: E402
 F64 = torch.float64
 
 
+#: the Llama-layout decoders: grouped-query attention (2 query heads per key/value head; Mistral 4),
+#: Qwen2's q/k/v biases
+DECODERS = {
+    "llama": ("LlamaConfig", "LlamaForSequenceClassification", {"num_key_value_heads": 2}),
+    "qwen2": ("Qwen2Config", "Qwen2ForSequenceClassification", {"num_key_value_heads": 2}),
+    "mistral": ("MistralConfig", "MistralForSequenceClassification", {"num_key_value_heads": 1}),
+}
+FAMILIES = ["bert", "gpt2", *DECODERS]
+
+
 def tiny(family: str, classes: int = 3, seed: int = 0) -> HFClassifier:
     torch.manual_seed(seed)
+    if family in DECODERS:
+        config_class, model_class, extra = DECODERS[family]
+        config = getattr(transformers, config_class)(
+            vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=64, num_labels=classes, pad_token_id=0, **extra,
+        )  # fmt: skip
+        model = getattr(transformers, model_class)(config)
+        if family == "qwen2":  # its q/k/v biases start at 0: make them count
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    torch.nn.init.normal_(proj.bias, std=0.5)
+        return HFClassifier(model.eval().to(F64))
     if family == "bert":
         config = transformers.BertConfig(
             vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -79,14 +101,14 @@ def edited_forward(model: HFClassifier, tokens, lengths, alpha):
         del model.last_attention._attnmetrics_hook
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_protocol_forward_is_the_models(family):
     model = tiny(family)
     tokens, lengths = ragged(family)
     torch.testing.assert_close(forward(model, tokens, lengths).logits, hf_logits(model, tokens, lengths))
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_decomposition_is_exact_and_stays_exact_under_edits(family):
     model = tiny(family)
     tokens, lengths = ragged(family)
@@ -112,7 +134,7 @@ def test_the_decomposition_is_exact_and_stays_exact_under_edits(family):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_padding_is_never_attended(family):
     model = tiny(family)
     tokens, lengths = ragged(family)
@@ -125,7 +147,7 @@ def test_padding_is_never_attended(family):
     torch.testing.assert_close(forward(model, junk, lengths).logits, padded, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_procedures_run_on_the_models_own_attention(family):
     model = tiny(family, classes=2)
     tokens, lengths = ragged(family, rows=9)
@@ -146,8 +168,39 @@ def test_the_procedures_run_on_the_models_own_attention(family):
 
 
 def test_unsupported_models_are_named():
-    with pytest.raises(ValueError, match="unsupported model Linear"):
+    with pytest.raises(
+        ValueError, match="unsupported model Linear: supported are BertForSequenceClassification, .*Llama"
+    ):
         HFClassifier(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("family", list(DECODERS))
+def test_grouped_query_attention_gives_each_query_head_its_key_value_heads_values(family):
+    """The pooled row's values per query head are those of its key/value head (transformers'
+    repeat_kv): heads sharing a key/value head have the same value vectors before the output
+    projection, and the row's probabilities are the model's own eager attention's."""
+    from attnmetrics.models.hf import hooked
+
+    model = tiny(family)
+    tokens, lengths = ragged(family)
+    own = model.tested_attention(tokens, lengths)
+    attn = model.last_attention
+    groups = attn.config.num_attention_heads // attn.config.num_key_value_heads
+    seen = {}
+    with hooked([attn], lambda q, k, v, p, s: seen.update(key=k, value=v) or p):
+        model(tokens, lengths)
+    for name in ("key", "value"):  # per query head: its key/value head's, repeated
+        t = seen[name]
+        assert t.shape[1] == attn.config.num_attention_heads
+        for h in range(t.shape[1]):
+            assert torch.equal(t[:, h], t[:, (h // groups) * groups]), (name, h)
+        assert groups == attn.config.num_attention_heads or not torch.equal(t[:, 0], t[:, -1])
+    eager = model.hf(
+        input_ids=tokens, attention_mask=token_mask(lengths, tokens.shape[1]).long(), output_attentions=True
+    ).attentions[-1]
+    rows = torch.arange(len(lengths))
+    row = eager[rows, :, model.pooled(lengths)]  # [B, heads, T]
+    torch.testing.assert_close(own.attention, row / row.sum(-1, keepdim=True), rtol=0, atol=1e-12)
 
 
 @pytest.mark.network
@@ -180,7 +233,7 @@ def test_minilm_loads_offline_and_its_pooled_row_decomposes_exactly():
     torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_rollout_is_the_pooled_row_of_the_models_own_attentions_rolled_out(family):
     model = tiny(family)
     tokens, lengths = ragged(family)
@@ -196,7 +249,7 @@ def test_rollout_is_the_pooled_row_of_the_models_own_attentions_rolled_out(famil
         torch.testing.assert_close(got[b], want[model.lead :], rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_wrapper_keeps_the_models_mode_through_a_procedure(family):
     """HFClassifier(model.eval()) is in eval mode, and a procedure (whose eval_mode restores the
     wrapper's mode on exit) leaves the Hugging Face model in eval mode: its dropout stays off."""
@@ -259,12 +312,15 @@ def test_a_half_precision_checkpoint_is_upcast_to_float32(dtype, tmp_path):
     assert kept.upcast_from is None and {p.dtype for p in kept.parameters()} == {F64}
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_folder_without_tokenizer_files_is_refused(family, tmp_path):
     """transformers builds a tokenizer of the special tokens alone (BERT: 5 tokens, every word
     [UNK]; GPT-2: 1) from a folder without its files."""
     tiny(family).hf.save_pretrained(tmp_path)
-    expected = "tokenizer.json or vocab.txt" if family == "bert" else "merges.txt or tokenizer.json or vocab.json"
+    expected = {
+        "bert": "tokenizer.json or vocab.txt",
+        "gpt2": "merges.txt or tokenizer.json or vocab.json",
+    }.get(family, ".*")  # a class that loads names its files; one that does not load, tokenizer.json
     with pytest.raises(
         ValueError, match=f"^{re.escape(str(tmp_path))} has no tokenizer files \\(expected {expected}\\)"
     ):
@@ -295,7 +351,7 @@ def test_ids_past_the_vocabulary_are_named_by_every_method_taking_tokens(method)
         call(tokens) if method == "embed" else call(tokens, lengths)
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_the_fused_attention_path_equals_the_eager_one(family, monkeypatch):
     """Where nothing reads the probabilities, the adapter's attention runs as torch's fused
     scaled_dot_product_attention: the logits and the gradient to the embeddings equal the eager
