@@ -186,3 +186,48 @@ def test_a_folder_without_tokenizer_files_is_refused_before_training(checkpoint,
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith(f"attnmetrics: {bare} has no tokenizer files (expected tokenizer.json or vocab.txt)")
     assert not out.exists()
+
+
+def tiny_llama(folder, family: str = "llama"):
+    """A tiny random Llama-layout decoder (grouped-query attention) and a word-level tokenizer over
+    SST's words (a Llama tokenizer's files, tokenizer.json), saved in ``folder``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tests.models.test_hf import DECODERS
+
+    folder.mkdir(exist_ok=True)
+    splits = load_dataset("sst", data_dir=SST_SAMPLE)
+    words = sorted({w for text, _ in splits.train[:400] for w in text.lower().split()})
+    vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", "<s>", "</s>", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.save_pretrained(folder)
+    config_class, model_class, extra = DECODERS[family]
+    config = getattr(transformers, config_class)(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=128, pad_token_id=0, bos_token_id=2, eos_token_id=3, **extra,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    getattr(transformers, model_class)(config).save_pretrained(folder)
+    return folder
+
+
+def test_run_tests_a_llama_layout_decoders_own_attention(tmp_path):
+    # issue 46, item 1: a Llama-layout decoder (grouped-query attention) fine-tuned with a head on
+    # its last real token, the battery on its last layer's attention there, rollout and attention
+    # flow beside it; the attention-derived decompositions refuse it and are left out by name
+    checkpoint = tiny_llama(tmp_path / "llama")
+    out = tmp_path / "run"
+    args = [*FLAGS, *FAST_BATTERY, "--model", f"hf:{checkpoint}", "--epochs", "1", "--importances", "all"]
+    assert main(["run", *args, "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["model"]["architecture"] == "LlamaForSequenceClassification"
+    assert len(results["heads"]["max attention"]) == 4  # per query head
+    assert {"flip", "kendall", "permutation", "adversarial", "single_removal", "eraser"} <= set(results)
+    assert "rollout" in results["flip"] and "attention_flow" in results["eraser"]
+    assert "alti" not in results["eraser"]  # a post-LayerNorm decomposition: not for this model
+    tokens = [t for e in results["examples"] for t in e["tokens"]]
+    assert tokens and "<s>" not in tokens  # the text's own ids: no special token tested as a word
