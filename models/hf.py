@@ -305,12 +305,22 @@ def _first_line(error: BaseException) -> str:
 HALF_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def _check_tokenizer(path: Path, tokenizer, vocab_size: int) -> None:
+def _needs(package: str, what: str) -> None:
+    """ValueError naming ``package`` (and the extra that installs it) where it is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise ValueError(
+            f"{what} needs the optional {package} package: pip install -e .[llm] (or pip install {package})"
+        )
+
+
+def _check_tokenizer(path: Path, tokenizer, vocab_size: int, in_file: bool = False) -> None:
     """ValueError where ``path`` holds none of ``tokenizer``'s files (``transformers`` then builds
-    one of the special tokens alone: every word ``[UNK]``), or where its ids reach past the
-    model's ``vocab_size`` embeddings."""
+    one of the special tokens alone: every word ``[UNK]``; ``in_file``: the tokenizer came from a
+    GGUF file, which holds it), or where its ids reach past the model's ``vocab_size`` embeddings."""
     names = sorted({"tokenizer.json", *type(tokenizer).vocab_files_names.values()})
-    if not any((path / name).is_file() for name in names):
+    if not in_file and not any((path / name).is_file() for name in names):
         raise ValueError(
             f"{path} has no tokenizer files (expected {' or '.join(names)}); save the model's tokenizer "
             "there (tokenizer.save_pretrained)"
@@ -390,8 +400,9 @@ class HFClassifier(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, num_labels: int) -> tuple[HFClassifier, HFInputs]:
-        """A Hugging Face checkpoint folder (read offline) with a new ``num_labels``-way head
-        (whatever head it had is replaced), and its tokenizer. Half-precision (float16, bfloat16)
+        """A Hugging Face checkpoint folder, or a GGUF file (``*.gguf``: weights and tokenizer in one
+        file, dequantised to float32 by ``transformers``; needs the ``gguf`` package), read offline,
+        with a new ``num_labels``-way head (whatever head it had is replaced), and its tokenizer. Half-precision (float16, bfloat16)
         weights are upcast to float32 (:attr:`upcast_from` names their dtype); float32 and float64
         ones are kept.
 
@@ -402,8 +413,14 @@ class HFClassifier(nn.Module):
         """
         path = Path(path)
         transformers = _transformers()
+        gguf = {}
+        if path.suffix == ".gguf":  # a GGUF file: its folder, the file named (weights and tokenizer inside)
+            if not path.is_file():
+                raise ValueError(f"{path}: no such GGUF file")
+            path, gguf = path.parent, {"gguf_file": path.name}
+            _needs("gguf", "reading a GGUF file")
         try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, **gguf)
         except (OSError, ValueError) as e:
             files = ("tokenizer*", "vocab*", "merges.txt", "*.model")
             if (path / "config.json").is_file() and not any(next(path.glob(f), None) for f in files):
@@ -416,7 +433,7 @@ class HFClassifier(nn.Module):
         transformers.logging.set_verbosity_error()  # its report would list the new head as missing
         try:
             hf = transformers.AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=num_labels, local_files_only=True, ignore_mismatched_sizes=True
+                path, num_labels=num_labels, local_files_only=True, ignore_mismatched_sizes=True, **gguf
             )
         except (OSError, ValueError, RuntimeError) as e:
             raise ValueError(f"{path}: cannot load the Hugging Face model: {_first_line(e)}") from e
@@ -428,7 +445,7 @@ class HFClassifier(nn.Module):
             ) from e
         finally:
             transformers.logging.set_verbosity(verbosity)
-        _check_tokenizer(path, tokenizer, hf.get_input_embeddings().num_embeddings)
+        _check_tokenizer(path, tokenizer, hf.get_input_embeddings().num_embeddings, in_file=bool(gguf))
         if hf.config.pad_token_id is None:  # GPT-2: padding is masked, the id is only a filler
             hf.config.pad_token_id = 0
         model = cls._in_float32(hf)

