@@ -321,7 +321,7 @@ def _build(name: str, with_cuda: bool, work_dir: Path) -> Path:
     print(
         f"attnmetrics: compiling the {'C++/CUDA' if with_cuda else 'C++'} kernels, once for these sources, "
         f"flags, torch and Python: up to {len(sources)} source files with {os.environ.get('CXX', 'c++')} on "
-        f"{os.environ.get('MAX_JOBS', 'all')} jobs (about 2 minutes on 2 cores for all of them), in {work_dir}",
+        f"{os.environ.get('MAX_JOBS', 'all')} jobs (all of them: about a minute on 2 quiet cores), in {work_dir}",
         file=sys.stderr,
         flush=True,
     )
