@@ -255,8 +255,15 @@ class HFInputs(TextEncoder):
         return len(self.tokenizer)
 
     def encode(self, texts: Iterable[str]) -> list[list[int]]:
+        """Each text's ids, cut to ``max_length`` (special tokens kept); ``last_truncated`` counts
+        the texts that were longer."""
+        texts = list(texts)
+        whole = self.tokenizer(texts, add_special_tokens=self.special_tokens)["input_ids"]
+        self.last_truncated = sum(len(ids) > self.max_length for ids in whole)
+        if not self.last_truncated:
+            return whole
         return self.tokenizer(
-            list(texts), truncation=True, max_length=self.max_length, add_special_tokens=self.special_tokens
+            texts, truncation=True, max_length=self.max_length, add_special_tokens=self.special_tokens
         )["input_ids"]
 
     def decode(self, ids: Iterable[int]) -> list[str]:

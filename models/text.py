@@ -42,10 +42,12 @@ def collate(ids: Sequence[Sequence[int]]) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class EncodedSplit:
-    """A split as token id lists (each wrapped in ``<SOS> … <EOS>``) and integer labels."""
+    """A split as token id lists (each wrapped in ``<SOS> … <EOS>``) and integer labels;
+    ``truncated``: how many of its texts the encoder cut to its length limit."""
 
     ids: list[list[int]]
     labels: list[int]
+    truncated: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -78,15 +80,19 @@ class EncodedSplit:
 
 class TextEncoder:
     """What turns texts into id lists (a word vocabulary, a BPE, a model's own tokenizer); a
-    subclass gives ``encode(texts) -> list[list[int]]`` and gets :meth:`encode_split`."""
+    subclass gives ``encode(texts) -> list[list[int]]`` and gets :meth:`encode_split`. One that
+    cuts texts to a length limit says how many it cut in its last ``encode`` (``last_truncated``)."""
+
+    last_truncated: int = 0
 
     def encode(self, texts: Iterable[str]) -> list[list[int]]:
         raise NotImplementedError
 
     def encode_split(self, pairs: Iterable[tuple[str, int]]) -> EncodedSplit:
-        """``(text, label)`` pairs -> :class:`EncodedSplit`."""
+        """``(text, label)`` pairs -> :class:`EncodedSplit` (with how many texts were cut)."""
         pairs = list(pairs)
-        return EncodedSplit(self.encode(t for t, _ in pairs), [int(y) for _, y in pairs])
+        ids = self.encode(t for t, _ in pairs)
+        return EncodedSplit(ids, [int(y) for _, y in pairs], self.last_truncated)
 
 
 class Vocabulary(TextEncoder):

@@ -121,7 +121,8 @@ def _gpt_model(config: RunConfig, splits, results: Results) -> tuple[GPTClassifi
 
 def _hf_model(config: RunConfig, splits, results: Results):
     """A Hugging Face classifier from ``--model hf:minilm`` (the pinned all-MiniLM-L6-v2),
-    ``hf:smollm2`` (the pinned SmolLM2-135M-Instruct, GGUF Q4_1) or ``hf:PATH`` (a folder or a GGUF file), with a new head for the data set's classes, and its tokenizer."""
+    ``hf:smollm2`` (the pinned SmolLM2-135M-Instruct, GGUF Q4_1) or ``hf:PATH`` (a folder or a
+    GGUF file), with a new head for the data set's classes, and its tokenizer."""
     from attnmetrics.models.hf import HFClassifier  # optional transformers
 
     name = config.model[3:]
@@ -149,6 +150,18 @@ def _hf_model(config: RunConfig, splits, results: Results):
         quantisation = getattr(model.hf.config, "quantization_type", None) or path.stem.rsplit(".", 1)[-1]
         results["pretrained"]["weights"] = f"GGUF {quantisation}, dequantised to float32"
     return model.to(config.device), inputs
+
+
+def say_truncated(name: str, split: EncodedSplit, encoder, results: Results) -> None:
+    """Never cut texts silently: how many of split ``name``'s texts ``encoder`` cut to its length
+    limit, on stderr (when any) and in ``results["data"]["truncated"]``."""
+    results["data"].setdefault("truncated", {})[name] = split.truncated
+    if split.truncated:
+        print(
+            f"attnmetrics: {split.truncated} of {len(split)} {name} texts are longer than --max-length "
+            f"{getattr(encoder, 'max_length', '?')} tokens and were cut to it",
+            file=sys.stderr,
+        )
 
 
 def _report_upcast(model, source: Path) -> str | None:
@@ -236,6 +249,8 @@ def _train(config: RunConfig, results: Results) -> Built:
             sort_by_length=protocol.sort_by_length,
         )
     train_data, dev_data = vocab.encode_split(splits.train), vocab.encode_split(splits.dev)
+    say_truncated("train", train_data, vocab, results)
+    say_truncated("dev", dev_data, vocab, results)
     result = train(model, train_data, dev_data, tconf)
     results["data"].update(
         name=splits.name, classes=list(splits.classes), sizes=splits.sizes(), vocabulary=len(vocab), info=splits.info

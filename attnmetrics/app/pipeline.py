@@ -17,7 +17,7 @@ from attnmetrics.app.battery.registry import left_out_of_all
 from attnmetrics.app.config import RunConfig
 from attnmetrics.app.distributed import World
 from attnmetrics.app.errors import INPUT_ERRORS, input_error
-from attnmetrics.app.factory import CHECKPOINT, Built, build
+from attnmetrics.app.factory import CHECKPOINT, Built, build, say_truncated
 from attnmetrics.app.faithfulness import battery, examples, importance_settings, tested_attention
 from attnmetrics.app.io import run_folder, write_json_atomic, write_npz_atomic, write_parquet_atomic
 from attnmetrics.app.report import render
@@ -90,6 +90,7 @@ def _in_folder(
     results["protocol"] = built.protocol.to_dict()
     model = built.model
     test = built.vocab.encode_split(built.splits.test)
+    say_truncated("test", test, built.vocab, results)
     predictions = predict(model, test) if w.main else None
     results["test"] = prediction_metrics(predictions) if w.main else None
     if with_battery:

@@ -231,3 +231,22 @@ def test_run_tests_a_llama_layout_decoders_own_attention(tmp_path):
     assert "alti" not in results["eraser"]  # a post-LayerNorm decomposition: not for this model
     tokens = [t for e in results["examples"] for t in e["tokens"]]
     assert tokens and "<s>" not in tokens  # the text's own ids: no special token tested as a word
+
+
+def test_texts_cut_to_max_length_are_counted_and_said(checkpoint, tmp_path, capsys):
+    # issue 46, item 8: a text longer than the limit is cut, never silently
+    from attnmetrics.models.hf import HFInputs
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(checkpoint)
+    inputs = HFInputs(tokenizer, max_length=5)
+    ids = inputs.encode(["the film is good and the cast is fine", "good"])
+    assert inputs.last_truncated == 1 and len(ids[0]) == 5 and ids[0][-1] == tokenizer.sep_token_id
+    assert HFInputs(tokenizer, max_length=64).encode_split([("good", 1)]).truncated == 0
+    out = tmp_path / "run"
+    args = [*FLAGS, *FAST_BATTERY, "--model", f"hf:{checkpoint}", "--epochs", "1", "--max-length", "6"]
+    assert main(["run", *args, "--skip", "adversarial", "permutation", "--out", str(out)]) == 0
+    truncated = json.loads((out / "results.json").read_text())["data"]["truncated"]
+    err = capsys.readouterr().err
+    for split in ("train", "dev", "test"):
+        assert 0 < truncated[split] <= 120
+        assert f"attnmetrics: {truncated[split]} of 120 {split} texts are longer than --max-length 6 tokens" in err
