@@ -309,6 +309,23 @@ def _build_progress(build_dir: Path, sources: int, every: float = 15.0) -> Itera
         )
 
 
+@contextlib.contextmanager
+def _ninja_beside_python() -> Iterator[None]:
+    """PATH with this Python's scripts folder first for the build, so that torch runs the ninja
+    installed beside it (the pip dependency) whether or not its environment is activated: ninja
+    versions hash the commands of a work folder's log differently, and another ninja would
+    recompile every file."""
+    before = os.environ.get("PATH")
+    os.environ["PATH"] = os.pathsep.join(p for p in (str(Path(sys.executable).parent), before) if p)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
+
+
 def _build(name: str, with_cuda: bool, work_dir: Path) -> Path:
     """Compile (ninja: only what changed since this work folder's last build) and link the kernels
     in ``work_dir``; the linked library's path."""
@@ -325,7 +342,7 @@ def _build(name: str, with_cuda: bool, work_dir: Path) -> Path:
         file=sys.stderr,
         flush=True,
     )
-    with _build_progress(work_dir, len(sources)):
+    with _build_progress(work_dir, len(sources)), _ninja_beside_python():
         library = cpp_extension.load(
             name=name,
             sources=sources,

@@ -17,10 +17,7 @@ from tests.inputs import ROOT
 
 def _import(cwd: Path, pythonpath: Path | None = None, **env_extra: str) -> subprocess.CompletedProcess:
     """``import attnmetrics`` in a fresh process: its stdout names the module file and the build it loaded."""
-    # the venv's tools first (its ninja, as when it is activated): another ninja hashes the commands
-    # of the work folder's log differently and would recompile everything
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    env = dict(os.environ, PATH=path, **env_extra)
+    env = dict(os.environ, **env_extra)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     code = "import attnmetrics, attnmetrics._ops as o; print(o.__file__); print(o.BUILD_DIR)"
@@ -122,6 +119,13 @@ def test_unused_build_folders_are_pruned_and_others_kept(tmp_path):
             os.utime(folder, (long_ago, long_ago))
     _ops._prune(tmp_path, keep=(kept,))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["attnmetrics_C_kept", "attnmetrics_C_recent", "someone_else"]
+
+
+def test_the_build_runs_the_ninja_beside_this_python(monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    with _ops._ninja_beside_python():
+        assert shutil.which("ninja") == str(Path(sys.executable).parent / "ninja")
+    assert os.environ["PATH"] == "/usr/bin:/bin"
 
 
 def test_build_lock_is_released_with_its_holder(tmp_path):
