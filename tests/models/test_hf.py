@@ -203,6 +203,31 @@ def test_grouped_query_attention_gives_each_query_head_its_key_value_heads_value
     torch.testing.assert_close(own.attention, row / row.sum(-1, keepdim=True), rtol=0, atol=1e-12)
 
 
+def decomposes_exactly(model: HFClassifier, ids: list[list[int]], heads: int, pad: int) -> None:
+    """A real checkpoint's rows ``ids``, padded with ``pad`` (the id transformers' own head pools
+    before; ours pools by length): the decomposition of the pooled row reproduces the model's
+    logits (float64), before and after a renormalised removal of each row's top token (rows of
+    two real tokens or more)."""
+    lengths = torch.tensor([len(i) for i in ids])
+    tokens = torch.full((len(ids), int(lengths.max())), pad, dtype=torch.int64)
+    for b, row in enumerate(ids):
+        tokens[b, : len(row)] = torch.tensor(row)
+    own = model.tested_attention(tokens, lengths)
+    assert own.attention.shape[1] == heads
+    torch.testing.assert_close(own.logits, hf_logits(model, tokens, lengths))
+    context = torch.einsum("bht,bhtd->bd", own.attention, own.values)
+    torch.testing.assert_close(own.decoder(context), own.logits, rtol=0, atol=1e-8)
+    keep = own.lengths >= 2
+    attention, values = own.attention[keep], own.values[keep]
+    top = attention.mean(1).argmax(-1)
+    removed = attention.clone()
+    removed[torch.arange(len(top)), :, top] = 0
+    removed = removed / removed.sum(-1, keepdim=True)
+    want = edited_forward(model, tokens[keep], lengths[keep], removed)
+    got = own.decoder(torch.einsum("bht,bhtd->bd", removed, values))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
+
+
 @pytest.mark.network
 def test_minilm_loads_offline_and_its_pooled_row_decomposes_exactly():
     """all-MiniLM-L6-v2 from its pinned wheel: the decomposition reproduces the real model's logits
@@ -214,23 +239,7 @@ def test_minilm_loads_offline_and_its_pooled_row_decomposes_exactly():
     texts = ["a masterfully acted , fascinating film .", "it 's a bad , bad movie .", "fine"]
     ids = inputs.encode(texts)
     assert inputs.decode(ids[0])[:3] == ["[CLS]", "a", "master"]
-    lengths = torch.tensor([len(i) for i in ids])
-    tokens = torch.zeros(len(ids), int(lengths.max()), dtype=torch.int64)
-    for b, row in enumerate(ids):
-        tokens[b, : len(row)] = torch.tensor(row)
-    own = model.tested_attention(tokens, lengths)
-    assert own.attention.shape[1] == 12
-    torch.testing.assert_close(own.logits, hf_logits(model, tokens, lengths))
-    context = torch.einsum("bht,bhtd->bd", own.attention, own.values)
-    torch.testing.assert_close(own.decoder(context), own.logits, rtol=0, atol=1e-8)
-    tokens, lengths, attention, values = tokens[:2], lengths[:2], own.attention[:2], own.values[:2]  # L >= 2
-    top = attention.mean(1).argmax(-1)
-    removed = attention.clone()
-    removed[torch.arange(len(top)), :, top] = 0
-    removed = removed / removed.sum(-1, keepdim=True)
-    want = edited_forward(model, tokens, lengths, removed)
-    got = own.decoder(torch.einsum("bht,bhtd->bd", removed, values))
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
+    decomposes_exactly(model, ids, heads=12, pad=0)
 
 
 @pytest.mark.network
@@ -250,25 +259,7 @@ def test_smollm2_loads_offline_and_its_pooled_row_decomposes_exactly():
     texts = ["a gorgeous, witty, seductive movie.", "the plot is a dull, lifeless mess.", "fine"]
     ids = inputs.encode(texts)
     assert inputs.tokenizer.decode(ids[0]) == texts[0]  # the text's own ids, no <|im_start|> added
-    lengths = torch.tensor([len(i) for i in ids])
-    # padded with the pad id, which the reference (transformers' own head) pools before: ours pools by length
-    tokens = torch.full((len(ids), int(lengths.max())), config.pad_token_id, dtype=torch.int64)
-    for b, row in enumerate(ids):
-        tokens[b, : len(row)] = torch.tensor(row)
-    own = model.tested_attention(tokens, lengths)
-    assert own.attention.shape[1] == 9
-    torch.testing.assert_close(own.logits, hf_logits(model, tokens, lengths))
-    context = torch.einsum("bht,bhtd->bd", own.attention, own.values)
-    torch.testing.assert_close(own.decoder(context), own.logits, rtol=0, atol=1e-8)
-    top = own.attention.mean(1).argmax(-1)
-    removed = own.attention.clone()
-    removed[torch.arange(len(top)), :, top] = 0
-    keep = lengths >= 2
-    removed, tokens, lengths = removed[keep], tokens[keep], lengths[keep]
-    removed = removed / removed.sum(-1, keepdim=True)
-    want = edited_forward(model, tokens, lengths, removed)
-    got = own.decoder(torch.einsum("bht,bhtd->bd", removed, own.values[keep]))
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-8)
+    decomposes_exactly(model, ids, heads=9, pad=config.pad_token_id)
 
 
 def test_a_gguf_file_is_named_when_missing_or_unreadable(tmp_path, monkeypatch):
