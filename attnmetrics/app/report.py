@@ -22,6 +22,8 @@ from attnmetrics.app.token_view import render_token_view
 
 def _model_line(results: dict) -> str:
     m = results.get("model", {})
+    if m.get("encoder") == "hf" and m.get("architecture"):  # a Hugging Face model: its class says what it is
+        return f"{m['architecture']} + own attention"
     return f"{m.get('encoder', '?')} encoder + {m.get('attention', '?')} attention"
 
 

@@ -231,6 +231,7 @@ def test_run_tests_a_llama_layout_decoders_own_attention(tmp_path):
     assert "alti" not in results["eraser"]  # a post-LayerNorm decomposition: not for this model
     tokens = [t for e in results["examples"] for t in e["tokens"]]
     assert tokens and "<s>" not in tokens  # the text's own ids: no special token tested as a word
+    assert (out / "report.md").read_text().startswith("# attnmetrics report: sst / LlamaForSequenceClassification")
 
 
 def test_texts_cut_to_max_length_are_counted_and_said(checkpoint, tmp_path, capsys):
