@@ -121,9 +121,9 @@ def render(results: dict, folder: str | Path) -> Path:
             ),
             "",
         ]
-    weights = results.get("pretrained", {}).get("weights")
-    if weights:  # a quantised checkpoint: every number is the quantised model's
-        lines += [f"Weights: {results['pretrained'].get('model')}, {weights}.", ""]
+    pretrained = results.get("pretrained") or {}  # None: a GPT trained from scratch
+    if weights := pretrained.get("weights"):  # a quantised checkpoint: every number is the quantised model's
+        lines += [f"Weights: {pretrained.get('model')}, {weights}.", ""]
     if warning := chance_level(results, folder):
         print(f"attnmetrics: warning: {folder}: {warning}", file=sys.stderr)
         lines += [f"**Warning**: {warning}.", ""]
