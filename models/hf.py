@@ -565,9 +565,27 @@ class HFClassifier(nn.Module):
             values ``[B, heads, T - lead, d]`` over the real tokens (zero past each row's), the
             logits and the decoder.
         """
-        B, T = tokens.shape
-        rows = torch.arange(B, device=tokens.device)
-        p = self.pooled(lengths)
+        real = token_mask(lengths, tokens.shape[1], self.lead, self.trail)
+        items = lengths - self.lead - self.trail
+        return self._decomposed(self._checked(tokens), lengths, self.pooled(lengths), real, self.lead, items)
+
+    def _decomposed(
+        self,
+        ids: Tensor,
+        lengths: Tensor,
+        pooled: Tensor,
+        real: Tensor,
+        lead: int,
+        items: Tensor,
+        width: int | None = None,
+    ) -> TestedAttention:
+        """:meth:`tested_attention` of the model's input ``ids [B, T]`` (``lengths`` their own):
+        the last layer's row at position ``pooled [B]`` decomposed over the ``real [B, T]``
+        positions, every other one's weight fixed, columns from ``lead`` on (``width`` of them
+        where given), ``items [B]`` each row's real positions (their count)."""
+        B, T = ids.shape
+        rows = torch.arange(B, device=ids.device)
+        p = pooled
         captured = {}
 
         def hook(query, key, value, probs, scaling):
@@ -576,7 +594,7 @@ class HFClassifier(nn.Module):
 
         with hooked([self.last_attention], hook):
             mask = token_mask(lengths, T).long()
-            out = self.base(input_ids=self._checked(tokens), attention_mask=mask, output_hidden_states=True)
+            out = self.base(input_ids=ids, attention_mask=mask, output_hidden_states=True)
         x = out.hidden_states[-2][rows, p]  # the last layer's input at the pooled position
         logits = self.decoder(out.last_hidden_state[rows, p])
         q, k, v, probs = (captured[n] for n in ("query", "key", "value", "probs"))
@@ -594,7 +612,6 @@ class HFClassifier(nn.Module):
             w_o = proj.weight
             b_o = proj.bias if proj.bias is not None else w_o.new_zeros(w_o.shape[0])
             after = LlamaAfterAttention(self.hf, self.decoder)
-        real = token_mask(lengths, T, self.lead, self.trail)
         attention, values, factored, _ = decompose_row(
             probs[rows, :, p],
             q[rows, :, p],
@@ -605,13 +622,9 @@ class HFClassifier(nn.Module):
             x,
             captured["scaling"],
             real,
-            self.lead,
+            lead,
         )
-        return TestedAttention(
-            attention,
-            values,
-            lengths - self.lead - self.trail,
-            logits,
-            after,
-            factored,
-        )
+        if width is not None:  # the columns past every row's real positions dropped (a prompt's suffix)
+            attention, values = attention[..., :width].contiguous(), values[:, :, :width].contiguous()
+            factored = factored._replace(per_head=factored.per_head[:, :, :width].contiguous())
+        return TestedAttention(attention, values, items, logits, after, factored)
