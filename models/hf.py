@@ -2,7 +2,10 @@
 (docs/definitions.md §15). Needs the optional ``transformers`` (``pip install -e .[hf]``).
 
 Supported: BERT-like encoders (``BertForSequenceClassification``: BERT, MiniLM, ...; pooled at
-``[CLS]``), GPT-2-like decoders (``GPT2ForSequenceClassification``) and Llama-layout decoders
+``[CLS]``), RoBERTa-like ones (``RobertaForSequenceClassification`` and the same post-LayerNorm
+layout in XLM-R, CamemBERT; pooled at ``<s>``, with explicit position ids: see
+:meth:`HFClassifier.encode`), DistilBERT-like ones (``DistilBertForSequenceClassification``;
+pooled at ``[CLS]``), GPT-2-like decoders (``GPT2ForSequenceClassification``) and Llama-layout decoders
 (``LlamaForSequenceClassification`` and the same layout in Qwen2, with q/k/v biases, and Mistral:
 RMSNorm before each block, rotary positions, grouped-query attention, a gated MLP); the decoders
 are pooled at the last real token. The tested attention is the last layer's attention row of the pooled position, per head,
@@ -17,8 +20,8 @@ value vectors through its slice of the output projection, ``b_o`` that projectio
 
 so ``sum_h sum_t alpha[h, t] values[h, t]`` is the attention sublayer's output plus its residual,
 exactly, for any ``alpha`` whose heads each sum to 1. The decoder is the rest of the network from
-there to the logits (:class:`BertAfterAttention`, :class:`GPT2AfterAttention`,
-:class:`LlamaAfterAttention`). With grouped-query attention each query head reads its key/value
+there to the logits (:class:`BertAfterAttention`, :class:`RobertaAfterAttention`,
+:class:`DistilBertAfterAttention`, :class:`GPT2AfterAttention`, :class:`LlamaAfterAttention`). With grouped-query attention each query head reads its key/value
 head's values (``transformers``' ``repeat_kv``: query head ``h`` uses key/value head
 ``h // (heads / key_value_heads)``), so the decomposition is per query head.
 
@@ -142,22 +145,33 @@ def register() -> None:
 
 class _Head(nn.Module):
     """The protocol's decoder: the pooled final state ``[N, d]`` -> logits (BERT: pooler,
-    dropout, classifier; the decoders: score; their final norm is in the encoder). Shares the
-    model's modules."""
+    dropout, classifier; RoBERTa: its classification head, dropout -> dense -> tanh -> dropout ->
+    out_proj, on position 0 of the ``[N, 1, d]`` it is handed; DistilBERT: pre_classifier ->
+    ReLU -> dropout -> classifier; the decoders: score, their final norm being in the encoder).
+    Shares the model's modules."""
 
     def __init__(self, model, family: str):
         super().__init__()
         self.family = family
-        self.parts = (
-            nn.ModuleList([model.bert.pooler, model.dropout, model.classifier])
-            if family == "bert"
-            else nn.ModuleList([model.score])
-        )
+        if family == "bert":
+            parts = [model.bert.pooler, model.dropout, model.classifier]
+        elif family == "roberta":
+            parts = [model.classifier]
+        elif family == "distilbert":
+            parts = [model.pre_classifier, model.dropout, model.classifier]
+        else:
+            parts = [model.score]
+        self.parts = nn.ModuleList(parts)
 
     def forward(self, context: Tensor) -> Tensor:
         if self.family == "bert":
             pooler, dropout, classifier = self.parts
             return classifier(dropout(pooler(context[:, None])))
+        if self.family == "roberta":  # RobertaClassificationHead reads features[:, 0]
+            return self.parts[0](context[:, None])
+        if self.family == "distilbert":
+            pre_classifier, dropout, classifier = self.parts
+            return classifier(dropout(F.relu(pre_classifier(context))))
         return self.parts[0](context)
 
 
@@ -173,6 +187,29 @@ class BertAfterAttention(nn.Module):
     def forward(self, z: Tensor) -> Tensor:
         y = self.layer.attention.output.LayerNorm(z)
         return self.head(self.layer.output(self.layer.intermediate(y), y))
+
+
+class RobertaAfterAttention(BertAfterAttention):
+    """A RoBERTa-like classifier after the last layer's attention at ``<s>``: BERT's post-LayerNorm
+    layer (:class:`BertAfterAttention`), then its classification head (:class:`_Head`) ``[N, C]``."""
+
+    def __init__(self, model, head: _Head):
+        nn.Module.__init__(self)
+        self.layer, self.head = model.roberta.encoder.layer[-1], head
+
+
+class DistilBertAfterAttention(nn.Module):
+    """A DistilBERT-like classifier after the last block's attention at ``[CLS]``: ``z`` (attention
+    output, ``out_lin`` included, plus residual) ``[N, d]`` -> ``y = sa_layer_norm(z)`` ->
+    ``output_layer_norm(ffn(y) + y)`` -> the head (pre_classifier, ReLU, dropout, classifier) ``[N, C]``."""
+
+    def __init__(self, model, head: _Head):
+        super().__init__()
+        self.block, self.head = model.distilbert.transformer.layer[-1], head
+
+    def forward(self, z: Tensor) -> Tensor:
+        y = self.block.sa_layer_norm(z)
+        return self.head(self.block.output_layer_norm(self.block.ffn(y) + y))
 
 
 class GPT2AfterAttention(nn.Module):
@@ -217,9 +254,69 @@ def _llama_layout(model: nn.Module) -> bool:
     )
 
 
+def _has(module: nn.Module, path: str) -> bool:
+    """Whether ``module`` has the dotted attribute ``path``."""
+    for name in path.split("."):
+        module = getattr(module, name, None)
+        if module is None:
+            return False
+    return True
+
+
+#: the parts a post-LayerNorm BERT-like encoder layer has (``transformers``' Bert, Roberta, XLM-R:
+#: not XLM-R XL's pre-LayerNorm layer, whose ``attention.output`` has no LayerNorm)
+_BERT_LAYER = (
+    "attention.self.query",
+    "attention.self.key",
+    "attention.self.value",
+    "attention.output.dense",
+    "attention.output.LayerNorm",
+    "intermediate.dense",
+    "output.dense",
+    "output.LayerNorm",
+)
+
+
+def _roberta_layout(model: nn.Module) -> bool:
+    """``model.roberta.encoder.layer`` of post-LayerNorm BERT-like layers, embeddings numbering
+    positions after ``padding_idx``, and a RobertaClassificationHead ``model.classifier``."""
+    roberta = getattr(model, "roberta", None)
+    layers = getattr(getattr(roberta, "encoder", None), "layer", None)
+    return (
+        isinstance(layers, nn.ModuleList)
+        and len(layers) > 0
+        and isinstance(getattr(getattr(roberta, "embeddings", None), "padding_idx", None), int)
+        and all(_has(model, f"classifier.{part}") for part in ("dense", "dropout", "out_proj"))
+        and all(_has(layer, part) for layer in layers for part in _BERT_LAYER)
+    )
+
+
+#: the parts a DistilBERT block has
+_DISTILBERT_BLOCK = ("attention.q_lin", "attention.out_lin", "sa_layer_norm", "ffn", "output_layer_norm")
+
+
+def _distilbert_layout(model: nn.Module) -> bool:
+    """``model.distilbert.transformer.layer`` of DistilBERT blocks, and ``pre_classifier``,
+    ``dropout``, ``classifier``."""
+    layers = getattr(getattr(getattr(model, "distilbert", None), "transformer", None), "layer", None)
+    return (
+        isinstance(layers, nn.ModuleList)
+        and len(layers) > 0
+        and all(hasattr(model, part) for part in ("pre_classifier", "dropout", "classifier"))
+        and all(_has(layer, part) for layer in layers for part in _DISTILBERT_BLOCK)
+    )
+
+
+#: the encoder families: pooled at position 0 (``[CLS]``, ``<s>``), their tokenizer's special
+#: tokens around the text (lead = trail = 1)
+ENCODERS = ("bert", "roberta", "distilbert")
+
 #: the classes :class:`HFClassifier` is proved on, for its error message
 SUPPORTED = (
     "BertForSequenceClassification",
+    "RobertaForSequenceClassification",
+    "XLMRobertaForSequenceClassification",
+    "DistilBertForSequenceClassification",
     "GPT2ForSequenceClassification",
     "LlamaForSequenceClassification",
     "Qwen2ForSequenceClassification",
@@ -341,12 +438,13 @@ def _check_tokenizer(path: Path, tokenizer, vocab_size: int, in_file: bool = Fal
 
 
 class HFClassifier(nn.Module):
-    """A Hugging Face ``BertForSequenceClassification`` or ``GPT2ForSequenceClassification`` on
-    the protocol (``embed``, ``encode``, ``attend``, ``decoder``, ``lead``/``trail``) with
+    """A Hugging Face sequence classifier of :data:`SUPPORTED` (or their layouts) on the protocol
+    (``embed``, ``encode``, ``attend``, ``decoder``, ``lead``/``trail``) with
     :meth:`tested_attention`, its own attention.
 
-    ``tokens`` are the model tokenizer's ids with right padding: BERT ``[CLS] ... [SEP]`` (lead =
-    trail = 1), GPT-2 the text's ids alone (lead = trail = 0; pooled at the last real token).
+    ``tokens`` are the model tokenizer's ids with right padding: the encoders' ``[CLS] ... [SEP]``
+    (BERT, DistilBERT) or ``<s> ... </s>`` (RoBERTa) (lead = trail = 1; pooled at position 0),
+    the decoders' the text's ids alone (lead = trail = 0; pooled at the last real token).
     ``attend`` puts all the weight on the pooled position, so the protocol's forward is the
     model's own; the procedures test :meth:`tested_attention` instead. Every method taking
     ``tokens`` raises ValueError for ids outside ``[0, vocab_size)``, naming ``tokens``, its
@@ -364,6 +462,15 @@ class HFClassifier(nn.Module):
         name = type(model).__name__
         if hasattr(model, "bert") and hasattr(model, "classifier"):
             self.family, self.lead, self.trail = "bert", 1, 1
+        elif _roberta_layout(model):
+            if getattr(model.config, "is_decoder", False):
+                raise ValueError(
+                    f"{name} is configured as a decoder (is_decoder=True: causal attention), which pools "
+                    "nothing but <s> at position 0; load it as an encoder (is_decoder=False)"
+                )
+            self.family, self.lead, self.trail = "roberta", 1, 1
+        elif _distilbert_layout(model):
+            self.family, self.lead, self.trail = "distilbert", 1, 1
         elif hasattr(model, "transformer") and hasattr(model, "score"):
             self.family, self.lead, self.trail = "gpt2", 0, 0
         elif _llama_layout(model):
@@ -456,7 +563,7 @@ class HFClassifier(nn.Module):
         if hf.config.pad_token_id is None:  # GPT-2: padding is masked, the id is only a filler
             hf.config.pad_token_id = 0
         model = cls._in_float32(hf)
-        return model, HFInputs(tokenizer, special_tokens=model.family == "bert")
+        return model, HFInputs(tokenizer, special_tokens=model.family in ENCODERS)
 
     def no_weight_decay(self) -> list[nn.Parameter]:
         """Biases and LayerNorm weights, exempt from weight decay (BERT's fine-tuning recipe)."""
@@ -464,8 +571,8 @@ class HFClassifier(nn.Module):
 
     @property
     def base(self) -> nn.Module:
-        if self.family == "bert":
-            return self.hf.bert
+        if self.family in ENCODERS:
+            return getattr(self.hf, self.family)
         return self.hf.transformer if self.family == "gpt2" else self.hf.model
 
     @property
@@ -486,15 +593,39 @@ class HFClassifier(nn.Module):
         :func:`attnmetrics._validation.checked_ids`)."""
         return checked_ids(tokens, self.base.get_input_embeddings().num_embeddings)
 
+    def _run(self, lengths: Tensor, **inputs):
+        """The base model on ``input_ids`` or ``inputs_embeds`` ``[B, T, ...]`` (and any other
+        keyword), padding past ``lengths`` masked, at the positions :meth:`positions` gives."""
+        x = inputs["input_ids"] if "input_ids" in inputs else inputs["inputs_embeds"]
+        B, T = x.shape[:2]
+        positions = self.positions(B, T, x.device)
+        if positions is not None:
+            inputs["position_ids"] = positions
+        return self.base(attention_mask=token_mask(lengths, T).long(), **inputs)
+
+    def positions(self, rows: int, T: int, device: torch.device | str = "cpu") -> Tensor | None:
+        """The position ids every call of the base model is given, ``[rows, T]``; None where the
+        model numbers positions by itself (0, 1, ...; rotary ones by the mask).
+
+        RoBERTa's are ``padding_idx + 1 + t`` at every position ``t``: what ``transformers`` gives
+        right-padded ``input_ids`` at their real tokens, numbering only the ids that are not the pad
+        id, and what it gives ``inputs_embeds`` (:meth:`encode`) everywhere, not knowing the ids.
+        Given explicitly, :meth:`forward`, :meth:`encode` of :meth:`embed` and
+        :meth:`tested_attention` number alike even where a real token is the pad id (``transformers``'
+        own forward would skip that token's number, and shift every later one)."""
+        if self.family != "roberta":
+            return None
+        start = self.base.embeddings.padding_idx + 1
+        return torch.arange(start, start + T, device=device).expand(rows, T)
+
     def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:
         """The last layer's states [B, T, d] (GPT-2: after the final LayerNorm), zero on padding."""
-        mask = token_mask(lengths, embedded.shape[1])
-        hidden = self.base(inputs_embeds=embedded, attention_mask=mask.long()).last_hidden_state
-        return hidden * mask[..., None].to(hidden.dtype)
+        hidden = self._run(lengths, inputs_embeds=embedded).last_hidden_state
+        return hidden * token_mask(lengths, embedded.shape[1])[..., None].to(hidden.dtype)
 
     def pooled(self, lengths: Tensor) -> Tensor:
-        """[B] int64: the pooled position ([CLS] = 0, or GPT-2's last real token)."""
-        return torch.zeros_like(lengths) if self.family == "bert" else lengths - 1
+        """[B] int64: the pooled position ([CLS] or ``<s>`` = 0, or a decoder's last real token)."""
+        return torch.zeros_like(lengths) if self.family in ENCODERS else lengths - 1
 
     def attend(self, hidden: Tensor, lengths: Tensor) -> Tensor:
         """All the weight on the pooled position: the decoder then sees the model's pooled state."""
@@ -505,16 +636,17 @@ class HFClassifier(nn.Module):
         [B, T] (the training loop's interface; ``attention`` must be None: nothing to impose)."""
         if attention is not None:
             raise ValueError("a Hugging Face classifier takes no imposed attention (W&P's diagnostic models)")
-        mask = token_mask(lengths, tokens.shape[1]).long()
-        hidden = self.base(input_ids=self._checked(tokens), attention_mask=mask).last_hidden_state
+        hidden = self._run(lengths, input_ids=self._checked(tokens)).last_hidden_state
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         return self.decoder(hidden[rows, self.pooled(lengths)]), self.attend(hidden, lengths)
 
     @property
     def attention_layers(self) -> list[nn.Module]:
         """Every layer's self-attention module, first to last."""
-        if self.family == "bert":
+        if self.family in ("bert", "roberta"):
             return [layer.attention.self for layer in self.base.encoder.layer]
+        if self.family == "distilbert":  # its attention module applies out_lin after the function
+            return [block.attention for block in self.base.transformer.layer]
         if self.family == "gpt2":
             return [block.attn for block in self.base.h]
         return [layer.self_attn for layer in self.base.layers]
@@ -525,11 +657,10 @@ class HFClassifier(nn.Module):
         queries' rows are the mask's, never read): what :meth:`rollout` rolls out and
         :func:`attnmetrics.attention_flow` takes as its graph. ValueError when the model's
         attention implementation is not this adapter's (e.g. ``sdpa``: no probabilities)."""
-        T = tokens.shape[1]
         probs: list[Tensor] = []
         layers = self.attention_layers
         with hooked(layers, lambda q, k, v, p, scaling: probs.append(p) or p):
-            self.base(input_ids=self._checked(tokens), attention_mask=token_mask(lengths, T).long())
+            self._run(lengths, input_ids=self._checked(tokens))
         if len(probs) != len(layers):
             raise ValueError(
                 f"the layers' attention probabilities: {type(self.hf).__name__}'s attention implementation "
@@ -583,8 +714,7 @@ class HFClassifier(nn.Module):
         the last layer's row at position ``pooled [B]`` decomposed over the ``real [B, T]``
         positions, every other one's weight fixed, columns from ``lead`` on (``width`` of them
         where given), ``items [B]`` each row's real positions (their count)."""
-        B, T = ids.shape
-        rows = torch.arange(B, device=ids.device)
+        rows = torch.arange(ids.shape[0], device=ids.device)
         p = pooled
         captured = {}
 
@@ -593,25 +723,13 @@ class HFClassifier(nn.Module):
             return probs
 
         with hooked([self.last_attention], hook):
-            mask = token_mask(lengths, T).long()
-            out = self.base(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+            out = self._run(lengths, input_ids=ids, output_hidden_states=True)
         x = out.hidden_states[-2][rows, p]  # the last layer's input at the pooled position
         logits = self.decoder(out.last_hidden_state[rows, p])
         q, k, v, probs = (captured[n] for n in ("query", "key", "value", "probs"))
         heads, dh = v.shape[1], v.shape[-1]
-        if self.family == "bert":
-            proj = self.base.encoder.layer[-1].attention.output.dense
-            w_o, b_o = proj.weight, proj.bias  # [d, d] (out, in)
-            after = BertAfterAttention(self.hf, self.decoder)
-        elif self.family == "gpt2":
-            proj = self.base.h[-1].attn.c_proj  # Conv1D: weight [in, out]
-            w_o, b_o = proj.weight.T, proj.bias
-            after = GPT2AfterAttention(self.hf, self.decoder)
-        else:
-            proj = self.last_attention.o_proj  # [d, heads * dh] (out, in); Llama's has no bias
-            w_o = proj.weight
-            b_o = proj.bias if proj.bias is not None else w_o.new_zeros(w_o.shape[0])
-            after = LlamaAfterAttention(self.hf, self.decoder)
+        w_o, b_o = self._output_projection()
+        after = self.after_attention()
         attention, values, factored, _ = decompose_row(
             probs[rows, :, p],
             q[rows, :, p],
@@ -628,3 +746,28 @@ class HFClassifier(nn.Module):
             attention, values = attention[..., :width].contiguous(), values[:, :, :width].contiguous()
             factored = factored._replace(per_head=factored.per_head[:, :, :width].contiguous())
         return TestedAttention(attention, values, items, logits, after, factored)
+
+    def _output_projection(self) -> tuple[Tensor, Tensor]:
+        """The last attention layer's output projection: weight ``[d, heads * dh]`` (out, in) and bias ``[d]``."""
+        if self.family in ("bert", "roberta"):
+            proj = self.base.encoder.layer[-1].attention.output.dense
+        elif self.family == "distilbert":
+            proj = self.last_attention.out_lin
+        elif self.family == "gpt2":
+            proj = self.base.h[-1].attn.c_proj  # Conv1D: weight [in, out]
+            return proj.weight.T, proj.bias
+        else:
+            proj = self.last_attention.o_proj  # Llama's has no bias
+        w_o = proj.weight
+        return w_o, proj.bias if proj.bias is not None else w_o.new_zeros(w_o.shape[0])
+
+    def after_attention(self) -> nn.Module:
+        """The rest of the network after the last layer's attention at the pooled position: the
+        tested attention's decoder (attention output plus residual ``[N, d]`` -> logits)."""
+        after = {
+            "bert": BertAfterAttention,
+            "roberta": RobertaAfterAttention,
+            "distilbert": DistilBertAfterAttention,
+            "gpt2": GPT2AfterAttention,
+        }.get(self.family, LlamaAfterAttention)
+        return after(self.hf, self.decoder)

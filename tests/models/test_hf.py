@@ -1,5 +1,5 @@
-"""Hugging Face classifiers on the protocol (models/hf.py), on tiny randomly initialised BERT and
-GPT-2 built from a config (no download): the decomposition of the pooled row equals a real forward
+"""Hugging Face classifiers on the protocol (models/hf.py), on tiny randomly initialised BERT,
+RoBERTa, XLM-R, DistilBERT, GPT-2 and Llama-layout models built from a config (no download): the decomposition of the pooled row equals a real forward
 with the same edit of the attention, the registered mask keeps padding out, and the procedures run
 on the model's own attention."""
 
@@ -26,7 +26,16 @@ DECODERS = {
     "qwen2": ("Qwen2Config", "Qwen2ForSequenceClassification", {"num_key_value_heads": 2}),
     "mistral": ("MistralConfig", "MistralForSequenceClassification", {"num_key_value_heads": 1}),
 }
-FAMILIES = ["bert", "gpt2", *DECODERS]
+#: the encoders beside BERT (RoBERTa's position ids start after its pad id 1, XLM-R is its layout
+#: under other class names, DistilBERT's attention module holds its output projection)
+ENCODERS = {
+    "roberta": ("RobertaConfig", "RobertaForSequenceClassification", "roberta"),
+    "xlm_roberta": ("XLMRobertaConfig", "XLMRobertaForSequenceClassification", "roberta"),
+    "distilbert": ("DistilBertConfig", "DistilBertForSequenceClassification", "distilbert"),
+}
+FAMILIES = ["bert", *ENCODERS, "gpt2", *DECODERS]
+#: each encoder's (start, end, pad) ids: [CLS] ... [SEP] [PAD], or RoBERTa's <s>=0 ... </s>=2 <pad>=1
+SPECIAL = {"bert": (1, 2, 0), "roberta": (0, 2, 1), "xlm_roberta": (0, 2, 1), "distilbert": (1, 2, 0)}
 
 
 def tiny(family: str, classes: int = 3, seed: int = 0) -> HFClassifier:
@@ -43,6 +52,24 @@ def tiny(family: str, classes: int = 3, seed: int = 0) -> HFClassifier:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     torch.nn.init.normal_(proj.bias, std=0.5)
         return HFClassifier(model.eval().to(F64))
+    if family in ENCODERS:
+        config_class, model_class, _ = ENCODERS[family]
+        sizes = (
+            {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 64}
+            if family == "distilbert"
+            else {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+        )
+        config = getattr(transformers, config_class)(
+            vocab_size=60, max_position_embeddings=64, num_labels=classes, pad_token_id=SPECIAL[family][2], **sizes
+        )
+        model = getattr(transformers, model_class)(config)
+        with torch.no_grad():  # biases start at 0 and LayerNorm weights at 1: make them count
+            for name, p in model.named_parameters():
+                if p.dim() == 1:
+                    p.add_(torch.randn_like(p), alpha=0.2 if "LayerNorm" in name or "layer_norm" in name else 0.5)
+        wrapped = HFClassifier(model.eval().to(F64))
+        assert wrapped.family == ENCODERS[family][2]  # detected by structure
+        return wrapped
     if family == "bert":
         config = transformers.BertConfig(
             vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
@@ -58,16 +85,18 @@ def tiny(family: str, classes: int = 3, seed: int = 0) -> HFClassifier:
 
 
 def ragged(family: str, rows: int = 7, width: int = 11, seed: int = 0):
-    """Right-padded ids: BERT rows [CLS]=1 ... [SEP]=2 around ids 5..59; GPT-2 rows of ids alone."""
+    """Right-padded ids: the encoders' rows SPECIAL's start ... end around ids 5..59, padded with their
+    pad id (BERT: [CLS]=1 ... [SEP]=2, [PAD]=0); the decoders' rows of ids alone, padded with 0."""
     g = torch.Generator().manual_seed(seed)
-    special = 2 if family == "bert" else 0
+    special = 2 if family in SPECIAL else 0
     lengths = torch.randint(special + 1, width + 1, (rows,), generator=g)
     lengths[0], lengths[1] = width, special + 1  # full width, one real token
     tokens = torch.randint(5, 60, (rows, width), generator=g)
-    if family == "bert":
-        tokens[:, 0] = 1
-        tokens[torch.arange(rows), lengths - 1] = 2
-    tokens[~token_mask(lengths, width)] = 0
+    start, end, pad = SPECIAL.get(family, (None, None, 0))
+    if family in SPECIAL:
+        tokens[:, 0] = start
+        tokens[torch.arange(rows), lengths - 1] = end
+    tokens[~token_mask(lengths, width)] = pad
     return tokens, lengths
 
 
@@ -168,10 +197,53 @@ def test_the_procedures_run_on_the_models_own_attention(family):
 
 
 def test_unsupported_models_are_named():
+    from attnmetrics.models.hf import SUPPORTED
+
     with pytest.raises(
-        ValueError, match="unsupported model Linear: supported are BertForSequenceClassification, .*Llama"
-    ):
+        ValueError, match="^unsupported model Linear: supported are BertForSequenceClassification, "
+    ) as e:
         HFClassifier(torch.nn.Linear(2, 2))
+    for name in ("Roberta", "XLMRoberta", "DistilBert", "GPT2", "Llama", "Qwen2", "Mistral"):
+        assert f"{name}ForSequenceClassification" in SUPPORTED
+    assert all(name in str(e.value) for name in SUPPORTED)
+
+
+def test_layouts_the_decomposition_does_not_fit_are_refused():
+    """XLM-R XL keeps the `roberta` name but its layers are pre-LayerNorm (no LayerNorm after the
+    attention's output projection): not RoBERTa's layout. A RoBERTa configured as a decoder attends
+    causally: its <s> sees nothing but itself."""
+    sizes = {"vocab_size": 60, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4}
+    xl = transformers.XLMRobertaXLForSequenceClassification(
+        transformers.XLMRobertaXLConfig(intermediate_size=64, **sizes)
+    )
+    with pytest.raises(ValueError, match="^unsupported model XLMRobertaXLForSequenceClassification: supported are "):
+        HFClassifier(xl)
+    config = transformers.RobertaConfig(intermediate_size=64, is_decoder=True, **sizes)
+    with pytest.raises(ValueError, match=r"^RobertaForSequenceClassification is configured as a decoder \(is_decoder"):
+        HFClassifier(transformers.RobertaForSequenceClassification(config))
+
+
+@pytest.mark.parametrize("family", ["roberta", "xlm_roberta"])
+def test_roberta_positions_are_the_same_from_ids_and_from_embeddings(family):
+    """RoBERTa numbers positions from padding_idx + 1. transformers numbers input_ids by counting the
+    ids that are not the pad id, inputs_embeds by position alone: the same numbers at the real tokens
+    of right-padded rows, unless a real token is the pad id. The adapter gives every call explicit
+    positions, so its forward (ids), the protocol's forward (embed -> encode) and the tested attention
+    agree on such a row too, where transformers' own forward of the ids shifts every later position."""
+    model = tiny(family)
+    tokens, lengths = ragged(family)
+    pad = model.hf.config.pad_token_id
+    own = model.hf.roberta.embeddings.create_position_ids_from_input_ids(tokens, pad)
+    real = token_mask(lengths, tokens.shape[1])
+    assert torch.equal(model.positions(*tokens.shape)[real], own[real])  # what transformers gives the ids
+    tokens[0, 3] = pad  # a real token that is the pad id (row 0 is full width)
+    protocol = forward(model, tokens, lengths).logits
+    logits, _ = model(tokens, lengths)
+    torch.testing.assert_close(protocol, logits, rtol=0, atol=1e-12)
+    torch.testing.assert_close(model.tested_attention(tokens, lengths).logits, logits, rtol=0, atol=1e-12)
+    hf = model.hf(input_ids=tokens, attention_mask=real.long()).logits
+    torch.testing.assert_close(hf[1:], logits[1:])  # the other rows: transformers' own numbering
+    assert not torch.allclose(hf[0], logits[0])  # row 0: positions 4.. shifted by transformers
 
 
 @pytest.mark.parametrize("family", list(DECODERS))
@@ -291,7 +363,7 @@ def test_rollout_is_the_pooled_row_of_the_models_own_attentions_rolled_out(famil
     got = model.rollout(tokens, lengths)
     real = token_mask(lengths, tokens.shape[1], model.lead, model.trail)
     for b in range(len(lengths)):
-        p = 0 if family == "bert" else int(lengths[b]) - 1
+        p = 0 if family in SPECIAL else int(lengths[b]) - 1
         want = rolled[b, p] * real[b]
         torch.testing.assert_close(got[b], want[model.lead :], rtol=0, atol=1e-12)
 
@@ -438,3 +510,35 @@ def test_the_fused_attention_path_equals_the_eager_one(family, monkeypatch):
     model.hf.train()  # dropout: the eager formula's (the fused call would draw another stream)
     model.hf(input_ids=tokens, attention_mask=mask)
     assert len(fused_calls) == 2 * len(layers)
+
+
+def saved_encoder(folder, model: HFClassifier):
+    """``model`` (RoBERTa- or DistilBERT-like) saved in ``folder`` with a tokenizer of its kind: RoBERTa's
+    byte-level BPE without merges (<s> <pad> </s> <unk> <mask>, then single characters), DistilBERT's
+    WordPiece ([PAD] [UNK] [CLS] [SEP] [MASK], then words)."""
+    if model.family == "roberta":
+        chars = ["<s>", "<pad>", "</s>", "<unk>", "<mask>", "\u0120", *"abcdefghijklmnopqrstuvwxyz"]
+        tokenizer = transformers.RobertaTokenizerFast(vocab={c: i for i, c in enumerate(chars)}, merges=[])
+    else:
+        words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "fine", "film", "bad", "movie", "it", "is"]
+        tokenizer = transformers.DistilBertTokenizerFast(vocab={w: i for i, w in enumerate(words)})
+    tokenizer.save_pretrained(folder)
+    model.hf.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", ["roberta", "distilbert"])
+def test_an_encoder_checkpoint_loads_with_its_special_tokens_and_decomposes_exactly(family, tmp_path):
+    """from_pretrained of a RoBERTa- or DistilBERT-like folder: the family by structure, the
+    tokenizer's <s> ... </s> or [CLS] ... [SEP] around each text (lead = trail = 1), and the pooled
+    row's decomposition reproduces the model's logits (float64), before and after an edit."""
+    model, inputs = HFClassifier.from_pretrained(saved_encoder(tmp_path, tiny(family)), num_labels=2)
+    assert model.family == family and (model.lead, model.trail) == (1, 1) and inputs.special_tokens
+    ids = inputs.encode(["it is a fine film", "a bad movie", "fine film"])
+    tok = inputs.tokenizer
+    start, end = (tok.bos_token_id, tok.eos_token_id) if family == "roberta" else (tok.cls_token_id, tok.sep_token_id)
+    assert inputs.decode([start, end]) == (["<s>", "</s>"] if family == "roberta" else ["[CLS]", "[SEP]"])
+    assert all(row[0] == start and row[-1] == end and tok.pad_token_id not in row for row in ids)
+    assert all(len(row) >= 4 for row in ids)  # at least two real tokens each
+    assert tok.pad_token_id == model.hf.config.pad_token_id  # RoBERTa: transformers' own positions skip it
+    decomposes_exactly(HFClassifier(model.hf.eval().to(F64)), ids, heads=4, pad=tok.pad_token_id)
