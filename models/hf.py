@@ -771,3 +771,32 @@ class HFClassifier(nn.Module):
             "gpt2": GPT2AfterAttention,
         }.get(self.family, LlamaAfterAttention)
         return after(self.hf, self.decoder)
+
+    # ---- causal prefix reuse (models/causal_edits.py) ------------------------------------------
+
+    @property
+    def deletion_logits(self):
+        """A decoder's (``gpt2``, ``llama``) :meth:`attnmetrics.protocol.DeletesTokens`
+        capability, ``(embedded [G, T, d], lengths [G]) -> PreparedEdits``: every layer's keys and
+        values run once, each deletion recomputing only the positions from it on (the causal prefix
+        reuse, models/causal_edits.py); None for an encoder (no such capability)."""
+        return self._prefix_deletions if self.family in ("gpt2", "llama") else None
+
+    @property
+    def masking_logits(self):
+        """:attr:`deletion_logits` for ``leave_one_out(mode="mask")``: ``(embedded, lengths,
+        mask_token) -> PreparedEdits``; None for an encoder."""
+        return self._prefix_maskings if self.family in ("gpt2", "llama") else None
+
+    def _prefix_deletions(self, embedded: Tensor, lengths: Tensor):
+        from attnmetrics.models.causal_edits import decoder_of, prepare_edits
+
+        first = torch.zeros_like(lengths)
+        return prepare_edits(decoder_of(self.base), self.decoder, embedded, lengths, first, embedded.shape[1])
+
+    def _prefix_maskings(self, embedded: Tensor, lengths: Tensor, mask_token: int):
+        from attnmetrics.models.causal_edits import decoder_of, mask_embedding, prepare_edits
+
+        mask = mask_embedding(self.base.get_input_embeddings(), mask_token, embedded.dtype)
+        first = torch.zeros_like(lengths)
+        return prepare_edits(decoder_of(self.base), self.decoder, embedded, lengths, first, embedded.shape[1], mask)
