@@ -122,7 +122,7 @@ def decoder_of(base: nn.Module) -> CausalDecoder:
 
 
 def _masked_scores(scores: Tensor, allowed: Tensor, groups: int) -> Tensor:
-    """``scores [N, kv_heads, groups * Q, K]`` with ``-max`` where ``allowed [N, 1, Q, K]`` is False."""
+    """``scores [N, kv_heads, groups * Q, K]`` with ``-max`` where ``allowed [N, 1, Q or 1, K]`` is False."""
     N, kvh, _, K = scores.shape
     view = scores.view(N, kvh, groups, -1, K)
     return view.masked_fill(~allowed[:, :, None], torch.finfo(scores.dtype).min).view(N, kvh, -1, K)
@@ -274,6 +274,10 @@ def prepare_edits(
     G, Tf, d = inputs.shape
     device = inputs.device
     masked = replacement is not None
+    if not masked and G and int(full.min()) < 2:
+        raise ValueError(
+            f"a deletion needs inputs of at least 2 positions (one is left to read out), got lengths {full.tolist()}"
+        )
     cache: list[tuple[Tensor, Tensor]] = []
     where = token_mask(full, Tf)
     positions = torch.arange(Tf, device=device).expand(G, Tf)
@@ -300,7 +304,7 @@ def prepare_edits(
             k, v = cache[layer]
             return k[:, :, :S][rows], v[:, :, :S][rows]
 
-        return readout(run_layers(decoder, x, count, at, W, past, start))
+        return readout(run_layers(decoder, x, count, at, W, past if S else None, start))
 
     edits.recomputed = 0
     edits.unedited_logits = lambda: unedited

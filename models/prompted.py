@@ -472,6 +472,30 @@ class PromptedLM(HFClassifier):
     def after_attention(self) -> nn.Module:
         return LlamaAfterAttention(self.hf, self.decoder)
 
+    # ---- causal prefix reuse (models/causal_edits.py) ----------------------------------------------
+
+    def deletion_logits(self, embedded: Tensor, lengths: Tensor):
+        """:class:`attnmetrics.protocol.DeletesTokens`: the label words' logits with one text token
+        deleted, for ``leave_one_out``. The whole inputs (template and text) run once, every
+        layer's keys and values kept; a deletion at text position t recomputes only the text after
+        it (one place left, at its new rotary positions) and the suffix template, attending to the
+        cached prefix (positions before ``P + t``). Equal to a full recomputation up to rounding."""
+        return self._prefix_edits(embedded, lengths, None)
+
+    def masking_logits(self, embedded: Tensor, lengths: Tensor, mask_token: int):
+        """:meth:`deletion_logits` with the token replaced by ``mask_token`` (``mode="mask"``)."""
+        from attnmetrics.models.causal_edits import mask_embedding
+
+        mask = mask_embedding(self.base.get_input_embeddings(), mask_token, embedded.dtype)
+        return self._prefix_edits(embedded, lengths, mask)
+
+    def _prefix_edits(self, embedded: Tensor, lengths: Tensor, replacement: Tensor | None):
+        from attnmetrics.models.causal_edits import decoder_of, prepare_edits
+
+        inputs, full, _ = self._embeddings(embedded, lengths)
+        first = torch.full_like(lengths, len(self.prefix_ids))
+        return prepare_edits(decoder_of(self.base), self.decoder, inputs, full, first, embedded.shape[1], replacement)
+
 
 def sequence_of(model, tokens: Tensor, lengths: Tensor) -> FullSequence:
     """The whole input of a decoder on the protocol: a :class:`PromptedLM`'s (template around
