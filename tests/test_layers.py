@@ -11,7 +11,11 @@ from tests.inputs import ROOT
 
 CORE = sorted(
     p
-    for p in [*(ROOT / "attnmetrics").glob("*.py"), *(ROOT / "attnmetrics" / "testing").glob("*.py")]
+    for p in [
+        *(ROOT / "attnmetrics").glob("*.py"),
+        *(ROOT / "attnmetrics" / "testing").glob("*.py"),
+        *(ROOT / "attnmetrics" / "llm").glob("*.py"),
+    ]
     if p.name != "__main__.py"
 )
 DATA = sorted((ROOT / "attnmetrics" / "data").rglob("*.py"))
