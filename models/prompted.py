@@ -216,6 +216,7 @@ class PromptedLMConfig:
     prompt: dict
     classes: list[str]
     label_ids: list[int] = field(default_factory=list)
+    architecture: str = ""
     encoder: str = "prompted"
     attention: str = "own"
 
@@ -224,7 +225,7 @@ class PromptedLMConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> PromptedLMConfig:
-        return cls(d["source"], d["prompt"], d["classes"], d.get("label_ids", []))
+        return cls(d["source"], d["prompt"], d["classes"], d.get("label_ids", []), d.get("architecture", ""))
 
 
 def load_causal_lm(path: str | os.PathLike):
@@ -349,7 +350,7 @@ class PromptedLM(HFClassifier):
 
     @property
     def config(self) -> PromptedLMConfig:
-        return PromptedLMConfig(self.source, asdict(self.prompt), self.classes, self.label_ids)
+        return PromptedLMConfig(self.source, asdict(self.prompt), self.classes, self.label_ids, type(self.hf).__name__)
 
     @classmethod
     def from_config(cls, config: PromptedLMConfig) -> PromptedLM:

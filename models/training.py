@@ -413,6 +413,10 @@ def save_checkpoint(
 
 
 def _model_config(saved: dict) -> ModelConfig | GPTClassifierConfig:
+    if saved.get("encoder") == "prompted":
+        from attnmetrics.models.prompted import PromptedLMConfig  # optional transformers
+
+        return PromptedLMConfig.from_dict(saved)
     if saved.get("encoder") == "hf":
         from attnmetrics.models.hf import HFClassifierConfig  # optional transformers
 
@@ -427,10 +431,19 @@ def _build(config: ModelConfig | GPTClassifierConfig) -> EncoderAttentionClassif
         from attnmetrics.models.hf import HFClassifier
 
         return HFClassifier.from_config(config)
+    if getattr(config, "encoder", None) == "prompted":  # its weights are its source's
+        from attnmetrics.models.prompted import PromptedLM
+
+        return PromptedLM.from_config(config)
     return EncoderAttentionClassifier(config)
 
 
 def _load_vocab(directory: Path, config: ModelConfig | GPTClassifierConfig) -> Vocabulary | GPTInputs | None:
+    if getattr(config, "encoder", None) == "prompted":
+        from attnmetrics.models.prompted import PromptInputs
+
+        path = directory / PromptInputs.filename
+        return PromptInputs.load(path) if path.is_dir() else None
     if getattr(config, "encoder", None) == "hf":
         from attnmetrics.models.hf import HFInputs
 

@@ -35,6 +35,8 @@ class RunConfig:
     split_seed: int = 0
     # the model and its training (run, train)
     model: str | None = None
+    prompt: str | None = None
+    label_words: tuple[str, ...] | None = None
     max_length: int | None = None
     encoder: str | None = None
     attention: str | None = None

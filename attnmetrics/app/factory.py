@@ -152,6 +152,60 @@ def _hf_model(config: RunConfig, splits, results: Results):
     return model.to(config.device), inputs
 
 
+def _prompted_model(config: RunConfig, splits, results: Results):
+    """``--model``'s causal language model used zero-shot through ``--prompt`` (nothing trained),
+    and its inputs (the text's tokens alone)."""
+    from attnmetrics.models.prompted import PromptedLM, prompt_named  # optional transformers
+
+    name = config.model[3:]
+    path = {"smollm2": load_smollm2}.get(name, lambda: Path(name))()
+    if name == "minilm":
+        raise ValueError("--prompt needs a causal language model; hf:minilm is an encoder (try hf:smollm2)")
+    if path.suffix != ".gguf" and not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"--model {config.model}: {path} is not a Hugging Face checkpoint folder (no config.json) nor a GGUF file"
+        )
+    prompt = prompt_named(config.prompt, config.label_words, splits.classes)
+    model, inputs = PromptedLM.from_pretrained(path, prompt, splits.classes, config.max_length)
+    limit = getattr(model.hf.config, "max_position_embeddings", None)
+    longest = config.max_length + len(model.prefix_ids) + len(model.suffix_ids)
+    if limit is not None and longest > limit:
+        raise ValueError(
+            f"--max-length {config.max_length}: with the prompt's {len(model.prefix_ids) + len(model.suffix_ids)} "
+            f"tokens, inputs of up to {longest} tokens, more than {path}'s position limit {limit}; use --max-length "
+            f"{limit - longest + config.max_length} or less"
+        )
+    upcast = _report_upcast(model, path)
+    results["pretrained"] = {"path": str(path.resolve()), "model": config.model, "upcast_from": upcast}
+    if path.suffix == ".gguf":
+        quantisation = getattr(model.hf.config, "quantization_type", None) or path.stem.rsplit(".", 1)[-1]
+        results["pretrained"]["weights"] = f"GGUF {quantisation}, dequantised to float32"
+    results["prompt"] = {
+        "name": prompt.name,
+        "template": prompt.template,
+        "chat": prompt.chat,
+        "label_words": dict(zip(splits.classes, model.label_words)),
+        "prefix_tokens": len(model.prefix_ids),
+        "suffix_tokens": len(model.suffix_ids),
+    }
+    return model.to(config.device), inputs
+
+
+def _zero_shot(config: RunConfig, results: Results) -> Built:
+    """``--prompt``: the model used as it is, nothing trained; the dev split is encoded only to
+    count what --max-length cuts."""
+    protocol = PRESETS[config.protocol]
+    splits = load_data(config.dataset, config.data_dir, config.limit, config.split_seed, config.max_tokens, protocol)
+    model, inputs = _prompted_model(config, splits, results)
+    say_truncated("dev", inputs.encode_split(splits.dev), inputs, results)
+    results["data"].update(
+        name=splits.name, classes=list(splits.classes), sizes=splits.sizes(), vocabulary=len(inputs), info=splits.info
+    )
+    results["model"] = model.config.to_dict()
+    results["training"] = {"zero_shot": True}
+    return Built(model, inputs, splits, protocol)
+
+
 def say_truncated(name: str, split: EncodedSplit, encoder, results: Results) -> None:
     """Never cut texts silently: how many of split ``name``'s texts ``encoder`` cut to its length
     limit, on stderr (when any) and in ``results["data"]["truncated"]``."""
@@ -294,7 +348,7 @@ def _train_and_save(config: RunConfig, results: Results, folder: Path | None) ->
     (None: not this rank's to write)."""
     # CUDA has no deterministic kernel for a few ops (e.g. embedding backward): warn there
     torch.use_deterministic_algorithms(True, warn_only=config.device == "cuda")
-    built = _train(config, results)
+    built = _zero_shot(config, results) if config.prompt else _train(config, results)
     results["split_seed"] = config.split_seed
     if folder is not None:
         extra = {

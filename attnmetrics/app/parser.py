@@ -129,6 +129,21 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         "Mistral); the battery tests its own attention (the last layer's pooled row, per head)",
     )
     p.add_argument(
+        "--prompt",
+        metavar="NAME|TEMPLATE",
+        help="use --model's causal language model zero-shot through a prompt, nothing trained: a shipped prompt "
+        "(sentiment, sentiment-oneword, sentiment-plain for sst/mr; topic for bbc) or a template holding {text}, "
+        "with --label-words; the classes' probabilities are the softmax over the label words' next-token logits "
+        "at the answer position; only the text's tokens are explained (Llama-layout models)",
+    )
+    p.add_argument(
+        "--label-words",
+        nargs="+",
+        metavar="WORD",
+        help="--prompt: one word per class in the data set's class order, each one token of the model's "
+        "tokenizer, with its leading space where the template puts one (e.g. ' negative' ' positive')",
+    )
+    p.add_argument(
         "--max-length",
         type=int_between(MIN_HF_LENGTH, MAX_HF_LENGTH, " (the specials and at least two real tokens)"),
         default=64,

@@ -85,6 +85,9 @@ def recipe_defaults(args: argparse.Namespace) -> None:
             naming the flag and the model), where it would be ignored.
     """
     family = "hf" if getattr(args, "model", None) else "gpt" if args.encoder == "gpt" else "jain-wallace"
+    check_prompt(args)
+    if getattr(args, "prompt", None):
+        return  # zero-shot: no training flags to fill
     if family != "gpt":
         given = [flag for dest, flag in GPT_ONLY.items() if getattr(args, dest, None) is not None]
         if given:
@@ -97,6 +100,32 @@ def recipe_defaults(args: argparse.Namespace) -> None:
     for key, value in recipe.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+
+
+#: the training flags a zero-shot prompted model has no use for (nothing is trained)
+TRAINING_FLAGS = {
+    "epochs": "--epochs",
+    "lr": "--lr",
+    "weight_decay": "--weight-decay",
+    "warmup": "--warmup",
+    "grad_clip": "--grad-clip",
+}
+
+
+def check_prompt(args: argparse.Namespace) -> None:
+    """ValueError, in one line naming the flag, for ``--prompt`` without ``--model``, with a
+    training flag (a prompted model is used zero-shot: nothing is trained), or ``--label-words``
+    without ``--prompt``."""
+    prompt = getattr(args, "prompt", None)
+    if getattr(args, "label_words", None) and not prompt:
+        raise ValueError("--label-words applies to --prompt only: leave it out, or give --prompt")
+    if not prompt:
+        return
+    if not getattr(args, "model", None):
+        raise ValueError("--prompt needs --model hf:NAME or hf:PATH (a causal language model, e.g. hf:smollm2)")
+    given = [flag for dest, flag in TRAINING_FLAGS.items() if getattr(args, dest, None) is not None]
+    if given:
+        raise ValueError(f"{given[0]}: --prompt uses the model zero-shot (nothing is trained): leave {given[0]} out")
 
 
 def jain_wallace_length_filter(splits: Splits, min_tokens: int = 6) -> Splits:

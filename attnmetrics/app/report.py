@@ -24,6 +24,8 @@ def _model_line(results: dict) -> str:
     m = results.get("model", {})
     if m.get("encoder") == "hf" and m.get("architecture"):  # a Hugging Face model: its class says what it is
         return f"{m['architecture']} + own attention"
+    if m.get("encoder") == "prompted":  # a causal LM zero-shot: its class and the prompt
+        return f"{m.get('architecture') or 'causal LM'} zero-shot, prompt {m.get('prompt', {}).get('name', '?')}"
     return f"{m.get('encoder', '?')} encoder + {m.get('attention', '?')} attention"
 
 
@@ -124,6 +126,15 @@ def render(results: dict, folder: str | Path) -> Path:
     pretrained = results.get("pretrained") or {}  # None: a GPT trained from scratch
     if weights := pretrained.get("weights"):  # a quantised checkpoint: every number is the quantised model's
         lines += [f"Weights: {pretrained.get('model')}, {weights}.", ""]
+    if (m := results.get("model") or {}).get("encoder") == "prompted":
+        words = ", ".join(f"{c} {w!r}" for c, w in m["prompt"].get("label_words", {}).items())
+        lines += [
+            f"Zero-shot through the prompt {m['prompt'].get('name')!r}"
+            f"{' (in the chat template)' if m['prompt'].get('chat') else ''}: `{m['prompt'].get('template')!r}`; "
+            f"label words {words}; the classes' probabilities are the softmax over the label words' next-token "
+            "logits at the answer position. Only the text's tokens are explained; nothing was trained.",
+            "",
+        ]
     if warning := chance_level(results, folder):
         print(f"attnmetrics: warning: {folder}: {warning}", file=sys.stderr)
         lines += [f"**Warning**: {warning}.", ""]
