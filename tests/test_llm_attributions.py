@@ -237,3 +237,40 @@ def test_refusals():
     sdpa.hf.set_attn_implementation("sdpa")
     with pytest.raises(ValueError, match="attention implementation"):
         llm.attention_value_norm(sdpa, tokens, lengths)
+
+
+@pytest.mark.parametrize("family", ["llama", "prompted"])
+def test_the_battery_takes_them_for_llama_layout_decoders(family):
+    from attnmetrics.app.battery import registry
+
+    model = build(family)
+    everything = registry.with_importances(["all"], {})
+    chosen = {i.name: i for i in registry.chosen(model, registry.Settings((), everything))}
+    attention_derived = {"value_norm", "globenc", "alti", "alti_logit", "value_zeroing", "chefer"}
+    assert attention_derived <= set(chosen) and "decompx" not in chosen
+    assert "alti_logit" in registry.optional_names()
+    tokens, lengths = ragged()
+    settings = registry.Settings((), everything)
+    for name, method in (*((n, METHODS[n][0]) for n in attention_derived), ("decompx", llm.decompx)):
+        importance = next(i for i in registry.importances() if i.name == name)
+        if name == "decompx":
+            with pytest.raises(ValueError, match="gated MLP"):
+                importance.compute(model, tokens, lengths, settings)
+            continue
+        torch.testing.assert_close(importance.compute(model, tokens, lengths, settings), method(model, tokens, lengths))
+    # a BERT-like model keeps attnmetrics.attributions' (and no ALTI-Logit)
+    from attnmetrics import attributions
+
+    bert = HFClassifier(
+        transformers.BertForSequenceClassification(
+            transformers.BertConfig(
+                vocab_size=60, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64
+            )  # fmt: skip
+        ).eval()
+    )
+    chosen = {i.name: i for i in registry.chosen(bert, settings)}
+    assert "alti_logit" not in chosen and "decompx" in chosen
+    ids = torch.tensor([[1, 7, 8, 2]])
+    torch.testing.assert_close(
+        chosen["alti"].compute(bert, ids, torch.tensor([4]), settings), attributions.alti(bert, ids, torch.tensor([4]))
+    )
