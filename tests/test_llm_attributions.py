@@ -116,7 +116,6 @@ METHODS = {
     "alti_logit": (llm.alti_logit, ref.alti_logit_reference),
     "chefer": (llm.gradient_weighted_rollout, ref.gradient_weighted_rollout_reference),
     "value_zeroing": (llm.value_zeroing, ref.value_zeroing_reference),
-    "globenc": (llm.globenc, ref.globenc_reference),
 }
 
 
@@ -229,6 +228,8 @@ def test_refusals():
         llm.alti(bert, tokens, lengths)
     with pytest.raises(ValueError, match="gated MLP"):
         llm.decompx(build("llama"), tokens, lengths)
+    with pytest.raises(ValueError, match="summed stream"):
+        llm.globenc(build("prompted"), tokens, lengths)
     with pytest.raises(ValueError, match="at least one token"):
         llm.alti(build("llama"), tokens, torch.zeros_like(lengths))
     with pytest.raises(ValueError, match="target"):
@@ -246,17 +247,18 @@ def test_the_battery_takes_them_for_llama_layout_decoders(family):
     model = build(family)
     everything = registry.with_importances(["all"], {})
     chosen = {i.name: i for i in registry.chosen(model, registry.Settings((), everything))}
-    attention_derived = {"value_norm", "globenc", "alti", "alti_logit", "value_zeroing", "chefer"}
-    assert attention_derived <= set(chosen) and "decompx" not in chosen
+    attention_derived = {"value_norm", "alti", "alti_logit", "value_zeroing", "chefer"}
+    assert attention_derived <= set(chosen) and not {"decompx", "globenc"} & set(chosen)
     assert "alti_logit" in registry.optional_names()
     tokens, lengths = ragged()
     settings = registry.Settings((), everything)
-    for name, method in (*((n, METHODS[n][0]) for n in attention_derived), ("decompx", llm.decompx)):
+    for name in (*attention_derived, "decompx", "globenc"):
         importance = next(i for i in registry.importances() if i.name == name)
-        if name == "decompx":
-            with pytest.raises(ValueError, match="gated MLP"):
+        if name in ("decompx", "globenc"):
+            with pytest.raises(ValueError, match="does not carry over"):
                 importance.compute(model, tokens, lengths, settings)
             continue
+        method = METHODS[name][0]
         torch.testing.assert_close(importance.compute(model, tokens, lengths, settings), method(model, tokens, lengths))
     # a BERT-like model keeps attnmetrics.attributions' (and no ALTI-Logit)
     from attnmetrics import attributions

@@ -1,8 +1,8 @@
 """Attention-derived attributions on pre-RMSNorm Llama-layout decoders (docs/definitions.md §20, "On a
 pre-RMSNorm decoder"): attention × value norm (Kobayashi et al. 2020), ALTI (Ferrando et al. 2022,
 as Ferrando et al. 2023 apply it to decoders), ALTI-Logit (Ferrando et al. 2023), Chefer et al.'s
-gradient-weighted rollout (2021), Value Zeroing (Mohebbi et al. 2023) and GlobEnc (Modarressi et al.
-2022) carried over; DecompX refused (:data:`attnmetrics.llm.decompx.REASON`).
+gradient-weighted rollout (2021) and Value Zeroing (Mohebbi et al. 2023) carried over; GlobEnc and
+DecompX refused (their modules' ``REASON``).
 
 Each ``f(model, tokens, lengths, *, memory_budget) -> [B, T]`` gives every item's importance for
 the deciding position's decision, zero past each row's length, on
@@ -28,7 +28,7 @@ from attnmetrics.llm.layers import supports
 from attnmetrics.llm.value_norm import attention_value_norm
 from attnmetrics.llm.value_zeroing import value_zeroing
 
-#: the methods by the battery's names for them (``--importances NAME``); DecompX's refuses
+#: the methods by the battery's names for them (``--importances NAME``); GlobEnc's and DecompX's refuse
 METHODS = {
     "value_norm": attention_value_norm,
     "globenc": globenc,

@@ -26,7 +26,6 @@ __all__ = [
     "alti_logit_reference",
     "alti_reference",
     "attention_value_norm_reference",
-    "globenc_reference",
     "gradient_weighted_rollout_reference",
     "layer_loop",
     "states_loop",
@@ -275,17 +274,6 @@ def alti_logit_sentence(model, ids, target="logit", tolerance=1e-10):
     return [_target(R[s], logits, target) for s in range(n)], first
 
 
-def globenc_sentence(model, ids):
-    """GlobEnc carried over: per layer ``N[i, j] = ||T_i(x_j)||_2``, raw norms rolled out; the last row."""
-    layers, final, _, first = states_loop(model, ids)
-    n = len(final)
-    matrices = [
-        [[float(torch.linalg.vector_norm(_mixing(r, x, i, j))) for j in range(n)] for i in range(n)]
-        for _, x, r in layers
-    ]
-    return _rollout_loop(matrices, n - 1), first
-
-
 def value_zeroing_sentence(model, ids):
     """Value Zeroing: per layer and token j the layer recomputed with j's values zeroed in every
     key/value head; ``max(0, 1 - cos)`` of each token's outputs, rows normalised, rolled out; the
@@ -397,10 +385,6 @@ def alti_reference(model, tokens, lengths):
 
 def alti_logit_reference(model, tokens, lengths, target="logit"):
     return _rows(alti_logit_sentence, model, tokens, lengths, target=target)
-
-
-def globenc_reference(model, tokens, lengths):
-    return _rows(globenc_sentence, model, tokens, lengths)
 
 
 def value_zeroing_reference(model, tokens, lengths):
