@@ -34,6 +34,7 @@ text's tokens).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -104,18 +105,29 @@ def _norm_eps(norm: nn.Module) -> float | None:
     return eps if isinstance(eps, float) else None
 
 
+#: the norm modules :func:`_is_rms_norm` has probed, and its answer (the formula does not change with the weights)
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _is_rms_norm(norm: nn.Module) -> bool:
     """Whether ``norm`` computes ``gamma * u / sqrt(mean(u^2) + eps)`` (Llama's, Qwen2's, Mistral's
-    RMSNorm; not Gemma's ``(1 + gamma)``), checked on a probe of two states (float32 rounding)."""
+    RMSNorm; not Gemma's ``(1 + gamma)``), checked once per module on a probe of two states (to
+    float32's rounding; a half precision norm's to its own)."""
+    if norm in _PROBED:
+        return _PROBED[norm]
     weight, eps = getattr(norm, "weight", None), _norm_eps(norm)
     if not isinstance(weight, Tensor) or weight.dim() != 1 or eps is None:
         return False
     g = torch.Generator().manual_seed(0)
     u = torch.randn(2, weight.shape[0], generator=g).to(weight)
     with torch.no_grad():
-        expected = weight * u * torch.rsqrt(u.square().mean(-1, keepdim=True) + eps)
+        w, v = weight.float(), u.float()
+        expected = w * v * torch.rsqrt(v.square().mean(-1, keepdim=True) + eps)
         got = norm(u)
-    return got.shape == expected.shape and bool(torch.allclose(got, expected, rtol=1e-4, atol=1e-5))
+    rtol = 1e-4 if weight.element_size() >= 4 else 2e-2
+    answer = got.shape == expected.shape and bool(torch.allclose(got.float(), expected, rtol=rtol, atol=rtol / 10))
+    _PROBED[norm] = answer
+    return answer
 
 
 def llama_layers(model, method: str) -> tuple[list[LlamaLayer], nn.Module]:
