@@ -297,7 +297,7 @@ class PromptedLM(HFClassifier):
             )
         self.family, self.lead, self.trail = "llama", 0, 0
         lm.set_attn_implementation("attnmetrics")
-        self.hf, self.prompt, self.classes = lm, prompt, list(classes)
+        self.hf, self.tokenizer, self.prompt, self.classes = lm, tokenizer, prompt, list(classes)
         text = prompt.template
         if prompt.chat:
             text = tokenizer.apply_chat_template(

@@ -496,8 +496,11 @@ def load_checkpoint(directory: str | os.PathLike, map_location: str | torch.devi
             f"got {config.lead}/{config.trail}"
         )
     state = load_tensors(directory / _WEIGHTS, "the weights", mmap=True)
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in _build(config).state_dict().items()}
+    if getattr(config, "encoder", None) == "prompted":  # no weights of its own: rebuilt from its source
+        expected = {}
+    else:
+        with torch.device("meta"):
+            expected = {k: tuple(v.shape) for k, v in _build(config).state_dict().items()}
     found = {k: tuple(v.shape) for k, v in state.items()} if isinstance(state, dict) else {}
     for key in sorted(expected.keys() | found.keys()):
         if expected.get(key) != found.get(key):

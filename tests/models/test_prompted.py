@@ -1,0 +1,157 @@
+"""The prompted model (models/prompted.py, issue 46 item 2): a tiny random LlamaForCausalLM through
+a template, against the language model run whole on the concatenated ids (an independent forward:
+the ids are built by list concatenation, the logits read from the LM head's rows), float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from attnmetrics import importance, protocol  # noqa: E402
+from attnmetrics.models.prompted import PROMPTS, Prompt, PromptedLM, prompt_named  # noqa: E402
+from tests.models.test_causal_edits import prompted  # noqa: E402
+
+F64 = torch.float64
+
+
+def rows(model, seed: int = 0, lengths=(5, 1, 3, 7)):
+    """Ragged text rows (ids of the tokenizer's filler words), right-padded with 0."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(lengths)
+    tokens = torch.zeros(len(lengths), int(lengths.max()), dtype=torch.long)
+    for b, n in enumerate(lengths.tolist()):
+        tokens[b, :n] = torch.randint(15, 60, (n,), generator=g)
+    return tokens, lengths
+
+
+def lm_logits(model: PromptedLM, text: list[int]) -> torch.Tensor:
+    """The label words' next-token logits after ``prefix + text + suffix``, from the LM's own head."""
+    ids = torch.tensor([[*model.prefix_ids.tolist(), *text, *model.suffix_ids.tolist()]])
+    vocabulary = model.hf(input_ids=ids).logits[0, -1]  # [vocab]
+    return vocabulary[model.label_ids]
+
+
+def test_the_protocol_forward_is_the_language_models_next_token_logits_of_the_label_words():
+    model = prompted(F64)
+    tokens, lengths = rows(model)
+    want = torch.stack([lm_logits(model, tokens[b, :n].tolist()) for b, n in enumerate(lengths.tolist())])
+    logits, attention = model(tokens, lengths)
+    torch.testing.assert_close(logits, want, rtol=0, atol=1e-10)
+    # the protocol's path (embed -> encode -> attend -> decoder), which gradients take, is the same model
+    torch.testing.assert_close(protocol.forward(model, tokens, lengths).logits, want, rtol=0, atol=1e-10)
+    assert torch.equal(attention.argmax(-1), lengths - 1)
+
+
+def test_the_tested_attention_is_the_answer_positions_row_over_the_text_and_decomposes_exactly():
+    model = prompted(F64)
+    tokens, lengths = rows(model)
+    own = model.tested_attention(tokens, lengths)
+    heads = model.hf.config.num_attention_heads
+    assert own.attention.shape == (4, heads, tokens.shape[1])
+    assert torch.equal(own.lengths, lengths)
+    torch.testing.assert_close(own.attention.sum(-1), torch.ones(4, heads, dtype=F64))
+    past = protocol.token_mask(lengths, tokens.shape[1]).logical_not()
+    assert own.attention[past[:, None].expand_as(own.attention)].abs().max() == 0
+    context = torch.einsum("bht,bhtd->bd", own.attention, own.values)
+    torch.testing.assert_close(own.decoder(context), own.logits, rtol=0, atol=1e-10)
+    torch.testing.assert_close(own.logits, model(tokens, lengths)[0], rtol=0, atol=1e-10)
+    # against a real forward whose answer row gives all the text's mass to its first token (the
+    # template's positions keep their weights)
+    P = len(model.prefix_ids)
+    seq = model.sequence(tokens, lengths)
+    r = torch.arange(4)
+
+    def hook(query, key, value, probs, scaling):
+        probs = probs.clone()
+        a = probs[r, :, seq.pooled]
+        text = protocol.token_mask(lengths + P, probs.shape[-1], P)[:, None]
+        mass = (a * text).sum(-1, keepdim=True)
+        first = torch.zeros_like(a)
+        first[:, :, P] = 1
+        probs[r, :, seq.pooled] = torch.where(text, mass * first, a)
+        return probs
+
+    model.last_attention._attnmetrics_hook = hook
+    try:
+        hidden = model.hf.model(
+            input_ids=seq.ids, attention_mask=protocol.token_mask(seq.lengths, seq.ids.shape[1]).long()
+        )
+        want = model.decoder(hidden.last_hidden_state[r, seq.pooled])
+    finally:
+        del model.last_attention._attnmetrics_hook
+    alpha = torch.zeros_like(own.attention)
+    alpha[:, :, 0] = 1
+    torch.testing.assert_close(own.decoder(torch.einsum("bht,bhtd->bd", alpha, own.values)), want, rtol=0, atol=1e-10)
+
+
+def test_gradients_reach_every_text_token_and_nothing_past_its_length():
+    model = prompted(F64)
+    tokens, lengths = rows(model)
+    grads = importance.gradient_importance(model, tokens, lengths)
+    assert grads.shape == tokens.shape
+    assert (grads[~protocol.token_mask(lengths, tokens.shape[1])] == 0).all()
+    assert (grads[protocol.token_mask(lengths, tokens.shape[1])] > 0).all()
+
+
+def test_a_prompted_model_saves_no_weights_and_reloads_from_its_source(tmp_path):
+    model = prompted(F64)
+    assert model.state_dict() == {}
+    with pytest.raises(ValueError, match="come from its source"):
+        model.load_state_dict({"x": torch.zeros(1)})
+    config = model.config.to_dict()
+    assert config["encoder"] == "prompted" and config["architecture"] == "LlamaForCausalLM"
+    assert config["label_ids"] == model.label_ids
+
+
+def test_the_shipped_prompts_hold_text_once_and_name_every_class_of_their_data_sets():
+    from attnmetrics.data import BBC_CLASSES
+
+    for prompt in PROMPTS.values():
+        assert prompt.template.count("{text}") == 1
+    for name in ("sentiment", "sentiment-oneword", "sentiment-plain"):
+        assert PROMPTS[name].words(("negative", "positive"))
+    assert len(set(PROMPTS["topic"].words(BBC_CLASSES))) == len(BBC_CLASSES)
+
+
+@pytest.mark.parametrize(
+    ("template", "words", "message"),
+    [
+        ("sentiment", ["a"], r"--label-words: one word per class \(neg, pos\), got 1"),
+        ("Review:", None, r"neither a prompt's name .* nor a template holding \{text\}"),
+        ("Review: {text}", None, r"a template needs --label-words, one per class \(neg, pos\)"),
+    ],
+)
+def test_prompt_named_refuses_in_one_line(template, words, message):
+    with pytest.raises(ValueError, match=message):
+        prompt_named(template, words, ["neg", "pos"])
+
+
+def test_a_shipped_prompt_without_a_word_for_a_class_names_it():
+    with pytest.raises(ValueError, match=r"no label word for class 'sports'"):
+        PROMPTS["sentiment"].words(("negative", "sports"))
+
+
+@pytest.mark.parametrize(
+    ("template", "words", "message"),
+    [
+        ("Review: {text} {text}", ["negative", "positive"], r"exactly once, it holds it 2 times"),
+        ("Review: {text}", ["negative", "positive"], r"at least one token after \{text\}"),
+        ("Review: {text} Sentiment:", ["negative", "good film"], r"label word 'good film' \(class 'pos'\) is 2 tokens"),
+        ("Review: {text} Sentiment:", ["good", "good"], r"not distinct tokens"),
+    ],
+)
+def test_bad_prompts_are_refused_naming_what_is_wrong(template, words, message):
+    model = prompted(F64)
+    tokenizer = model.tokenizer
+    prompt = Prompt("custom", template, dict(zip(["neg", "pos"], words)))
+    with pytest.raises(ValueError, match=message):
+        PromptedLM(model.hf, tokenizer, prompt, ["neg", "pos"])
+
+
+def test_a_model_that_is_not_llama_layout_is_refused_naming_it():
+    config = transformers.GPT2Config(vocab_size=20, n_embd=8, n_layer=1, n_head=2, n_positions=16)
+    lm = transformers.GPT2LMHeadModel(config)
+    with pytest.raises(ValueError, match=r"Llama-layout causal language model .* got GPT2LMHeadModel"):
+        PromptedLM(lm, None, PROMPTS["sentiment"], ["negative", "positive"])
