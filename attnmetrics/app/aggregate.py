@@ -110,7 +110,7 @@ def _correct(p: dict) -> np.ndarray:
 
 def _setting(cell) -> dict:
     """A cell's axes but the seed, as text: what its group shares with a group of another grid."""
-    return {k: str(v) for k, v in cell.axes.items() if k != "seed"}
+    return {k: str(v) for k, v in cell.axes.items() if k not in ("seed", "prompt")}
 
 
 def _same_arrays(preds: list[dict], *keys: str) -> bool:
@@ -403,9 +403,11 @@ def aggregate(cells: list[tuple[object, dict, dict | None]], compare: list[tuple
         c0 = members[0][0]
         out["groups"][name] = {
             "grid": c0.grid,
-            "axes": {k: v for k, v in c0.axes.items() if k != "seed"},
+            "axes": {k: v for k, v in c0.axes.items() if k != "seed" and k != "prompt"},
             "model": model_setting(members[0][1]),
-            **aggregate_group([(c.axes["seed"], r, p) for c, r, p in members]),
+            # a prompted model's replicates are its prompts (in "seeds"; "replicates" names them)
+            **({"replicates": "prompts"} if "prompt" in c0.axes else {}),
+            **aggregate_group([(c.replicate, r, p) for c, r, p in members]),
         }
     return out
 
@@ -434,6 +436,7 @@ def aggregate_sweep(sweep) -> Path:
             else status.get(f"{c.grid}/{c.name}", {}).get("state", "not run"),
             "group": c.group,
             "seed": c.axes["seed"],
+            **({"prompt": c.axes["prompt"]} if "prompt" in c.axes else {}),
         }
         for c in sweep.cells
     }

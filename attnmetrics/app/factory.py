@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from attnmetrics.app.config import RunConfig
@@ -72,21 +73,43 @@ def load_data(
     seed: int,
     max_tokens: int | None = None,
     protocol: Preset = PRESETS["attnmetrics"],
+    stratify: bool = False,
 ) -> Splits:
-    """The data set's splits (``limit``: the first N of each), the preset's filter applied; their
+    """The data set's splits (``limit``: the first N of each; ``stratify``: the first of each class
+    in the split's class shares, see :func:`first_examples`), the preset's filter applied; their
     sizes printed. Raises ValueError if a split is empty."""
     splits = load_dataset(dataset, data_dir=data_dir, seed=seed, max_tokens=max_tokens)
     if protocol.sst_length_filter and dataset == "sst":
         splits = jain_wallace_length_filter(splits)
     if limit:
-        splits = type(splits)(
-            splits.name, splits.classes, splits.train[:limit], splits.dev[:limit], splits.test[:limit], splits.info
-        )
+        train, dev, test = (first_examples(x, limit, stratify) for x in (splits.train, splits.dev, splits.test))
+        info = {**splits.info, "limit": f"first {limit} of each split" + (", stratified by class" if stratify else "")}
+        splits = type(splits)(splits.name, splits.classes, train, dev, test, info)
     print(splits.summary(), file=sys.stderr)
     empty = [name for name, n in splits.sizes().items() if n == 0]
     if empty:  # before any training: an empty split would give an untrained model or an empty report
         raise ValueError(f"dataset {splits.name!r} has an empty {' and '.join(empty)} split; nothing to train or test")
     return splits
+
+
+def first_examples(examples: list, limit: int, stratify: bool = False) -> list:
+    """The first ``limit`` examples, or with ``stratify`` the first ones of each class, as many as
+    the class's share of ``examples`` gives (largest remainders; file order kept): SST's files list
+    one class first, so their first N are nearly all of it."""
+    if not stratify or len(examples) <= limit:
+        return examples[:limit]
+    labels = np.array([y for _, y in examples])
+    classes, counts = np.unique(labels, return_counts=True)
+    quota = counts * limit / len(examples)
+    take = np.floor(quota).astype(int)
+    take[np.argsort(-(quota - take), kind="stable")[: limit - take.sum()]] += 1
+    left = dict(zip(classes.tolist(), take.tolist()))
+    kept = []
+    for example in examples:
+        if left[example[1]] > 0:
+            left[example[1]] -= 1
+            kept.append(example)
+    return kept
 
 
 def _gpt_model(config: RunConfig, splits, results: Results) -> tuple[GPTClassifier, GPTInputs]:
@@ -195,7 +218,9 @@ def _zero_shot(config: RunConfig, results: Results) -> Built:
     """``--prompt``: the model used as it is, nothing trained; the dev split is encoded only to
     count what --max-length cuts."""
     protocol = PRESETS[config.protocol]
-    splits = load_data(config.dataset, config.data_dir, config.limit, config.split_seed, config.max_tokens, protocol)
+    splits = load_data(
+        config.dataset, config.data_dir, config.limit, config.split_seed, config.max_tokens, protocol, config.stratify
+    )
     model, inputs = _prompted_model(config, splits, results)
     say_truncated("dev", inputs.encode_split(splits.dev), inputs, results)
     results["data"].update(
@@ -266,7 +291,9 @@ def _jain_wallace_model(config: RunConfig, splits, results: Results):
 def _train(config: RunConfig, results: Results) -> Built:
     """Build the model ``--encoder`` names, train it with its family's recipe, record both."""
     protocol = PRESETS[config.protocol]
-    splits = load_data(config.dataset, config.data_dir, config.limit, config.split_seed, config.max_tokens, protocol)
+    splits = load_data(
+        config.dataset, config.data_dir, config.limit, config.split_seed, config.max_tokens, protocol, config.stratify
+    )
     common = {
         "epochs": config.epochs,
         "batch_size": config.batch_size,

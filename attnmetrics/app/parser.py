@@ -69,6 +69,12 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, help="folder with the dataset's files (sst: train.txt, dev.txt, test.txt)")
     p.add_argument("--limit", type=positive_int, help="use only the first N examples of each split (quick runs)")
     p.add_argument(
+        "--stratify",
+        action="store_true",
+        help="--limit takes the first examples of each class, in the split's class shares (SST's files list "
+        "one class first: its first N are nearly all positive)",
+    )
+    p.add_argument(
         "--max-tokens", type=positive_int, help="truncate texts to N tokens (default: 400 for bbc, none otherwise)"
     )
     p.add_argument(

@@ -109,3 +109,39 @@ def test_a_template_without_text_and_a_label_word_of_two_tokens_are_refused_befo
     words = ["--label-words", "negative", "very positive"]
     assert main([*base, "--prompt", "review : {text} sentiment :", *words, "--out", str(tmp_path / "b")]) == 2
     assert "label word 'very positive' (class 'positive') is 2 tokens" in capsys.readouterr().err
+
+
+def test_a_stratified_limit_takes_the_first_of_each_class_in_the_splits_shares():
+    from attnmetrics.app.factory import first_examples
+
+    examples = [(f"p{i}", 1) for i in range(70)] + [(f"n{i}", 0) for i in range(30)]  # one class first, as SST
+    assert first_examples(examples, 10) == examples[:10]
+    kept = first_examples(examples, 10, stratify=True)
+    assert [y for _, y in kept].count(1) == 7 and [y for _, y in kept].count(0) == 3
+    assert kept == [e for e in examples if e in kept]  # file order kept
+    assert [t for t, _ in kept] == [*(f"p{i}" for i in range(7)), *(f"n{i}" for i in range(3))]
+    odd = first_examples(
+        [("a", 0), ("b", 1), ("c", 2)] * 3, 4, stratify=True
+    )  # largest remainders, ties in class order
+    assert sorted(y for _, y in odd) == [0, 0, 1, 2]
+    assert first_examples(examples, 500, stratify=True) == examples
+
+
+def test_a_sweeps_prompts_axis_makes_the_prompts_a_groups_replicates(tmp_path):
+    from attnmetrics.app.sweep.config import load_config
+
+    config = tmp_path / "s.toml"
+    config.write_text(
+        '[sweep]\nout = "o"\n[defaults]\nmodel = "hf:smollm2"\n[[grid]]\nname = "g"\ndatasets = ["sst"]\n'
+        'prompts = ["sentiment", "sentiment-plain"]\nseeds = [0, 1]\n'
+    )
+    cells = load_config(config, given_dirs={"sst": SST_SAMPLE}).cells
+    assert len(cells) == 4 and len({c.name for c in cells}) == 4
+    assert {c.group for c in cells} == {"g/sst-lstm-tanh-s0", "g/sst-lstm-tanh-s1"}
+    assert {c.replicate for c in cells} == {"sentiment", "sentiment-plain"}
+    assert all("--prompt" in c.flags for c in cells)
+    plain = tmp_path / "p.toml"
+    plain.write_text('[sweep]\nout = "o"\n[[grid]]\nname = "g"\ndatasets = ["sst"]\nseeds = [0, 1]\n')
+    cells = load_config(plain, given_dirs={"sst": SST_SAMPLE}).cells
+    assert all("--prompt" not in c.flags and c.replicate == c.axes["seed"] for c in cells)
+    assert {c.name for c in cells} == {"sst-lstm-tanh-s0", "sst-lstm-tanh-s1"}

@@ -20,6 +20,8 @@ Config (TOML; relative paths resolve against the config file's folder; see confi
     encoders = ["lstm", "average"]            # (default: run's default encoder)
     attentions = ["tanh", "uniform"]          # (default: run's default attention)
     regularisers = ["none", "tying"]          # (optional: left out, --regulariser is not passed)
+    prompts = ["sentiment", "sentiment-plain"] # (optional, with --model and a causal LM: zero-shot; the
+                                              # prompts are then the group's replicates, not the seeds)
     seeds = [0, 1, 2]                         # (default: [0])
     skip = ["loo"]                            # any other key is a run flag for these cells
 
@@ -55,6 +57,7 @@ AXES = {
     "attentions": "attention",
     "regularisers": "regulariser",
     "seeds": "seed",
+    "prompts": "prompt",
 }
 #: run options the sweep sets itself
 RESERVED = {"out", "overwrite", "no_progress", "debug", "data_dir", *AXES.values()}
@@ -77,17 +80,32 @@ class Cell:
     axes: dict = field(hash=False)
     flags: tuple
 
-    @property
-    def name(self) -> str:
+    def _setting(self) -> str:
+        """The cell's name without its replicate (:attr:`replicate`)."""
         parts = [self.axes["dataset"], self.axes["encoder"], self.axes["attention"]]
         if "regulariser" in self.axes:
             parts.append(self.axes["regulariser"])
-        return re.sub(r"[^A-Za-z0-9._-]", "_", "-".join(map(str, parts)) + f"-s{self.axes['seed']}")
+        if "prompt" in self.axes:  # a prompted model replicates over prompts, each at this seed
+            parts.append(f"s{self.axes['seed']}")
+        return re.sub(r"[^A-Za-z0-9._-]", "_", "-".join(map(str, parts)))
+
+    @property
+    def replicate(self) -> int | str:
+        """What the cells of one group differ in: the seed, or for a zero-shot prompted model
+        (a ``prompts`` axis) the prompt: nothing is trained, and the template is a prompted
+        model's source of variance (docs/results.md), so its intervals resample prompts, then instances."""
+        return self.axes["prompt"] if "prompt" in self.axes else self.axes["seed"]
+
+    @property
+    def name(self) -> str:
+        if "prompt" in self.axes:
+            return self._setting() + "-p" + re.sub(r"[^A-Za-z0-9._-]", "_", str(self.axes["prompt"]))
+        return self._setting() + f"-s{self.axes['seed']}"
 
     @property
     def group(self) -> str:
-        """The cell's name without the seed: cells of one group differ only in the seed."""
-        return f"{self.grid}/{self.name.rsplit('-s', 1)[0]}"
+        """The cell's setting: cells of one group differ only in their replicate (seed or prompt)."""
+        return f"{self.grid}/{self._setting()}"
 
     def folder(self, out: Path) -> Path:
         return out / self.grid / self.name
@@ -248,12 +266,12 @@ def _grid_name(i: int, grid, names: set[str]) -> str:
 
 def _axes(name: str, grid: dict, options: dict[str, argparse.Action]) -> dict[str, list]:
     """A grid's axes (run option -> its values), each checked; a missing axis takes run's default
-    (the seed 0; the regulariser is then left out)."""
+    (the seed 0; the regulariser and the prompt are then left out)."""
     axes = {}
     for axis, dest in AXES.items():
         values = grid.get(axis)
         if values is None:
-            if dest == "regulariser":
+            if dest in ("regulariser", "prompt"):
                 continue
             values = [0] if dest == "seed" else [options[dest].default]
         if not isinstance(values, list) or not values:
