@@ -65,7 +65,7 @@ def test_optional_importances_follow_their_settings_and_name_missing_packages(mo
     assert [i.name for i in registry.chosen(object(), on)] == ["gradient", "loo", "ig", "input_x_gradient"]
     assert [i.name for i in registry.importances()] == [
         "gradient", "loo", "rollout", "value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx",
-        "attention_flow", "ig", "alti_logit", "input_x_gradient",
+        "attention_flow", "ig", "alti_logit", "attnlrp", "input_x_gradient",
     ]  # fmt: skip
     monkeypatch.setattr(registry.importlib.util, "find_spec", lambda name, *a: None)
     assert registry.missing_package(off) is None

@@ -24,7 +24,7 @@ from tests.toy import toy_batch
 #: another score; not leave-one-out: never a flip order)
 FLIP_ORDERS = {
     "attention", "rollout", "value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx",
-    "attention_flow", "ig", "alti_logit", "input_x_gradient",
+    "attention_flow", "ig", "alti_logit", "attnlrp", "input_x_gradient",
 }  # fmt: skip
 
 
@@ -238,6 +238,7 @@ def test_importances_all_is_every_optional_one_installed_and_those_that_apply_to
     without = {k for k, v in parsed("--importances", "all").importance_options.items() if v}
     assert without == {
         "value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx", "attention_flow", "alti_logit",
+        "attnlrp",
     }  # fmt: skip
     assert registry.left_out_of_all(("all",)) == [
         "integrated_gradients (needs Captum: pip install captum)",

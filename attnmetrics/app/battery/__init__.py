@@ -10,8 +10,8 @@
   step: ``methods``, the importances side by side, from the others' values; W&P's trainings,
   ``consistent_adversary``, ``diagnostic``); the importances: ``gradient``, ``loo``,
   ``rollout``, ``value_norm``, ``globenc``, ``alti``, ``value_zeroing``, ``chefer``, ``decompx``,
-  ``attention_flow``, ``integrated_gradients``, ``alti_logit`` (Llama-layout decoders only),
-  ``input_x_gradient``.
+  ``attention_flow``, ``integrated_gradients``, ``alti_logit`` and ``attnlrp`` (Llama-layout decoders
+  only), ``input_x_gradient``.
 """
 
 from attnmetrics.app.battery.block import tested_forward
