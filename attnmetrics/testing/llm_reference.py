@@ -274,10 +274,25 @@ def alti_logit_sentence(model, ids, target="logit", tolerance=1e-10):
     return [_target(R[s], logits, target) for s in range(n)], first
 
 
+def _cosine_distance(a, b) -> float:
+    """``max(0, 1 - cos(a, b))`` as ``sin^2 / (1 + cos)`` with ``|a|^2 |b|^2 sin^2 = 1/2 sum_{k,l} (a_k b_l -
+    a_l b_k)^2`` (Lagrange's identity) where cos > 0: ``1 - cos`` itself loses every digit of a distance
+    below float64's 1e-16 (a pre-norm model's residual stream barely turns when one token's values are
+    zeroed: on SmolLM2 the plain form's rounding decided the rolled-out shares), this form keeps them."""
+    na, nb = float(a.norm()), float(b.norm())
+    if na == 0 or nb == 0:
+        return 1.0
+    cos = float(a @ b) / (na * nb)
+    if cos <= 0:
+        return 1 - cos
+    m = torch.outer(a, b) - torch.outer(b, a)
+    return float((m * m).sum()) / 2 / (na * na * nb * nb) / (1 + cos)
+
+
 def value_zeroing_sentence(model, ids):
     """Value Zeroing: per layer and token j the layer recomputed with j's values zeroed in every
-    key/value head; ``max(0, 1 - cos)`` of each token's outputs, rows normalised, rolled out; the
-    last row."""
+    key/value head; ``max(0, 1 - cos)`` of each token's outputs (:func:`_cosine_distance`), rows
+    normalised, rolled out; the last row."""
     layers, final, _, first = states_loop(model, ids)
     n = len(final)
     cos_table, sin_table = _rotary(model, n, final[0].dtype)
@@ -287,8 +302,7 @@ def value_zeroing_sentence(model, ids):
         for j in range(n):
             changed = layer_loop(w, x, cos_table, sin_table, zeroed=j)["out"]
             for i in range(n):
-                a, b = changed[i].double(), r["out"][i].double()
-                distance[i][j] = max(0.0, 1 - float(a @ b) / float(a.norm() * b.norm()))
+                distance[i][j] = _cosine_distance(changed[i].double(), r["out"][i].double())
         matrices.append([[d / sum(row) if sum(row) > 0 else 0.0 for d in row] for row in distance])
     return _rollout_loop(matrices, n - 1), first
 
