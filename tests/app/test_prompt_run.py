@@ -137,7 +137,7 @@ def test_a_sweeps_prompts_axis_makes_the_prompts_a_groups_replicates(tmp_path):
     )
     cells = load_config(config, given_dirs={"sst": SST_SAMPLE}).cells
     assert len(cells) == 4 and len({c.name for c in cells}) == 4
-    assert {c.group for c in cells} == {"g/sst-lstm-tanh-s0", "g/sst-lstm-tanh-s1"}
+    assert {c.group for c in cells} == {"g/sst-prompted-s0", "g/sst-prompted-s1"}
     assert {c.replicate for c in cells} == {"sentiment", "sentiment-plain"}
     assert all("--prompt" in c.flags for c in cells)
     plain = tmp_path / "p.toml"

@@ -82,11 +82,12 @@ class Cell:
 
     def _setting(self) -> str:
         """The cell's name without its replicate (:attr:`replicate`)."""
+        if "prompt" in self.axes:  # a prompted model (no encoder, no attention head) replicates over prompts
+            parts = [self.axes["dataset"], "prompted", f"s{self.axes['seed']}"]
+            return re.sub(r"[^A-Za-z0-9._-]", "_", "-".join(map(str, parts)))
         parts = [self.axes["dataset"], self.axes["encoder"], self.axes["attention"]]
         if "regulariser" in self.axes:
             parts.append(self.axes["regulariser"])
-        if "prompt" in self.axes:  # a prompted model replicates over prompts, each at this seed
-            parts.append(f"s{self.axes['seed']}")
         return re.sub(r"[^A-Za-z0-9._-]", "_", "-".join(map(str, parts)))
 
     @property
