@@ -1,8 +1,9 @@
 """Attention-derived attributions on pre-RMSNorm Llama-layout decoders (docs/definitions.md §20, "On a
 pre-RMSNorm decoder"): attention × value norm (Kobayashi et al. 2020), ALTI (Ferrando et al. 2022,
 as Ferrando et al. 2023 apply it to decoders), ALTI-Logit (Ferrando et al. 2023), Chefer et al.'s
-gradient-weighted rollout (2021) and Value Zeroing (Mohebbi et al. 2023) carried over; GlobEnc and
-DecompX refused (their modules' ``REASON``).
+gradient-weighted rollout (2021) and Value Zeroing (Mohebbi et al. 2023) carried over, AttnLRP
+(Achtibat et al. 2024: lxt's rules, :mod:`attnmetrics.llm.attnlrp`); GlobEnc and DecompX refused
+(their modules' ``REASON``).
 
 Each ``f(model, tokens, lengths, *, memory_budget) -> [B, T]`` gives every item's importance for
 the deciding position's decision, zero past each row's length, on
@@ -21,6 +22,7 @@ budget, device-agnostic; the references are the plain per-sentence loops of
 
 from attnmetrics.llm.alti import alti
 from attnmetrics.llm.alti_logit import alti_logit, alti_logit_contributions
+from attnmetrics.llm.attnlrp import attnlrp
 from attnmetrics.llm.chefer import gradient_weighted_rollout
 from attnmetrics.llm.decompx import decompx
 from attnmetrics.llm.globenc import globenc
