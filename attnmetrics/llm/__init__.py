@@ -22,7 +22,6 @@ budget, device-agnostic; the references are the plain per-sentence loops of
 
 from attnmetrics.llm.alti import alti
 from attnmetrics.llm.alti_logit import alti_logit, alti_logit_contributions
-from attnmetrics.llm.attnlrp import attnlrp
 from attnmetrics.llm.chefer import gradient_weighted_rollout
 from attnmetrics.llm.decompx import decompx
 from attnmetrics.llm.globenc import globenc
