@@ -155,3 +155,23 @@ def test_a_model_that_is_not_llama_layout_is_refused_naming_it():
     lm = transformers.GPT2LMHeadModel(config)
     with pytest.raises(ValueError, match=r"Llama-layout causal language model .* got GPT2LMHeadModel"):
         PromptedLM(lm, None, PROMPTS["sentiment"], ["negative", "positive"])
+
+
+def test_a_half_precision_checkpoint_is_computed_in_float32_and_said(tmp_path):
+    from attnmetrics.models.prompted import load_causal_lm
+
+    model = prompted(F64)
+    model.hf.to(torch.float16).save_pretrained(tmp_path)
+    model.tokenizer.save_pretrained(tmp_path)
+    lm, _, upcast = load_causal_lm(tmp_path)
+    assert upcast == torch.float16
+    assert {p.dtype for p in lm.parameters()} == {torch.float32}
+
+
+def test_a_folder_that_is_not_a_checkpoint_is_named(tmp_path):
+    from attnmetrics.models.prompted import load_causal_lm
+
+    with pytest.raises(ValueError, match=rf"{tmp_path}: cannot load the Hugging Face tokenizer"):
+        load_causal_lm(tmp_path)
+    with pytest.raises(ValueError, match=r"no such GGUF file"):
+        load_causal_lm(tmp_path / "model.Q4_1.gguf")
