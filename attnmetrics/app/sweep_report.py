@@ -202,12 +202,21 @@ def _overview(agg: dict) -> list[str]:
     not_done = [[name, c["state"]] for name, c in cells.items() if c["state"] != "done"]
     if not_done:
         lines += [table(not_done, ["cell not finished", "state"]), ""]
-    return lines + [
+    lines += [
         "Estimate: the mean over seeds of each seed's statistic over the test instances; 95% CI: percentile",
         "bootstrap of that estimate resampling the seeds, then the instances (fixed seed), so it holds the",
         "seed-to-seed spread; std (ddof = 1), min and max over the seeds' own numbers. See aggregate.json.",
         "",
     ]
+    prompted = [name for name, g in agg["groups"].items() if g.get("replicates") == "prompts"]
+    if prompted:  # a zero-shot prompted model: nothing trained, its replicates are its prompts
+        lines += [
+            f"In {', '.join(prompted)}, a zero-shot prompted model's groups, the replicates are the prompts, "
+            "not seeds: read 'seeds' there as the prompts (one cell each, its seed fixed), so the intervals "
+            "resample the prompts, then the instances.",
+            "",
+        ]
+    return lines
 
 
 def _models_section(agg: dict, folder: Path) -> list[str]:

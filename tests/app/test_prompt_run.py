@@ -145,3 +145,13 @@ def test_a_sweeps_prompts_axis_makes_the_prompts_a_groups_replicates(tmp_path):
     cells = load_config(plain, given_dirs={"sst": SST_SAMPLE}).cells
     assert all("--prompt" not in c.flags and c.replicate == c.axes["seed"] for c in cells)
     assert {c.name for c in cells} == {"sst-lstm-tanh-s0", "sst-lstm-tanh-s1"}
+
+
+def test_the_sweep_report_says_where_the_replicates_are_prompts():
+    from attnmetrics.app.sweep_report import _overview
+
+    agg = {"cells": {}, "groups": {"g/sst-prompted-s0": {"replicates": "prompts"}, "h/sst-lstm-tanh": {}}}
+    text = "\n".join(_overview(agg))
+    assert "In g/sst-prompted-s0, a zero-shot prompted model's groups, the replicates are the prompts" in text
+    assert "h/sst-lstm-tanh" not in text
+    assert "replicates are the prompts" not in "\n".join(_overview({"cells": {}, "groups": {"h/x": {}}}))
