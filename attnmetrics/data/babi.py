@@ -53,9 +53,11 @@ Where the port differs from the Lua, and why:
   before the tab), where the Lua's template has none; the reader accepts either.
 - The published v1.2 data was made by an earlier generator (the README: "it is not possible to
   produce exactly the same dataset"); its text has phrasings the Lua rewrite lacks ("went back to",
-  "picked up the apple there", "discarded", "left the milk") and its task 2 also asks about dropped
-  objects. This module follows the Lua, whose rules can be read; :func:`read_babi` reads the
-  published files as they are.
+  "picked up the apple there", "discarded", "left the milk"), its task 2 also asks about dropped
+  objects (WhereIsObject.lua only about held ones), and its tasks 2-3 ask after as few as 2
+  statements (en/qa2's first story asks on lines 5, 8, 11, 14, 17) where the Lua waits for 3
+  (``story_length > 2``). This module follows the Lua, whose rules can be read; :func:`read_babi`
+  reads the published files as they are.
 
 The format (bAbI v1.2, ``qa1_single-supporting-fact_train.txt`` and so on): a story's lines are
 numbered from 1, a new story starts when the number returns to 1; a statement is ``N text.``; a

@@ -281,14 +281,20 @@ def test_every_answer_follows_from_its_supporting_facts(generated):
 
 
 def test_checker_rejects_a_wrong_answer_and_wrong_support(generated):
-    story = generated[2][0]
-    n, q = story.questions()[0]
-    wrong = next(p for p in B.LOCATIONS if p != q.answer)
-    for bad in (B.Line(q.text, wrong, q.supporting), B.Line(q.text, q.answer, (1,))):
-        lines = list(story.lines)
-        lines[n - 1] = bad
-        with pytest.raises(AssertionError):
-            check_story(B.Story(tuple(lines)))
+    for t in B.TASKS:
+        story = generated[t][0]
+        n, q = story.questions()[-1]
+        wrong = next(p for p in B.LOCATIONS if p != q.answer)
+        other = next(k for k in range(1, n) if k not in q.supporting and not story.lines[k - 1].is_question)
+        for bad in (
+            B.Line(q.text, wrong, q.supporting),  # another place
+            B.Line(q.text, q.answer, (*q.supporting[:-1], other)),  # one supporting fact swapped
+            B.Line(q.text, q.answer, q.supporting[1:] or (other,)),  # one dropped
+        ):
+            lines = list(story.lines)
+            lines[n - 1] = bad
+            with pytest.raises(AssertionError):
+                check_story(B.Story(tuple(lines)))
 
 
 # --------------------------------------------------------------------------- the published format, read
