@@ -206,15 +206,29 @@ class PairAttentionClassifier(AttentionForward, nn.Module):
         return self._edited(embedded, lengths, replacement)
 
     def _edited(self, embedded: Tensor, lengths: Tensor, replacement: Tensor | None) -> Callable:
-        kept = lengths if replacement is not None else lengths - 1
+        """The edits' logits. An edit of the passage leaves the question's state q as it is, so q
+        is computed once per row; the recurrent and average encoders reuse the passage states an
+        edit leaves unchanged (``models/deletions.py``, as the single-text classifier's), the CNN
+        re-encodes each edited passage."""
+        passage = lengths - self.config.question_width  # <SOS> passage <EOS>
+        kept = passage - (0 if replacement is not None else 1)
+        q = self._question(embedded, lengths)
+        if hasattr(self.passage_encoder, "deletions"):
+            states = self.passage_encoder.deletions(embedded, passage, replacement=replacement)
+        else:
+
+            def states(rows: Tensor, positions: Tensor) -> Tensor:
+                if replacement is None:
+                    edited = delete_positions(embedded, passage, rows, positions)
+                else:
+                    edited = mask_positions(embedded, passage, replacement, rows, positions)
+                return self.passage_encoder(edited, kept[rows])
 
         def logits(rows: Tensor, positions: Tensor) -> Tensor:
-            if replacement is None:
-                edited = delete_positions(embedded, lengths, rows, positions)
-            else:
-                edited = mask_positions(embedded, lengths, replacement, rows, positions)
-            hidden = self.encode(edited, kept[rows])
-            attention = self.attend(hidden, kept[rows])
+            h = states(rows, positions)  # [N, W, H], zero from kept[rows] on
+            inside = token_mask(kept[rows], h.shape[1])
+            hidden = torch.cat([h, q[rows, None, :] * inside.unsqueeze(-1).to(h.dtype)], -1)
+            attention = self.attention(hidden, token_mask(kept[rows], h.shape[1], self.lead, 1))
             return self.decoder(torch.bmm(attention.unsqueeze(1).to(hidden.dtype), hidden).squeeze(1))
 
         return logits

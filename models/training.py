@@ -33,6 +33,7 @@ from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.files import load_tensors
 from attnmetrics.models.gpt_classifier import GPTClassifier, GPTClassifierConfig, GPTInputs
+from attnmetrics.models.pair import PairAttentionClassifier, PairModelConfig, PairVocabulary
 from attnmetrics.models.parallel import all_reduce_gradients, data_parallel
 from attnmetrics.models.text import Batch, EncodedSplit, Vocabulary
 from attnmetrics.outputs import decision, output_distribution
@@ -413,6 +414,8 @@ def save_checkpoint(
 
 
 def _model_config(saved: dict) -> ModelConfig | GPTClassifierConfig:
+    if saved.get("kind") == "pair":
+        return PairModelConfig.from_dict(saved)
     if saved.get("encoder") == "prompted":
         from attnmetrics.models.prompted import PromptedLMConfig  # optional transformers
 
@@ -427,6 +430,8 @@ def _model_config(saved: dict) -> ModelConfig | GPTClassifierConfig:
 def _build(config: ModelConfig | GPTClassifierConfig) -> EncoderAttentionClassifier | GPTClassifier:
     if isinstance(config, GPTClassifierConfig):
         return GPTClassifier.from_config(config)
+    if isinstance(config, PairModelConfig):
+        return PairAttentionClassifier(config)
     if getattr(config, "encoder", None) == "hf":
         from attnmetrics.models.hf import HFClassifier
 
@@ -459,7 +464,8 @@ def _load_vocab(directory: Path, config: ModelConfig | GPTClassifierConfig) -> V
         path = directory / _VOCAB
         if not path.is_file():
             return None
-        vocab, size = Vocabulary.load(path), config.vocab_size
+        reader = PairVocabulary if isinstance(config, PairModelConfig) else Vocabulary
+        vocab, size = reader.load(path), config.vocab_size
     if len(vocab) != size:
         raise ValueError(f"{directory}: {path.name} holds {len(vocab)} tokens, model.json says {size}")
     return vocab

@@ -18,10 +18,18 @@ from attnmetrics.app.config import RunConfig
 from attnmetrics.app.recipes import PRESETS, Preset, jain_wallace_length_filter
 from attnmetrics.app.results import Results
 from attnmetrics.data import Splits, glove_matrix, load_dataset, load_minilm, load_smollm2
+from attnmetrics.data.pairs import is_pair
 from attnmetrics.models.bpe import BPETokenizer
 from attnmetrics.models.classifier import EncoderAttentionClassifier, ModelConfig
 from attnmetrics.models.gpt import GPTConfig
 from attnmetrics.models.gpt_classifier import GPTClassifier, GPTInputs
+from attnmetrics.models.pair import (
+    PAIR_ATTENTIONS,
+    PAIR_ENCODERS,
+    PairAttentionClassifier,
+    PairModelConfig,
+    PairVocabulary,
+)
 from attnmetrics.models.pretraining import load_gpt
 from attnmetrics.models.text import EncodedSplit, Vocabulary
 from attnmetrics.models.training import (
@@ -288,6 +296,40 @@ def _jain_wallace_model(config: RunConfig, splits, results: Results):
     return make(model_config), vocab, make
 
 
+def _pair_model(config: RunConfig, splits, results: Results) -> tuple[PairAttentionClassifier, PairVocabulary]:
+    """J&W's question-answering / inference model (``models/pair.py``) over a word vocabulary of
+    the training split's passages and questions; ValueError for a model or experiment that does
+    not take a pair of texts."""
+    if config.model or config.encoder == "gpt":
+        raise ValueError(
+            f"{splits.name} is a pair task (passage and question): it runs J&W's pair model "
+            f"(--encoder {'|'.join(PAIR_ENCODERS)}), not {config.model or '--encoder gpt'}"
+        )
+    if config.consistent_adversary or config.diagnostic:
+        raise ValueError(f"--consistent-adversary and --diagnostic take single-text data sets, not {splits.name}")
+    if config.regulariser not in (None, "none"):
+        raise ValueError(f"--regulariser {config.regulariser} is not built for the pair model ({splits.name})")
+    if config.attention not in PAIR_ATTENTIONS:
+        raise ValueError(f"the pair model's attention is one of {PAIR_ATTENTIONS}, got --attention {config.attention}")
+    vocab = PairVocabulary.build_pairs(pair for pair, _ in splits.train)
+    embeddings, embed_dim = None, config.embed_dim
+    if config.embeddings == "glove":
+        embeddings, found = glove_matrix(vocab, seed=config.seed)
+        embed_dim = embeddings.shape[1]
+        results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
+    model_config = PairModelConfig(
+        vocab_size=len(vocab),
+        question_width=vocab.question_width,
+        num_classes=len(splits.classes),
+        embed_dim=embed_dim,
+        hidden_size=config.hidden_size,
+        encoder=config.encoder,
+        attention=config.attention,
+    )
+    torch.manual_seed(config.seed)
+    return PairAttentionClassifier(model_config, embeddings).to(config.device), vocab
+
+
 def _train(config: RunConfig, results: Results) -> Built:
     """Build the model ``--encoder`` names, train it with its family's recipe, record both."""
     protocol = PRESETS[config.protocol]
@@ -303,7 +345,11 @@ def _train(config: RunConfig, results: Results) -> Built:
         "progress": not config.no_progress,
     }
     make = None
-    if config.model or config.encoder == "gpt":
+    pairs = is_pair(splits.train[0][0])
+    if pairs:
+        model, vocab = _pair_model(config, splits, results)
+        tconf = TrainConfig(**common, amsgrad=protocol.amsgrad, sort_by_length=protocol.sort_by_length)
+    elif config.model or config.encoder == "gpt":
         if config.consistent_adversary or config.diagnostic:
             raise ValueError(
                 f"--consistent-adversary and --diagnostic train BiLSTM-family models, not {config.model or 'gpt'}"

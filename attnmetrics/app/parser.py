@@ -172,18 +172,19 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--embeddings",
         choices=("glove", "random"),
-        default="glove",
-        help="initialise embeddings from GloVe 6B 50-d (default) or at random",
+        help="initialise embeddings from GloVe 6B 50-d (default) or at random (default for babi1-3, as J&W)",
     )
-    p.add_argument("--embed-dim", type=positive_int, default=300, help="embedding size with --embeddings random")
+    p.add_argument(
+        "--embed-dim", type=positive_int, help="embedding size with --embeddings random (default: 300; 50 for babi)"
+    )
     p.add_argument(
         "--hidden-size",
         type=positive_int,
-        default=128,
-        help="units per direction for lstm/gru; the whole H for cnn (a multiple of 4) and average",
+        help="units per direction for lstm/gru; the whole H for cnn (a multiple of 4) and average (default: 128; "
+        "32 for babi, J&W's)",
     )
     p.add_argument("--epochs", type=positive_int, help="default: 8 (J&W), 3 for gpt (GPT-1)")
-    p.add_argument("--batch-size", type=positive_int, default=32, help="training batch size (default: 32, J&W's)")
+    p.add_argument("--batch-size", type=positive_int, help="training batch size (default: 32, J&W's; 50 for babi)")
     p.add_argument("--lr", type=positive_float, help="default: 1e-3 (J&W), 6.25e-5 for gpt (GPT-1)")
     p.add_argument("--weight-decay", type=non_negative_float, help="default: 1e-5 (J&W), 0.01 for gpt (GPT-1)")
     p.add_argument(

@@ -70,6 +70,14 @@ RECIPES = {
 }
 
 
+#: J&W's model sizes and batch size by data set (None: every other one): their bAbI models start
+#: from random 50-d embeddings, 32 units, batches of 50 (Trainers/DatasetQA.py, get_Babi_*)
+_BABI = {"embeddings": "random", "embed_dim": 50, "hidden_size": 32, "batch_size": 50}
+SIZES = {
+    None: {"embeddings": "glove", "embed_dim": 300, "hidden_size": 128, "batch_size": 32},
+    **{f"babi{task}{size}": _BABI for task in (1, 2, 3) for size in ("", "-1k")},
+}
+
 #: the flags of GPT-1 alone (--encoder gpt), by dest, and the defaults of those that have one
 #: (filled in for every model, so every run's results.json ``config`` names them as before)
 GPT_ONLY = {"pretrained": "--pretrained", "lm_weight": "--lm-weight", "transfer_layers": "--transfer-layers",
@@ -85,6 +93,10 @@ def recipe_defaults(args: argparse.Namespace) -> None:
             naming the flag and the model), where it would be ignored.
     """
     family = "hf" if getattr(args, "model", None) else "gpt" if args.encoder == "gpt" else "jain-wallace"
+    # the model's sizes and batch: J&W's per data set (bAbI: Trainers/DatasetQA.py), for every family
+    for key, value in SIZES.get(getattr(args, "dataset", None), SIZES[None]).items():
+        if hasattr(args, key) and getattr(args, key) is None:  # evaluate has none of them
+            setattr(args, key, value)
     check_prompt(args)
     if getattr(args, "prompt", None):
         return  # zero-shot: no training flags to fill

@@ -494,7 +494,12 @@ class _DatasetNames(tuple):
         return tuple.__contains__(self, name) or _bbc_pair(name) is not None
 
 
-DATASETS = _DatasetNames(("mr", "sst", "mr-ratings", "tweets", "bbc", "bbc:sports-business", "bbc:business-politics"))
+#: J&W's pair tasks (passage and question): bAbI 1-3 generated here (10k training questions as J&W's,
+#: or the 1k set), SNLI and CNN from a user's folder
+PAIR_DATASETS = ("babi1", "babi2", "babi3", "babi1-1k", "babi2-1k", "babi3-1k", "snli", "cnn")
+DATASETS = _DatasetNames(
+    ("mr", "sst", "mr-ratings", "tweets", "bbc", "bbc:sports-business", "bbc:business-politics", *PAIR_DATASETS)
+)
 
 #: Truncation applied by ``load_dataset`` unless asked otherwise: J&W cut long documents;
 #: 400 tokens keeps 61 % of BBC articles whole and bounds the cost of the rest. Sentence sets: none.
@@ -510,6 +515,37 @@ def truncate_splits(splits: Splits, max_tokens: int) -> Splits:
         *(p for p, _ in parts),
         info={**splits.info, "max_tokens": max_tokens, "truncated": sum(c["truncated"] for _, c in parts)},
     )
+
+
+def _load_pairs(name: str, data_dir, cache_dir, seed: int, max_tokens: int) -> Splits:
+    """A pair task (:data:`PAIR_DATASETS`): bAbI generated into the cache (or read from
+    ``data_dir`` holding the published files), SNLI and CNN read from ``data_dir``; passages cut
+    to ``max_tokens`` (0: whole)."""
+    if name.startswith("babi"):
+        from attnmetrics.data.babi import load_babi
+
+        # J&W train on the 10k set (en-10k); babiN-1k is the published 1k one (en)
+        size = "1k" if name.endswith("-1k") else "10k"
+        splits = load_babi(int(name[4]), cache_dir=cache_dir, seed=seed, size=size, data_dir=data_dir)
+    elif data_dir is None:
+        raise ValueError(
+            f"dataset {name!r} needs --data-dir: a copy of its published files (they are not fetched: "
+            f"{'SNLI 1.0, snli_1.0_*.jsonl' if name == 'snli' else 'CNN, questions/{training,validation,test}/*.question'})"
+        )
+    else:
+        from attnmetrics.data.pair_readers import load_cnn, load_snli
+
+        splits = (load_snli if name == "snli" else load_cnn)(data_dir)
+    if not max_tokens:
+        return splits
+
+    def cut(part):
+        kept = [(type(p)(truncate(p.passage, max_tokens), p.question), y) for p, y in part]
+        return kept, sum(len(tokenize(p.passage)) > max_tokens for p, _ in part)
+
+    parts = [cut(part) for part in (splits.train, splits.dev, splits.test)]
+    info = {**splits.info, "max_tokens": max_tokens, "truncated": sum(n for _, n in parts)}
+    return Splits(splits.name, splits.classes, *(p for p, _ in parts), info=info)
 
 
 def load_dataset(
@@ -539,6 +575,8 @@ def load_dataset(
         else:
             splits = load_sst(data_dir)
         return truncate_splits(splits, max_tokens) if max_tokens else splits
+    if name in PAIR_DATASETS:
+        return _load_pairs(name, data_dir, cache_dir, seed, max_tokens)
     if name == "mr-ratings":
         return load_mr_ratings(cache_dir, seed=seed, max_tokens=max_tokens)
     if name == "tweets":
