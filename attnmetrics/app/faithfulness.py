@@ -138,11 +138,15 @@ def examples(config: RunConfig, model, test, vocab, splits, results: Results) ->
         if "eraser" in inst:
             for metric in ("comprehensiveness", "sufficiency"):
                 stats[f"{metric} AOPC (attention)"] = inst["eraser"]["attention"][metric]["aopc"][i]
+        question = getattr(getattr(model, "config", None), "question_width", 0)  # a pair model's fixed question part
+        if question:
+            asked = [w[1:] for w in vocab.decode(test.ids[i][-question:]) if w != "<PAD>"]
         shown.append(
             {
                 "instance": i,
                 "why": chosen[i],
                 "tokens": vocab.decode(ids),
+                **({"question": asked} if question else {}),
                 "label": splits.classes[test.labels[i]],
                 "predicted": splits.classes[inst["predicted"][i]],
                 "probability": float(output_distribution(out.logits[row : row + 1]).max()),

@@ -26,6 +26,11 @@ def _model_line(results: dict) -> str:
         return f"{m['architecture']} + own attention"
     if m.get("encoder") == "prompted":  # a causal LM zero-shot: its class and the prompt
         return f"{m.get('architecture') or 'causal LM'} zero-shot, prompt {m.get('prompt', {}).get('name', '?')}"
+    if m.get("kind") == "pair":  # J&W's QA/NLI model: the battery is over the passage, the question fixed
+        return (
+            f"{m.get('encoder', '?')} encoder + {m.get('attention', '?')} attention over the passage, "
+            "conditioned on the question (held fixed)"
+        )
     return f"{m.get('encoder', '?')} encoder + {m.get('attention', '?')} attention"
 
 

@@ -43,6 +43,7 @@ p.meta { color: #444; }
 <h2>Instance {{ ex.instance }} &middot; {{ ex.why }}</h2>
 <p class="meta">label <b>{{ ex.label }}</b>, predicted <b>{{ ex.predicted }}</b>
 (p = {{ "%.3f" | format(ex.probability) }}); {{ ex.flip }}</p>
+{% if ex.question %}<p class="meta">question (held fixed, not scored): <b>{{ ex.question | join(" ") }}</b></p>{% endif %}
 <div class="tokens">
 <span class="column names">{% for name in ex.names %}<span>{{ name }}</span>{% endfor %}</span>
 {% for column in ex.columns %}<span class="column">{% for cell in column %}<span style="background: rgba({{ cell.rgb }}, {{ cell.alpha }})"
