@@ -218,6 +218,10 @@ def adversarial_attention(
 ) -> AdversarialResult:
     """Most different attention that keeps the output (J&W 2019, sec. 4.3; docs/definitions.md §10).
 
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) the attention
+    searched is over the passage's words and each passage state carries the question's (``[h_t ; q]``),
+    so the question is held fixed (J&W's ``AdversaryMulti`` on ``P.hidden`` and ``Q.last_hidden``).
+
     Per row with L = ``lengths[b]`` >= 2 real tokens and original attention alpha:
     K = ``candidates`` logit vectors ``z_k`` start at ``log(1/L) + init_std * noise[b, k, :L]``
     where ``noise = torch.randn((B, K, T), generator=generator, dtype=attention.dtype,

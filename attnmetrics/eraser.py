@@ -381,7 +381,10 @@ def comprehensiveness(
 ) -> EraserResult:
     """ERASER's comprehensiveness (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
     ``p(ŷ | x) - p(ŷ | x without its top-k tokens)`` per fraction, and their AOPC. High: the
-    tokens the scores rank first are the ones the decision needs."""
+    tokens the scores rank first are the ones the decision needs.
+
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) the rationale is a
+    set of passage words; the question stays in every input."""
     _check_rounding(rounding)
     return _effect(
         model, tokens, lengths, scores, fractions, False, variant, mode, mask_token, memory_budget, rounding, full_rows
@@ -404,7 +407,10 @@ def sufficiency(
 ) -> EraserResult:
     """ERASER's sufficiency (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
     ``p(ŷ | x) - p(ŷ | only its top-k tokens)`` per fraction, and their AOPC. Low: the tokens
-    the scores rank first suffice for the decision."""
+    the scores rank first suffice for the decision.
+
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) the rationale is a
+    set of passage words; the question stays in every input."""
     _check_rounding(rounding)
     return _effect(
         model, tokens, lengths, scores, fractions, True, variant, mode, mask_token, memory_budget, rounding, full_rows

@@ -415,6 +415,10 @@ def flip_fraction(
 ) -> FlipResult:
     """How many attention items must be removed before the decision flips (S&S 2019, sec. 4).
 
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) the items are the
+    passage's words; the question's state rides in every passage state (``[h_t ; q]``) and is never
+    removed.
+
     Definition (docs/definitions.md §4): order each row's valid prefix (length L) by a score,
     descending, ties to the lower index. Remove items one at a time: zero the weight,
     renormalise the rest to sum to 1 (a zero vector if nothing is left), and re-run

@@ -21,6 +21,9 @@ from attnmetrics.protocol import AttentionClassifier, eval_mode, real_tokens, to
 def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> Tensor:
     """Gradient-based token importance of Jain & Wallace 2019 (sec. 4.1, "Gradient").
 
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) only the passage's
+    words are scored; the question's embeddings, the row's fixed ``trail`` part, are held as they are.
+
     For every output class c, the gradient of p_c with respect to the input embeddings,
     with the attention weights detached (held fixed), times the embedding and summed
     over the embedding dimension (grad x input); the absolute values are summed over
@@ -84,6 +87,10 @@ IG_GPU_POSITIONS = 16384
 
 def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, steps: int = 50) -> Tensor:
     """Integrated-gradients token importance (Sundararajan et al. 2017), through Captum.
+
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) only the passage's
+    words are scored and moved to the baseline; the question, the row's fixed ``trail`` part, is held as
+    it is.
 
     For the predicted class ŷ, per embedding entry
     ``IG = (x - x') * ∫_0^1 ∂p_ŷ(x' + s (x - x')) / ∂x ds`` with x the input embeddings and
@@ -162,6 +169,9 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
 def input_x_gradient(model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> Tensor:
     """Gradient × input token importance of the whole model (Shrikumar et al. 2016), through
     Captum's ``InputXGradient``.
+
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) only the passage's
+    words are scored; the question, the row's fixed ``trail`` part, is held as it is.
 
     ``x * ∂p_ŷ(x) / ∂x`` per embedding entry, for the predicted class ŷ, with the whole model
     differentiated: unlike :func:`gradient_importance` (J&W's, every class, attention held

@@ -204,6 +204,10 @@ def leave_one_out(
 ) -> Tensor:
     """Leave-one-out token importance of Jain & Wallace 2019 (sec. 4.1; docs/definitions.md §7).
 
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) the real tokens
+    are the passage's: each edit deletes or masks one passage word, and the question, the row's fixed
+    ``trail`` part, is never edited.
+
     For every real token t of a row, the total variation distance
     ``TVD(y, y_{-t}) = 1/2 sum_c |y_c - y_{-t,c}|`` between the model's output
     distribution ``y`` on the full row and ``y_{-t}`` on the row with token t deleted:

@@ -178,6 +178,10 @@ def permutation_test(
 ) -> PermutationResult:
     """Median output TVD over random permutations of the attention (J&W 2019, sec. 4.2).
 
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) the attention is
+    over the passage's words and each passage state carries the question's (``[h_t ; q]``), so a
+    permutation mixes the passage's states with the question held fixed (J&W's ``permute_attn``).
+
     Definition (docs/definitions.md §9): the hidden states are encoded once; for each row (valid
     prefix of length L) and each of ``permutations`` uniformly random permutations pi
     of ``0 .. L-1``, the context ``sum_t alpha_{pi(t)} h_t`` is decoded and the output

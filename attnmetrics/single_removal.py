@@ -119,6 +119,10 @@ def single_removal(
 ) -> SingleRemovalResult:
     """Output JSD and decision flip when one attention weight is removed (S&S 2019, sec. 3).
 
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) the weights are
+    the passage's; the question's state rides in every passage state (``[h_t ; q]``) and is never
+    removed.
+
     Definition (docs/definitions.md §5): for each row with valid prefix length L >= 2, zero the weight
     chosen by ``which``, renormalise the others to sum to 1 (L1; the zero vector if they
     sum to exactly 0), decode the context ``sum_t alpha'_t h_t`` and compare with the

@@ -70,6 +70,9 @@ def single_token_test(
 ) -> SingleTokenResult:
     """T&Š 2020 (sec. 4) single-token-input test on one batch.
 
+    On a pair task (J&W's question answering and inference model, ``models/pair.py``) each input is one
+    passage word with the whole question.
+
     Args:
         model: any :class:`attnmetrics.AttentionClassifier` (``lead``/``trail`` special tokens).
         tokens: [B, T] int64, lengths: [B] int64, special tokens included.
