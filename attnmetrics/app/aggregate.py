@@ -390,13 +390,36 @@ def model_setting(results: dict) -> dict:
     }
 
 
+def _distinct_conventions(cells) -> list[dict]:
+    """The cells' results.json ``conventions``, each distinct one once with the cells that used it (a
+    cell without them listed under ``{"unknown": ...}``), so the aggregate says how every number was computed."""
+    seen: list[dict] = []
+    for c, r, _ in cells:
+        conventions = r.get("conventions") or {"unknown": "not recorded by the attnmetrics that wrote this run"}
+        for entry in seen:
+            if entry["conventions"] == conventions:
+                entry["cells"].append(c.name)
+                break
+        else:
+            seen.append({"cells": [c.name], "conventions": conventions})
+    return seen
+
+
 def aggregate(cells: list[tuple[object, dict, dict | None]], compare: list[tuple[str, str]] = ()) -> dict:
     """The aggregate of finished cells ``(Cell, results, predictions)`` (JSON-ready); ``compare``:
     the pairs of grids whose models :func:`group_comparisons` compares."""
     groups: dict[str, list] = {}
     for c, r, p in cells:
         groups.setdefault(c.group, []).append((c, r, p))
-    out = {"conventions": CONVENTIONS, "groups": {}, "paired_tests": paired_tests(cells)}
+    out = {
+        "conventions": CONVENTIONS,
+        # each cell's code commit (results.json versions.commit; "unknown" for a run from before it was recorded)
+        "commits": {c.name: r.get("versions", {}).get("commit", "unknown") for c, r, _ in cells},
+        # each cell's run conventions (single-removal draw, TVD scale, ERASER rounding, ...), once per distinct text
+        "run_conventions": _distinct_conventions(cells),
+        "groups": {},
+        "paired_tests": paired_tests(cells),
+    }
     if compare:
         out["comparisons"], out["comparisons_left_out"] = group_comparisons(cells, list(compare))
     for name, members in groups.items():

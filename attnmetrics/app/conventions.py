@@ -20,6 +20,13 @@ OWN_ATTENTION = {
     "the head mean (docs/definitions.md §15)",
 }
 
+#: results["conventions"]["pair_task"]: what the battery perturbs on J&W's QA/NLI model (models/pair.py)
+PAIR_TASK = (
+    "J&W 2019 QA/NLI: attention over the passage conditioned on the question; every procedure explains and "
+    "perturbs the passage's words only, the question held fixed (its state rides in every passage state, "
+    "[h_t ; q]); softmax over the training split's answers (docs/definitions.md §21)"
+)
+
 
 def conventions(config: BatteryConfig) -> dict:
     """results.json's ``conventions``: how the run computed what it reports (the definitions every

@@ -14,7 +14,7 @@ from attnmetrics.app import battery as registry
 from attnmetrics.app import distributed
 from attnmetrics.app.battery import EXPERIMENTS, BatteryConfig, collect, merge, summarise, tested_forward
 from attnmetrics.app.config import RunConfig
-from attnmetrics.app.conventions import OWN_ATTENTION, conventions
+from attnmetrics.app.conventions import OWN_ATTENTION, PAIR_TASK, conventions
 from attnmetrics.app.distributed import World
 from attnmetrics.app.results import Results
 from attnmetrics.flip import removal_order
@@ -88,6 +88,8 @@ def battery(
     results.update(summary)
     results["instances"] = instances
     results["conventions"] = conventions(battery_config)
+    if getattr(getattr(model, "config", None), "kind", None) == "pair":
+        results["conventions"]["pair_task"] = PAIR_TASK
     return True
 
 

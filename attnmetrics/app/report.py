@@ -34,6 +34,14 @@ def _model_line(results: dict) -> str:
     return f"{m.get('encoder', '?')} encoder + {m.get('attention', '?')} attention"
 
 
+def _commit(results: dict) -> str:
+    """The run's code commit as results.json records it; a run from before it was recorded says so."""
+    versions = results.get("versions", {})
+    if "commit" not in versions:
+        return "unknown (not recorded by the attnmetrics that wrote this run)"
+    return versions["commit"] or "unknown (not run from a git checkout)"
+
+
 def _sections() -> list:
     """Every registered experiment with a report section, in the report's order."""
     found = [e for e in experiments() if e.section]
@@ -93,7 +101,8 @@ def render(results: dict, folder: str | Path) -> Path:
         "",
         f"Seed {results.get('seed')}, device {results.get('device')}, "
         f"wall time {fmt(results.get('wall_time_s', {}).get('total'), 1)} s, "
-        f"attnmetrics {results.get('versions', {}).get('attnmetrics')}, torch {results.get('versions', {}).get('torch')}.",
+        f"attnmetrics {results.get('versions', {}).get('attnmetrics')}, torch {results.get('versions', {}).get('torch')}, "
+        f"code commit {_commit(results)}.",
         "",
         *_timing(results.get("wall_time_s", {})),
         "## Data and model",

@@ -9,6 +9,8 @@ sweep's aggregation (:mod:`attnmetrics.app.aggregate`) read them.
 from __future__ import annotations
 
 import platform
+import subprocess
+from pathlib import Path
 from typing import Any, TypedDict
 
 import numpy as np
@@ -101,6 +103,26 @@ class Results(TypedDict, total=False):
     examples: list[dict[str, Any]]  # report.html's token view (--examples)
 
 
+def source_commit() -> str | None:
+    """The git commit the attnmetrics package runs from, ``+dirty`` when tracked files differ from it
+    (the numbers then come from code no commit holds); None outside a git checkout (an installed
+    wheel) or without git."""
+    root = Path(attnmetrics.__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def environment(seed: int, device: str = "cpu") -> dict:
     """results.json's ``seed``, ``device``, ``threads``, ``versions`` and ``machine``."""
     return {
@@ -113,6 +135,7 @@ def environment(seed: int, device: str = "cpu") -> dict:
             "torch": torch.__version__,
             "numpy": np.__version__,
             "scipy": scipy.__version__,
+            "commit": source_commit(),
         },
         "machine": platform.platform(),
     }

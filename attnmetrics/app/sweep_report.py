@@ -208,6 +208,17 @@ def _overview(agg: dict) -> list[str]:
         "seed-to-seed spread; std (ddof = 1), min and max over the seeds' own numbers. See aggregate.json.",
         "",
     ]
+    commits = agg.get("commits")
+    if commits:  # the code each cell ran, and whether the cells share their conventions
+        distinct = sorted({str(c) for c in commits.values()})
+        shown = ", ".join(f"{c} ({sum(str(v) == c for v in commits.values())} cells)" for c in distinct)
+        kinds = len(agg.get("run_conventions", []))
+        lines += [
+            f"Code commits: {shown}. "
+            + ("Every cell ran under the same conventions" if kinds == 1 else f"{kinds} sets of conventions")
+            + " (aggregate.json `run_conventions`).",
+            "",
+        ]
     prompted = [name for name, g in agg["groups"].items() if g.get("replicates") == "prompts"]
     if prompted:  # a zero-shot prompted model: nothing trained, its replicates are its prompts
         lines += [

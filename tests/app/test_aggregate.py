@@ -398,3 +398,23 @@ def test_a_sweep_names_its_comparisons_left_out_in_aggregate_json_the_report_and
         "no common seed with predictions.npz: A seeds [0], B seeds [1]"
     ) in err
     assert sum("left out" in line for line in err) == 7
+
+
+def test_the_aggregate_records_each_cells_commit_and_conventions():
+    from attnmetrics.app.aggregate import aggregate
+
+    ours = {"single_removal": "random: uniform among the non-top tokens", "eraser": "k = ceil(f L)"}
+    cells = []
+    for seed, (commit, conventions) in enumerate([("a" * 40, ours), ("b" * 40 + "+dirty", ours), (None, None)]):
+        results = {"test": {"accuracy": 0.5, "macro_f1": 0.5}, "instances": {"lengths": [3, 4]}}
+        if commit is not None:
+            results["versions"] = {"commit": commit}
+            results["conventions"] = conventions
+        cells.append((_cell("tanh", seed), results, None))
+    out = aggregate(cells)
+    names = [c.name for c, _, _ in cells]
+    assert out["commits"] == {names[0]: "a" * 40, names[1]: "b" * 40 + "+dirty", names[2]: "unknown"}
+    assert out["run_conventions"] == [
+        {"cells": names[:2], "conventions": ours},
+        {"cells": names[2:], "conventions": {"unknown": "not recorded by the attnmetrics that wrote this run"}},
+    ]

@@ -102,3 +102,21 @@ def test_a_model_at_chance_level_is_warned_of_in_the_report_and_on_stderr(tmp_pa
     )
     assert f"**Warning**: {words}" in report
     assert err.startswith(f"attnmetrics: warning: {run}: {words}") and err.count("\n") == 1
+
+
+def test_the_report_names_the_code_commit_or_says_it_is_unknown(tmp_path):
+    from attnmetrics.app.report import render
+    from attnmetrics.app.results import source_commit
+
+    data = {"name": "mr", "sizes": {"train": 1, "dev": 1, "test": 1}, "classes": ["negative", "positive"]}
+    base = {"config": {"dataset": "mr"}, "data": data, "versions": {"attnmetrics": "0.1.0", "torch": "2.13"}}
+    for name in ("older", "recorded"):
+        (tmp_path / name).mkdir()
+    older = render(base, tmp_path / "older").read_text()
+    assert "code commit unknown (not recorded by the attnmetrics that wrote this run)" in older
+    commit = source_commit()  # this checkout's (CI clones one), or None outside git
+    versions = {**base["versions"], "commit": commit}
+    recorded = render({**base, "versions": versions}, tmp_path / "recorded").read_text()
+    assert f"code commit {commit or 'unknown (not run from a git checkout)'}." in recorded
+    if commit is not None:
+        assert len(commit.removesuffix("+dirty")) == 40
