@@ -9,6 +9,8 @@ import random
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import attnmetrics
 from attnmetrics.data.pairs import Pair
@@ -219,3 +221,38 @@ def test_bad_configs_are_refused():
         PairAttentionClassifier(PairModelConfig(10, 2, 1))
     with pytest.raises(ValueError, match=r"embeddings must be \[10, 50\]"):
         PairAttentionClassifier(PairModelConfig(10, 2, 3), torch.zeros(11, 50))
+
+
+WORDS = ("mary", "john", "went", "to", "the", "garden", "kitchen", "where", "is", "apple", "zork")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(WORDS), min_size=1, max_size=9),
+            st.lists(st.sampled_from(WORDS), min_size=1, max_size=6),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    st.integers(1, 5),
+)
+def test_every_pair_row_has_the_layout_the_model_reads(examples, width):
+    """Any passages and questions: <SOS> passage <EOS>, then exactly Q question slots (question ids
+    in the upper half, <PAD> after), the passage and the (cut) question read back by decode."""
+    vocab = PairVocabulary(WORDS[:6], width)
+    V = len(vocab)
+    pairs = [Pair(" ".join(p), " ".join(q)) for p, q in examples]
+    rows = vocab.encode(pairs)
+    assert vocab.last_truncated == sum(len(q) > width for _, q in examples)
+    for row, (passage, question) in zip(rows, examples):
+        n = len(passage)
+        assert len(row) == n + 2 + width and row[0] == SOS and row[n + 1] == EOS
+        assert all(i < V for i in row[: n + 2]) and all(i >= V or i == PAD for i in row[n + 2 :])
+        assert vocab.decode(row[1 : n + 1]) == [w if w in WORDS[:6] else "<UNK>" for w in passage]
+        asked = [w for w in question[:width]]
+        assert vocab.decode(row[n + 2 : n + 2 + len(asked)]) == [
+            "?" + (w if w in WORDS[:6] else "<UNK>") for w in asked
+        ]
+        assert row[n + 2 + len(asked) :] == [PAD] * (width - len(asked))
