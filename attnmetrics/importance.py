@@ -17,8 +17,11 @@ from attnmetrics._validation import check_logits, check_model_inputs
 from attnmetrics.outputs import decision, output_distribution
 from attnmetrics.protocol import AttentionClassifier, eval_mode, real_tokens, token_mask
 
+#: whose probability J&W's gradient differentiates: every class's (summed), or the predicted one's
+GRADIENT_CLASSES = ("all", "predicted")
 
-def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> Tensor:
+
+def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, classes: str = "all") -> Tensor:
     """Gradient-based token importance of Jain & Wallace 2019 (sec. 4.1, "Gradient").
 
     On a pair task (J&W's question answering and inference model, ``models/pair.py``) only the passage's
@@ -27,7 +30,11 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
     For every output class c, the gradient of p_c with respect to the input embeddings,
     with the attention weights detached (held fixed), times the embedding and summed
     over the embedding dimension (grad x input); the absolute values are summed over
-    classes and L1-normalised over each row's real tokens.
+    classes and L1-normalised over each row's real tokens. With ``classes="predicted"``
+    only the predicted class's p is differentiated: J&W's question-answering code
+    (``model/Question_Answering.py`` ``gradient_mem``: the gradient of the maximum class
+    probability), which the battery uses on pair tasks. For two classes the two agree
+    (``|grad p_1 . x| = |grad p_0 . x|``; the sum, twice it, is normalised away).
 
     Args:
         model: any :class:`attnmetrics.AttentionClassifier`.
@@ -47,8 +54,11 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
             ``[B]`` integers in ``[lead + trail, T]`` or on another device, ``model.lead``
             or ``model.trail`` not an int >= 0; embeddings or logits that are not finite
             (or logits not ``[B, C]``); an importance that is not finite (NaN or inf
-            gradients w.r.t. the embeddings), each naming the first bad row.
+            gradients w.r.t. the embeddings), each naming the first bad row; ``classes`` not
+            one of :data:`GRADIENT_CLASSES`.
     """
+    if classes not in GRADIENT_CLASSES:
+        raise ValueError(f"classes must be one of {GRADIENT_CLASSES}, got {classes!r}")
     lengths = check_model_inputs(model, tokens, lengths)
     with eval_mode(model):
         embedded = model.embed(tokens).detach().requires_grad_(True)
@@ -65,15 +75,20 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
                 logits, tokens.shape[0], source="model", inputs="the input rows", on=" on the input rows"
             )
             probs = output_distribution(logits)
-            # Two classes (a sigmoid output's (1 - p, p) too): p_1 = 1 - p_0, so the gradient of p_1
-            # is minus p_0's and |grad p_1 . x| = |grad p_0 . x|: one backward pass, not two.
-            classes = 1 if probs.shape[1] == 2 else probs.shape[1]
-            score = torch.zeros(embedded.shape[:2], dtype=embedded.dtype, device=embedded.device)
-            for c in range(classes):
-                (grad,) = torch.autograd.grad(probs[:, c].sum(), embedded, retain_graph=c + 1 < classes)
-                score += (grad * embedded).sum(-1).abs()
-            if classes == 1:
-                score *= 2
+            if classes == "predicted":  # J&W's QA: the predicted class's probability (ties: the lower class)
+                top = probs.gather(1, decision(logits)[:, None])[:, 0]
+                (grad,) = torch.autograd.grad(top.sum(), embedded)
+                score = (grad * embedded).sum(-1).abs()
+            else:
+                # Two classes (a sigmoid output's (1 - p, p) too): p_1 = 1 - p_0, so the gradient of
+                # p_1 is minus p_0's and |grad p_1 . x| = |grad p_0 . x|: one backward pass, not two.
+                n_classes = 1 if probs.shape[1] == 2 else probs.shape[1]
+                score = torch.zeros(embedded.shape[:2], dtype=embedded.dtype, device=embedded.device)
+                for c in range(n_classes):
+                    (grad,) = torch.autograd.grad(probs[:, c].sum(), embedded, retain_graph=c + 1 < n_classes)
+                    score += (grad * embedded).sum(-1).abs()
+                if n_classes == 1:
+                    score *= 2
     return _normalised(score.detach(), lengths, model, "gradient importance", "gradients of the output probabilities")
 
 

@@ -34,6 +34,7 @@ def test_run_babi_runs_the_battery_over_the_passage_and_evaluate_reloads(tmp_pat
     assert (model["embed_dim"], model["hidden_size"]) == (50, 32)  # J&W's bAbI sizes
     assert results["config"]["batch_size"] == 50 and results["config"]["embeddings"] == "random"
     assert "the question held fixed" in results["conventions"]["pair_task"]
+    assert "predicted class's probability only" in results["conventions"]["gradient_importance"]
     for experiment in ("flip", "kendall", "permutation", "adversarial", "single_removal", "eraser"):
         assert experiment in results, experiment
     # every per-token importance covers the passage's words, never the question's

@@ -181,6 +181,14 @@ def test_gradient_importance_is_over_the_passage_and_the_question_is_held(data):
         total += (g * x).sum(-1).abs()
     want = total[1:-1] / total[1:-1].sum()
     torch.testing.assert_close(got[0, : len(passage)], want.detach(), rtol=0, atol=1e-10)
+    # J&W's QA code (gradient_mem): the predicted class's probability alone
+    (g,) = torch.autograd.grad(p.max(), x, retain_graph=True)
+    top = (g * x).sum(-1).abs()[1:-1]
+    predicted = attnmetrics.gradient_importance(model, tokens, lengths, classes="predicted")
+    torch.testing.assert_close(predicted[0, : len(passage)], (top / top.sum()).detach(), rtol=0, atol=1e-10)
+    assert not torch.allclose(predicted[0, : len(passage)], got[0, : len(passage)], atol=1e-3)
+    with pytest.raises(ValueError, match="classes must be one of"):
+        attnmetrics.gradient_importance(model, tokens, lengths, classes="top")
 
 
 def test_the_question_part_must_hold_a_question(data):
