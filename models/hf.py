@@ -570,6 +570,34 @@ class HFClassifier(nn.Module):
         return [p for name, p in self.named_parameters() if name.endswith("bias") or p.dim() == 1]
 
     @property
+    def blocks(self) -> nn.ModuleList:
+        """The transformer's layers (blocks), first to last."""
+        if self.family in ("bert", "roberta"):
+            return self.base.encoder.layer
+        if self.family == "distilbert":
+            return self.base.transformer.layer
+        return self.base.h if self.family == "gpt2" else self.base.layers
+
+    def train_last_layers(self, k: int) -> int:
+        """Freeze the embeddings and every layer but the last ``k`` (``requires_grad`` off), so that
+        fine-tuning trains the head, the final norm (and BERT's pooler) and the last ``k`` layers
+        only, and backpropagation stops at the first trained layer (no graph is kept below it):
+        fine-tuning a decoder on the CPU. Returns the number of parameters left to train.
+
+        Raises:
+            ValueError: ``k`` not in ``[0, layers]``."""
+        blocks = self.blocks
+        if not 0 <= k <= len(blocks):
+            raise ValueError(f"train_last_layers: k must be in [0, {len(blocks)}] (the model's layers), got {k}")
+        frozen = [p for block in blocks[: len(blocks) - k] for p in block.parameters()]
+        embeddings = ("embeddings.", "wte.", "wpe.", "embed_tokens.")
+        frozen += [p for name, p in self.base.named_parameters() if name.startswith(embeddings)]
+        ids = {id(p) for p in frozen}
+        for p in self.parameters():
+            p.requires_grad_(id(p) not in ids)
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    @property
     def base(self) -> nn.Module:
         if self.family in ENCODERS:
             return getattr(self.hf, self.family)

@@ -39,6 +39,7 @@ class RunConfig:
     prompt: str | None = None
     label_words: tuple[str, ...] | None = None
     max_length: int | None = None
+    train_last_layers: int | None = None
     encoder: str | None = None
     attention: str | None = None
     embeddings: str | None = None

@@ -177,6 +177,15 @@ def _hf_model(config: RunConfig, splits, results: Results):
     inputs.max_length = config.max_length
     upcast = _report_upcast(model, path)
     results["pretrained"] = {"path": str(path.resolve()), "model": config.model, "upcast_from": upcast}
+    if config.train_last_layers is not None:
+        trained = model.train_last_layers(config.train_last_layers)
+        total = sum(p.numel() for p in model.parameters())
+        results["pretrained"]["trained"] = {
+            "last_layers": config.train_last_layers,
+            "layers": len(model.blocks),
+            "parameters": trained,
+            "of": total,
+        }
     if path.suffix == ".gguf":  # what every number of the run is computed on
         quantisation = getattr(model.hf.config, "quantization_type", None) or path.stem.rsplit(".", 1)[-1]
         results["pretrained"]["weights"] = f"GGUF {quantisation}, dequantised to float32"

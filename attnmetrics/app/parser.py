@@ -150,6 +150,13 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         "tokenizer, with its leading space where the template puts one (e.g. ' negative' ' positive')",
     )
     p.add_argument(
+        "--train-last-layers",
+        type=int_between(0, 10_000, ""),
+        metavar="K",
+        help="--model hf: fine-tune the head and the last K layers only, the embeddings and the other layers "
+        "frozen (a decoder LLM on the CPU; default: every parameter)",
+    )
+    p.add_argument(
         "--max-length",
         type=int_between(MIN_HF_LENGTH, MAX_HF_LENGTH, " (the specials and at least two real tokens)"),
         default=64,

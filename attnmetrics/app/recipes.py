@@ -98,6 +98,8 @@ def recipe_defaults(args: argparse.Namespace) -> None:
         if hasattr(args, key) and getattr(args, key) is None:  # evaluate has none of them
             setattr(args, key, value)
     check_prompt(args)
+    if getattr(args, "train_last_layers", None) is not None and family != "hf":
+        raise ValueError("--train-last-layers applies to --model hf: (a transformer's layers), not to --encoder models")
     if getattr(args, "prompt", None):
         return  # zero-shot: no training flags to fill
     if family != "gpt":
@@ -121,6 +123,7 @@ TRAINING_FLAGS = {
     "weight_decay": "--weight-decay",
     "warmup": "--warmup",
     "grad_clip": "--grad-clip",
+    "train_last_layers": "--train-last-layers",
 }
 
 

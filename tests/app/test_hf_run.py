@@ -254,3 +254,24 @@ def test_texts_cut_to_max_length_are_counted_and_said(checkpoint, tmp_path, caps
     for split in ("train", "dev", "test"):
         assert 0 < truncated[split] <= 120
         assert f"attnmetrics: {truncated[split]} of 120 {split} texts are longer than --max-length 6 tokens" in err
+
+
+def test_train_last_layers_fine_tunes_a_decoder_s_head_and_last_layers(tmp_path):
+    checkpoint = tiny_llama(tmp_path / "llama")
+    out = tmp_path / "run"
+    args = [*FLAGS, *FAST_BATTERY, "--model", f"hf:{checkpoint}", "--epochs", "1", "--train-last-layers", "1"]
+    assert main(["run", *args, "--out", str(out)]) == 0
+    trained = json.loads((out / "results.json").read_text())["pretrained"]["trained"]
+    assert trained["last_layers"] == 1 and trained["layers"] == 2 and 0 < trained["parameters"] < trained["of"]
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--encoder", "lstm"], "--train-last-layers applies to --model hf:"),
+        (["--model", "hf:minilm", "--prompt", "sentiment"], "--train-last-layers: --prompt uses the model zero-shot"),
+    ],
+)
+def test_train_last_layers_is_refused_where_nothing_fine_tunes(tmp_path, capsys, flags, message):
+    assert main(["run", *FLAGS, *flags, "--train-last-layers", "1", "--out", str(tmp_path / "run")]) == 2
+    assert message in capsys.readouterr().err

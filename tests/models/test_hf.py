@@ -542,3 +542,36 @@ def test_an_encoder_checkpoint_loads_with_its_special_tokens_and_decomposes_exac
     assert all(len(row) >= 4 for row in ids)  # at least two real tokens each
     assert tok.pad_token_id == model.hf.config.pad_token_id  # RoBERTa: transformers' own positions skip it
     decomposes_exactly(HFClassifier(model.hf.eval().to(F64)), ids, heads=4, pad=tok.pad_token_id)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "distilbert"])
+def test_train_last_layers_trains_the_head_and_the_last_layers_only(family):
+    """One optimiser step after train_last_layers(1): the embeddings and the first layer unchanged,
+    the last layer and the head changed; k out of range refused."""
+    model = tiny(family).to(torch.float32)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    total = sum(p.numel() for p in model.parameters())
+    trained = model.train_last_layers(1)
+    assert 0 < trained < total
+    first = {id(p) for p in model.blocks[0].parameters()}
+    last = {id(p) for p in model.blocks[-1].parameters()}
+    optimiser = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    tokens = torch.randint(4, 60, (3, 7))
+    lengths = torch.tensor([7, 5, 4])
+    model.train()
+    logits, _ = model(tokens, lengths)
+    logits.sum().backward()
+    optimiser.step()
+    moved = {name for name, p in model.named_parameters() if not torch.equal(p, before[name])}
+    by_name = dict(model.named_parameters())
+    assert not any(id(by_name[n]) in first for n in moved)  # the first layer is frozen
+    assert any(id(by_name[n]) in last for n in moved)  # the last one trains
+    assert not any("embed" in n or n.split(".")[-2] in ("wte", "wpe") for n in moved)
+    assert any(id(p) not in first | last for n, p in by_name.items() if n in moved)  # the head
+    assert model.train_last_layers(len(model.blocks)) == total - sum(
+        p.numel()
+        for n, p in model.base.named_parameters()
+        if n.startswith(("embeddings.", "wte.", "wpe.", "embed_tokens."))
+    )
+    with pytest.raises(ValueError, match=r"k must be in \[0, 2\]"):
+        model.train_last_layers(3)
