@@ -15,7 +15,27 @@ not UTF-8 or not JSON, a NaN or infinity in what it quotes, a ratio over zero, a
 not apply) is named on one line and leaves its document as it was, and a missing or non-UTF-8 document
 is refused: either exits 2 (as diff does: 1 for a difference, 2 for trouble). Markers inside code (a
 `code span` or a fenced block) are examples and left alone. ``tests/test_readme_numbers.py`` runs the
-check. Standard library only: it reads JSON and markdown and imports nothing of attnmetrics
+check.
+
+**Seed-level intervals.** ``seed_t_interval(file, group_a, group_b, statistic)`` quotes "mean [low,
+high]" of the per-seed differences a − b of an aggregate.json's ``statistics[statistic]["per_seed"]``
+over the seeds both groups have (paired by seed): a t interval, mean ± t(0.975, n − 1) · s / √n
+(``T975``: the table of Student's t quantiles for df 1..30, tested against scipy). Beside the
+bootstrap interval over seeds then instances it says how far a handful of seeds carries a difference.
+
+**Separation claims.** A word the docs use to say two results are apart (or not) is wrapped in a
+claim marker naming the keys it rests on, and the check verifies it from the same sources::
+
+    ... 2 blocks <!-- sep-paired:gpt1x.transfer-2-transfer-0.diff.ci -->above<!-- /sep --> none ...
+    ... <!-- sep:KEY_A:KEY_B -->apart<!-- /sep -->    <!-- nosep:KEY_A:KEY_B -->overlap<!-- /sep -->
+
+``sep:A:B`` holds when the intervals of keys A and B (each key's last two values: the "[low, high]"
+of an interval quote, or a "min–max" range) do not overlap (touching is overlap); ``sep-paired:K``
+when the interval of K (a paired difference) excludes 0; ``nosep:`` and ``nosep-paired:`` claim the
+opposite (overlap; includes 0). A claim the numbers do not bear out is named on one line with both
+intervals (``docs/results.md:466: sep a:b: marked separated, but a [0.552, 0.592] and b [0.590,
+0.629] overlap``) and exits 2, as an unresolved marker does: rewriting the numbers cannot fix
+it. Standard library only: it reads JSON and markdown and imports nothing of attnmetrics
 (benchmarks/gpu/collect.py borrows its atomic write and its NaN search).
 """
 
@@ -40,7 +60,12 @@ DOCUMENTS = ("README.md", "docs/results.md", "docs/speed.md")
 
 MARKER = re.compile(r"<!-- n:(?P<key>[A-Za-z0-9_.\-]+)(?::(?P<spec>[^ >]+))? -->(?P<text>.*?)<!-- /n -->")
 OPENING = re.compile(r"<!-- n:")
-LINE_START = re.compile(r" {0,3}<!-- n:")
+LINE_START = re.compile(r" {0,3}<!-- (?:n|(?:no)?sep(?:-paired)?):")
+CLAIM = re.compile(
+    r"<!-- (?P<neg>no)?sep(?P<paired>-paired)?:(?P<keys>[A-Za-z0-9_.\-]+(?::[A-Za-z0-9_.\-]+)*) -->"
+    r"(?P<text>.*?)<!-- /sep -->"
+)
+CLAIM_OPENING = re.compile(r"<!-- (?:no)?sep(?:-paired)?:")
 FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
 CODE_SPAN = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")
 
@@ -200,10 +225,17 @@ class Quote:
         """The files its values come from, each named once."""
         return ", ".join(dict.fromkeys(v.file for v in self.values))
 
-    def text(self, root: Path, cache: dict[str, Any], spec: str | None = None) -> str:
+    def numbers(self, root: Path, cache: dict[str, Any]) -> list[Any]:
+        """The values the key quotes: its values, or what ``combine`` makes of them (one value, or
+        a tuple of them: an interval's estimate, low and high)."""
         values = [v.resolve(root, cache) for v in self.values]
         if self.combine is not None:
-            values = [_apply(self.combine, values, self.files)]
+            combined = _apply(self.combine, values, self.files)
+            values = list(combined) if isinstance(combined, tuple) else [combined]
+        return values
+
+    def text(self, root: Path, cache: dict[str, Any], spec: str | None = None) -> str:
+        values = self.numbers(root, cache)
         fmt = self.fmt
         if spec is not None:
             if len(values) != 1:
@@ -237,6 +269,50 @@ def interval(file: str, *at: Step, estimate: str = "estimate", minus: str = "-")
 
 def ratio(fmt: str, numerator: Value, denominator: Value) -> Quote:
     return Quote("{:" + fmt + "}", (numerator, denominator), lambda a, b: a / b)
+
+
+#: Student's t distribution's 0.975 quantile (a two-sided 95 % interval) for df = 1..30: the standard
+#: table values (e.g. NIST/SEMATECH e-Handbook of Statistical Methods, sec. 1.3.6.7.2, to 3 decimals:
+#: 12.706, 4.303, 3.182, 2.776, 2.571, ...), here to 6 decimals; tests/test_readme_numbers.py checks
+#: each against scipy.stats.t.ppf(0.975, df).
+T975 = (
+    12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
+    2.200985, 2.178813, 2.160369, 2.144787, 2.131450, 2.119905, 2.109816, 2.100922, 2.093024, 2.085963,
+    2.079614, 2.073873, 2.068658, 2.063899, 2.059539, 2.055529, 2.051831, 2.048407, 2.045230, 2.042272,
+)  # fmt: skip
+
+
+def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """The mean of ``values`` and its 95 % t interval, mean ± t(0.975, n − 1) · s / √n (s the sample
+    standard deviation, ddof 1); 2 to 31 values."""
+    n = len(values)
+    if not 2 <= n <= len(T975) + 1:
+        raise ValueError(f"a t interval needs 2 to {len(T975) + 1} values, not {n}")
+    mean = sum(values) / n
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = T975[n - 2] * s / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def paired_seed_differences(a: Mapping[str, float], b: Mapping[str, float]) -> list[float]:
+    """``a[seed] − b[seed]`` for every seed both per-seed mappings have, in seed order."""
+    seeds = sorted(a.keys() & b.keys(), key=lambda k: (len(k), k))
+    return [a[k] - b[k] for k in seeds]
+
+
+def seed_t_interval(
+    file: str, group_a: str, group_b: str, statistic: str, statistic_b: str | None = None, minus: str = "−"
+) -> Quote:
+    """"mean [low, high]": the t interval (:func:`t_interval`) of the per-seed differences a − b of
+    ``statistic`` between two groups of an aggregate.json, paired by seed (``statistic_b``, if given,
+    is b's statistic: two methods' columns of one group)."""
+    a, b = (
+        Value(file, ("groups", g, "statistics", st, "per_seed"))
+        for g, st in ((group_a, statistic), (group_b, statistic_b or statistic))
+    )
+    return Quote(
+        "{:.3f} [{:.3f}, {:.3f}]", (a, b), lambda x, y: t_interval(paired_seed_differences(x, y)), minus=minus
+    )
 
 
 # --- the committed sources ---------------------------------------------------------------------
@@ -602,6 +678,45 @@ def _gpt1_extract() -> dict[str, Quote]:
     return s
 
 
+#: the methods tables' pairs whose comprehensiveness differences the docs quote, per prefix: (a, b,
+#: whether the two are adjacent in the table, so that the report has their paired bootstrap difference)
+METHOD_PAIRS = {
+    "minilm3": (("decompx", "chefer", True), ("chefer", "alti", True), ("globenc", "input_x_gradient", False)),
+    "gpt3": (
+        ("decompx", "chefer", True), ("chefer", "alti", True), ("loo", "rollout", True), ("rollout", "ig", False),
+        ("attention", "ig", False), ("globenc", "input_x_gradient", False),
+    ),
+}  # fmt: skip
+#: GPT-1's <extract> ablations compared (a, b), as reports/gpt1-extract/sweep.toml's ``compare``
+GPT1X_PAIRS = (
+    ("pretrained", "scratch"), ("pretrained", "no-lm"), ("pretrained", "transfer-0"), ("transfer-2", "transfer-0"),
+)  # fmt: skip
+
+
+def _seed_level() -> dict[str, Quote]:
+    """Seed-level t intervals (:func:`seed_t_interval`) beside the bootstrap ones (docs/results.md):
+    ``gpt1x.A-B.diff.seed_t`` (test accuracy), ``PREFIX.A-B.comprehensiveness.seed_t`` and the methods
+    table's paired bootstrap difference of adjacent methods, ``PREFIX.A-B.comprehensiveness.paired``."""
+    s: dict[str, Quote] = {}
+    file = "reports/gpt1-extract/aggregate.json"
+    for a, b in GPT1X_PAIRS:
+        s[f"gpt1x.{a}-{b}.diff.seed_t"] = seed_t_interval(
+            file, f"{a}/sst-gpt-extract", f"{b}/sst-gpt-extract", "test accuracy"
+        )
+    for prefix, pairs in METHOD_PAIRS.items():
+        file, group = METHOD_SWEEPS[prefix]
+        for a, b, adjacent in pairs:
+            column = "methods/{}/comprehensiveness AOPC"
+            s[f"{prefix}.{a}-{b}.comprehensiveness.seed_t"] = seed_t_interval(
+                file, group, group, column.format(a), column.format(b)
+            )
+            if adjacent:
+                paired = ("groups", group, "methods", "paired", "pairs", {"a": a, "b": b})
+                key = f"{prefix}.{a}-{b}.comprehensiveness.paired"
+                s[key] = interval(file, *paired, estimate="mean", minus="−")
+    return s
+
+
 def _single_runs() -> dict[str, Quote]:
     """The single runs' committed report.md (docs/results.md, "What a run gives"; the README's main
     job): the default BiLSTM on SST and on ``mr``, and GPT-1's own attention (their results.json
@@ -648,6 +763,7 @@ def _single_runs() -> dict[str, Quote]:
     for phase in ("training", "battery"):
         s[f"mr_lstm.{phase}_s"] = one(".0f", MR_LSTM, "text", re.compile(rf"{phase} ([0-9.]+) s"), then=float)
     adversary_share = re.compile(r"share above 0\.5: ([0-9]+\.[0-9]+)")
+    s["sst_lstm.adversarial.above_half"] = one(".3f", SST_LSTM, "text", adversary_share, then=float)
     s["sst_lstm.adversarial.above_half.percent"] = one(
         ".0f", SST_LSTM, "text", adversary_share, then=lambda x: 100 * float(x)
     )
@@ -892,6 +1008,7 @@ SOURCES: dict[str, Quote] = _sources(
     _sweep(),
     _gpt1(),
     _gpt1_extract(),
+    _seed_level(),
     _single_runs(),
     _ci_run(),
     _cpu_table(),
@@ -956,6 +1073,13 @@ def fill(
             findings.append(
                 Finding(document, n, "?", "", problem="a marker opens the line (an HTML block in markdown)")
             )
+        claims = [m for m in CLAIM.finditer(line) if not quoted_code(m)]
+        if len([m for m in CLAIM_OPENING.finditer(line) if not quoted_code(m)]) != len(claims):
+            unclosed = "a claim marker not closed by <!-- /sep --> on its line"
+            findings.append(Finding(document, n, "?", "", problem=unclosed))
+        for claim in claims:
+            if (found := check_claim(claim, document, n, sources, root, cache)) is not None:
+                findings.append(found)
 
         def replace(m: re.Match[str], n: int = n) -> str:
             key, spec, quoted = m["key"], m["spec"], m["text"]
@@ -975,6 +1099,59 @@ def fill(
 
         out.append(MARKER.sub(lambda m: m[0] if quoted_code(m) else replace(m), line))
     return "".join(out), findings
+
+
+def _interval_of(key: str, sources: Mapping[str, Quote], root: Path, cache: dict[str, Any]) -> tuple[float, float]:
+    """The "[low, high]" a key quotes: its last two values (an interval quote's, or a range's)."""
+    quote = sources.get(key)
+    if quote is None:
+        raise SourceError(f"key {key!r} is not in the mapping")
+    values = quote.numbers(root, cache)
+    if len(values) < 2 or not all(isinstance(v, int | float) and math.isfinite(v) for v in values[-2:]):
+        raise SourceError(f"key {key!r} quotes no interval (its last two values are not a low and a high)")
+    low, high = values[-2:]
+    if low > high:
+        raise SourceError(f"key {key!r}: its interval's low {low!r} is above its high {high!r}")
+    return low, high
+
+
+def check_claim(
+    claim: re.Match[str], document: str, line: int, sources: Mapping[str, Quote], root: Path, cache: dict[str, Any]
+) -> Finding | None:
+    """A :class:`Finding` (with its ``problem``) when a claim marker (``sep:A:B``, ``sep-paired:K`` and
+    their ``nosep`` forms; the module's docstring) is not borne out by its keys' intervals, or cannot be
+    checked; None when it holds."""
+    keys, negated, paired = claim["keys"].split(":"), bool(claim["neg"]), bool(claim["paired"])
+    name = f"{claim['neg'] or ''}sep{claim['paired'] or ''}:{claim['keys']}"
+
+    def found(problem: str) -> Finding:
+        return Finding(document, line, name, claim["text"], problem=problem)
+
+    if len(keys) != (1 if paired else 2):
+        return found(f"a {'paired ' if paired else ''}claim names {1 if paired else 2} key(s), not {len(keys)}")
+    try:
+        intervals = [_interval_of(k, sources, root, cache) for k in keys]
+    except SourceError as e:
+        return found(str(e))
+
+    def show(k: str, iv: tuple[float, float]) -> str:
+        return f"{k} [{iv[0]:.3f}, {iv[1]:.3f}]"
+
+    if paired:
+        (low, high), = intervals
+        apart = low > 0 or high < 0
+        if apart == negated:
+            said = "not separated from 0" if negated else "separated from 0"
+            fact = "excludes" if apart else "includes"
+            return found(f"marked {said}, but {show(keys[0], (low, high))} {fact} 0")
+        return None
+    (a_low, a_high), (b_low, b_high) = intervals
+    apart = a_high < b_low or b_high < a_low
+    if apart == negated:
+        said = "overlapping" if negated else "separated"
+        fact = "do not overlap" if apart else "overlap"
+        return found(f"marked {said}, but {show(keys[0], intervals[0])} and {show(keys[1], intervals[1])} {fact}")
+    return None
 
 
 def write_atomic(path: Path, text: str) -> None:

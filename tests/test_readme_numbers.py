@@ -436,3 +436,110 @@ def test_gpu_collector_refuses_a_folder_or_argument_it_cannot_collect(check_out,
     err = capsys.readouterr().err
     assert err.startswith("collect.py: error: " + named.format(out=out)) and err.count("\n") == 1, err
     assert list(results.iterdir()) == []
+
+
+# --- seed-level t intervals and separation claims -----------------------------------------------
+
+
+def test_t_quantile_table_is_scipys():
+    stats = pytest.importorskip("scipy.stats")
+    for df, q in enumerate(rn.T975, 1):
+        assert q == pytest.approx(stats.t.ppf(0.975, df), abs=1e-6), df
+    assert [round(q, 3) for q in rn.T975[:5]] == [12.706, 4.303, 3.182, 2.776, 2.571]
+
+
+def test_t_interval_is_scipys():
+    np = pytest.importorskip("numpy")
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 5, 12, 31):
+        x = rng.normal(0.03, 0.02, n)
+        mean, low, high = rn.t_interval(list(x))
+        want = stats.t.interval(0.95, n - 1, loc=x.mean(), scale=stats.sem(x))
+        assert mean == pytest.approx(x.mean()) and (low, high) == pytest.approx(want, abs=1e-6)
+    for n in (1, 32):
+        with pytest.raises(ValueError, match="2 to 31"):
+            rn.t_interval([0.0] * n)
+
+
+def test_seed_t_interval_pairs_the_seeds(tmp_path):
+    """The differences are taken seed by seed over the seeds both groups have; GPT-1's <extract>
+    ablation reproduces issue 47's intervals."""
+    stats = {
+        "a": {"statistics": {"acc": {"per_seed": {"0": 0.71, "1": 0.68, "2": 0.73, "10": 0.9}}}},
+        "b": {"statistics": {"acc": {"per_seed": {"0": 0.73, "1": 0.74, "2": 0.76}}}},
+    }
+    (tmp_path / "agg.json").write_text(json.dumps({"groups": stats}))
+    quote = rn.seed_t_interval("agg.json", "a", "b", "acc")
+    mean, low, high = quote.numbers(tmp_path, {})
+    assert mean == pytest.approx((-0.02 - 0.06 - 0.03) / 3)
+    assert rn.paired_seed_differences({"0": 1, "10": 5, "2": 3}, {"2": 1, "10": 1, "0": 0}) == [1, 2, 4]
+    assert quote.text(tmp_path, {}).startswith("−0.037 [")
+    assert rn.SOURCES["gpt1x.pretrained-no-lm.diff.seed_t"].text(ROOT, {}) == "−0.032 [−0.081, 0.017]"
+    assert rn.SOURCES["gpt1x.transfer-2-transfer-0.diff.seed_t"].text(ROOT, {}) == "0.037 [−0.004, 0.079]"
+
+
+@pytest.fixture
+def intervals(tmp_path):
+    (tmp_path / "iv.json").write_text(
+        json.dumps(
+            {"x": [0.552, 0.592], "y": [0.590, 0.629], "z": [0.651, 0.687], "d": [-0.058, -0.009], "e": [-0.004, 0.079]}
+        )
+    )
+
+    def iv(name):
+        return rn.Quote("{:.3f} [{:.3f}, {:.3f}]", (rn.Value("iv.json", (name,)),), lambda v: ((v[0] + v[1]) / 2, *v))
+
+    sources = {k: iv(k) for k in "xyzde"}
+    sources["one"] = rn.Quote("{:.3f}", (rn.Value("iv.json", ("x", 0)),))
+    return tmp_path, sources
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        "<!-- sep:y:z -->apart<!-- /sep -->",
+        "<!-- nosep:x:y -->overlap<!-- /sep -->",
+        "<!-- sep-paired:d -->below 0<!-- /sep -->",
+        "<!-- nosep-paired:e -->not told apart<!-- /sep -->",
+        "`<!-- sep:x:y -->an example<!-- /sep -->`",
+    ],
+)
+def test_a_claim_that_holds_passes(intervals, claim):
+    root, sources = intervals
+    _doc(root, f"The two {claim} here.\n")
+    assert rn.run(root, ["doc.md"], sources, write=False) == []
+
+
+@pytest.mark.parametrize(
+    ("claim", "named"),
+    [
+        ("<!-- sep:x:y -->apart<!-- /sep -->", "marked separated, but x [0.552, 0.592] and y [0.590, 0.629] overlap"),
+        (
+            "<!-- nosep:y:z -->overlap<!-- /sep -->",
+            "marked overlapping, but y [0.590, 0.629] and z [0.651, 0.687] do not overlap",
+        ),
+        ("<!-- sep-paired:e -->above<!-- /sep -->", "marked separated from 0, but e [-0.004, 0.079] includes 0"),
+        ("<!-- nosep-paired:d -->same<!-- /sep -->", "marked not separated from 0, but d [-0.058, -0.009] excludes 0"),
+        ("<!-- sep:x:gone -->apart<!-- /sep -->", "key 'gone' is not in the mapping"),
+        ("<!-- sep:x:one -->apart<!-- /sep -->", "quotes no interval"),
+        ("<!-- sep:x -->apart<!-- /sep -->", "names 2 key(s), not 1"),
+        ("<!-- sep:x:y -->apart, never closed", "not closed by <!-- /sep -->"),
+    ],
+)
+def test_a_claim_the_numbers_do_not_bear_out_is_named(intervals, capsys, monkeypatch, claim, named):
+    root, sources = intervals
+    doc = _doc(root, f"text\nThe two are {claim} here.\n")
+    (f,) = rn.run(root, ["doc.md"], sources, write=True)
+    assert f.line == 2 and named in f.problem
+    monkeypatch.setattr(rn, "SOURCES", sources)
+    assert rn.main(["--root", str(root), "--check", "doc.md"]) == 2
+    assert named in capsys.readouterr().err
+    assert doc.read_text(encoding="utf-8").endswith("here.\n")
+
+
+def test_a_claim_marker_opening_a_line_is_refused(intervals):
+    root, sources = intervals
+    _doc(root, "text\n<!-- sep:y:z -->apart<!-- /sep --> opens the line\n")
+    (f,) = rn.run(root, ["doc.md"], sources, write=False)
+    assert "opens the line" in f.problem
