@@ -8,6 +8,11 @@ on the full row; AOPC is their mean over the fractions. The rationale is deleted
 shorter; the kept tokens stay in order between the row's special tokens) or, with
 ``mode="mask"``, the removed tokens are replaced by a mask token (Chrysostomou & Aletras).
 
+Two published protocols are reproduced by options (issue 47): ALTI's (Ferrando et al. 2022)
+AOPC, ``aopc="alti"`` (their bins ÷ 6 and a running minimum/maximum of the probability), and
+DecompX's (Modarressi et al. 2023) Table 1, ``fractions=DECOMPX_FRACTIONS, rounding="decompx",
+mode="mask"`` with the tokenizer's [MASK] (see :func:`comprehensiveness`' docstring).
+
 Model-agnostic like :func:`attnmetrics.leave_one_out`: any :class:`attnmetrics.AttentionClassifier`
 and token ids; every perturbed sequence of a block of rows and all its fractions is built at
 once (two fractions of a row with the same rationale size perturb it identically and run
@@ -40,9 +45,19 @@ ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
 FERRET_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 #: how k follows from a fraction: ERASER ceil(f L); ferret floor(f L), positive scores only
 VARIANTS = ("eraser", "ferret")
+#: DecompX's (Modarressi et al. 2023) Table 1 masking ratios: mohsenfayyaz/DecompX@b6bddf0b,
+#: experiments/notebooks/v3/analysis_v3.ipynb, ``MASKING_RATIOS = [0.0, 0.1, ..., 0.9]``; their 0.0
+#: is the unmasked base, left out of the average (``np.mean(plot_y[1:])``), so not a fraction here
+DECOMPX_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+#: the fractions by the names the battery's ``--eraser-fractions`` takes
+NAMED_FRACTIONS = {"eraser": ERASER_FRACTIONS, "decompx": DECOMPX_FRACTIONS}
 #: the ERASER variant's rounding of f L (docs/definitions.md §18): ``"ceil"`` (this library's
-#: definition, DESIGN §7) or ``"floor"`` (ERASER's encode_attend.py sufficiency, k = 0 not counted)
-ROUNDINGS = ("ceil", "floor")
+#: definition, DESIGN §7), ``"floor"`` (ERASER's encode_attend.py sufficiency, k = 0 not counted) or
+#: ``"decompx"`` (DecompX's ``int(np.floor(len(rank) * ratio))`` in IEEE doubles, k = 0 counted)
+ROUNDINGS = ("ceil", "floor", "decompx")
+#: how the per-fraction values make the AOPC: ``"eraser"`` their mean over the counted fractions;
+#: ``"alti"`` ALTI's (Ferrando et al. 2022) running extreme over the bins, summed and divided by F + 1
+AOPCS = ("eraser", "alti")
 
 
 class EraserResult(NamedTuple):
@@ -50,8 +65,10 @@ class EraserResult(NamedTuple):
 
     values: ``[B, F]`` p(ŷ | x) - p(ŷ | perturbed x) per fraction (model dtype; NaN where a
         fraction does not count: ferret's skipped rationales, rows without real tokens).
-    aopc: ``[B]`` the mean of ``values`` over the fractions that count (NaN if none).
-    k: ``[B, F]`` int64 size of each fraction's rationale (-1 where it does not count).
+    aopc: ``[B]`` the mean of ``values`` over the fractions that count (NaN if none); with
+        ``aopc="alti"``, ALTI's AOPC of the row (:func:`alti_aopc`).
+    k: ``[B, F]`` int64 size of each fraction's rationale (-1 where it does not count; 0, with
+        ``rounding="decompx"``, where it counts and is empty).
     probability: ``[B]`` p(ŷ | x) (NaN for rows without real tokens: never run).
     predicted: ``[B]`` int64 ŷ, the decision on the full row (-1 for rows without real tokens).
     """
@@ -178,6 +195,56 @@ def _check_rounding(rounding) -> str:
     return rounding
 
 
+def _check_aopc(aopc, variant) -> str:
+    if not isinstance(aopc, str) or aopc not in AOPCS:
+        raise ValueError(f"aopc must be one of {AOPCS}, got {aopc!r}")
+    if aopc == "alti" and variant != "eraser":
+        raise ValueError(f"aopc='alti' applies to variant='eraser' only (ALTI's bins), got variant={variant!r}")
+    return aopc
+
+
+def alti_aopc(values: Tensor, empty: Tensor | None, keep_rationale: bool) -> Tensor:
+    """``[B]`` ALTI's AOPC (Ferrando et al. 2022) from the per-fraction drops ``values`` ``[B, F]``
+    (``p(ŷ | x) - p_j``, NaN where a fraction does not count) and, for sufficiency, ``empty`` ``[B]``
+    ``= p(ŷ | x) - p(ŷ | the empty rationale)`` (the row's special tokens alone, or every real token
+    masked).
+
+    mt-upc/transformer-contributions@4f890398 ``aupc.py`` (lines 83-171, ``--bins``) runs bin 0
+    (k = 0) and then each bin j of ``[0.01, 0.05, 0.1, 0.2, 0.5]`` (k_j = ceil(f_j L), L without
+    [CLS] and [SEP]) and records a running extreme of the probability: comprehensiveness keeps
+    ``min_prob`` (starting at 1: ``c_j = min(p(x), p_1, ..., p_j)``), sufficiency ``max_prob``
+    (starting at 0, bin 0 the empty input: ``c_j = max(p_∅, p_1, ..., p_j)``). ``evaluation.ipynb``
+    (cell 11, "Comprehesiveness/sufficiency") then takes ``sum_{j=1..5} (p(x) - c_j) / 6``, p(x) the
+    comprehensiveness file's bin 0. In drops, with F fractions:
+
+    - comprehensiveness: ``AOPC = sum_j max(0, v_1, ..., v_j) / (F + 1)``
+    - sufficiency: ``AOPC = sum_j min(v_∅, v_1, ..., v_j) / (F + 1)``
+
+    A fraction that does not count (NaN: ``rounding="floor"`` with k = 0) holds the running
+    extreme, as ALTI's loop would on its k = 0 input. NaN for rows whose every value is NaN and
+    whose ``empty`` is NaN (no real token)."""
+    batch, count = values.shape
+    work = values.to(torch.float64)
+    if keep_rationale:
+        if empty is None:
+            raise ValueError("alti_aopc needs the empty rationale's drop for sufficiency")
+        running = empty.to(torch.float64).clone()
+        pick = torch.minimum
+    else:
+        running = torch.zeros(batch, dtype=torch.float64, device=values.device)
+        pick = torch.maximum
+    total = torch.zeros_like(running)
+    for j in range(count):
+        v = work[:, j]
+        running = torch.where(torch.isnan(v), running, pick(running, v))
+        total += running
+    out = total / (count + 1)
+    rows = ~torch.isnan(work).all(1)
+    if keep_rationale:
+        rows &= ~torch.isnan(empty)
+    return torch.where(rows, out, torch.nan).to(values.dtype)
+
+
 def rationale_sizes(
     scores: Tensor, real: Tensor, fractions: Sequence[float], variant: str = "eraser", rounding: str = "ceil"
 ) -> Tensor:
@@ -186,16 +253,20 @@ def rationale_sizes(
     ERASER: ``k = ceil(f L)`` (``rounding="ceil"``, the default), or ``k = floor(f L)``
     (``rounding="floor"``, as ERASER's ``encode_attend.py`` sizes the rationale it keeps for
     sufficiency), where a fraction whose k is 0 does not count (the empty rationale: nothing
-    deleted, or nothing left to run). ferret: ``k = floor(f L)`` tokens by score, of which only
+    deleted, or nothing left to run). DecompX (``rounding="decompx"``): ``k = floor(f L)`` of the
+    IEEE product, not rounded first (mohsenfayyaz/DecompX@b6bddf0b,
+    experiments/notebooks/v3/analysis_v3.ipynb, ``CheckpointToLogit.mask``: ``mask_count =
+    int(np.floor(len(rank) * self.masking_ratio))``, so 90 · 0.7 = 62.99999999999999 gives 62), and a
+    fraction with k = 0 counts (k = 0: the row unmasked, or nothing kept). ferret: ``k = floor(f L)`` tokens by score, of which only
     those with a positive score form the rationale; a fraction whose k is 0, whose rationale is
     empty (no positive score among its top k: ferret 0.4.2's ``_get_id_tokens_top_k`` gives None),
     or whose rationale equals the previous counted one, does not count (``rounding`` must be left
     at its default). Rows with L = 0 count nothing. ``f L`` is rounded to 9 decimals first, so
-    0.1 · 30 is 3 under either rounding.
+    0.1 · 30 is 3 under either rounding (not under ``"decompx"``, which rounds as DecompX does).
 
     Raises:
-        ValueError: an unknown ``variant`` or ``rounding``, or ``rounding="floor"`` with ferret
-            (whose k is floor(f L) already).
+        ValueError: an unknown ``variant`` or ``rounding``, or a ``rounding`` other than ``"ceil"``
+            with ferret (whose k is floor(f L) already).
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -204,6 +275,9 @@ def rationale_sizes(
     f = torch.tensor(fractions, dtype=torch.float64, device=real.device)
     length = real.to(torch.float64)[:, None]
     # rounded first, so that f L = 3.0000000000000004 is 3, not 4
+    if rounding == "decompx":  # DecompX: the IEEE product as numpy floors it; k = 0 counts
+        k = torch.floor(f * length).to(torch.int64).clamp(max=real[:, None])
+        return torch.where(real[:, None] > 0, k, -1)
     exact = torch.round(f * length, decimals=9)
     if variant == "eraser":
         k = (torch.ceil if rounding == "ceil" else torch.floor)(exact).to(torch.int64).clamp(max=real[:, None])
@@ -235,10 +309,12 @@ def _effect(
     memory_budget,
     rounding="ceil",
     full=None,
+    aopc="eraser",
 ):
     lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    _check_aopc(aopc, variant)
     fractions = _check_fractions(fractions)
     lead, trail = model.lead, model.trail
     batch, width = tokens.shape
@@ -274,7 +350,7 @@ def _effect(
             # a fraction whose k an earlier fraction of the row has is not run again (copied below)
             first = _repeated_sizes(k)
             columns_all = torch.arange(len(fractions), device=device)
-            run = k.masked_fill(first != columns_all, -1)
+            run = k.masked_fill((first != columns_all) | (k == 0), -1)  # k = 0 (DecompX's rounding): not run
             # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget,
             # their lengths known on the host (one read), so no block's calls read the device
             block = max(1, budget // (len(fractions) * width * 8 * 8))
@@ -310,9 +386,46 @@ def _effect(
                 )
                 p = output_distribution(out).gather(1, predicted[rows, None])[:, 0]
                 values[rows, columns] = (probability[rows] - p.to(torch.float64)).to(dtype)
+            # the empty rationale: p(ŷ | nothing kept) for sufficiency's k = 0 and ALTI's bin 0
+            empty = None
+            if keep_rationale and (aopc == "alti" or rounding == "decompx"):
+                empty = probability - _empty_rationale(model, tokens, lengths, real, mode, mask_token, full, budget)
+            if rounding == "decompx":  # k = 0 counts: nothing removed (a drop of 0), or nothing kept
+                fill = empty[:, None].to(dtype) if keep_rationale else values.new_zeros(())
+                values = torch.where(k == 0, fill, values)
             values = values.gather(1, first)
-            aopc = values.nanmean(1)
-    return EraserResult(values, aopc, k, probability.to(dtype), predicted)
+            out = values.nanmean(1) if aopc == "eraser" else alti_aopc(values, empty, keep_rationale)
+    return EraserResult(values, out, k, probability.to(dtype), predicted)
+
+
+def _empty_rationale(model, tokens, lengths, real, mode, mask_token, full: FullRows, budget: int) -> Tensor:
+    """``[B]`` float64 ``p(ŷ | the empty rationale)``: the row's special tokens alone (``mode="delete"``)
+    or every real token replaced by ``mask_token`` (``"mask"``); NaN for rows without real tokens."""
+    lead, trail = model.lead, model.trail
+    out = torch.full(real.shape, math.nan, dtype=torch.float64, device=tokens.device)
+    has = (real > 0).nonzero()[:, 0]
+    if not len(has):
+        return out
+    rows, n = tokens[has], lengths[has]
+    if mode == "mask":
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        seqs = rows.masked_fill((pos >= lead) & (pos < (n - trail)[:, None]), mask_token)
+        seq_lengths = n
+    else:
+        if lead + trail == 0:
+            raise ValueError(
+                "sufficiency(mode='delete') of the empty rationale (k = 0, which rounding='decompx' and "
+                "aopc='alti' run) on a model without special tokens (lead = trail = 0) would leave an empty "
+                "sequence, which no model can encode; use mode='mask'"
+            )
+        ends = (n - trail)[:, None] + torch.arange(trail, device=tokens.device)
+        seqs = torch.cat([rows[:, :lead], rows.gather(1, ends)], 1)
+        seq_lengths = torch.full_like(n, lead + trail)
+    logits, _, _ = _grouped_logits(
+        model, seqs, seq_lengths, full.bytes_per_position, budget, "the empty rationale", full.classes
+    )
+    out[has] = output_distribution(logits).gather(1, full.predicted[has, None])[:, 0].to(torch.float64)
+    return out
 
 
 def _perturbed_lengths(rows: list[list[int]], specials: int, keep_rationale: bool, mode: str) -> list[list[int]]:
@@ -339,10 +452,17 @@ _DOC = """
             floor(f L) tokens, only the positive-scored among them; fractions with k = 0, an empty or the
             previous fraction's rationale do not count).
         rounding: the ERASER variant's k from f L: ``"ceil"`` (default; this library's
-            definition, DESIGN §7: every fraction removes at least one token) or ``"floor"``
+            definition, DESIGN §7: every fraction removes at least one token), ``"floor"``
             (the rationale size of ERASER's ``encode_attend.py``; a fraction with k = 0 does not
-            count: NaN, ``k = -1``, left out of the AOPC). docs/definitions.md §18 has the
-            source lines and why ceil is the default.
+            count: NaN, ``k = -1``, left out of the AOPC) or ``"decompx"`` (DecompX's
+            ``int(np.floor(L * f))`` of the IEEE product; a fraction with k = 0 counts: its value
+            is 0 for comprehensiveness, ``p(ŷ | x) - p(ŷ | the empty rationale)`` for sufficiency).
+            docs/definitions.md §18 has the source lines and why ceil is the default.
+        aopc: how ``values`` make ``aopc``: ``"eraser"`` (default) their mean over the counted
+            fractions; ``"alti"`` ALTI's: ``sum_j max(0, v_1..v_j) / (F + 1)`` for
+            comprehensiveness, ``sum_j min(v_∅, v_1..v_j) / (F + 1)`` for sufficiency, v_∅ the
+            empty rationale's drop (one more model call per row), :func:`alti_aopc`.
+            ``values`` are the plain drops under either.
         mode: ``"delete"`` (ERASER) or ``"mask"`` (replace by ``mask_token``, length unchanged).
         mask_token: the replacing id with ``mode="mask"`` (required there, rejected otherwise).
         memory_budget: approximate bytes of activations per model call.
@@ -357,8 +477,9 @@ _DOC = """
         TypeError: ``model`` does not implement the protocol; tokens, lengths or scores not tensors.
         ValueError: tokens, lengths or mode as :func:`leave_one_out` rejects them; scores not
             ``[B, >= L_max]`` floats on the tokens' device or not finite on a real token;
-            fractions empty or outside (0, 1]; an unknown variant or rounding, or
-            ``rounding="floor"`` with ferret; model outputs that are not finite ``[N, C]`` logits;
+            fractions empty or outside (0, 1]; an unknown variant, rounding or aopc, or
+            ``rounding`` other than ``"ceil"`` or ``aopc="alti"`` with ferret; the empty rationale
+            deleted on a model without special tokens (sufficiency with ``"decompx"`` or ``"alti"``); model outputs that are not finite ``[N, C]`` logits;
             ``full_rows`` of other rows or on another device (TypeError: not a :class:`FullRows`);
             comprehensiveness deleting a whole row on a model without special tokens (GPT-2:
             nothing would be left to encode).
@@ -378,16 +499,46 @@ def comprehensiveness(
     mask_token: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     full_rows: FullRows | None = None,
+    aopc: str = "eraser",
 ) -> EraserResult:
     """ERASER's comprehensiveness (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
     ``p(ŷ | x) - p(ŷ | x without its top-k tokens)`` per fraction, and their AOPC. High: the
     tokens the scores rank first are the ones the decision needs.
 
+    Published protocols (issue 47):
+
+    - ALTI (Ferrando et al. 2022; mt-upc/transformer-contributions@4f890398, ``aupc.py``
+      ``--bins`` and ``evaluation.ipynb`` cell 11): the defaults (ERASER's fractions, k =
+      ceil(f L) over the tokens between [CLS] and [SEP], deleted, ties to the lower index as
+      their stable sort of ``rankdata`` ranks) with ``aopc="alti"`` (:func:`alti_aopc`).
+    - DecompX Table 1 (Modarressi et al. 2023; mohsenfayyaz/DecompX@b6bddf0b,
+      ``experiments/notebooks/v3/analysis_v3.ipynb``: ``CheckpointToLogit.mask`` with
+      ``MASKING_STRATEGY = "max"``, ``compute_aopc``, ``plot_main_fig``): ``fractions=
+      DECOMPX_FRACTIONS, rounding="decompx", mode="mask", mask_token=`` the tokenizer's [MASK]:
+      the top ``int(np.floor(L * r))`` tokens (L without [CLS]/[SEP]) replaced by [MASK], the
+      drop ``p(ŷ | x) - p(ŷ | masked)`` averaged over the instances per ratio, then over r = 0.1 ..
+      0.9 (``np.mean(plot_y[1:])``; k = 0 counts as 0): with no NaN the same as the mean over
+      rows of this ``aopc``. One difference left: their ``argsort`` (numpy's quicksort) breaks
+      ties in the scores its own way; here ties go to the lower index.
+
     On a pair task (J&W's question answering and inference model, ``models/pair.py``) the rationale is a
     set of passage words; the question stays in every input."""
     _check_rounding(rounding)
+    _check_aopc(aopc, variant)
     return _effect(
-        model, tokens, lengths, scores, fractions, False, variant, mode, mask_token, memory_budget, rounding, full_rows
+        model,
+        tokens,
+        lengths,
+        scores,
+        fractions,
+        False,
+        variant,
+        mode,
+        mask_token,
+        memory_budget,
+        rounding,
+        full_rows,
+        aopc,
     )
 
 
@@ -404,6 +555,7 @@ def sufficiency(
     mask_token: int | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     full_rows: FullRows | None = None,
+    aopc: str = "eraser",
 ) -> EraserResult:
     """ERASER's sufficiency (DeYoung et al. 2020, sec. 4; docs/definitions.md §18):
     ``p(ŷ | x) - p(ŷ | only its top-k tokens)`` per fraction, and their AOPC. Low: the tokens
@@ -412,8 +564,21 @@ def sufficiency(
     On a pair task (J&W's question answering and inference model, ``models/pair.py``) the rationale is a
     set of passage words; the question stays in every input."""
     _check_rounding(rounding)
+    _check_aopc(aopc, variant)
     return _effect(
-        model, tokens, lengths, scores, fractions, True, variant, mode, mask_token, memory_budget, rounding, full_rows
+        model,
+        tokens,
+        lengths,
+        scores,
+        fractions,
+        True,
+        variant,
+        mode,
+        mask_token,
+        memory_budget,
+        rounding,
+        full_rows,
+        aopc,
     )
 
 

@@ -92,6 +92,44 @@ def gradient_importance(model: AttentionClassifier, tokens: Tensor, lengths: Ten
     return _normalised(score.detach(), lengths, model, "gradient importance", "gradients of the output probabilities")
 
 
+#: how a token's attribution vector (one entry per embedding dimension) becomes its score, as
+#: :func:`integrated_gradients` and :func:`input_x_gradient` take ``aggregation``:
+#: ``"sum"`` ``|sum_e a_e|`` (this library's, the default); ``"l2"`` ``||a||_2`` (ALTI's ``ig_l2`` /
+#: ``grad_input_l2``, DecompX's ``NORM``); ``"mean_abs"`` ``mean_e |a_e|`` (ALTI's ``ig_abs_mean`` /
+#: ``grad_input_mean_abs_mean``)
+AGGREGATIONS = ("sum", "l2", "mean_abs")
+
+
+def aggregate_attribution(attribution: Tensor, aggregation: str = "sum") -> Tensor:
+    """``[..., E]`` attributions per embedding dimension -> ``[...]`` one score per token.
+
+    - ``"sum"``: ``|sum_e a_e|`` (the embedding dimensions summed, then the absolute value).
+    - ``"l2"``: ``||a||_2 = sqrt(sum_e a_e^2)``: ALTI (mt-upc/transformer-contributions@4f890398,
+      ``src/contributions.py`` ``interpret_sentence`` lines 425 and 449: ``torch.norm(attribution.squeeze(),
+      dim=-1)``, their ``ig_l2`` and ``grad_input_l2``) and DecompX (mohsenfayyaz/DecompX@b6bddf0b,
+      ``experiments/notebooks/compute_integrated_saliency.ipynb`` and ``compute_saliency.ipynb``:
+      ``torch.norm(integrated_saliency, dim=-1)`` / ``torch.norm(inputXgradient, dim=-1)``, their
+      ``IG_ALL_ZERO_NORM`` and ``IXG_NORM`` of Table 1).
+    - ``"mean_abs"``: ``mean_e |a_e|``: ALTI's ``ig_abs_mean`` and ``grad_input_mean_abs_mean``
+      (``torch.mean(torch.abs(attribution.squeeze()), dim=-1)``, the same lines).
+
+    Raises:
+        ValueError: an ``aggregation`` not in :data:`AGGREGATIONS`.
+    """
+    _check_aggregation(aggregation)
+    if aggregation == "sum":
+        return attribution.sum(-1).abs()
+    if aggregation == "l2":
+        return torch.linalg.vector_norm(attribution, dim=-1)
+    return attribution.abs().mean(-1)
+
+
+def _check_aggregation(aggregation) -> str:
+    if not isinstance(aggregation, str) or aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    return aggregation
+
+
 #: the most integration points: Captum's Gauss-Legendre nodes cost O(steps^3) to compute (20,000:
 #: a quarter of an hour) and every point is a forward and backward pass (Captum's default: 50)
 MAX_IG_STEPS = 1000
@@ -100,7 +138,9 @@ MAX_IG_STEPS = 1000
 IG_GPU_POSITIONS = 16384
 
 
-def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, steps: int = 50) -> Tensor:
+def integrated_gradients(
+    model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, steps: int = 50, aggregation: str = "sum"
+) -> Tensor:
     """Integrated-gradients token importance (Sundararajan et al. 2017), through Captum.
 
     On a pair task (J&W's question answering and inference model, ``models/pair.py``) only the passage's
@@ -112,7 +152,8 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
     the baseline x' the same rows with every real token's embedding set to zero (special
     tokens and padding as they are), the integral by Captum's default Gauss–Legendre rule
     with ``steps`` points. The whole model is differentiated (attention not held fixed,
-    unlike :func:`gradient_importance`). A token's score is ``|sum_e IG[t, e]|``,
+    unlike :func:`gradient_importance`). A token's score is ``|sum_e IG[t, e]|`` (or, by
+    ``aggregation``, ``||IG[t]||_2`` or ``mean_e |IG[t, e]|``: :func:`aggregate_attribution`),
     L1-normalised over the row's real tokens: a partner for Kendall τ and an ordering for
     the flip search and ERASER, beside published studies (e.g. Neely et al. 2022).
 
@@ -127,6 +168,7 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
             group's rows and steps (few large calls, little padding); on the CPU the rows of one
             length at a time, cut to it (no padding computed), as many steps a forward as keep
             it within the batch's rows.
+        aggregation: ``"sum"`` (default), ``"l2"`` or ``"mean_abs"`` (:func:`aggregate_attribution`).
 
     Returns:
         [B, T - lead] importance in the embeddings' float dtype, laid out as
@@ -135,7 +177,8 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
 
     Raises:
         ImportError: Captum is not installed (``pip install captum``).
-        TypeError, ValueError: as :func:`gradient_importance`; ``steps`` not an int >= 1.
+        TypeError, ValueError: as :func:`gradient_importance`; ``steps`` not an int >= 1; an
+            unknown ``aggregation``.
     """
     try:
         from captum.attr import IntegratedGradients
@@ -143,6 +186,7 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
         raise ImportError("integrated_gradients needs Captum: pip install captum") from e
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_IG_STEPS:
         raise ValueError(f"steps must be an int >= 1 and <= {MAX_IG_STEPS}, got {steps!r}")
+    _check_aggregation(aggregation)
 
     from attnmetrics.loo import _length_groups, padded_calls
 
@@ -178,10 +222,12 @@ def integrated_gradients(model: AttentionClassifier, tokens: Tensor, lengths: Te
             out[group, :n] = rows(group, n, embedded.shape[0])
         return out
 
-    return _captum_importance(model, tokens, lengths, attribute, "integrated gradients")
+    return _captum_importance(model, tokens, lengths, attribute, "integrated gradients", aggregation)
 
 
-def input_x_gradient(model: AttentionClassifier, tokens: Tensor, lengths: Tensor) -> Tensor:
+def input_x_gradient(
+    model: AttentionClassifier, tokens: Tensor, lengths: Tensor, *, aggregation: str = "sum"
+) -> Tensor:
     """Gradient × input token importance of the whole model (Shrikumar et al. 2016), through
     Captum's ``InputXGradient``.
 
@@ -190,34 +236,39 @@ def input_x_gradient(model: AttentionClassifier, tokens: Tensor, lengths: Tensor
 
     ``x * ∂p_ŷ(x) / ∂x`` per embedding entry, for the predicted class ŷ, with the whole model
     differentiated: unlike :func:`gradient_importance` (J&W's, every class, attention held
-    fixed), the gradient also flows through the attention. A token's score is ``|sum_e|``,
+    fixed), the gradient also flows through the attention. A token's score is ``|sum_e|`` (or,
+    by ``aggregation``, the L2 norm or the mean absolute value over e: :func:`aggregate_attribution`),
     L1-normalised over the row's real tokens: a further Kendall τ partner and ordering, as
     in attribution studies that compare it with attention (e.g. Neely et al. 2022).
 
     Args:
         model, tokens, lengths: as :func:`gradient_importance`.
+        aggregation: ``"sum"`` (default), ``"l2"`` or ``"mean_abs"`` (:func:`aggregate_attribution`).
 
     Returns:
         [B, T - lead] importance laid out as :func:`gradient_importance`'s.
 
     Raises:
         ImportError: Captum is not installed (``pip install captum``).
-        TypeError, ValueError: as :func:`gradient_importance`.
+        TypeError, ValueError: as :func:`gradient_importance`; an unknown ``aggregation``.
     """
     try:
         from captum.attr import InputXGradient
     except ImportError as e:
         raise ImportError("input_x_gradient needs Captum: pip install captum") from e
+    _check_aggregation(aggregation)
 
     def attribute(probability, embedded, real, target, lengths):
         x = embedded.requires_grad_(True)  # a leaf of its own (Captum would warn and set it)
         return InputXGradient(probability).attribute(x, target=target, additional_forward_args=(lengths,))
 
-    return _captum_importance(model, tokens, lengths, attribute, "gradient x input")
+    return _captum_importance(model, tokens, lengths, attribute, "gradient x input", aggregation)
 
 
-def _captum_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tensor, attribute, name: str) -> Tensor:
-    """|sum_e attribution| per token of the predicted class's probability, L1-normalised over
+def _captum_importance(
+    model: AttentionClassifier, tokens: Tensor, lengths: Tensor, attribute, name: str, aggregation: str = "sum"
+) -> Tensor:
+    """|sum_e attribution| (or ``aggregation``'s score, :func:`aggregate_attribution`) per token of the predicted class's probability, L1-normalised over
     the real tokens; ``attribute(probability, embedded, real, target, lengths)`` runs a Captum
     method on the embeddings (``probability(x, lengths)``: the model's output distribution)."""
     lengths = check_model_inputs(model, tokens, lengths)
@@ -240,7 +291,7 @@ def _captum_importance(model: AttentionClassifier, tokens: Tensor, lengths: Tens
             attribution = attribute(
                 lambda x, n: output_distribution(_logits(model, x, n)), embedded, real, decision(logits), lengths
             )
-    score = attribution.detach().sum(-1).abs().to(embedded.dtype)
+    score = aggregate_attribution(attribution.detach(), aggregation).to(embedded.dtype)
     return _normalised(score, lengths, model, name, "attributions")
 
 

@@ -69,10 +69,14 @@ class RunConfig:
     #: with those that ``--importances`` names turned on
     importance_options: Mapping[str, Any] = field(default_factory=dict)
     importances: tuple[str, ...] = ()
+    attribution_aggregation: str | None = None  # integrated gradients' and gradient x input's (faithfulness.py)
     examples: int = 0
     never_flipped: str | None = None
     random_removal: str | None = None
     eraser_rounding: str | None = None
+    eraser_aopc: str | None = None
+    eraser_fractions: str | None = None
+    eraser_mask_token: int | None = None
     # Wiegreffe & Pinter's trained experiments (run)
     consistent_adversary: tuple[float, ...] | None = None
     diagnostic: bool = False

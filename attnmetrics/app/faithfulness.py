@@ -66,13 +66,16 @@ def battery(
         never_flipped=float("nan") if config.never_flipped == "nan" else 1.0,
         random_removal=(config.random_removal or "non-top").replace("-", "_"),
         eraser_rounding=config.eraser_rounding or "ceil",
+        eraser_aopc=config.eraser_aopc or "eraser",
+        eraser_fractions=config.eraser_fractions or "eraser",
+        eraser_mask_token=config.eraser_mask_token,
         permutations=config.permutations,
         adversarial_steps=config.adversarial_steps,
         adversarial_diversity=adversarial_diversity,
         adversarial_amsgrad=adversarial_amsgrad
         if config.adversarial_optimiser is None
         else config.adversarial_optimiser == "amsgrad",
-        options=config.importance_options,
+        options=importance_options(config),
     )
     settings = {f.name: getattr(battery_config, f.name) for f in fields(battery_config)}
     part = collect(model, mine, progress=w.main and not config.no_progress, **settings)
@@ -173,4 +176,13 @@ def tested_attention(model) -> str | None:
 
 def importance_settings(config: RunConfig, experiments=()) -> registry.Settings:
     """The optional importances the command's flags ask for (train has none of the flags)."""
-    return registry.Settings(tuple(experiments), dict(config.importance_options))
+    return registry.Settings(tuple(experiments), importance_options(config))
+
+
+def importance_options(config: RunConfig) -> dict:
+    """The importances' options: the optional importances' (``config.importance_options``) and, where
+    not the default, ``--attribution-aggregation`` (integrated gradients and gradient x input read it)."""
+    options = dict(config.importance_options)
+    if config.attribution_aggregation not in (None, "sum"):
+        options["attribution_aggregation"] = config.attribution_aggregation
+    return options

@@ -283,10 +283,40 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--eraser-rounding",
-        choices=("ceil", "floor"),
+        choices=("ceil", "floor", "decompx"),
         default="ceil",
         help="ERASER's k from a fraction f of L tokens: ceil(f L) (default), or floor(f L) with k = 0 fractions "
-        "left out of the AOPC (docs/definitions.md §18)",
+        "left out of the AOPC (docs/definitions.md §18), or decompx: DecompX's floor(L * f) of the float product "
+        "with k = 0 fractions counted (Table 1)",
+    )
+    p.add_argument(
+        "--eraser-aopc",
+        choices=("eraser", "alti"),
+        default="eraser",
+        help="ERASER's AOPC: the mean over the fractions (default), or alti: ALTI's (Ferrando et al. 2022, aupc.py) "
+        "running minimum (comprehensiveness) / maximum (sufficiency, from the empty rationale) of the "
+        "probability, the drops summed over the fractions and divided by their number + 1",
+    )
+    p.add_argument(
+        "--eraser-fractions",
+        choices=("eraser", "decompx"),
+        default="eraser",
+        help="ERASER's fractions: eraser (1, 5, 10, 20, 50 %%, default) or decompx (10, 20, ..., 90 %%, DecompX's "
+        "Table 1; with --eraser-rounding decompx and --eraser-mask-token the [MASK] id)",
+    )
+    p.add_argument(
+        "--eraser-mask-token",
+        type=non_negative_int,
+        metavar="ID",
+        help="ERASER replaces the removed tokens by this token id (mode mask, e.g. 103: bert-base-uncased's [MASK], "
+        "as DecompX's Table 1) instead of deleting them (default)",
+    )
+    p.add_argument(
+        "--attribution-aggregation",
+        choices=("sum", "l2", "mean_abs"),
+        default="sum",
+        help="a token's integrated-gradients and gradient x input score from its attribution vector: |sum over "
+        "the embedding| (default), l2: its L2 norm (ALTI's and DecompX's), mean_abs: the mean absolute value (ALTI's)",
     )
 
 

@@ -7,7 +7,13 @@ from attnmetrics.importance import input_x_gradient
 
 IMPORTANCE = Importance(
     "input_x_gradient",
-    lambda model, tokens, lengths, s: input_x_gradient(model, tokens, lengths),
+    lambda model, tokens, lengths, s: input_x_gradient(
+        # --attribution-aggregation (app/faithfulness.py's importance_options): |sum_e|, l2 or mean_abs
+        model,
+        tokens,
+        lengths,
+        aggregation=s.options.get("attribution_aggregation", "sum"),
+    ),
     lambda model, s: bool(s.option("input_x_gradient")),
     order=50,
     option={

@@ -8,7 +8,12 @@ from attnmetrics.importance import MAX_IG_STEPS, integrated_gradients
 IMPORTANCE = Importance(
     "ig",
     lambda model, tokens, lengths, s: integrated_gradients(
-        model, tokens, lengths, steps=s.option("integrated_gradients")
+        model,
+        tokens,
+        lengths,
+        steps=s.option("integrated_gradients"),
+        # --attribution-aggregation (app/faithfulness.py's importance_options): |sum_e|, l2 or mean_abs
+        aggregation=s.options.get("attribution_aggregation", "sum"),
     ),
     lambda model, s: s.option("integrated_gradients") > 0,
     order=40,

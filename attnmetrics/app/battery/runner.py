@@ -20,7 +20,7 @@ from torch import Tensor
 from attnmetrics.app.battery.block import Block, Progress, Run
 from attnmetrics.app.battery.flip import DEFAULT_ORDERS
 from attnmetrics.app.battery.registry import Context, Settings, chosen, experiments, importances
-from attnmetrics.eraser import ROUNDINGS
+from attnmetrics.eraser import AOPCS, NAMED_FRACTIONS, ROUNDINGS
 from attnmetrics.permutation import draw_seed
 from attnmetrics.single_removal import RANDOM_AMONG
 
@@ -39,7 +39,10 @@ class BatteryConfig:
     counts as (NaN: left out, S&S; 1.0: Mohankumar et al. 2020); ``random_removal``: the tokens
     the random single removal draws among (``attnmetrics.single_removal``'s ``random_among``:
     ``"non_top"``, S&S; ``"all"``; ``"not_first"``, S&S's code as it runs); ``eraser_rounding``:
-    k from ERASER's fractions (``"ceil"``: ceil(f L); ``"floor"``: floor(f L), k = 0 not counted).
+    k from ERASER's fractions (``"ceil"``: ceil(f L); ``"floor"``: floor(f L), k = 0 not counted;
+    ``"decompx"``: DecompX's floor, k = 0 counted); ``eraser_aopc``, ``eraser_fractions`` (a name of
+    ``attnmetrics.eraser.NAMED_FRACTIONS``) and ``eraser_mask_token`` (None: delete; an id: mask): the
+    ERASER step's (attnmetrics/app/battery/eraser.py).
     """
 
     experiments: Sequence[str] = EXPERIMENTS
@@ -49,6 +52,9 @@ class BatteryConfig:
     never_flipped: float = float("nan")
     random_removal: str = "non_top"
     eraser_rounding: str = "ceil"
+    eraser_aopc: str = "eraser"
+    eraser_fractions: str = "eraser"
+    eraser_mask_token: int | None = None
     permutations: int = 100
     adversarial_steps: int = 500
     adversarial_diversity: float = 1.0
@@ -63,6 +69,10 @@ class BatteryConfig:
             raise ValueError(f"random_removal must be one of {RANDOM_AMONG}, got {self.random_removal!r}")
         if self.eraser_rounding not in ROUNDINGS:
             raise ValueError(f"eraser_rounding must be one of {ROUNDINGS}, got {self.eraser_rounding!r}")
+        if self.eraser_aopc not in AOPCS:
+            raise ValueError(f"eraser_aopc must be one of {AOPCS}, got {self.eraser_aopc!r}")
+        if self.eraser_fractions not in NAMED_FRACTIONS:
+            raise ValueError(f"eraser_fractions must be one of {tuple(NAMED_FRACTIONS)}, got {self.eraser_fractions!r}")
 
     @property
     def settings(self) -> Settings:
