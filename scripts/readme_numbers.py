@@ -644,6 +644,7 @@ def _gpt1() -> dict[str, Quote]:
             (mean, cell(group, "95% CI (instances)", interval_low), cell(group, "95% CI (instances)", interval_high)),
         )
         s[f"gpt1.{name}.seeds"] = Quote("{:.0f}", (cell(group, "seeds"),))
+        s[f"gpt1.{name}.accuracy.range"] = Quote("{:.3f}–{:.3f}", (cell(group, "min"), cell(group, "max")))
     s["gpt1.scratch.sst.accuracy.min"] = Quote("{:.3f}", (cell("scratch/sst-gpt-tanh", "min"),))
     # the blocks' gain in points: all 4 transferred against the embeddings only, as the table rounds them
     s["gpt1.transfer.gain_points"] = Quote(
