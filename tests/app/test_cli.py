@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from attnmetrics.app.battery.eraser import SETTINGS as ERASER_SETTINGS
 from attnmetrics.app.cli import main
 from tests.inputs import FAST_BATTERY as FAST
 from tests.inputs import QUICK_SST as QUICK
@@ -46,7 +47,8 @@ def test_run_writes_a_complete_report(run_dir):
     assert "most faithful" in examples[0]["why"]
     eraser = results["eraser"]
     assert eraser["fractions"] == [0.01, 0.05, 0.1, 0.2, 0.5]
-    assert set(eraser) - {"fractions", "rounding"} == {"attention", "random", "gradient", "loo"}
+    assert set(eraser) - set(ERASER_SETTINGS) == {"attention", "random", "gradient", "loo"}
+    assert (eraser["rounding"], eraser["aopc_protocol"], eraser["mask_token"]) == ("ceil", "eraser", None)
     # the papers' conventions by default, and results.json says which ran
     conventions = results["conventions"]
     assert eraser["rounding"] == "ceil" and "k = ceil(f L)" in conventions["eraser"]
