@@ -303,16 +303,14 @@ def paired_seed_differences(a: Mapping[str, float], b: Mapping[str, float]) -> l
 def seed_t_interval(
     file: str, group_a: str, group_b: str, statistic: str, statistic_b: str | None = None, minus: str = "−"
 ) -> Quote:
-    """"mean [low, high]": the t interval (:func:`t_interval`) of the per-seed differences a − b of
+    """ "mean [low, high]": the t interval (:func:`t_interval`) of the per-seed differences a − b of
     ``statistic`` between two groups of an aggregate.json, paired by seed (``statistic_b``, if given,
     is b's statistic: two methods' columns of one group)."""
     a, b = (
         Value(file, ("groups", g, "statistics", st, "per_seed"))
         for g, st in ((group_a, statistic), (group_b, statistic_b or statistic))
     )
-    return Quote(
-        "{:.3f} [{:.3f}, {:.3f}]", (a, b), lambda x, y: t_interval(paired_seed_differences(x, y)), minus=minus
-    )
+    return Quote("{:.3f} [{:.3f}, {:.3f}]", (a, b), lambda x, y: t_interval(paired_seed_differences(x, y)), minus=minus)
 
 
 # --- the committed sources ---------------------------------------------------------------------
@@ -1139,7 +1137,7 @@ def check_claim(
         return f"{k} [{iv[0]:.3f}, {iv[1]:.3f}]"
 
     if paired:
-        (low, high), = intervals
+        ((low, high),) = intervals
         apart = low > 0 or high < 0
         if apart == negated:
             said = "not separated from 0" if negated else "separated from 0"
