@@ -554,6 +554,40 @@ def _jw_encoders() -> dict[str, Quote]:
     return s
 
 
+def _jw_qa() -> dict[str, Quote]:
+    """J&W's bAbI tasks over three seeds (reports/jw-qa, docs/results.md) beside their committed
+    numbers (reports/jw-qa/jain_wallace.json): ``jwqa.TASK.MODEL.STATISTIC`` (``.ci``: "estimate
+    [low, high]"; ``.min``/``.max`` over the seeds) and ``jwqa.pub.TASK.MODEL.STATISTIC``, TASK
+    babi1-3, MODEL lstm-tanh, lstm-dot, average-tanh."""
+    file, published = "reports/jw-qa/aggregate.json", "reports/jw-qa/jain_wallace.json"
+    statistics = (
+        ("accuracy", "test accuracy", ("accuracy",)),
+        ("tau_ag", "τ attention vs gradient", ("kendall", "attention vs gradient", "mean")),
+        ("tau_al", "τ attention vs loo", ("kendall", "attention vs loo", "mean")),
+        ("tau_gl", "τ gradient vs loo", ("kendall", "gradient vs loo", "mean")),
+        ("permutation", "permutation median TVD", None),
+        ("adversarial", "adversarial max JSD (mean)", None),
+        ("flip_attention", "flip fraction (attention)", None),
+        ("flip_gradient", "flip fraction (gradient)", None),
+        ("never_attention", "never flips (attention)", None),
+    )
+    s: dict[str, Quote] = {}
+    for task in ("babi1", "babi2", "babi3"):
+        for model, grid in (("lstm-tanh", "lstm"), ("lstm-dot", "lstm"), ("average-tanh", "average")):
+            at = ("groups", f"{grid}/{task}-{model}", "statistics")
+            for name, statistic, theirs in statistics:
+                key = f"jwqa.{task}.{model}.{name}"
+                s[key] = one(".3f", file, *at, statistic, "estimate", minus="−")
+                s[f"{key}.ci"] = interval(file, *at, statistic, minus="−")
+                s[f"{key}.min"] = one(".3f", file, *at, statistic, "min", minus="−")
+                s[f"{key}.max"] = one(".3f", file, *at, statistic, "max", minus="−")
+                if theirs is not None:
+                    s[f"jwqa.pub.{task}.{model}.{name}"] = one(
+                        ".3f", published, "numbers", f"{task}-{model}", *theirs, minus="−"
+                    )
+    return s
+
+
 def _wp_ts_seeds() -> dict[str, Quote]:
     """W&P's adversary and diagnostic and T&S's regularisers over three seeds (docs/results.md):
     ``wpts3.ca.LAMBDA.{jsd,tvd}`` (``.range``: "min–max" over seeds), ``wpts3.diag.ATTENTION``,
@@ -1003,6 +1037,7 @@ SOURCES: dict[str, Quote] = _sources(
     _minilm_table(),
     _method_sweeps(),
     _jw_encoders(),
+    _jw_qa(),
     _wp_ts_seeds(),
     _sweep(),
     _gpt1(),
