@@ -264,3 +264,34 @@ def test_every_pair_row_has_the_layout_the_model_reads(examples, width):
             "?" + (w if w in WORDS[:6] else "<UNK>") for w in asked
         ]
         assert row[n + 2 + len(asked) :] == [PAD] * (width - len(asked))
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_eraser_removes_passage_words_and_keeps_the_question(data, keep):
+    """ERASER's comprehensiveness (sufficiency with ``keep``) on the pair model against a loop that
+    deletes the top-k passage words from the passage's text (or keeps only them) and runs the
+    two-sequence reference: the question stays whole in every perturbed input."""
+    pairs, vocab = data
+    model = model_for(vocab, "lstm", "tanh")
+    tokens, lengths = batch(vocab, pairs)
+    rng = torch.Generator().manual_seed(1)
+    scores = torch.rand(tokens.shape[0], tokens.shape[1] - 1, generator=rng, dtype=torch.float64)
+    fractions = (0.1, 0.3, 0.6)
+    metric = attnmetrics.sufficiency if keep else attnmetrics.comprehensiveness
+    got = metric(model, tokens, lengths, scores, fractions)
+    for b, (pair, _) in enumerate(pairs):
+        passage = [vocab.stoi[w] for w in tokenize(pair.passage)]
+        question = [vocab.stoi[w] for w in tokenize(pair.question)]
+        n = len(passage)
+        with torch.no_grad():
+            y = pair_distribution_reference(model, passage, question)
+            top = int(y.argmax())
+            order = sorted(range(n), key=lambda t: (-float(scores[b, t]), t))
+            for j, f in enumerate(fractions):
+                k = min(n, -(-int(round(f * n * 1e9)) // 10**9))  # ceil(f n), as ERASER's
+                chosen = set(order[:k])
+                kept = [w for t, w in enumerate(passage) if (t in chosen) == keep]
+                if not kept:
+                    continue  # nothing left of the passage: the model's empty-passage case, covered above
+                want = y[top] - pair_distribution_reference(model, kept, question)[top]
+                torch.testing.assert_close(got.values[b, j], want, rtol=0, atol=1e-10)
