@@ -78,8 +78,8 @@ from pathlib import Path
 import numpy as np
 
 from attnmetrics.data.artifacts import default_cache_dir
-from attnmetrics.data.corpora import Splits
 from attnmetrics.data.pairs import Pair, check_pairs
+from attnmetrics.data.splits import Splits
 
 TASKS = {1: "single-supporting-fact", 2: "two-supporting-facts", 3: "three-supporting-facts"}
 

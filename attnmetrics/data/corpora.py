@@ -20,15 +20,13 @@ import os
 import re
 import tarfile
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from attnmetrics.data.artifacts import Artifact, ArtifactError, fetch_artifact, read_member
+from attnmetrics.data.splits import Example, Splits
 from attnmetrics.data.tokens import tokenize, truncate
-
-Example = tuple[str, int]
 
 # --------------------------------------------------------------------------- the pinned corpora
 
@@ -59,30 +57,7 @@ VADER = Artifact(
 )
 
 
-# --------------------------------------------------------------------------- splits
-
-
-@dataclass(frozen=True)
-class Splits:
-    """train/dev/test lists of ``(text, label)``; ``classes[label]`` names a label.
-    ``info`` records where the data came from and what cleaning dropped (for results.json)."""
-
-    name: str
-    classes: tuple[str, ...]
-    train: list[Example]
-    dev: list[Example]
-    test: list[Example]
-    info: dict = field(default_factory=dict)
-
-    def sizes(self) -> dict[str, int]:
-        return {"train": len(self.train), "dev": len(self.dev), "test": len(self.test)}
-
-    def summary(self) -> str:
-        """One line: sizes and the share of each class in train."""
-        counts = np.bincount([y for _, y in self.train], minlength=len(self.classes))
-        share = ", ".join(f"{c} {n / max(len(self.train), 1):.0%}" for c, n in zip(self.classes, counts))
-        s = self.sizes()
-        return f"{self.name}: train {s['train']:,} / dev {s['dev']:,} / test {s['test']:,} ({share})"
+# --------------------------------------------------------------------------- readers
 
 
 _LEAF = re.compile(r"\(\d ([^()\s]+)\)")

@@ -15,8 +15,8 @@ import os
 import re
 from pathlib import Path
 
-from attnmetrics.data.corpora import Splits
 from attnmetrics.data.pairs import Pair, check_pairs
+from attnmetrics.data.splits import Splits
 from attnmetrics.data.tokens import tokenize
 
 SPLITS = ("train", "dev", "test")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnmetrics.data.tokens import EOS, SOS, UNK, tokenize
 from attnmetrics.distances import tvd
 from attnmetrics.outputs import output_distribution
 
@@ -32,10 +31,10 @@ def _question_state(model, question: list[int]) -> Tensor:
 
 
 def pair_distribution_reference(model, passage: list[int], question: list[int]) -> Tensor:
-    """The output distribution [C] for one passage (word ids, no specials) and question (word
-    ids of the passage vocabulary; the question half of the table is ``V + id``)."""
+    """The output distribution [C] for one passage (word ids with its ``<SOS>`` and ``<EOS>``) and
+    question (word ids of the passage vocabulary; the question half of the table is ``V + id``)."""
     V = model.config.vocab_size
-    ids = torch.tensor([SOS, *passage, EOS])
+    ids = torch.tensor(passage)
     h = model.passage_encoder(model.embedding.weight[ids][None], torch.tensor([len(ids)]))[0]  # [n + 2, H]
     q = _question_state(model, [V + w for w in question])
     H = h.shape[1]
@@ -57,20 +56,22 @@ def pair_distribution_reference(model, passage: list[int], question: list[int]) 
     return output_distribution(logits[None])[0]
 
 
-def pair_leave_one_out_reference(model, vocab, pairs, mode: str = "delete") -> list[Tensor]:
-    """J&W's leave-one-out on the passage's text: for each word t of the passage, delete it
-    (``mode="delete"``) or replace it by ``<UNK>`` (``"mask"``), the question untouched, and
-    take the TVD between the outputs. One tensor [n] per pair, n its passage's words."""
+def pair_leave_one_out_reference(
+    model, examples: list[tuple[list[int], list[int]]], mode: str = "delete", mask_token: int | None = None
+) -> list[Tensor]:
+    """J&W's leave-one-out on the passage: for each example ``(passage with its <SOS>/<EOS>,
+    question)`` and each word t of the passage, delete it (``mode="delete"``) or replace it by
+    ``mask_token`` (``"mask"``), the question untouched, and take the TVD between the outputs.
+    One tensor [n] per example, n its passage's words."""
     out = []
     model.eval()
     with torch.no_grad():
-        for pair in pairs:
-            passage = [vocab.stoi.get(w, UNK) for w in tokenize(pair.passage)]
-            question = [vocab.stoi.get(w, UNK) for w in tokenize(pair.question)][: vocab.question_width]
+        for passage, question in examples:
             y = pair_distribution_reference(model, passage, question)
             scores = []
-            for t in range(len(passage)):
-                edited = passage[:t] + passage[t + 1 :] if mode == "delete" else passage[:t] + [UNK] + passage[t + 1 :]
+            for t in range(1, len(passage) - 1):
+                replaced = [] if mode == "delete" else [mask_token]
+                edited = passage[:t] + replaced + passage[t + 1 :]
                 y_t = pair_distribution_reference(model, edited, question)
                 scores.append(tvd(y[None], y_t[None])[0])
             out.append(torch.stack(scores))

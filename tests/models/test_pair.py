@@ -57,6 +57,14 @@ def batch(vocab, pairs):
     return collate(vocab.encode(p for p, _ in pairs))
 
 
+def reference_ids(vocab, pair, passage=None):
+    """The reference's inputs: the passage's ids with <SOS>/<EOS> (``passage``: other word ids), and
+    the question's word ids, cut to the question part."""
+    words = [vocab.stoi.get(w, UNK) for w in tokenize(pair.passage)] if passage is None else passage
+    question = [vocab.stoi.get(w, UNK) for w in tokenize(pair.question)][: vocab.question_width]
+    return [SOS, *words, EOS], question
+
+
 def test_the_row_layout_puts_the_question_in_a_fixed_trailing_part(data):
     pairs, vocab = data
     V, Q = len(vocab), vocab.question_width
@@ -84,13 +92,11 @@ def test_the_model_equals_the_two_sequence_reference(data, encoder, attention):
         logits, attention_ = model(tokens, lengths)
     got = attnmetrics.output_distribution(logits)
     for b, (pair, _) in enumerate(pairs):
-        passage = [vocab.stoi[w] for w in tokenize(pair.passage)]
-        question = [vocab.stoi[w] for w in tokenize(pair.question)]
         with torch.no_grad():
-            want = pair_distribution_reference(model, passage, question)
+            want = pair_distribution_reference(model, *reference_ids(vocab, pair))
         torch.testing.assert_close(got[b], want, rtol=0, atol=1e-10)
         # attention: on the passage's words only, summing to 1
-        n = len(passage)
+        n = len(tokenize(pair.passage))
         assert attention_[b, 1 : 1 + n].sum().item() == pytest.approx(1, abs=1e-12)
         assert attention_[b, 0] == 0 and not attention_[b, 1 + n :].any()
 
@@ -113,7 +119,7 @@ def test_leave_one_out_deletes_passage_words_and_nothing_else(data, encoder, att
     model = model_for(vocab, encoder, attention)
     tokens, lengths = batch(vocab, pairs)
     got = attnmetrics.leave_one_out(model, tokens, lengths, mode=mode, mask_token=UNK if mode == "mask" else None)
-    want = pair_leave_one_out_reference(model, vocab, [p for p, _ in pairs], mode)
+    want = pair_leave_one_out_reference(model, [reference_ids(vocab, p) for p, _ in pairs], mode, UNK)
     for b, w in enumerate(want):
         torch.testing.assert_close(got[b, : len(w)], w, rtol=0, atol=1e-10)
         assert not got[b, len(w) :].any()  # nothing scored at <EOS>, the question part or padding
@@ -125,7 +131,7 @@ def test_leave_one_out_of_a_one_word_passage():
     model = model_for(vocab, "lstm", "tanh")
     tokens, lengths = batch(vocab, pairs)
     got = attnmetrics.leave_one_out(model, tokens, lengths)
-    want = pair_leave_one_out_reference(model, vocab, [p for p, _ in pairs])
+    want = pair_leave_one_out_reference(model, [reference_ids(vocab, p) for p, _ in pairs])
     torch.testing.assert_close(got[0, :1], want[0], rtol=0, atol=1e-10)
 
 
@@ -281,10 +287,9 @@ def test_eraser_removes_passage_words_and_keeps_the_question(data, keep):
     got = metric(model, tokens, lengths, scores, fractions)
     for b, (pair, _) in enumerate(pairs):
         passage = [vocab.stoi[w] for w in tokenize(pair.passage)]
-        question = [vocab.stoi[w] for w in tokenize(pair.question)]
         n = len(passage)
         with torch.no_grad():
-            y = pair_distribution_reference(model, passage, question)
+            y = pair_distribution_reference(model, *reference_ids(vocab, pair))
             top = int(y.argmax())
             order = sorted(range(n), key=lambda t: (-float(scores[b, t]), t))
             for j, f in enumerate(fractions):
@@ -293,5 +298,5 @@ def test_eraser_removes_passage_words_and_keeps_the_question(data, keep):
                 kept = [w for t, w in enumerate(passage) if (t in chosen) == keep]
                 if not kept:
                     continue  # nothing left of the passage: the model's empty-passage case, covered above
-                want = y[top] - pair_distribution_reference(model, kept, question)[top]
+                want = y[top] - pair_distribution_reference(model, *reference_ids(vocab, pair, kept))[top]
                 torch.testing.assert_close(got.values[b, j], want, rtol=0, atol=1e-10)
