@@ -5,7 +5,11 @@ weights the models start from, all read from pinned registry archives (or, for S
 |---|---|
 | :mod:`~attnmetrics.data.artifacts` | the pinned archives: download, sha256 check, cache, reading members |
 | :mod:`~attnmetrics.data.tokens` | J&W's tokenisation and truncation, the special tokens |
+| :mod:`~attnmetrics.data.splits` | ``Splits``: a data set's train/dev/test examples, what every reader returns |
 | :mod:`~attnmetrics.data.corpora` | SST, MR, MR ratings, tweets, BBC; deduplication, splits, ``load_dataset`` |
+| :mod:`~attnmetrics.data.pairs` | ``Pair(passage, question)``: the examples of J&W's QA and NLI tasks |
+| :mod:`~attnmetrics.data.babi` | bAbI tasks 1-3: a seeded port of the generator, the published format's reader and writer |
+| :mod:`~attnmetrics.data.pair_readers` | SNLI (jsonl) and CNN (``.question`` files) from a user's folder |
 | :mod:`~attnmetrics.data.embeddings` | GloVe 6B 50-d and a vocabulary's embedding matrix |
 | :mod:`~attnmetrics.data.gutenberg` | the Gutenberg books GPT pre-trains on |
 | :mod:`~attnmetrics.data.minilm` | all-MiniLM-L6-v2's checkpoint folder |
