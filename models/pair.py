@@ -240,6 +240,12 @@ class PairAttentionClassifier(AttentionForward, nn.Module):
         return list(self.attention.parameters())
 
 
+def is_pair_model(model: object) -> bool:
+    """Whether ``model`` is J&W's pair model (a :class:`PairAttentionClassifier`, or anything whose
+    config says ``kind == "pair"``): the battery then perturbs the passage only (docs/definitions.md §21)."""
+    return getattr(getattr(model, "config", None), "kind", None) == "pair"
+
+
 class PairVocabulary(Vocabulary):
     """The passage vocabulary plus the question part's layout: a :class:`Pair` ->
     ``[<SOS>, passage ids, <EOS>, V + question ids, <PAD> ...]`` with exactly

@@ -279,11 +279,7 @@ def _jain_wallace_model(config: RunConfig, splits, results: Results):
     """J&W's classifier over a word vocabulary of the training split (GloVe-initialised by
     default); also returns ``make(config)``, a fresh model initialised as this one (W&P)."""
     vocab = Vocabulary.build(text for text, _ in splits.train)
-    embeddings, embed_dim = None, config.embed_dim
-    if config.embeddings == "glove":
-        embeddings, found = glove_matrix(vocab, seed=config.seed)
-        embed_dim = embeddings.shape[1]
-        results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
+    embeddings, embed_dim = _word_embeddings(config, vocab, results)
     classes = len(splits.classes)
     model_config = ModelConfig(
         vocab_size=len(vocab),
@@ -305,6 +301,16 @@ def _jain_wallace_model(config: RunConfig, splits, results: Results):
     return make(model_config), vocab, make
 
 
+def _word_embeddings(config: RunConfig, vocab, results: Results):
+    """``(matrix [V, E] or None, E)``: GloVe rows for ``vocab`` with ``--embeddings glove`` (its
+    coverage recorded), else None and ``--embed-dim``."""
+    if config.embeddings != "glove":
+        return None, config.embed_dim
+    embeddings, found = glove_matrix(vocab, seed=config.seed)
+    results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
+    return embeddings, embeddings.shape[1]
+
+
 def _pair_model(config: RunConfig, splits, results: Results) -> tuple[PairAttentionClassifier, PairVocabulary]:
     """J&W's question-answering / inference model (``models/pair.py``) over a word vocabulary of
     the training split's passages and questions; ValueError for a model or experiment that does
@@ -321,11 +327,7 @@ def _pair_model(config: RunConfig, splits, results: Results) -> tuple[PairAttent
     if config.attention not in PAIR_ATTENTIONS:
         raise ValueError(f"the pair model's attention is one of {PAIR_ATTENTIONS}, got --attention {config.attention}")
     vocab = PairVocabulary.build_pairs(pair for pair, _ in splits.train)
-    embeddings, embed_dim = None, config.embed_dim
-    if config.embeddings == "glove":
-        embeddings, found = glove_matrix(vocab, seed=config.seed)
-        embed_dim = embeddings.shape[1]
-        results["data"]["glove_coverage"] = found / max(len(vocab) - 4, 1)
+    embeddings, embed_dim = _word_embeddings(config, vocab, results)
     model_config = PairModelConfig(
         vocab_size=len(vocab),
         question_width=vocab.question_width,

@@ -19,6 +19,7 @@ from attnmetrics.app.distributed import World
 from attnmetrics.app.results import Results
 from attnmetrics.flip import removal_order
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier
+from attnmetrics.models.pair import is_pair_model
 from attnmetrics.models.text import collate
 from attnmetrics.outputs import output_distribution
 from attnmetrics.protocol import capability
@@ -91,7 +92,7 @@ def battery(
     results.update(summary)
     results["instances"] = instances
     results["conventions"] = conventions(battery_config)
-    if getattr(getattr(model, "config", None), "kind", None) == "pair":
+    if is_pair_model(model):
         results["conventions"]["pair_task"] = PAIR_TASK
     return True
 
@@ -143,7 +144,7 @@ def examples(config: RunConfig, model, test, vocab, splits, results: Results) ->
         if "eraser" in inst:
             for metric in ("comprehensiveness", "sufficiency"):
                 stats[f"{metric} AOPC (attention)"] = inst["eraser"]["attention"][metric]["aopc"][i]
-        question = getattr(getattr(model, "config", None), "question_width", 0)  # a pair model's fixed question part
+        question = model.config.question_width if is_pair_model(model) else 0  # a pair model's fixed question part
         if question:
             asked = [w[1:] for w in vocab.decode(test.ids[i][-question:]) if w != "<PAD>"]
         shown.append(

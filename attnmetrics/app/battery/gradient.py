@@ -4,11 +4,12 @@ predicted class's probability alone is differentiated, as J&W's question-answeri
 
 from attnmetrics.app.battery.registry import Importance
 from attnmetrics.importance import gradient_importance
+from attnmetrics.models.pair import is_pair_model
 
 
 def _classes(model) -> str:
     """``"predicted"`` on J&W's QA/NLI model (their ``Question_Answering.gradient_mem``), else every class."""
-    return "predicted" if getattr(getattr(model, "config", None), "kind", None) == "pair" else "all"
+    return "predicted" if is_pair_model(model) else "all"
 
 
 IMPORTANCE = Importance(
