@@ -418,3 +418,38 @@ def test_the_aggregate_records_each_cells_commit_and_conventions():
         {"cells": names[:2], "conventions": ours},
         {"cells": names[2:], "conventions": {"unknown": "not recorded by the attnmetrics that wrote this run"}},
     ]
+
+
+def test_adversary_shares_per_predicted_class_match_a_plain_count():
+    """J&W's histogram as shares (figs. 6-7): per seed, of the rows predicted as each class with a
+    defined max JSD (length >= 2), the share whose max JSD reaches 0.3 and 0.5."""
+    rng = np.random.default_rng(11)
+    n, members, jsds, preds, lengths = 60, [], [], [], rng.integers(1, 6, 60)
+    for s in range(3):
+        jsd = rng.random(n) * np.log(2)
+        jsd[s] = np.nan  # undefined for one row in each seed
+        predicted = rng.integers(0, 2, n)
+        jsds.append(jsd)
+        preds.append(predicted)
+        results = {
+            "data": {"classes": ["negative", "positive"]},
+            "adversarial": {"overall": {"mean": float(np.nanmean(jsd))}},
+            "instances": {
+                "lengths": lengths.tolist(),
+                "predicted": predicted.tolist(),
+                "adversarial": {"max_jsd": [None if np.isnan(v) else v for v in jsd]},
+            },
+        }
+        members.append((s, results, None))
+    g = aggregate_group(members)["statistics"]
+    for c, name in enumerate(["negative", "positive"]):
+        for t in (0.3, 0.5):
+            entry = g[f"adversarial share max JSD ≥ {t} (predicted {name})"]
+            for s in range(3):
+                kept = [
+                    jsds[s][i] >= t
+                    for i in range(n)
+                    if preds[s][i] == c and lengths[i] > 1 and not np.isnan(jsds[s][i])
+                ]
+                assert entry["per_seed"][str(s)] == pytest.approx(sum(kept) / len(kept))
+            assert entry["ci95"][0] <= entry["estimate"] <= entry["ci95"][1]

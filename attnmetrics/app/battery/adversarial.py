@@ -16,6 +16,10 @@ from attnmetrics.app.markdown import breakdown, fmt
 from attnmetrics.app.summaries import as_floats, by_class, by_max_attention, nanmean, stats
 
 
+#: the max-JSD thresholds whose per-class shares a sweep aggregates (J&W's histogram read at 0.3 and 0.5)
+SHARE_THRESHOLDS = (0.3, 0.5)
+
+
 def step(b) -> None:
     attention, values, decoder, lengths = b.args
     if b.own is not None and b.own.factored is not None:  # a transformer's: each step mixes d / heads wide
@@ -107,7 +111,16 @@ def statistics(results: dict, inst: dict, ok) -> dict:
     if "adversarial" not in results:
         return {}
     jsd = ok(inst["adversarial"]["max_jsd"])
-    return {"adversarial max JSD (mean)": ("jw", results["adversarial"]["overall"]["mean"], jsd, nanmean)}
+    out = {"adversarial max JSD (mean)": ("jw", results["adversarial"]["overall"]["mean"], jsd, nanmean)}
+    # J&W's histogram (figs. 6-7) as shares: per predicted class, the rows whose max JSD reaches t
+    predicted = np.asarray(inst.get("predicted", []))
+    defined = np.isfinite(jsd)
+    for c, name in enumerate(results["data"]["classes"]):
+        mine = defined & (predicted == c)
+        for t in SHARE_THRESHOLDS:
+            share = np.where(mine, jsd >= t, np.nan)
+            out[f"adversarial share max JSD ≥ {t} (predicted {name})"] = ("jw", float(nanmean(share)), share, nanmean)
+    return out
 
 
 EXPERIMENT = Experiment(
