@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import scipy.stats
 import torch
 
 from attnmetrics.app.battery import experiments
@@ -56,6 +57,9 @@ CONVENTIONS = {
     "instances common to every method (as in the run), CI resampling seeds then instances; rows by comprehensiveness "
     "AOPC estimate, descending; adjacent methods' paired comprehensiveness difference (per instance and seed) with "
     "the same interval",
+    "seed_paired": "groups differing only in one baseline axis (regulariser vs none, attention vs uniform) and "
+    "the diagnostic MLP's variants vs the base model's attention: per-seed differences of each seed's own number, "
+    "their mean and 95% t interval (mean ± t(0.975, n-1)·s/√n over the common seeds)",
     "seed_variance": "base = smallest seed; per instance median JSD(base, seed attention) over the other seeds "
     "(nats) and mean TVD of output distributions",
 }
@@ -157,9 +161,10 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
         out["methods"] = methods
     if len(members) > 1 and have_preds:
         out["seed_variance"] = _seed_variance(preds)
-    for key, fn in (("consistent_adversary", _consistent_adversary), ("diagnostic", _diagnostic)):
-        if all(key in r for _, r, _ in members):
-            out[key] = fn([r[key] for _, r, _ in members])
+    if all("consistent_adversary" in r for _, r, _ in members):
+        out["consistent_adversary"] = _consistent_adversary([r["consistent_adversary"] for _, r, _ in members])
+    if all("diagnostic" in r for _, r, _ in members):
+        out["diagnostic"] = _diagnostic([r["diagnostic"] for _, r, _ in members], seeds)
     return out
 
 
@@ -201,9 +206,84 @@ def _consistent_adversary(per_seed: list[dict]) -> dict:
     return out
 
 
-def _diagnostic(per_seed: list[dict]) -> dict:
+def seed_t_interval(differences) -> dict:
+    """The mean of per-seed differences and its 95 % t interval, mean ± t(0.975, n − 1) · s / √n (s
+    with ddof 1): the seed-level interval issue 47 sets beside the seeds-then-instances bootstrap,
+    wider when the seeds disagree. NaN bounds with fewer than 2 finite differences."""
+    d = as_floats(differences)
+    d = d[np.isfinite(d)]
+    mean = float(d.mean()) if d.size else math.nan
+    if d.size < 2:
+        return {"mean": mean, "t95": [math.nan, math.nan], "seeds": int(d.size)}
+    half = float(scipy.stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+    return {"mean": mean, "t95": [mean - half, mean + half], "seeds": int(d.size)}
+
+
+#: the diagnostic MLP's variant the others are compared with, paired by seed (W&P 2019, Table 4)
+DIAGNOSTIC_BASELINE = "base"
+
+
+def _diagnostic(per_seed: list[dict], seeds: list) -> dict:
+    """W&P's diagnostic MLPs over seeds: each variant's spread and per-seed numbers, and each variant
+    minus the base model's attention, paired by seed (a t interval over the seeds' differences)."""
     variants = dict.fromkeys(v for r in per_seed for v in r)
-    return {v: {m: _spread([get(r, v, m) for r in per_seed]) for m in ("accuracy", "macro_f1")} for v in variants}
+    out: dict = {}
+    for v in variants:
+        out[v] = {}
+        for m in ("accuracy", "macro_f1"):
+            values = [get(r, v, m) for r in per_seed]
+            out[v][m] = {**_spread(values), "per_seed": dict(zip(map(str, seeds), values))}
+    if DIAGNOSTIC_BASELINE in out:
+        base = out[DIAGNOSTIC_BASELINE]
+        out["paired"] = {
+            f"{v} − {DIAGNOSTIC_BASELINE}": {
+                m: seed_t_interval(
+                    [_minus(out[v][m]["per_seed"].get(k), base[m]["per_seed"].get(k)) for k in map(str, seeds)]
+                )
+                for m in ("accuracy", "macro_f1")
+            }
+            for v in variants
+            if v != DIAGNOSTIC_BASELINE
+        }
+    return out
+
+
+def _minus(a, b) -> float:
+    return math.nan if a is None or b is None else a - b
+
+
+def seed_paired(groups: dict) -> list[dict]:
+    """Every pair of groups of one grid that differ only in one ``BASELINES`` axis (a regulariser
+    against none, learned attention against uniform), every statistic both have: the per-seed
+    differences group − baseline on their common seeds, their mean and 95 % t interval
+    (:func:`seed_t_interval`). Each seed's number is the cell's own (instances as the cell has them)."""
+    index = {(g["grid"], tuple(sorted((k, str(v)) for k, v in g["axes"].items()))): name for name, g in groups.items()}
+    out = []
+    for name, g in groups.items():
+        for axis, baseline in BASELINES.items():
+            if axis not in g["axes"] or str(g["axes"][axis]) == baseline:
+                continue
+            key = (g["grid"], tuple(sorted((k, str(baseline if k == axis else v)) for k, v in g["axes"].items())))
+            if key not in index:
+                continue
+            b = groups[index[key]]
+            for stat, entry in g["statistics"].items():
+                other = b["statistics"].get(stat)
+                if other is None:
+                    continue
+                seeds = sorted(entry["per_seed"].keys() & other["per_seed"].keys(), key=lambda k: (len(k), k))
+                diffs = [_minus(entry["per_seed"][k], other["per_seed"][k]) for k in seeds]
+                out.append(
+                    {
+                        "axis": axis,
+                        "group": name,
+                        "baseline": index[key],
+                        "statistic": stat,
+                        "per_seed": dict(zip(seeds, diffs)),
+                        **seed_t_interval(diffs),
+                    }
+                )
+    return out
 
 
 def paired_tests(cells: list[tuple[object, dict, dict | None]]) -> list[dict]:
@@ -432,6 +512,7 @@ def aggregate(cells: list[tuple[object, dict, dict | None]], compare: list[tuple
             **({"replicates": "prompts"} if "prompt" in c0.axes else {}),
             **aggregate_group([(c.replicate, r, p) for c, r, p in members]),
         }
+    out["seed_paired"] = seed_paired(out["groups"])
     return out
 
 

@@ -321,6 +321,17 @@ def _ss_section(agg: dict, folder: Path) -> list[str]:
     return [
         "## Serrano & Smith 2019: does removing the highest attention flip the decision first?",
         "",
+        *(
+            [
+                "Each ordering's flip fraction is over its own rows that flip; the \"common rows\" ones compare the "
+                "orderings paired, on each seed's rows that flip under every ordering (a random order's samples "
+                "averaged per row), and \"attention − X\" is the per-row difference there (below 0: attention's "
+                "order flips the decision sooner).",
+                "",
+            ]
+            if any("common rows" in r[1] for r in rows)
+            else []
+        ),
         table(rows, STAT_HEADERS),
         "",
     ]
@@ -363,6 +374,7 @@ def _wp_section(agg: dict, folder: Path) -> list[str]:
             table(rows, MCNEMAR_HEADERS),
             "",
         ]
+    wp += _seed_paired_part(agg, "attention", SEED_PAIRED)
     wp += _seed_variance_part(agg, folder) + _consistent_adversary_part(agg, folder) + _diagnostic_part(agg)
     if not wp:
         return []
@@ -441,15 +453,60 @@ def _diagnostic_part(agg: dict) -> list[str]:
         [g, variant, fmt(m["macro_f1"]["mean"]), fmt(m["accuracy"]["mean"])]
         for g, v in agg["groups"].items()
         for variant, m in v.get("diagnostic", {}).items()
+        if variant != "paired"
     ]
     if not diag_rows:
         return []
-    return [
+    paired_rows = [
+        [g, pair, *(f"{fmt(d[m]['mean'])} {_ci(d[m]['t95'])}" for m in ("macro_f1", "accuracy")), d["accuracy"]["seeds"]]
+        for g, v in agg["groups"].items()
+        for pair, d in v.get("diagnostic", {}).get("paired", {}).items()
+    ]
+    lines = [
         "**Diagnostic MLP** with imposed attention (mean over seeds)",
         "",
         table(diag_rows, ["group", "attention imposed", "macro F1", "accuracy"]),
         "",
     ]
+    if paired_rows:
+        lines += [
+            "Each imposed attention against the base model's, paired by seed (the mean of the per-seed "
+            "differences; in brackets its 95 % t interval over the seeds): W&P (Table 4) find the base model's "
+            "attention the most useful, so their differences are below 0.",
+            "",
+            table(paired_rows, ["group", "difference", "macro F1", "accuracy", "seeds"]),
+            "",
+        ]
+    return lines
+
+
+def _seed_paired_part(agg: dict, axis: str, statistics: tuple[str, ...]) -> list[str]:
+    """The groups against their baseline on ``axis``, paired by seed (aggregate's ``seed_paired``)."""
+    rows = [
+        [r["group"], r["baseline"], r["statistic"], fmt(r["mean"]), _ci(r["t95"]), r["seeds"]]
+        for r in agg.get("seed_paired", [])
+        if r["axis"] == axis and r["statistic"] in statistics
+    ]
+    if not rows:
+        return []
+    return [
+        "Paired by seed: the mean of the per-seed differences (group − baseline) and its 95 % t interval over "
+        "the seeds, the seed-level interval, wider than an instance bootstrap when the seeds disagree.",
+        "",
+        table(rows, ["group", "baseline", "statistic", "difference", "95% t interval", "seeds"]),
+        "",
+    ]
+
+
+#: the statistics the sweep report pairs by seed against a baseline
+SEED_PAIRED = (
+    "test accuracy",
+    "permutation median TVD",
+    "adversarial max JSD (mean)",
+    "single-token τ",
+    "τ attention vs gradient",
+    "τ attention vs loo",
+)
 
 
 def _ts_section(agg: dict, folder: Path) -> list[str]:
@@ -479,6 +536,7 @@ def _ts_section(agg: dict, folder: Path) -> list[str]:
         ]
     if rows := _mcnemar_rows(agg, "regulariser"):
         ts += ["Each regulariser vs none (McNemar, per seed)", "", table(rows, MCNEMAR_HEADERS), ""]
+    ts += _seed_paired_part(agg, "regulariser", SEED_PAIRED)
     if rows := _stat_rows(agg, "ts"):
         ts += [table(rows, STAT_HEADERS), ""]
     if not ts:

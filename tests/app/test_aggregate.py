@@ -453,3 +453,92 @@ def test_adversary_shares_per_predicted_class_match_a_plain_count():
                 ]
                 assert entry["per_seed"][str(s)] == pytest.approx(sum(kept) / len(kept))
             assert entry["ci95"][0] <= entry["estimate"] <= entry["ci95"][1]
+
+
+def test_flip_orderings_paired_on_common_rows_match_a_plain_loop():
+    """S&S's orderings compared on the same rows: per seed, the rows of >= 2 tokens that flip under
+    every ordering (every sample of the random one), attention's fraction minus each other's."""
+    rng = np.random.default_rng(3)
+    n, samples, members, kept = 50, 2, [], []
+    lengths = rng.integers(1, 9, n)
+    for s in range(3):
+        fr = {k: rng.random((n, samples if k == "random" else 1)) for k in ("attention", "gradient", "random")}
+        for v in fr.values():
+            v[rng.random(v.shape) < 0.2] = np.nan  # never flips
+        kept.append(fr)
+        flat = {k: v.T.reshape(-1) for k, v in fr.items()}  # sample after sample, as runs keep them
+        results = {
+            "flip": {
+                k: {"fraction": {"mean": float(np.nanmean(v))}, "never_flipped_rate": 0.2} for k, v in flat.items()
+            },
+            "instances": {
+                "lengths": lengths.tolist(),
+                "flip": {
+                    k: {"fraction": [None if np.isnan(x) else x for x in v], "removed": [1] * v.size}
+                    for k, v in flat.items()
+                },
+            },
+        }
+        results["flip"]["paired"] = {}
+        members.append((s, results, None))
+    g = aggregate_group(members)["statistics"]
+    for other in ("gradient", "random"):
+        entry = g[f"flip fraction, common rows: attention − {other}"]
+        for s, fr in enumerate(kept):
+            diffs = []
+            for i in range(n):
+                if lengths[i] > 1 and all(not np.isnan(x) for v in fr.values() for x in v[i]):
+                    diffs.append(fr["attention"][i].mean() - fr[other][i].mean())
+            assert entry["per_seed"][str(s)] == pytest.approx(sum(diffs) / len(diffs))
+        assert entry["ci95"][0] <= entry["estimate"] <= entry["ci95"][1]
+    assert "flip fraction, common rows (random)" in g
+
+
+def test_seed_t_interval_is_scipys_one_sample_t_confidence_interval():
+    from scipy.stats import ttest_1samp
+
+    from attnmetrics.app.aggregate import seed_t_interval
+
+    rng = np.random.default_rng(2)
+    for n in (2, 3, 5, 9):
+        d = rng.normal(0.01, 0.02, n)
+        ref = ttest_1samp(d, 0.0).confidence_interval(0.95)
+        got = seed_t_interval(list(d) + [None])  # a seed without a number is left out
+        assert got["seeds"] == n and got["mean"] == pytest.approx(d.mean())
+        np.testing.assert_allclose(got["t95"], [ref.low, ref.high], rtol=1e-12)
+    assert np.isnan(seed_t_interval([0.1])["t95"]).all()
+
+
+def test_seed_paired_pairs_each_regulariser_with_none_of_the_same_seed():
+    from attnmetrics.app.aggregate import seed_paired
+
+    def group(reg, per_seed):
+        return {
+            "grid": "tutek",
+            "axes": {"dataset": "sst", "regulariser": reg},
+            "statistics": {"test accuracy": {"per_seed": per_seed}},
+        }
+
+    groups = {
+        "tutek/none": group("none", {"0": 0.80, "1": 0.82, "2": 0.81}),
+        "tutek/tying": group("tying", {"0": 0.78, "1": 0.81, "2": 0.77, "3": 0.9}),  # seed 3: no partner
+        "other/tying": {**group("tying", {"0": 0.1, "1": 0.2}), "grid": "other"},  # no baseline in its grid
+    }
+    (row,) = seed_paired(groups)
+    assert (row["group"], row["baseline"], row["statistic"]) == ("tutek/tying", "tutek/none", "test accuracy")
+    np.testing.assert_allclose(list(row["per_seed"].values()), [-0.02, -0.01, -0.04])
+    assert row["seeds"] == 3 and row["t95"][0] < row["mean"] < row["t95"][1]
+
+
+def test_diagnostic_variants_minus_base_are_paired_by_seed():
+    from attnmetrics.app.aggregate import _diagnostic
+
+    per_seed = [
+        {"base": {"accuracy": 0.80, "macro_f1": 0.79}, "uniform": {"accuracy": 0.82, "macro_f1": 0.815}},
+        {"base": {"accuracy": 0.81, "macro_f1": 0.80}, "uniform": {"accuracy": 0.82, "macro_f1": 0.82}},
+        {"base": {"accuracy": 0.79, "macro_f1": 0.78}, "uniform": {"accuracy": 0.83, "macro_f1": 0.825}},
+    ]
+    d = _diagnostic(per_seed, [0, 1, 2])
+    assert d["uniform"]["accuracy"]["per_seed"] == {"0": 0.82, "1": 0.82, "2": 0.83}
+    paired = d["paired"]["uniform − base"]["accuracy"]
+    assert paired["mean"] == pytest.approx((0.02 + 0.01 + 0.04) / 3) and paired["seeds"] == 3

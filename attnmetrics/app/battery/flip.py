@@ -181,6 +181,30 @@ def statistics(results: dict, inst: dict, ok) -> dict:
         out[f"flip fraction ({order})"] = ("ss", s["fraction"]["mean"], ok(f["fraction"]) if same else None, nanmean)
         never = ok(np.asarray(f["removed"]) < 0) if same else None
         out[f"never flips ({order})"] = ("ss", s["never_flipped_rate"], never, nanmean)
+    out.update(_paired_statistics(results, inst))
+    return out
+
+
+def _paired_statistics(results: dict, inst: dict) -> dict:
+    """S&S's comparison of orderings on the same rows, per instance for a sweep's seeds-then-instances
+    intervals: each ordering's flip fraction on the rows that flip under every ordering (a random
+    order's samples averaged per row; NaN elsewhere), and attention's minus each other's there."""
+    lengths = np.asarray(inst.get("lengths", []))
+    names = [k for k in results.get("flip", {}) if k != "paired"]
+    flips = {k: get(inst, "flip", k) for k in names}
+    if len(names) < 2 or "attention" not in names or any(f is None for f in flips.values()) or not lengths.size:
+        return {}
+    # instances keep a random order's samples one after the other: [samples * N] -> [N, samples]
+    fractions = {k: as_floats(f["fraction"]).reshape(-1, lengths.size).T for k, f in flips.items()}
+    common, _ = common_rows(fractions, lengths)
+    per_row = {k: np.where(common, v.mean(1), np.nan) for k, v in fractions.items()}
+    out = {}
+    for k, v in per_row.items():
+        out[f"flip fraction, common rows ({k})"] = ("ss", float(nanmean(v)), v, nanmean)
+    for k, v in per_row.items():
+        if k != "attention":
+            d = per_row["attention"] - v
+            out[f"flip fraction, common rows: attention − {k}"] = ("ss", float(nanmean(d)), d, nanmean)
     return out
 
 
