@@ -308,7 +308,10 @@ class PromptedLM(HFClassifier):
         if self.space:
             prefix = prefix[:-1]
         start = _start_tokens(tokenizer, prefix)
-        prefix_ids = start + tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        body = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        if start and body[: len(start)] == start:  # the template writes them itself (a chat template's BOS)
+            start = []
+        prefix_ids = start + body
         suffix_ids = tokenizer(suffix, add_special_tokens=False)["input_ids"]
         if not suffix_ids:
             raise ValueError(

@@ -175,3 +175,30 @@ def test_a_folder_that_is_not_a_checkpoint_is_named(tmp_path):
         load_causal_lm(tmp_path)
     with pytest.raises(ValueError, match=r"no such GGUF file"):
         load_causal_lm(tmp_path / "model.Q4_1.gguf")
+
+
+@pytest.mark.parametrize("chat_bos", [True, False], ids=["template-writes-bos", "tokenizer-adds-bos"])
+def test_a_chat_template_that_writes_the_bos_token_gets_one_not_two(chat_bos):
+    """A Llama-3-like chat template starts with the BOS token's text; the tokenizer adds BOS of its own
+    accord too (a post-processor): the prompt must start with one BOS either way."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from tests.models.test_causal_edits import WORDS
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<unk>", "<s>", "</s>", *WORDS, *(f"w{i}" for i in range(45))])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 2)])
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    opening = "{{ bos_token }}" if chat_bos else ""
+    tokenizer.chat_template = opening + "{% for m in messages %}{{ m['content'] }}{% endfor %} Sentiment :"
+    config = transformers.LlamaConfig(
+        vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+    )  # fmt: skip
+    lm = transformers.LlamaForCausalLM(config).eval()
+    prompt = Prompt("chat", "Review : {text}", {"neg": " negative", "pos": " positive"}, chat=True)
+    model = PromptedLM(lm, tokenizer, prompt, ["neg", "pos"])
+    assert model.prefix_ids.tolist() == [2, vocab["Review"], vocab[":"]]
