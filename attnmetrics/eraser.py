@@ -35,9 +35,16 @@ from attnmetrics._deferred import deferred
 from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET
 from attnmetrics.flip import removal_order
-from attnmetrics.loo import _check_loo_inputs, _grouped_logits, call_budget
+from attnmetrics.loo import (
+    CPU_DELETION_CALL_BYTES,
+    _check_loo_inputs,
+    _checked_logits,
+    _grouped_logits,
+    _length_groups,
+    call_budget,
+)
 from attnmetrics.outputs import decision, output_distribution
-from attnmetrics.protocol import eval_mode
+from attnmetrics.protocol import capability, eval_mode
 
 #: ERASER's fractions of the tokens in the rationale (DeYoung et al. 2020, sec. 4: "bins")
 ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
@@ -351,41 +358,15 @@ def _effect(
             first = _repeated_sizes(k)
             columns_all = torch.arange(len(fractions), device=device)
             run = k.masked_fill((first != columns_all) | (k == 0), -1)  # k = 0 (DecompX's rounding): not run
-            # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget,
-            # their lengths known on the host (one read), so no block's calls read the device
-            block = max(1, budget // (len(fractions) * width * 8 * 8))
-            host = torch.cat([lengths[:, None], run], 1).cpu()  # the one read; the op plans from it
-            planned = _perturbed_lengths(host.tolist(), lead + trail, keep_rationale, mode)
-            for b0 in range(0, batch, block):
-                part = slice(b0, b0 + block)
-                # every counted fraction's perturbed row at once (kernels/loo.h), row-major
-                seqs, seq_lengths, rows, columns = ops.rationale_batch(
-                    tokens[part].contiguous(),
-                    host[part, 0].contiguous(),
-                    rank[part].contiguous(),
-                    host[part, 1:].contiguous(),
-                    lead,
-                    trail,
-                    keep_rationale,
-                    mask_token,
-                    0,
+            host = torch.cat([lengths[:, None], run], 1).cpu()  # the one read; the calls plan from it
+            subsets = capability(model, "subset_logits")
+            if subsets is None:
+                _values_by_kernel(model, tokens, rank, host, keep_rationale, mode, mask_token, full, budget, values)
+            else:  # the model's own perturbed rows (a causal decoder: its prefix reused)
+                cap = call_budget(device, memory_budget, CPU_DELETION_CALL_BYTES)
+                _values_by_model(
+                    model, subsets, tokens, lengths, rank, host, keep_rationale, mask_token, full, cap, values
                 )
-                block_lengths = [n for row in planned[b0 : b0 + block] for n in row]
-                if not block_lengths:
-                    continue
-                rows += b0
-                out, _, _ = _grouped_logits(
-                    model,
-                    seqs,
-                    seq_lengths,
-                    full.bytes_per_position,
-                    budget,
-                    "a perturbed row",
-                    full.classes,
-                    host_lengths=block_lengths,
-                )
-                p = output_distribution(out).gather(1, predicted[rows, None])[:, 0]
-                values[rows, columns] = (probability[rows] - p.to(torch.float64)).to(dtype)
             # the empty rationale: p(ŷ | nothing kept) for sufficiency's k = 0 and ALTI's bin 0
             empty = None
             if keep_rationale and (aopc == "alti" or rounding == "decompx"):
@@ -396,6 +377,93 @@ def _effect(
             values = values.gather(1, first)
             out = values.nanmean(1) if aopc == "eraser" else alti_aopc(values, empty, keep_rationale)
     return EraserResult(values, out, k, probability.to(dtype), predicted)
+
+
+def _values_by_kernel(model, tokens, rank, host, keep_rationale, mode, mask_token, full: FullRows, budget, values):
+    """Write into ``values`` ``[B, F]`` the drop ``p(ŷ | x) - p(ŷ | perturbed x)`` of every counted
+    fraction (``host`` ``[B, 1 + F]`` on the CPU: the lengths, then each fraction's k, -1 where it is
+    not run), the perturbed rows built by the ``rationale_batch`` kernel and run whole through the
+    model, grouped by length within the budget."""
+    lead, trail = model.lead, model.trail
+    batch, width = tokens.shape
+    # Blocks of rows whose perturbed sequences (one per counted fraction) fit the budget,
+    # their lengths known on the host (one read), so no block's calls read the device
+    block = max(1, budget // ((host.shape[1] - 1) * width * 8 * 8))
+    planned = _perturbed_lengths(host.tolist(), lead + trail, keep_rationale, mode)
+    for b0 in range(0, batch, block):
+        part = slice(b0, b0 + block)
+        # every counted fraction's perturbed row at once (kernels/loo.h), row-major
+        seqs, seq_lengths, rows, columns = ops.rationale_batch(
+            tokens[part].contiguous(),
+            host[part, 0].contiguous(),
+            rank[part].contiguous(),
+            host[part, 1:].contiguous(),
+            lead,
+            trail,
+            keep_rationale,
+            mask_token,
+            0,
+        )
+        block_lengths = [n for row in planned[b0 : b0 + block] for n in row]
+        if not block_lengths:
+            continue
+        rows += b0
+        out, _, _ = _grouped_logits(
+            model,
+            seqs,
+            seq_lengths,
+            full.bytes_per_position,
+            budget,
+            "a perturbed row",
+            full.classes,
+            host_lengths=block_lengths,
+        )
+        p = output_distribution(out).gather(1, full.predicted[rows, None])[:, 0]
+        values[rows, columns] = (full.probability[rows] - p.to(torch.float64)).to(values.dtype)
+
+
+def _values_by_model(
+    model, subsets, tokens, lengths, rank, host, keep_rationale, mask_token, full: FullRows, budget, values
+):
+    """:func:`_values_by_kernel` with the perturbed rows' logits from the model's ``subset_logits``
+    (``subsets``; a causal decoder reuses each row's keys and values before its first changed
+    token): prepared once for a block of rows of about one length (within the budget, at
+    ``full.bytes_per_position``, as :func:`attnmetrics.leave_one_out` blocks its rows), then fed the
+    block's perturbed rows as ``changed`` masks, sorted by their first changed position (a call's
+    edits recompute about as many positions), each call within the budget at the prepared
+    callable's ``position_bytes`` per position."""
+    lead, trail, device = model.lead, model.trail, tokens.device
+    counted = host[:, 1:] >= 0
+    rows = counted.any(1).nonzero()[:, 0]
+    rows = rows[torch.argsort(host[rows, 0], stable=True)]
+    len_list = host[rows, 0].tolist()
+    for bs, be in _length_groups([1] * len(len_list), len_list, full.bytes_per_position, budget, padding=None):
+        T = len_list[be - 1]
+        idx = rows[bs:be].to(device)
+        prepared = subsets(model.embed(tokens[idx, :T]), lengths[idx], mask_token)
+        position_bytes = getattr(prepared, "position_bytes", full.bytes_per_position)
+        if isinstance(position_bytes, bool) or not isinstance(position_bytes, int) or position_bytes <= 0:
+            raise ValueError(
+                f"model.subset_logits(...).position_bytes must be a positive int (bytes per position "
+                f"of a call's edits), got {position_bytes!r}"
+            )
+        local, column = counted[rows[bs:be]].nonzero(as_tuple=True)  # every run fraction of the block's rows
+        k = host[rows[bs:be], 1:][local, column].to(device)
+        local, column = local.to(device), column.to(device)
+        real = (lengths[idx] - lead - trail)[local]
+        t = torch.arange(T - lead, device=device)
+        # the tokens each perturbed row changes: the rationale (comprehensiveness) or the rest
+        changed = (t < real[:, None]) & ((rank[idx[local], : T - lead] < k[:, None]) != keep_rationale)
+        changed = torch.cat([changed.new_zeros(len(local), lead), changed], 1)  # [n, T], protocol positions
+        first = torch.where(changed, torch.arange(T, device=device), T).min(1).values
+        order = torch.argsort(first, stable=True)
+        per_call = max(1, budget // max(1, T * position_bytes))
+        for c in range(0, len(order), per_call):
+            part = order[c : c + per_call]
+            src = idx[local[part]]
+            logits = _checked_logits(prepared(local[part], changed[part]), len(part), "a perturbed row", full.classes)
+            p = output_distribution(logits).gather(1, full.predicted[src, None])[:, 0]
+            values[src, column[part]] = (full.probability[src] - p.to(torch.float64)).to(values.dtype)
 
 
 def _empty_rationale(model, tokens, lengths, real, mode, mask_token, full: FullRows, budget: int) -> Tensor:

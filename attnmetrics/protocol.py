@@ -75,6 +75,25 @@ class MasksTokens(Protocol):
     def masking_logits(self, embedded: Tensor, lengths: Tensor, mask_token: int) -> PreparedEdits: ...
 
 
+class PreparedSubsets(Protocol):
+    """What ``subset_logits`` returns: ``(rows [N] int64, changed [N, T] bool) -> logits [N, C]``,
+    the logits of row ``rows[i]`` with every position t where ``changed[i, t]`` edited (deleted,
+    the rest closing up, or masked), ``position_bytes`` as :class:`PreparedEdits`'."""
+
+    position_bytes: int
+
+    def __call__(self, rows: Tensor, changed: Tensor) -> Tensor: ...
+
+
+class EditsSubsets(Protocol):
+    """``subset_logits(embedded [G, T, E], lengths [G], mask_token: int | None) -> PreparedSubsets``:
+    the logits with a set of tokens deleted (``mask_token`` None) or replaced by ``mask_token``,
+    reusing what the edit leaves unchanged (a causal decoder: every position before its first
+    changed token); :func:`attnmetrics.comprehensiveness` and :func:`attnmetrics.sufficiency` use it."""
+
+    def subset_logits(self, embedded: Tensor, lengths: Tensor, mask_token: int | None) -> PreparedSubsets: ...
+
+
 class OwnAttention(Protocol):
     """``tested_attention(tokens, lengths) -> TestedAttention | None``: the attention the battery
     tests when it is not the attention head's (a transformer's own, docs/definitions.md §15);
@@ -94,6 +113,7 @@ class RollsOut(Protocol):
 CAPABILITIES = {
     "deletion_logits": DeletesTokens,
     "masking_logits": MasksTokens,
+    "subset_logits": EditsSubsets,
     "tested_attention": OwnAttention,
     "rollout": RollsOut,
 }

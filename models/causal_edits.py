@@ -243,6 +243,70 @@ def edit_counts(lengths, prefix: int = 0, suffix: int = 0, mode: str = "delete")
     return EditCounts(recomputed, full, rows)
 
 
+class CachedRows(NamedTuple):
+    """G rows run once by :func:`cache_rows`: ``cache``, every layer's keys and values ``[G,
+    kv_heads, Tf, dh]``, and ``logits`` ``[G, C]``, the rows' own."""
+
+    cache: list[tuple[Tensor, Tensor]]
+    logits: Tensor
+
+
+def cache_rows(decoder: CausalDecoder, readout: Callable[[Tensor], Tensor], inputs: Tensor, full: Tensor) -> CachedRows:
+    """Run G right-padded rows once (``inputs [G, Tf, d]`` word embeddings, ``full [G]`` int64
+    lengths >= 1), keeping every layer's keys and values: :class:`CachedRows`."""
+    G, Tf, _ = inputs.shape
+    cache: list[tuple[Tensor, Tensor]] = []
+    where = token_mask(full, Tf)
+    positions = torch.arange(Tf, device=inputs.device).expand(G, Tf)
+    logits = readout(run_layers(decoder, inputs[where], full, positions, Tf, cache=cache))
+    return CachedRows(cache, logits)
+
+
+def recompute(
+    decoder: CausalDecoder,
+    readout: Callable[[Tensor], Tensor],
+    cache: list[tuple[Tensor, Tensor]],
+    rows: Tensor,
+    start: Tensor,
+    words: Tensor,
+    count: Tensor,
+    width: int,
+    prefix: int,
+) -> Tensor:
+    """Logits ``[N, C]`` of N edited sequences, each its source row's cached positions before
+    ``start[i]`` and then ``count[i]`` recomputed positions ``start[i], start[i] + 1, ...``.
+
+    Args:
+        cache: the source rows' keys and values (:func:`cache_rows`), unchanged before ``start``.
+        rows: ``[N]`` int64, each sequence's source row (an index into the cache).
+        start: ``[N]`` int64, its first recomputed position (also the cached positions it reads).
+        words: ``[N, width, d]`` the recomputed positions' word embeddings (any past ``count``).
+        count: ``[N]`` int64 >= 1; ``width`` its maximum and ``prefix`` ``start``'s (host ints).
+    """
+    at = start[:, None] + torch.arange(width, device=start.device)  # [N, W] the positions
+
+    def past(layer: int) -> tuple[Tensor, Tensor]:
+        k, v = cache[layer]
+        return k[:, :, :prefix][rows], v[:, :, :prefix][rows]
+
+    x = words[token_mask(count, width)]
+    return readout(run_layers(decoder, x, count, at, width, past if prefix else None, start))
+
+
+def position_bytes(decoder: CausalDecoder, inputs: Tensor, full: Tensor, first: Tensor, width: int) -> int:
+    """About what a call of edits holds per text position (bytes; what ``leave_one_out`` and
+    ERASER size their calls by): each edit's recomputed positions (at most the text and what
+    follows it) with their activations (states, norms, q/k/v, the heads' outputs, the MLP's four
+    intermediate vectors) and one layer's scores and probabilities over every key, and one
+    layer's gathered prefix keys and values; spread over the text's ``width`` positions."""
+    Tf = inputs.shape[1]
+    span = int((full - first).max())
+    per_position = 4 * decoder.d + 2 * (decoder.heads + decoder.kv_heads) * decoder.head_dim
+    per_edit = span * (per_position + 4 * decoder.intermediate + 2 * decoder.heads * Tf)
+    per_edit += 2 * decoder.kv_heads * decoder.head_dim * Tf
+    return max(1, math.ceil(per_edit * inputs.element_size() / max(1, width)))
+
+
 def prepare_edits(
     decoder: CausalDecoder,
     readout: Callable[[Tensor], Tensor],
@@ -278,10 +342,7 @@ def prepare_edits(
         raise ValueError(
             f"a deletion needs inputs of at least 2 positions (one is left to read out), got lengths {full.tolist()}"
         )
-    cache: list[tuple[Tensor, Tensor]] = []
-    where = token_mask(full, Tf)
-    positions = torch.arange(Tf, device=device).expand(G, Tf)
-    unedited = readout(run_layers(decoder, inputs[where], full, positions, Tf, cache=cache))
+    cache, unedited = cache_rows(decoder, readout, inputs, full)
     if masked:
         replacement = replacement.to(inputs.dtype)
 
@@ -298,25 +359,11 @@ def prepare_edits(
         words = inputs[rows[:, None], src.clamp(max=Tf - 1)]
         if masked:
             words = torch.where((at == edit[:, None])[..., None], replacement, words)
-        x = words[token_mask(count, W)]
-
-        def past(layer: int) -> tuple[Tensor, Tensor]:
-            k, v = cache[layer]
-            return k[:, :, :S][rows], v[:, :, :S][rows]
-
-        return readout(run_layers(decoder, x, count, at, W, past if S else None, start))
+        return recompute(decoder, readout, cache, rows, start, words, count, W, S)
 
     edits.recomputed = 0
     edits.unedited_logits = lambda: unedited
-    # what a call holds per edit: its recomputed positions (at most the text and what follows it)
-    # with their activations (states, norms, q/k/v, the heads' outputs, the MLP's four
-    # intermediate vectors) and one layer's scores and probabilities over every key, and one
-    # layer's gathered prefix keys and values; spread over the text's positions (loo's width)
-    span = int((full - first).max())
-    per_position = 4 * decoder.d + 2 * (decoder.heads + decoder.kv_heads) * decoder.head_dim
-    per_edit = span * (per_position + 4 * decoder.intermediate + 2 * decoder.heads * Tf)
-    per_edit += 2 * decoder.kv_heads * decoder.head_dim * Tf
-    edits.position_bytes = max(1, math.ceil(per_edit * inputs.element_size() / max(1, width)))
+    edits.position_bytes = position_bytes(decoder, inputs, full, first, width)
     return edits
 
 

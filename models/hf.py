@@ -816,6 +816,24 @@ class HFClassifier(nn.Module):
         mask_token) -> PreparedEdits``; None for an encoder."""
         return self._prefix_maskings if self.family in ("gpt2", "llama") else None
 
+    @property
+    def subset_logits(self):
+        """A decoder's (``gpt2``, ``llama``) :class:`attnmetrics.protocol.EditsSubsets` capability,
+        ``(embedded [G, T, d], lengths [G], mask_token: int | None) -> PreparedSubsets``: the logits
+        with a set of tokens deleted (``mask_token`` None) or masked, each edit recomputing only the
+        positions from its first changed token on (models/causal_subsets.py), for ERASER; None for
+        an encoder."""
+        return self._prefix_subsets if self.family in ("gpt2", "llama") else None
+
+    def _prefix_subsets(self, embedded: Tensor, lengths: Tensor, mask_token: int | None):
+        from attnmetrics.models.causal_edits import decoder_of, mask_embedding
+        from attnmetrics.models.causal_subsets import prepare_subsets
+
+        words = self.base.get_input_embeddings()
+        mask = None if mask_token is None else mask_embedding(words, mask_token, embedded.dtype)
+        first = torch.zeros_like(lengths)
+        return prepare_subsets(decoder_of(self.base), self.decoder, embedded, lengths, first, lengths, mask)
+
     def _prefix_deletions(self, embedded: Tensor, lengths: Tensor):
         from attnmetrics.models.causal_edits import decoder_of, prepare_edits
 

@@ -493,6 +493,22 @@ class PromptedLM(HFClassifier):
         mask = mask_embedding(self.base.get_input_embeddings(), mask_token, embedded.dtype)
         return self._prefix_edits(embedded, lengths, mask)
 
+    def subset_logits(self, embedded: Tensor, lengths: Tensor, mask_token: int | None):
+        """:class:`attnmetrics.protocol.EditsSubsets`: the label words' logits with a set of text
+        tokens deleted (``mask_token`` None) or replaced by ``mask_token``, for ERASER. The whole
+        inputs run once, every layer's keys and values kept; an edit recomputes only the positions
+        from its first changed token on (the kept text after it, at its new rotary positions, and
+        the suffix template), attending to the cached prefix (models/causal_subsets.py). Equal to
+        a full recomputation up to rounding."""
+        from attnmetrics.models.causal_edits import decoder_of, mask_embedding
+        from attnmetrics.models.causal_subsets import prepare_subsets
+
+        words = self.base.get_input_embeddings()
+        mask = None if mask_token is None else mask_embedding(words, mask_token, embedded.dtype)
+        inputs, full, _ = self._embeddings(embedded, lengths)
+        first = torch.full_like(lengths, len(self.prefix_ids))
+        return prepare_subsets(decoder_of(self.base), self.decoder, inputs, full, first, lengths, mask)
+
     def _prefix_edits(self, embedded: Tensor, lengths: Tensor, replacement: Tensor | None):
         from attnmetrics.models.causal_edits import decoder_of, prepare_edits
 

@@ -214,4 +214,4 @@ def test_capabilities_are_found_by_getattr_and_unknown_names_refused():
     assert capability(plain, "rollout") is None
     with pytest.raises(ValueError, match="unknown capability 'deletions'"):
         capability(model, "deletions")
-    assert set(CAPABILITIES) == {"deletion_logits", "masking_logits", "tested_attention", "rollout"}
+    assert set(CAPABILITIES) == {"deletion_logits", "masking_logits", "subset_logits", "tested_attention", "rollout"}
