@@ -18,7 +18,11 @@ and token ids; every perturbed sequence of a block of rows and all its fractions
 once (two fractions of a row with the same rationale size perturb it identically and run
 once), and the sequences run through the model grouped by length (no padding on the CPU; few
 padded calls on a GPU), each call within the memory budget. :func:`full_rows` computes the
-unperturbed rows' decisions once for several calls on the same rows.
+unperturbed rows' decisions once for several calls on the same rows. A model with the optional
+``subset_logits`` capability (:class:`attnmetrics.protocol.EditsSubsets`) computes the perturbed
+rows' logits itself: a causal decoder (a Hugging Face decoder classifier, a prompted model) runs
+each block of rows once and recomputes each perturbed row only from its first changed token on
+(``models/causal_subsets.py``; equal to the full recomputation up to rounding).
 """
 
 from __future__ import annotations
@@ -508,7 +512,8 @@ def _perturbed_lengths(rows: list[list[int]], specials: int, keep_rationale: boo
 _DOC = """
 
     Args:
-        model: any :class:`attnmetrics.AttentionClassifier`.
+        model: any :class:`attnmetrics.AttentionClassifier`; with ``subset_logits``, the perturbed
+            rows come from it (a causal decoder reusing each row's prefix; the module's docstring).
         tokens: ``[B, T]`` int64 token ids, special tokens included, any strides.
         lengths: ``[B]`` integer positions per row, special tokens included, in ``[lead + trail, T]``.
         scores: ``[B, S]`` float importance of the real tokens (S at least the longest row's
@@ -550,7 +555,8 @@ _DOC = """
             deleted on a model without special tokens (sufficiency with ``"decompx"`` or ``"alti"``); model outputs that are not finite ``[N, C]`` logits;
             ``full_rows`` of other rows or on another device (TypeError: not a :class:`FullRows`);
             comprehensiveness deleting a whole row on a model without special tokens (GPT-2:
-            nothing would be left to encode).
+            nothing would be left to encode); a model's ``subset_logits(...).position_bytes`` that
+            is not a positive int.
     """
 
 

@@ -6,6 +6,14 @@ the remaining weights renormalised to sum to 1, and the layers after attention
 per-step loop: a linear decoder gets a closed form on projected values
 (``flip_search_linear``), any other decoder gets every renormalised context of a
 row in one batched call (``renormalised_contexts``).
+
+No token is re-encoded: on a Hugging Face decoder or a prompted model (``models/prompted.py``)
+the items are the last layer's tested attention row (``tested_attention``, docs/definitions.md
+§15), whose weights are zeroed and renormalised, and the decoder is the network after that
+attention (``after_attention``: the output projection, residual, MLP, final norm and head), run
+on the new contexts. The causal prefix reuse of leave-one-out and ERASER
+(``models/causal_edits.py``, ``models/causal_subsets.py``), which saves re-encoding the positions
+before an edited token, has nothing to save here.
 """
 
 from __future__ import annotations
