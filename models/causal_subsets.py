@@ -23,6 +23,7 @@ from torch import Tensor
 
 from attnmetrics.models.causal_edits import (
     EDIT_MODES,
+    CachedRows,
     CausalDecoder,
     EditCounts,
     cache_rows,
@@ -46,12 +47,15 @@ def prepare_subsets(
     ``changed[i, t]`` deleted (``replacement`` None: the kept tokens close up) or replaced by the
     word embedding ``replacement [d]``. An edit that changes nothing gives the row's own logits.
 
-    Runs the rows once here (every layer's keys and values kept, and their own logits:
-    ``edits.unedited_logits()``); each call then recomputes, per edit, the positions from its
-    first changed one on (at least the last position, which is read out). ``edits.position_bytes``:
-    about what a call holds per text position of its edits (by which ERASER sizes its calls);
-    ``edits.recomputed``: the positions its calls have run so far (:func:`subset_counts`'
-    ``recomputed``).
+    The first call (or ``edits.unedited_logits()``, the rows' own logits) runs the rows once,
+    every layer's keys and values kept; each call then recomputes, per edit, the positions from
+    its first changed one on (at least the last position, which is read out).
+    ``edits.cost(rows, changed)``: the positions the edits would run, ``(reuse, full)`` host ints:
+    with the reuse (their recomputed positions, and the rows' own forward while it has not run),
+    and by a full recomputation (the edited inputs whole), without running anything (by which
+    ERASER chooses). ``edits.position_bytes``: about what a call holds per text position of its
+    edits (by which ERASER sizes its calls); ``edits.recomputed``: the positions its calls have
+    run so far (:func:`subset_counts`' ``recomputed``).
 
     Args:
         decoder: the model's layers (:func:`~attnmetrics.models.causal_edits.decoder_of`).
@@ -62,30 +66,37 @@ def prepare_subsets(
         first: ``[G]`` int64, each row's first text position (text position t is ``first + t``).
         lengths: ``[G]`` int64, each row's text length (the protocol's; ``changed`` is False past it).
 
-    Calls raise ValueError (naming ``changed``) for a ``changed`` that is not ``[N, T]`` bool on the
-    inputs' device (any T), that marks a position past its row's text, or whose deletion leaves no
-    position to read out; ``rows`` must be ``[N]`` int64 indices of the G rows.
+    Calls (and ``cost``) raise ValueError (naming ``changed``) for a ``changed`` that is not
+    ``[N, T]`` bool with N >= 1 on the inputs' device (any T), that marks a position past its
+    row's text, or whose deletion leaves no position to read out; ``rows`` must be ``[N]`` int64
+    indices of the G rows.
     """
     G, Tf, _ = inputs.shape
     device = inputs.device
     masked = replacement is not None
-    cache, unedited = cache_rows(decoder, readout, inputs, full)
     if masked:
         replacement = replacement.to(inputs.dtype)
     width = int(lengths.max()) if G else 0
+    rows_run: list[CachedRows] = []  # the rows' own forward, run at the first call that needs it
 
-    def edits(rows: Tensor, changed: Tensor) -> Tensor:
+    def cached() -> CachedRows:
+        if not rows_run:
+            rows_run.append(cache_rows(decoder, readout, inputs, full))
+        return rows_run[0]
+
+    def plan(rows: Tensor, changed: Tensor):
+        """Each edit's changed whole positions ``hit [N, Tf]``, new length, first recomputed
+        position and recomputed count, and (host ints) their widest count, latest start, total and
+        the edited inputs' total length; the one read of a call."""
         N = rows.shape[0]
         if not isinstance(changed, Tensor) or changed.dtype != torch.bool or changed.dim() != 2:
             got = f"{changed.dtype} {list(changed.shape)}" if isinstance(changed, Tensor) else type(changed).__name__
             raise ValueError(f"changed must be an [N, T] bool tensor (one row per edit), got {got}")
-        if changed.shape[0] != N or changed.device != device:
+        if changed.shape[0] != N or changed.device != device or N == 0:
             raise ValueError(
-                f"changed must be [{N}, T] (one row per edit of rows) on {device}, "
+                f"changed must be [{N}, T] (one row per edit of rows, N >= 1) on {device}, "
                 f"got {list(changed.shape)} on {changed.device}"
             )
-        if not N:
-            return unedited[:0]
         changed = torch.cat([changed, changed.new_zeros(N, 1)], 1)  # a last column of False: never empty
         T = changed.shape[1]
         j = torch.arange(Tf, device=device)
@@ -96,8 +107,8 @@ def prepare_subsets(
         edit = torch.where(hit, j, Tf).min(1).values  # the first changed position (Tf: none)
         start = torch.minimum(edit, new_length - 1)  # at least the last position
         count = new_length - start
-        W, S, total, bad, empty = torch.stack(
-            [count.max(), start.max(), count.sum(), stray.any(), (new_length < 1).any()]
+        W, S, total, whole, bad, empty = torch.stack(
+            [count.max(), start.max(), count.sum(), new_length.sum(), stray.any(), (new_length < 1).any()]
         ).tolist()
         if bad:
             r = int(stray.any(1).nonzero()[0])
@@ -110,6 +121,10 @@ def prepare_subsets(
             raise ValueError(
                 f"changed deletes every position of edit {r} (row {int(rows[r])}): nothing is left to read out"
             )
+        return hit, new_length, start, count, W, S, total, whole
+
+    def edits(rows: Tensor, changed: Tensor) -> Tensor:
+        hit, new_length, start, count, W, S, total, _ = plan(rows, changed)
         edits.recomputed += total
         at = start[:, None] + torch.arange(W, device=device)  # [N, W] the new positions
         if masked:
@@ -117,14 +132,20 @@ def prepare_subsets(
             replaced = hit.gather(1, at.clamp(max=Tf - 1))[..., None]
             words = torch.where(replaced, replacement, words)
         else:
+            j = torch.arange(Tf, device=device)
             kept = (j[None] < full[rows][:, None]) & ~hit
             order = torch.argsort((~kept).to(torch.int8), dim=1, stable=True)  # kept positions first, in order
             src = order.gather(1, at.clamp(max=Tf - 1))  # where each new position's token was
             words = inputs[rows[:, None], src]
-        return recompute(decoder, readout, cache, rows, start, words, count, W, S)
+        return recompute(decoder, readout, cached().cache, rows, start, words, count, W, S)
+
+    def cost(rows: Tensor, changed: Tensor) -> tuple[int, int]:
+        _, _, _, _, _, _, total, whole = plan(rows, changed)
+        return total + (0 if rows_run else int(full.sum())), whole
 
     edits.recomputed = 0
-    edits.unedited_logits = lambda: unedited
+    edits.unedited_logits = lambda: cached().logits
+    edits.cost = cost
     edits.position_bytes = position_bytes(decoder, inputs, full, first, max(1, width))
     return edits
 

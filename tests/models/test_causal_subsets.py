@@ -5,6 +5,8 @@ whole, and ERASER's comprehensiveness and sufficiency with the capability equal 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -77,8 +79,13 @@ def test_a_decoders_subset_edits_equal_the_edited_inputs_run_whole(name, dtype, 
     # a decoder classifier's deletion of every token leaves nothing to read out; a prompt's leaves its template
     rows, sets = subsets(lengths, delete_all=masked or is_prompted)
     changed = as_mask(sets, tokens.shape[1])
+    prefix, suffix = (len(model.prefix_ids), len(model.suffix_ids)) if is_prompted else (0, 0)
+    per_row = [(int(n), [s for r, s in zip(rows, sets) if r == row]) for row, n in enumerate(lengths)]
+    counts = subset_counts(per_row, prefix, suffix, "mask" if masked else "delete")
     with torch.no_grad():
         prepared = model.subset_logits(model.embed(tokens), lengths, MASK if masked else None)
+        # counted before anything runs: the recomputed positions and the rows' own forward
+        assert prepared.cost(torch.tensor(rows), changed) == (counts.recomputed + counts.rows, counts.full)
         got = torch.cat([prepared(torch.tensor(rows[c : c + 7]), changed[c : c + 7]) for c in range(0, len(rows), 7)])
         torch.testing.assert_close(prepared.unedited_logits(), model(tokens, lengths)[0], rtol=0, atol=ATOL[dtype])
         for i, (r, s) in enumerate(zip(rows, sets)):
@@ -88,17 +95,15 @@ def test_a_decoders_subset_edits_equal_the_edited_inputs_run_whole(name, dtype, 
             else:
                 want = model(torch.tensor([seq]), torch.tensor([len(seq)]))[0][0]
             torch.testing.assert_close(got[i], want, rtol=0, atol=ATOL[dtype], msg=lambda m: f"{r} {s}: {m}")
-    prefix, suffix = (len(model.prefix_ids), len(model.suffix_ids)) if is_prompted else (0, 0)
-    per_row = [(int(n), [s for r, s in zip(rows, sets) if r == row]) for row, n in enumerate(lengths)]
-    counts = subset_counts(per_row, prefix, suffix, "mask" if masked else "delete")
     assert prepared.recomputed == counts.recomputed < counts.full
+    assert prepared.cost(torch.tensor(rows), changed) == (counts.recomputed, counts.full)  # the rows ran
     assert isinstance(prepared.position_bytes, int) and prepared.position_bytes > 0
 
 
 @pytest.mark.parametrize("mode", ["delete", "mask"])
 @pytest.mark.parametrize("dtype", [F64, F32], ids=["float64", "float32"])
 @pytest.mark.parametrize("name", MODELS)
-def test_eraser_with_the_reuse_equals_it_without(name, dtype, mode):
+def test_eraser_with_the_reuse_equals_it_without(name, dtype, mode, monkeypatch):
     model = model_of(name, dtype)
     assert capability(model, "subset_logits") and capability(Plain(model), "subset_logits") is None
     kw = {"mode": mode, "mask_token": MASK} if mode == "mask" else {}
@@ -111,10 +116,12 @@ def test_eraser_with_the_reuse_equals_it_without(name, dtype, mode):
     ):  # fmt: skip
         tokens, lengths = ragged(rows=7, width=10, low=low)
         want = metric(Plain(model), tokens, lengths, scores, fractions, **kw)
-        got = metric(model, tokens, lengths, scores, fractions, **kw)
         assert torch.isfinite(want.values[:, 0]).all()
-        torch.testing.assert_close(got.values, want.values, rtol=0, atol=ATOL[dtype], equal_nan=True)
-        torch.testing.assert_close(got.aopc, want.aopc, rtol=0, atol=ATOL[dtype])
+        for share in (1.0, math.inf):  # the reuse where it saves; everywhere
+            monkeypatch.setattr(attnmetrics.eraser, "SUBSET_REUSE_SHARE", share)
+            got = metric(model, tokens, lengths, scores, fractions, **kw)
+            torch.testing.assert_close(got.values, want.values, rtol=0, atol=ATOL[dtype], equal_nan=True)
+            torch.testing.assert_close(got.aopc, want.aopc, rtol=0, atol=ATOL[dtype])
 
 
 def test_eraser_splits_the_reuses_calls_to_a_small_budget(monkeypatch):
@@ -133,15 +140,55 @@ def test_eraser_splits_the_reuses_calls_to_a_small_budget(monkeypatch):
             calls.append(len(rows))
             return edits(rows, changed)
 
-        counted.position_bytes = edits.position_bytes
+        counted.position_bytes, counted.cost = edits.position_bytes, edits.cost
         return counted
 
     monkeypatch.setattr(type(model), "_prefix_subsets", spy)
+    monkeypatch.setattr(attnmetrics.eraser, "SUBSET_REUSE_SHARE", math.inf)  # every block reuses
     budget = 2 * 10 * prepare(model, model.embed(tokens), lengths, None).position_bytes
     got = attnmetrics.sufficiency(model, tokens, lengths, scores, FERRET_FRACTIONS, memory_budget=budget)
     torch.testing.assert_close(got.values, want.values, rtol=0, atol=1e-10, equal_nan=True)
     run = sum(len(set(row) - {-1}) for row in got.k.tolist())  # a repeated k runs once
     assert sum(blocks) == 7 and len(blocks) > 1 and max(calls) <= 2 and sum(calls) == run
+
+
+@pytest.mark.parametrize("metric", ["sufficiency", "comprehensiveness"])
+def test_eraser_reuses_a_block_where_its_cost_is_below_a_full_recomputations(metric):
+    """On a decoder classifier (no template before the text), sufficiency with random scores changes
+    tokens near the text's start: the rows' own forward costs more than the reuse saves, and the
+    blocks run whole; comprehensiveness of the last tokens (scores rising along the text) recomputes
+    one position per perturbed row, and the blocks reuse."""
+    model = decoder("llama")
+    tokens, lengths = ragged(rows=7, width=10, low=2)
+    if metric == "sufficiency":
+        scores = torch.randn(7, 10, generator=torch.Generator().manual_seed(3), dtype=F64)
+    else:
+        scores = torch.arange(10, dtype=F64).expand(7, 10)
+    blocks = []
+
+    def spy(embedded, lengths, mask_token):
+        edits = model.subset_logits(embedded, lengths, mask_token)
+        block = {"calls": 0}
+
+        def counted(rows, changed):
+            block["calls"] += 1
+            return edits(rows, changed)
+
+        def cost(rows, changed):
+            block["cost"] = edits.cost(rows, changed)
+            return block["cost"]
+
+        blocks.append(block)
+        counted.position_bytes, counted.cost = edits.position_bytes, cost
+        return counted
+
+    spied = Plain(model)
+    spied.subset_logits = spy
+    want = getattr(attnmetrics, metric)(Plain(model), tokens, lengths, scores)
+    got = getattr(attnmetrics, metric)(spied, tokens, lengths, scores)
+    torch.testing.assert_close(got.values, want.values, rtol=0, atol=1e-10, equal_nan=True)
+    assert blocks and all((b["calls"] > 0) == (b["cost"][0] < b["cost"][1]) for b in blocks)
+    assert all((b["calls"] > 0) == (metric == "comprehensiveness") for b in blocks), blocks
 
 
 def test_bad_changed_masks_are_named_and_encoders_have_no_subset_capability():
