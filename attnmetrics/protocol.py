@@ -80,9 +80,15 @@ class PreparedSubsets(Protocol):
     the logits of row ``rows[i]`` with every position t where ``changed[i, t]`` edited (deleted,
     the rest closing up, or masked), ``position_bytes`` as :class:`PreparedEdits`'."""
 
+    #: optional: about what a call holds per position of its edits (bytes)
     position_bytes: int
 
     def __call__(self, rows: Tensor, changed: Tensor) -> Tensor: ...
+
+    def cost(self, rows: Tensor, changed: Tensor) -> tuple[int, int]:
+        """Optional: the positions the edits would run, ``(with the reuse, by a full
+        recomputation)``, counted without running them; ERASER runs a block of rows whole where
+        the first is not the smaller."""
 
 
 class EditsSubsets(Protocol):

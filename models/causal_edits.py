@@ -27,6 +27,10 @@ position-wise work (norms, projections, MLP: no padding) and right-padded per ed
 attention, with per-edit key masks over the cached prefix (its own length) and the recomputed
 positions (causal, its own count). The last layer computes only each edit's last position's
 query (the only state read out). The model must be in eval mode (no dropout).
+
+:func:`cache_rows` (the rows run once, keys and values kept), :func:`recompute` (edited sequences
+from a position on, over the cached prefix) and :func:`position_bytes` serve both these one-token
+edits and ERASER's many-token ones (``models/causal_subsets.py``).
 """
 
 from __future__ import annotations
