@@ -261,9 +261,9 @@ def one(fmt: str, file: str, *path: Step, then: Callable[[Any], Any] | None = No
     return Quote("{:" + fmt + "}", (Value(file, path, then),), minus=minus)
 
 
-def interval(file: str, *at: Step, estimate: str = "estimate", minus: str = "-") -> Quote:
-    """A table cell "estimate [low, high]" of the entry at ``at`` (its ``estimate`` key and ``ci95``)."""
-    values = tuple(Value(file, (*at, *k)) for k in ((estimate,), ("ci95", 0), ("ci95", 1)))
+def interval(file: str, *at: Step, estimate: str = "estimate", bounds: str = "ci95", minus: str = "-") -> Quote:
+    """A table cell "estimate [low, high]" of the entry at ``at`` (its ``estimate`` key and ``bounds``)."""
+    values = tuple(Value(file, (*at, *k)) for k in ((estimate,), (bounds, 0), (bounds, 1)))
     return Quote("{:.3f} [{:.3f}, {:.3f}]", values, minus=minus)
 
 
@@ -588,6 +588,81 @@ def _jw_qa() -> dict[str, Quote]:
     return s
 
 
+JW_PROTOCOL_MODELS = ("lstm-tanh", "lstm-dot", "average-tanh", "average-dot", "cnn-tanh", "cnn-dot")
+
+
+def _published_share_range(versions: list, cls: str, threshold: str) -> tuple[float, float]:
+    """The lowest "without the bin" and highest "with the bin" share over J&W's committed versions."""
+    return min(v["shares"][cls][threshold][0] for v in versions), max(v["shares"][cls][threshold][1] for v in versions)
+
+
+def _jw_protocol() -> dict[str, Quote]:
+    """J&W's SST grid under their protocol over five seeds (reports/jw-protocol, docs/results.md) beside
+    their committed numbers (reports/jw-protocol/jain_wallace.json): ``jwp.MODEL.STATISTIC`` (``.ci``:
+    "estimate [low, high]"; ``.range``: "min–max" over the seeds), ``jwp.pub.MODEL.STATISTIC``;
+    the adversary's shares ``jwp.MODEL.share{0.3,0.5}.{0,1}`` (per predicted class) and J&W's
+    ``jwp.pub.MODEL.share{0.3,0.5}.{0,1}`` ("low–high" over their committed versions, without and with
+    the bin that holds the threshold), ``.newest`` their newest version's; ``jwp.MODEL.ss_minus_ORDER``
+    S&S's attention order's flip fraction minus another order's on the rows both flip; MODEL as lstm-tanh, and
+    ``re.lstm-tanh`` the random-embedding probe. S&S's draws: ``jwp.ss.{not-first,non-top}.STATISTIC``
+    and ``jwp.ss.random.seed_t`` (not-first − non-top, paired by seed)."""
+    file, published = "reports/jw-protocol/aggregate.json", "reports/jw-protocol/jain_wallace.json"
+    statistics = (
+        ("accuracy", "test accuracy", ("accuracy",)),
+        ("tau_ag", "τ attention vs gradient", ("kendall", "attention vs gradient", "mean")),
+        ("tau_al", "τ attention vs loo", ("kendall", "attention vs loo", "mean")),
+        ("tau_gl", "τ gradient vs loo", ("kendall", "gradient vs loo", "mean")),
+        ("permutation", "permutation median TVD", None),
+        ("adversarial", "adversarial max JSD (mean)", None),
+        ("flip_attention", "flip fraction (attention)", None),
+        ("never_attention", "never flips (attention)", None),
+    )
+    s: dict[str, Quote] = {}
+
+    def ours(key: str, group: str, statistic: str) -> None:
+        at = ("groups", group, "statistics", statistic)
+        s[key] = one(".3f", file, *at, "estimate", minus="−")
+        s[f"{key}.ci"] = interval(file, *at, minus="−")
+        dash = " to " if "ss_minus" in key else "–"  # a difference's range may be negative: "−0.226 to −0.049"
+        s[f"{key}.range"] = Quote(
+            "{:.3f}" + dash + "{:.3f}", (Value(file, (*at, "min")), Value(file, (*at, "max"))), minus="−"
+        )
+
+    models = [(m, f"jw/sst-{m}") for m in JW_PROTOCOL_MODELS] + [("re.lstm-tanh", "random-embeddings/sst-lstm-tanh")]
+    for model, group in models:
+        for name, statistic, theirs in statistics:
+            ours(f"jwp.{model}.{name}", group, statistic)
+            if theirs is not None and not model.startswith("re."):
+                s[f"jwp.pub.{model}.{name}"] = one(".3f", published, "numbers", f"sst-{model}", *theirs, minus="−")
+        for other in ("random", "gradient", "attn_grad"):  # S&S's orderings on common rows, paired
+            ours(f"jwp.{model}.ss_minus_{other}", group, f"flip fraction, common rows: attention − {other}")
+        for t in ("0.3", "0.5"):
+            for cls, name in (("0", "negative"), ("1", "positive")):
+                ours(f"jwp.{model}.share{t}.{cls}", group, f"adversarial share max JSD ≥ {t} (predicted {name})")
+                if model.startswith("re."):
+                    continue
+                versions = Value(published, ("numbers", f"sst-{model}", "adversary"))
+                s[f"jwp.pub.{model}.share{t}.{cls}"] = Quote(
+                    "{:.2f}–{:.2f}", (versions,), lambda v, c=cls, t=t: _published_share_range(v, c, f">={t}")
+                )
+                newest = Value(published, ("numbers", f"sst-{model}", "adversary", 0, "shares", cls, f">={t}"))
+                s[f"jwp.pub.{model}.share{t}.{cls}.newest"] = Quote("{:.2f}–{:.2f}", (newest,), tuple)
+    for draw in ("not-first", "non-top"):
+        for name, statistic in (
+            ("top_flips", "single removal flips (top)"),
+            ("random_flips", "single removal flips (random)"),
+            ("top_jsd", "single removal JSD (top)"),
+            ("random_jsd", "single removal JSD (random)"),
+            ("accuracy", "test accuracy"),
+        ):
+            ours(f"jwp.ss.{draw}.{name}", f"ss-{draw}/sst-lstm-tanh", statistic)
+    for name, statistic in (("flips", "single removal flips (random)"), ("jsd", "single removal JSD (random)")):
+        s[f"jwp.ss.random_{name}.seed_t"] = seed_t_interval(
+            file, "ss-not-first/sst-lstm-tanh", "ss-non-top/sst-lstm-tanh", statistic, minus="−"
+        )
+    return s
+
+
 def _wp_ts_seeds() -> dict[str, Quote]:
     """W&P's adversary and diagnostic and T&S's regularisers over three seeds (docs/results.md):
     ``wpts3.ca.LAMBDA.{jsd,tvd}`` (``.range``: "min–max" over seeds), ``wpts3.diag.ATTENTION``,
@@ -607,10 +682,34 @@ def _wp_ts_seeds() -> dict[str, Quote]:
     for attention in ("uniform", "base", "trained", "adversary"):
         spread(f"wpts3.diag.{attention}", *adversary, "diagnostic", attention, "macro_f1")
     for regulariser in ("none", "concat", "residual", "tying", "mlm"):
-        for name, statistic in (("perm", "permutation median TVD"), ("acc", "test accuracy")):
-            s[f"wpts3.{regulariser}.{name}.ci"] = interval(
-                file, "groups", f"tutek/sst-lstm-tanh-{regulariser}", "statistics", statistic
-            )
+        for name, statistic in (
+            ("perm", "permutation median TVD"),
+            ("acc", "test accuracy"),
+            ("adv", "adversarial max JSD (mean)"),
+        ):
+            group = f"tutek/sst-lstm-tanh-{regulariser}"
+            s[f"wpts3.{regulariser}.{name}.ci"] = interval(file, "groups", group, "statistics", statistic)
+            if regulariser != "none":  # against none, paired by seed
+                s[f"wpts3.{regulariser}.{name}.seed_t"] = seed_t_interval(
+                    file, group, "tutek/sst-lstm-tanh-none", statistic, minus="−"
+                )
+    return s
+
+
+def _wp_diagnostic() -> dict[str, Quote]:
+    """W&P's diagnostic MLPs over five seeds (reports/wp-diagnostic): ``wpd.VARIANT`` macro F1 (mean
+    over seeds; ``.range`` "min–max") and ``wpd.VARIANT-base`` the mean per-seed difference from the
+    base model's attention with its t interval, "mean [low, high]"."""
+    file = "reports/wp-diagnostic/aggregate.json"
+    diagnostic = ("groups", "diagnostic/sst-lstm-tanh", "diagnostic")
+    s: dict[str, Quote] = {}
+    for variant in ("uniform", "base", "trained", "adversary"):
+        at = (*diagnostic, variant, "macro_f1")
+        s[f"wpd.{variant}"] = one(".3f", file, *at, "mean")
+        s[f"wpd.{variant}.range"] = Quote("{:.3f}–{:.3f}", (Value(file, (*at, "min")), Value(file, (*at, "max"))))
+        if variant != "base":
+            paired = (*diagnostic, "paired", f"{variant} − base", "macro_f1")
+            s[f"wpd.{variant}-base"] = interval(file, *paired, estimate="mean", bounds="t95", minus="−")
     return s
 
 
@@ -1038,6 +1137,8 @@ SOURCES: dict[str, Quote] = _sources(
     _method_sweeps(),
     _jw_encoders(),
     _jw_qa(),
+    _jw_protocol(),
+    _wp_diagnostic(),
     _wp_ts_seeds(),
     _sweep(),
     _gpt1(),
