@@ -58,7 +58,8 @@ def _bars(svg: str) -> list[tuple[float, float, str]]:
     for attributes in _PATH.findall(svg):
         a = dict(_ATTR.findall(attributes))
         style = dict(
-            (k.strip(), v.strip()) for k, v in (item.split(":", 1) for item in a.get("style", "").split(";") if ":" in item)
+            (k.strip(), v.strip())
+            for k, v in (item.split(":", 1) for item in a.get("style", "").split(";") if ":" in item)
         )
         rect = _RECT.fullmatch(a.get("d", "").strip())
         if "clip-path" in a and style.get("opacity") == "0.6" and rect:
@@ -125,7 +126,9 @@ def sst(repo: Path) -> dict:
         evaluation = json.loads(_show(repo, f"graph_outputs/evaluate/{name}.json"))
         path = f"graph_outputs/eMaxJDS_Hist/{name}.svg"
         versions: dict[str, dict] = {}  # by the bars: a commit that redrew the same histogram joins its version
-        for line in _git(repo, "log", "--diff-filter=AM", "--format=%h %ad", "--date=short", "HEAD", "--", path).splitlines():
+        for line in _git(
+            repo, "log", "--diff-filter=AM", "--format=%h %ad", "--date=short", "HEAD", "--", path
+        ).splitlines():
             commit, date = line.split()
             shares = histogram_shares(_show(repo, path, commit))
             key = json.dumps(shares, default=float, sort_keys=True, allow_nan=False, separators=(",", ":"))

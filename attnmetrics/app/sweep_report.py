@@ -323,9 +323,9 @@ def _ss_section(agg: dict, folder: Path) -> list[str]:
         "",
         *(
             [
-                "Each ordering's flip fraction is over its own rows that flip; the \"common rows\" ones compare the "
+                'Each ordering\'s flip fraction is over its own rows that flip; the "common rows" ones compare the '
                 "orderings paired, on each seed's rows that flip under every ordering (a random order's samples "
-                "averaged per row), and \"attention − X\" is the per-row difference there (below 0: attention's "
+                'averaged per row), and "attention − X" is the per-row difference there (below 0: attention\'s '
                 "order flips the decision sooner).",
                 "",
             ]
@@ -458,7 +458,12 @@ def _diagnostic_part(agg: dict) -> list[str]:
     if not diag_rows:
         return []
     paired_rows = [
-        [g, pair, *(f"{fmt(d[m]['mean'])} {_ci(d[m]['t95'])}" for m in ("macro_f1", "accuracy")), d["accuracy"]["seeds"]]
+        [
+            g,
+            pair,
+            *(f"{fmt(d[m]['mean'])} {_ci(d[m]['t95'])}" for m in ("macro_f1", "accuracy")),
+            d["accuracy"]["seeds"],
+        ]
         for g, v in agg["groups"].items()
         for pair, d in v.get("diagnostic", {}).get("paired", {}).items()
     ]

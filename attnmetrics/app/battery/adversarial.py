@@ -15,7 +15,6 @@ from attnmetrics.app.figures import per_class_by_bins, save_figure, subplots
 from attnmetrics.app.markdown import breakdown, fmt
 from attnmetrics.app.summaries import as_floats, by_class, by_max_attention, nanmean, stats
 
-
 #: the max-JSD thresholds whose per-class shares a sweep aggregates (J&W's histogram read at 0.3 and 0.5)
 SHARE_THRESHOLDS = (0.3, 0.5)
 
