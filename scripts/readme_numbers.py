@@ -596,6 +596,17 @@ def _published_share_range(versions: list, cls: str, threshold: str) -> tuple[fl
     return min(v["shares"][cls][threshold][0] for v in versions), max(v["shares"][cls][threshold][1] for v in versions)
 
 
+def _bootstrap() -> dict[str, Quote]:
+    """The aggregate's counted bootstrap against gathering (docs/speed.md): ``bootstrap.{gathering_s,counted_s,speedup}``."""
+    file = "benchmarks/results/bootstrap-cpu1-2026-11-29.json"
+    info = ("benchmarks", 0, "extra_info")
+    return {
+        "bootstrap.gathering_s": one(".2f", file, *info, "gathering_s"),
+        "bootstrap.counted_s": one(".2f", file, *info, "counted_s"),
+        "bootstrap.speedup": one(".1f", file, *info, "speedup"),
+    }
+
+
 def _jw_protocol() -> dict[str, Quote]:
     """J&W's SST grid under their protocol over five seeds (reports/jw-protocol, docs/results.md) beside
     their committed numbers (reports/jw-protocol/jain_wallace.json): ``jwp.MODEL.STATISTIC`` (``.ci``:
@@ -1138,6 +1149,7 @@ SOURCES: dict[str, Quote] = _sources(
     _jw_encoders(),
     _jw_qa(),
     _jw_protocol(),
+    _bootstrap(),
     _wp_diagnostic(),
     _wp_ts_seeds(),
     _sweep(),

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from attnmetrics.stats import nanmean  # noqa: F401  (re-exported: the battery's statistics reduce with it)
+
 SIGNIFICANCE = 0.05
 #: J&W 2019 (figs. 3-6) bin instances by their largest attention weight
 MAX_ATTENTION_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -48,13 +50,6 @@ def by_max_attention(x: np.ndarray, max_attention: np.ndarray) -> dict[str, dict
         sel = (max_attention >= lo) & ((max_attention < hi) if hi < 1 else (max_attention <= hi))
         out[f"[{lo:.2f}, {hi:.2f}{']' if hi == 1 else ')'}"] = stats(x[sel])
     return out
-
-
-def nanmean(x, axis=-1):
-    """``np.nanmean``, NaN (without a warning) where a slice is all NaN."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN slices are NaN, on purpose
-        return np.nanmean(x, axis=axis)
 
 
 def nanmedian(x, axis=-1):

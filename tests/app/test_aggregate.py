@@ -542,3 +542,21 @@ def test_diagnostic_variants_minus_base_are_paired_by_seed():
     assert d["uniform"]["accuracy"]["per_seed"] == {"0": 0.82, "1": 0.82, "2": 0.83}
     paired = d["paired"]["uniform − base"]["accuracy"]
     assert paired["mean"] == pytest.approx((0.02 + 0.01 + 0.04) / 3) and paired["seeds"] == 3
+
+
+@pytest.mark.parametrize("seeds", [1, 3, 5])
+def test_seed_instance_ci_of_a_mean_by_counts_matches_the_plain_loop_and_the_gathering_path(seeds):
+    """``nanmean`` takes the counted path (instances as how often each is drawn, one matrix product):
+    the plain two-level loop's interval, and the general path's to rounding, in chunks, with NaNs,
+    an instance undefined in every seed and a seed's whole row NaN but one."""
+    from attnmetrics.stats import nanmean
+
+    rng = np.random.default_rng(seeds)
+    values = rng.gamma(2.0, 0.1, size=(seeds, 70)) + np.arange(seeds)[:, None] * 0.05
+    values[:, 3] = np.nan
+    values[0, :60] = np.nan
+    values = np.asfortranarray(values)  # not C-contiguous
+    got = seed_instance_ci(values, nanmean, n_resamples=500, chunk=500)
+    np.testing.assert_allclose(got, _loop_seed_instance_ci(values, np.nanmean, 500), rtol=1e-12)
+    general = seed_instance_ci(values, lambda v, axis=-1: np.nanmean(v, axis=axis), n_resamples=999, chunk=64)
+    np.testing.assert_allclose(seed_instance_ci(values, nanmean, n_resamples=999, chunk=64), general, rtol=1e-12)
