@@ -41,6 +41,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -399,6 +400,50 @@ class HFClassifierConfig:
         return cls(d["architecture"], d["hf_config"])
 
 
+@contextlib.contextmanager
+def quiet_transformers():
+    """``transformers``' logging at errors only inside the block (a checkpoint's loading report: the
+    new head's missing weights, the unused ones), restored after it."""
+    transformers = _transformers()
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+
+
+def load_tokenizer(path: str | os.PathLike) -> tuple[Path, dict, Any]:
+    """A checkpoint's tokenizer, read offline: ``(folder, gguf, tokenizer)``, where a GGUF file
+    (``*.gguf``: weights and tokenizer in one file; needs the ``gguf`` package) gives its folder and
+    ``gguf = {"gguf_file": name}`` for the model's ``from_pretrained``, a folder itself and ``{}``.
+
+    Raises:
+        ValueError: a GGUF file that does not exist, a folder without tokenizer files
+            (``transformers`` would build a tokenizer of the special tokens alone), or a tokenizer
+            that cannot be loaded; each naming ``path``.
+    """
+    path = Path(path)
+    transformers = _transformers()
+    gguf = {}
+    if path.suffix == ".gguf":  # a GGUF file: its folder, the file named (weights and tokenizer inside)
+        if not path.is_file():
+            raise ValueError(f"{path}: no such GGUF file")
+        path, gguf = path.parent, {"gguf_file": path.name}
+        _needs("gguf", "reading a GGUF file")
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, **gguf)
+    except (OSError, ValueError) as e:
+        files = ("tokenizer*", "vocab*", "merges.txt", "*.model")
+        if (path / "config.json").is_file() and not any(next(path.glob(f), None) for f in files):
+            raise ValueError(
+                f"{path} has no tokenizer files (expected tokenizer.json, or its tokenizer class's vocabulary "
+                "files); save the model's tokenizer there (tokenizer.save_pretrained)"
+            ) from e
+        raise ValueError(f"{path}: cannot load the Hugging Face tokenizer: {_first_line(e)}") from e
+    return path, gguf, tokenizer
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -525,40 +570,21 @@ class HFClassifier(nn.Module):
                 (``transformers`` would build a tokenizer of the special tokens alone), or a
                 tokenizer whose ids reach past the model's vocabulary; each naming ``path``.
         """
-        path = Path(path)
         transformers = _transformers()
-        gguf = {}
-        if path.suffix == ".gguf":  # a GGUF file: its folder, the file named (weights and tokenizer inside)
-            if not path.is_file():
-                raise ValueError(f"{path}: no such GGUF file")
-            path, gguf = path.parent, {"gguf_file": path.name}
-            _needs("gguf", "reading a GGUF file")
-        try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, **gguf)
-        except (OSError, ValueError) as e:
-            files = ("tokenizer*", "vocab*", "merges.txt", "*.model")
-            if (path / "config.json").is_file() and not any(next(path.glob(f), None) for f in files):
+        path, gguf, tokenizer = load_tokenizer(path)
+        with quiet_transformers():  # its report would list the new head as missing
+            try:
+                hf = transformers.AutoModelForSequenceClassification.from_pretrained(
+                    path, num_labels=num_labels, local_files_only=True, ignore_mismatched_sizes=True, **gguf
+                )
+            except (OSError, ValueError, RuntimeError) as e:
+                raise ValueError(f"{path}: cannot load the Hugging Face model: {_first_line(e)}") from e
+            except Exception as e:  # safetensors' SafetensorError (a truncated or damaged weights file)
+                if type(e).__name__ != "SafetensorError":
+                    raise
                 raise ValueError(
-                    f"{path} has no tokenizer files (expected tokenizer.json, or its tokenizer class's vocabulary "
-                    "files); save the model's tokenizer there (tokenizer.save_pretrained)"
+                    f"{path}: cannot read its weights (truncated or damaged safetensors file): {_first_line(e)}"
                 ) from e
-            raise ValueError(f"{path}: cannot load the Hugging Face tokenizer: {_first_line(e)}") from e
-        verbosity = transformers.logging.get_verbosity()
-        transformers.logging.set_verbosity_error()  # its report would list the new head as missing
-        try:
-            hf = transformers.AutoModelForSequenceClassification.from_pretrained(
-                path, num_labels=num_labels, local_files_only=True, ignore_mismatched_sizes=True, **gguf
-            )
-        except (OSError, ValueError, RuntimeError) as e:
-            raise ValueError(f"{path}: cannot load the Hugging Face model: {_first_line(e)}") from e
-        except Exception as e:  # safetensors' SafetensorError (a truncated or damaged weights file)
-            if type(e).__name__ != "SafetensorError":
-                raise
-            raise ValueError(
-                f"{path}: cannot read its weights (truncated or damaged safetensors file): {_first_line(e)}"
-            ) from e
-        finally:
-            transformers.logging.set_verbosity(verbosity)
         _check_tokenizer(path, tokenizer, hf.get_input_embeddings().num_embeddings, in_file=bool(gguf))
         if hf.config.pad_token_id is None:  # GPT-2: padding is masked, the id is only a filler
             hf.config.pad_token_id = 0

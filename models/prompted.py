@@ -47,9 +47,10 @@ from attnmetrics.models.hf import (
     HFInputs,
     LlamaAfterAttention,
     _first_line,
-    _needs,
     _transformers,
     hooked,
+    load_tokenizer,
+    quiet_transformers,
     register,
 )
 from attnmetrics.protocol import TestedAttention, token_mask
@@ -235,26 +236,13 @@ def load_causal_lm(path: str | os.PathLike):
     Raises:
         ValueError: what cannot be loaded, naming ``path``.
     """
-    path = Path(path)
     transformers = _transformers()
-    gguf = {}
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ValueError(f"{path}: no such GGUF file")
-        path, gguf = path.parent, {"gguf_file": path.name}
-        _needs("gguf", "reading a GGUF file")
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True, **gguf)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: cannot load the Hugging Face tokenizer: {_first_line(e)}") from e
-    verbosity = transformers.logging.get_verbosity()
-    transformers.logging.set_verbosity_error()
-    try:
-        lm = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **gguf)
-    except (OSError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{path}: cannot load the Hugging Face causal language model: {_first_line(e)}") from e
-    finally:
-        transformers.logging.set_verbosity(verbosity)
+    path, gguf, tokenizer = load_tokenizer(path)
+    with quiet_transformers():
+        try:
+            lm = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **gguf)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise ValueError(f"{path}: cannot load the Hugging Face causal language model: {_first_line(e)}") from e
     dtype = next(lm.parameters()).dtype
     if dtype not in HALF_PRECISION:
         return lm, tokenizer, None

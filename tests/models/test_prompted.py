@@ -177,6 +177,14 @@ def test_a_folder_that_is_not_a_checkpoint_is_named(tmp_path):
         load_causal_lm(tmp_path / "model.Q4_1.gguf")
 
 
+def test_a_causal_lm_folder_without_its_tokenizer_is_named(tmp_path):
+    from attnmetrics.models.prompted import load_causal_lm
+
+    prompted(F64).hf.save_pretrained(tmp_path)  # weights and config.json, no tokenizer files
+    with pytest.raises(ValueError, match=rf"{tmp_path} has no tokenizer files"):
+        load_causal_lm(tmp_path)
+
+
 @pytest.mark.parametrize("chat_bos", [True, False], ids=["template-writes-bos", "tokenizer-adds-bos"])
 def test_a_chat_template_that_writes_the_bos_token_gets_one_not_two(chat_bos):
     """A Llama-3-like chat template starts with the BOS token's text; the tokenizer adds BOS of its own
