@@ -128,7 +128,10 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
     per_cell = [cell_statistics(r, p) for _, r, p in members]
     seeds = [s for s, _, _ in members]
     preds = [p for _, _, p in members]
-    have_preds = all(p is not None for p in preds) and _same_arrays(preds, "labels", "lengths")
+    # the same test instances: the labels (a prompted group's prompts tokenise the same texts to other lengths);
+    # the same tokens too, for comparing attention across the seeds
+    same_instances = all(p is not None for p in preds) and _same_arrays(preds, "labels")
+    have_preds = same_instances and _same_arrays(preds, "lengths")
     out: dict = {"seeds": seeds, "statistics": {}}
     stacked: dict[str, np.ndarray] = {}  # [seeds, N] per-instance values, by name
     for name in per_cell[0]:
@@ -142,7 +145,7 @@ def aggregate_group(members: list[tuple[int, dict, dict | None]]) -> dict:
         }
         values = [c[name][2] for c in per_cell]
         ci = None
-        if name == "test macro F1" and have_preds:
+        if name == "test macro F1" and same_instances:
             labels = preds[0]["labels"]
             predicted = np.stack([_decision(p["logits"]) for p in preds])
             k = max(2, preds[0]["logits"].shape[1])

@@ -560,3 +560,31 @@ def test_seed_instance_ci_of_a_mean_by_counts_matches_the_plain_loop_and_the_gat
     np.testing.assert_allclose(got, _loop_seed_instance_ci(values, np.nanmean, 500), rtol=1e-12)
     general = seed_instance_ci(values, lambda v, axis=-1: np.nanmean(v, axis=axis), n_resamples=999, chunk=64)
     np.testing.assert_allclose(seed_instance_ci(values, nanmean, n_resamples=999, chunk=64), general, rtol=1e-12)
+
+
+def test_a_prompted_groups_macro_f1_interval_pairs_prompts_whose_tokenisations_differ():
+    """Three prompts on the same test sentences: the same labels, other token counts (a template ending
+    in a space tokenises the text's first word otherwise). Macro F1 still gets its prompts-then-
+    instances interval; attention is not compared across them (no seed variance)."""
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, 2, 80)
+    members = []
+    for s in range(3):
+        p = _predictions(rng.random(80) < 0.8, labels)
+        p["lengths"] = p["lengths"] + (np.arange(80) % 3 == s)  # this prompt's tokenisation
+        results = {"test": {"accuracy": float(_correct_of(p).mean()), "macro_f1": 0.0}, "instances": {}}
+        members.append((s, results, p))
+    g = aggregate_group(members)
+    f1 = g["statistics"]["test macro F1"]
+    assert np.isfinite(f1["estimate"]) and f1["ci95"][0] <= f1["estimate"] <= f1["ci95"][1]
+    want = np.mean([f1_score(labels, _correct_decision(p), average="macro") for _, _, p in members])
+    assert f1["estimate"] == pytest.approx(want)
+    assert "seed_variance" not in g
+
+
+def _correct_decision(p):
+    return (p["logits"][:, 0] > 0).astype(int)
+
+
+def _correct_of(p):
+    return _correct_decision(p) == p["labels"]
