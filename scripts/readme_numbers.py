@@ -596,6 +596,12 @@ def _published_share_range(versions: list, cls: str, threshold: str) -> tuple[fl
     return min(v["shares"][cls][threshold][0] for v in versions), max(v["shares"][cls][threshold][1] for v in versions)
 
 
+def _smollm2() -> dict[str, Quote]:
+    """SmolLM2 zero-shot on SST over three prompts (reports/smollm2-sst): ``smollm2.macro_f1.ci``."""
+    at = ("groups", "accuracy/sst-prompted-s0", "statistics", "test macro F1")
+    return {"smollm2.macro_f1.ci": interval("reports/smollm2-sst/aggregate.json", *at)}
+
+
 def _bootstrap() -> dict[str, Quote]:
     """The aggregate's counted bootstrap against gathering (docs/speed.md): ``bootstrap.{gathering_s,counted_s,speedup}``."""
     file = "benchmarks/results/bootstrap-cpu1-2026-11-29.json"
@@ -1150,6 +1156,7 @@ SOURCES: dict[str, Quote] = _sources(
     _jw_qa(),
     _jw_protocol(),
     _bootstrap(),
+    _smollm2(),
     _wp_diagnostic(),
     _wp_ts_seeds(),
     _sweep(),
