@@ -164,9 +164,8 @@ class PairAttentionClassifier(AttentionForward, nn.Module):
         words = embedded.gather(1, index[..., None].expand(-1, -1, embedded.shape[-1]))  # [B, Q, E]
         present = words.ne(0).any(-1)  # <PAD> is the zero vector (padding_idx)
         q_lengths = present.sum(1)
-        if bool((q_lengths == 0).any()) or bool(
-            (present.cumsum(1) != torch.arange(1, Q + 1)).logical_and(present).any()
-        ):
+        gap = (present.cumsum(1) != torch.arange(1, Q + 1, device=lengths.device)).logical_and(present)
+        if bool((q_lengths == 0).any() | gap.any()):  # one read from the device
             raise ValueError(
                 "the question part (each row's last question_width positions) must hold the question's words "
                 "first and then <PAD>, at least one word; got a row without a question or with a gap"
