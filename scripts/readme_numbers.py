@@ -554,23 +554,27 @@ def _jw_encoders() -> dict[str, Quote]:
     return s
 
 
+#: J&W's statistics quoted beside their committed numbers: key, the aggregate's statistic, the path into
+#: their numbers (None: they committed it only as a figure)
+JW_STATISTICS = (
+    ("accuracy", "test accuracy", ("accuracy",)),
+    ("tau_ag", "τ attention vs gradient", ("kendall", "attention vs gradient", "mean")),
+    ("tau_al", "τ attention vs loo", ("kendall", "attention vs loo", "mean")),
+    ("tau_gl", "τ gradient vs loo", ("kendall", "gradient vs loo", "mean")),
+    ("permutation", "permutation median TVD", None),
+    ("adversarial", "adversarial max JSD (mean)", None),
+    ("flip_attention", "flip fraction (attention)", None),
+)
+JW_NEVER = ("never_attention", "never flips (attention)", None)
+
+
 def _jw_qa() -> dict[str, Quote]:
     """J&W's bAbI tasks over three seeds (reports/jw-qa, docs/results.md) beside their committed
     numbers (reports/jw-qa/jain_wallace.json): ``jwqa.TASK.MODEL.STATISTIC`` (``.ci``: "estimate
     [low, high]"; ``.min``/``.max`` over the seeds) and ``jwqa.pub.TASK.MODEL.STATISTIC``, TASK
     babi1-3, MODEL lstm-tanh, lstm-dot, average-tanh."""
     file, published = "reports/jw-qa/aggregate.json", "reports/jw-qa/jain_wallace.json"
-    statistics = (
-        ("accuracy", "test accuracy", ("accuracy",)),
-        ("tau_ag", "τ attention vs gradient", ("kendall", "attention vs gradient", "mean")),
-        ("tau_al", "τ attention vs loo", ("kendall", "attention vs loo", "mean")),
-        ("tau_gl", "τ gradient vs loo", ("kendall", "gradient vs loo", "mean")),
-        ("permutation", "permutation median TVD", None),
-        ("adversarial", "adversarial max JSD (mean)", None),
-        ("flip_attention", "flip fraction (attention)", None),
-        ("flip_gradient", "flip fraction (gradient)", None),
-        ("never_attention", "never flips (attention)", None),
-    )
+    statistics = (*JW_STATISTICS, ("flip_gradient", "flip fraction (gradient)", None), JW_NEVER)
     s: dict[str, Quote] = {}
     for task in ("babi1", "babi2", "babi3"):
         for model, grid in (("lstm-tanh", "lstm"), ("lstm-dot", "lstm"), ("average-tanh", "average")):
@@ -624,16 +628,7 @@ def _jw_protocol() -> dict[str, Quote]:
     ``re.lstm-tanh`` the random-embedding probe. S&S's draws: ``jwp.ss.{not-first,non-top}.STATISTIC``
     and ``jwp.ss.random.seed_t`` (not-first − non-top, paired by seed)."""
     file, published = "reports/jw-protocol/aggregate.json", "reports/jw-protocol/jain_wallace.json"
-    statistics = (
-        ("accuracy", "test accuracy", ("accuracy",)),
-        ("tau_ag", "τ attention vs gradient", ("kendall", "attention vs gradient", "mean")),
-        ("tau_al", "τ attention vs loo", ("kendall", "attention vs loo", "mean")),
-        ("tau_gl", "τ gradient vs loo", ("kendall", "gradient vs loo", "mean")),
-        ("permutation", "permutation median TVD", None),
-        ("adversarial", "adversarial max JSD (mean)", None),
-        ("flip_attention", "flip fraction (attention)", None),
-        ("never_attention", "never flips (attention)", None),
-    )
+    statistics = (*JW_STATISTICS, JW_NEVER)
     s: dict[str, Quote] = {}
 
     def ours(key: str, group: str, statistic: str) -> None:
