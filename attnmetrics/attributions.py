@@ -63,6 +63,7 @@ from torch import Tensor, nn
 from attnmetrics._deferred import deferred
 from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
+from attnmetrics.loo import CPU_PADDING, padded_calls
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import EXTRACT_READOUT, causal_mask, eval_mode, token_mask
 
@@ -267,6 +268,52 @@ def _in_float32(model) -> Iterator[None]:
             t.data = data
 
 
+@contextlib.contextmanager
+def _layer_norm_hooks(parts: list[LayerParts], trace) -> Iterator[None]:
+    """For the block: every layer's LayerNorm inputs (and the first's output) recorded into
+    ``trace.pre1``, ``trace.mid``, ``trace.pre2`` as the forward calls them; removed after."""
+
+    def first(index):
+        def hook(module, args, output):
+            trace.pre1[index], trace.mid[index] = args[0], output
+
+        return hook
+
+    def second(index):
+        def hook(module, args, output):
+            trace.pre2[index] = args[0]
+
+        return hook
+
+    handles = []
+    try:
+        for index, layer in enumerate(parts):
+            handles.append(layer.ln_1.register_forward_hook(first(index)))
+            handles.append(layer.ln_2.register_forward_hook(second(index)))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@dataclass(frozen=True)
+class _LayerStates:
+    """One layer's states of a chunk of rows (``_Trace.layer``): probabilities ``[b, H, T, T]``,
+    values ``[b, H, T, dh]``, the layer's input ``x``, its LayerNorm states ``pre1``, ``mid``,
+    ``pre2`` and its output ``out``, each ``[b, T, d]``."""
+
+    probs: Tensor
+    v: Tensor
+    x: Tensor
+    pre1: Tensor
+    mid: Tensor
+    pre2: Tensor
+    out: Tensor
+
+    def rows(self, rows) -> _LayerStates:
+        return _LayerStates(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
+
+
 class _Trace:
     """One forward of a chunk of rows: every layer's input ``x[l]`` ``[B, T, d]`` (``x[L]`` the last
     layer's output), attention probabilities ``probs[l]`` ``[B, H, T, T]`` and values ``v[l]``
@@ -280,7 +327,12 @@ class _Trace:
     ``gradients``: the forward runs from word embeddings that require gradients (detached from the
     embedding table), so that every state and probability is in an autograd graph whatever the
     parameters' ``requires_grad``; the caller enables gradients. ``host_lengths``: the rows'
-    lengths as a list, for chunk functions that plan on the host (default: read here)."""
+    lengths as a list, for chunk functions that plan on the host (default: read here).
+
+    Also each layer's LayerNorm states as the model computed them (forward hooks on the two
+    LayerNorms of every :class:`LayerParts`, for the forward only): ``pre1[l]`` the attention block's
+    pre-LayerNorm state ``p = ctx W_O + b_O + x``, ``mid[l] = LN_1(p)`` and ``pre2[l]`` the
+    feed-forward block's ``FFN(a) + a``, each ``[B, T, d]``; so no method recomputes a layer."""
 
     def __init__(
         self,
@@ -293,10 +345,29 @@ class _Trace:
         host_lengths: list[int] | None = None,
     ):
         self.host_lengths = lengths.tolist() if host_lengths is None else host_lengths
-        if stack.family == "gpt":
-            self._gpt(model, stack.modules, tokens, lengths, gradients)
-        else:
-            self._bert(model, stack.modules, tokens, lengths, method, gradients)
+        count = len(stack.parts)
+        self.pre1, self.mid, self.pre2 = [None] * count, [None] * count, [None] * count
+        with _layer_norm_hooks(stack.parts, self):
+            if stack.family == "gpt":
+                self._gpt(model, stack.modules, tokens, lengths, gradients)
+            else:
+                self._bert(model, stack.modules, tokens, lengths, method, gradients)
+        if any(s is None for s in (*self.pre1, *self.pre2)):
+            raise ValueError(f"{method}: a layer's LayerNorms were not called by the model's forward")
+
+    def layer(self, index: int, rows=slice(None), width: int | None = None) -> _LayerStates:
+        """Layer ``index``'s states of the rows ``rows`` (a slice or indices), their first ``width``
+        positions (default all)."""
+        w = slice(None) if width is None else slice(0, width)
+        return _LayerStates(
+            probs=self.probs[index][rows][:, :, w, w],
+            v=self.v[index][rows][:, :, w],
+            x=self.x[index][rows][:, w],
+            pre1=self.pre1[index][rows][:, w],
+            mid=self.mid[index][rows][:, w],
+            pre2=self.pre2[index][rows][:, w],
+            out=self.x[index + 1][rows][:, w],
+        )
 
     def _gpt(self, model, blocks: nn.ModuleList, tokens: Tensor, lengths: Tensor, gradients: bool):
         mask = causal_mask(lengths, tokens.shape[1])
@@ -344,21 +415,6 @@ def _heads_out(layer: LayerParts, v: Tensor) -> Tensor:
     return torch.einsum("...hsk,dhk->...hsd", v, w.view(-1, heads, dh))
 
 
-def _attention_block(layer: LayerParts, probs: Tensor, v: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-    """The attention block as the model runs it: the pre-LayerNorm state ``p = ctx W_O + b_O + x``
-    and the block's output ``a = LN_1(p)``, each ``[..., T, d]``."""
-    ctx = torch.matmul(probs, v)  # [..., H, T, dh]
-    ctx = ctx.transpose(-3, -2).flatten(-2)  # heads merged: [..., T, d]
-    pre = layer.out(ctx) + x
-    return pre, layer.ln_1(pre)
-
-
-def _ffn_block(layer: LayerParts, a: Tensor) -> tuple[Tensor, Tensor]:
-    """The feed-forward block: its pre-LayerNorm state ``FFN(a) + a`` and the layer's output."""
-    pre = layer.ffn(a) + a
-    return pre, layer.ln_2(pre)
-
-
 def _scale(pre: Tensor, ln: nn.LayerNorm) -> Tensor:
     """LayerNorm's denominator ``sqrt(var(pre) + eps)`` (biased variance, as nn.LayerNorm) ``[..., 1]``."""
     return (pre.var(-1, unbiased=False, keepdim=True) + ln.eps).sqrt()
@@ -367,17 +423,6 @@ def _scale(pre: Tensor, ln: nn.LayerNorm) -> Tensor:
 def _ln_linear(u: Tensor, ln: nn.LayerNorm, scale: Tensor) -> Tensor:
     """LayerNorm's linear part at a fixed denominator: ``gamma * (u - mean(u)) / scale`` (no beta)."""
     return ln.weight * (u - u.mean(-1, keepdim=True)) / scale
-
-
-def _mixing(layer: LayerParts, probs: Tensor, v: Tensor, x: Tensor, queries: Tensor) -> Tensor:
-    """``z_ij = sum_h A_h[i, j] f_h(x_j) + [i = j] x_i`` ``[B, Q, T, d]`` for the queries ``i`` of
-    ``queries`` ``[B, Q]``: probs ``[B, H, T, T]``, v ``[B, H, T, dh]``, x ``[B, T, d]``."""
-    f = _heads_out(layer, v)  # [B, H, T, d]
-    rows = torch.arange(x.shape[0], device=x.device)[:, None]
-    a = probs[rows, :, queries].transpose(1, 2)  # [B, Q, H, T] -> [B, H, Q, T]
-    z = torch.einsum("bhqj,bhjd->bqjd", a, f)
-    own = F.one_hot(queries, probs.shape[-1]).to(x.dtype)  # [B, Q, T]: the residual belongs to token i itself
-    return z + own[..., None] * x[rows, queries][:, :, None]
 
 
 # ---- chunking and aggregation -------------------------------------------------------------------
@@ -392,11 +437,12 @@ def _chunks(n: int, per_item: int, budget: int) -> Iterator[slice]:
 
 
 def _row_bytes(layers: list[LayerParts], width: int, itemsize: int) -> int:
-    """About what a row's trace holds: every layer's probabilities, inputs and values."""
+    """About what a row's trace holds: every layer's probabilities, inputs, values and LayerNorm
+    states, and one layer's per-head products by the feed-forward weights (Value Zeroing's)."""
     heads, d = layers[0].heads, layers[0].out.weight.shape[0]
     inter = layers[0].fc.weight.shape[0]
-    per_layer = heads * width * width + 3 * width * d + width * inter
-    return itemsize * (len(layers) * per_layer + width * d)
+    per_layer = heads * width * width + 6 * width * d + width * inter
+    return itemsize * (len(layers) * per_layer + width * d + heads * width * inter)
 
 
 def _rollout_row(matrices: list[Tensor]) -> Tensor:
@@ -449,19 +495,53 @@ def _run(
         budget = check_budget(memory_budget)
         batch, width = tokens.shape
         dtype = layers[0].out.weight.dtype
-        host_lengths = lengths.tolist()  # one read: the chunks' widths and plans
-        used = max(host_lengths, default=0)  # the columns past every row's length are padding
+        host_lengths = lengths.tolist()  # one read: the groups' widths and plans
         out = torch.zeros(batch, width, *trailing, dtype=dtype, device=tokens.device)
         itemsize = torch.finfo(dtype).bits // 8
-        row_bytes = _row_bytes(layers, used, itemsize) * (_GRADIENT_ROW_FACTOR if gradients else 1)
-        with deferred():  # the chunks' logits checked once, at the end
-            for rows in _chunks(batch, row_bytes, budget // 2):
-                t, n = tokens[rows, :used], lengths[rows]
+        factor = _GRADIENT_ROW_FACTOR if gradients else 1
+        groups = length_groups(
+            host_lengths, lambda w: _row_bytes(layers, w, itemsize) * factor, budget // 2, padded_calls(tokens.device)
+        )
+        with deferred():  # the groups' logits checked once, at the end
+            for group in groups:
+                w = host_lengths[group[-1]]  # the group's longest row: its positions past w are padding
+                rows = torch.tensor(group, device=tokens.device)
+                t, n = tokens[rows, :w], lengths[rows]
                 with torch.enable_grad() if gradients else contextlib.nullcontext():
-                    trace = _Trace(model, stack, t, n, method, gradients, host_lengths[rows])
+                    trace = _Trace(model, stack, t, n, method, gradients, [host_lengths[b] for b in group])
                     score = per_chunk(layers, t, n, trace, budget // 2)
-                out[rows, :used] = score.detach().to(dtype)
+                out[rows, :w] = score.detach().to(dtype)
     return out if raw else _real(out, lengths, model, method)
+
+
+def length_groups(
+    lengths: list[int], row_bytes: Callable[[int], int], budget: int, padded: bool, padding: float = CPU_PADDING
+) -> list[list[int]]:
+    """The rows of ``lengths`` (host ints) sorted by length, shortest first, in consecutive groups
+    that each run as one call trimmed to their longest row ``w``: a group holds at most ``budget``
+    bytes at ``row_bytes(w)`` a row (a row that alone exceeds it is a group of its own). Where calls
+    are not padded (``padded`` False: the CPU, :func:`attnmetrics.loo.padded_calls`, where a call's
+    cost follows its positions), a group also takes a longer row only while its padded cost
+    ``n w^2`` stays within ``padding`` of its rows' own ``sum w_b^2`` (these methods' cost grows
+    about as the square of a row's width, per layer): so a batch costs about what its rows cost one
+    by one, in fewer, larger calls. On a GPU (``padded``), the budget alone bounds a group."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    groups: list[list[int]] = []
+    own = 0
+    for b in order:
+        w = lengths[b]
+        group = groups[-1] if groups else None
+        if group is not None:
+            n = len(group) + 1
+            fits = n * row_bytes(w) <= budget
+            little_padded = padded or n * w * w <= (1 + padding) * (own + w * w)
+            if fits and little_padded:
+                group.append(b)
+                own += w * w
+                continue
+        groups.append([b])
+        own = w * w
+    return groups
 
 
 def _masked_rows(c: Tensor, lengths: Tensor) -> Tensor:
@@ -611,10 +691,12 @@ def _rolled_out(model, layer_scores):
 
 def _per_query(layer, trace, index, lengths, pooled, budget, score) -> Tensor:
     """One layer's ``[b, T, T]`` matrix (``[b, T]``: the pooled queries' rows, when ``pooled`` is
-    given), with ``score(probs, v, x, queries [n, Q], lengths)`` -> ``[n, Q, T]`` on chunks of rows,
-    and of queries where one row's exceeds the budget."""
-    probs, v, x = trace.probs[index], trace.v[index], trace.x[index]
-    batch, heads, width = probs.shape[:3]
+    given), with ``score(states, queries [n, Q], lengths)`` -> ``[n, Q, T]`` (``states``: the layer's
+    :class:`_LayerStates` of n rows) on chunks of rows, and of queries where one row's exceeds the
+    budget."""
+    states = trace.layer(index)
+    x = states.x
+    batch, heads, width = states.probs.shape[:3]
     d = x.shape[-1]
     size = x.element_size()
     fixed = size * (heads * width * d + 4 * width * d)  # f_h(x_j) and the blocks' states
@@ -623,13 +705,14 @@ def _per_query(layer, trace, index, lengths, pooled, budget, score) -> Tensor:
     parts = []
     for rows in _chunks(batch, fixed + span * per_query, budget):
         n = rows.stop - rows.start
+        part = states.rows(rows)
         if pooled is not None:
-            parts.append(score(probs[rows], v[rows], x[rows], pooled[rows, None], lengths[rows]))
+            parts.append(score(part, pooled[rows, None], lengths[rows]))
             continue
         pieces = []
         for qs in _chunks(width, per_query, max(budget - fixed, per_query)):
             q = torch.arange(qs.start, qs.stop, device=x.device).expand(n, -1)
-            pieces.append(score(probs[rows], v[rows], x[rows], q, lengths[rows]))
+            pieces.append(score(part, q, lengths[rows]))
         parts.append(torch.cat(pieces, 1))
     c = torch.cat(parts)
     if pooled is not None:
@@ -637,27 +720,69 @@ def _per_query(layer, trace, index, lengths, pooled, budget, score) -> Tensor:
     return _masked_rows(c, lengths)
 
 
-def _norm_enc(layer, probs, v, x, queries, lengths) -> Tensor:
-    """GlobEnc's N_Enc of one layer: ``[b, Q, T]`` (see :func:`globenc`)."""
-    pre1, a = _attention_block(layer, probs, v, x)
-    pre2, _ = _ffn_block(layer, a)
-    rows = torch.arange(x.shape[0], device=x.device)[:, None]
-    pre1, pre2 = pre1[rows, queries], pre2[rows, queries]
+def _centred(u: Tensor) -> Tensor:
+    """``u - mean(u)`` over the last dimension."""
+    return u - u.mean(-1, keepdim=True)
+
+
+def _own(values: Tensor, queries: Tensor) -> Tensor:
+    """Each query's entry at its own position: ``values`` ``[b, Q, ..., T]`` -> ``[b, Q, ...]``."""
+    index = queries.view(*queries.shape, *(1,) * (values.dim() - 2)).expand(*values.shape[:-1], 1)
+    return values.gather(-1, index)[..., 0]
+
+
+def _norm_enc(layer, s: _LayerStates, queries, lengths) -> Tensor:
+    """GlobEnc's N_Enc of one layer: ``[b, Q, T]`` (see :func:`globenc`).
+
+    ``LN_2'(LN_1'(z)) = K z / (s_1 s_2)`` with ``K`` the fixed linear map "centre, times gamma_1,
+    centre, times gamma_2" (elementwise: no matrix is formed), so with ``g_h(j) = K f_h(x_j)`` and
+    ``a_h = A_h[i, j]``, ``||K z_ij||^2 = a^T G_j a`` (``G_j`` the heads' Gram matrix of the
+    ``g_h(j)``, ``[H, H]``), plus ``2 a . <g_h(i), K x_i> + ||K x_i||^2`` at ``j = i`` (the
+    residual): ``T^2 H^2`` multiply-adds a layer and row instead of the ``[Q, T, d]`` vectors'
+    ``T^2 H d``."""
     ln1, ln2 = layer.ln_1, layer.ln_2
-    z = _mixing(layer, probs, v, x, queries)  # [b, Q, T, d]
-    t = _ln_linear(_ln_linear(z, ln1, _scale(pre1, ln1)[:, :, None]), ln2, _scale(pre2, ln2)[:, :, None])
-    return t.norm(dim=-1)
+    rows = torch.arange(s.x.shape[0], device=s.x.device)[:, None]
+
+    def k(u):
+        return _centred(_centred(u) * ln1.weight) * ln2.weight
+
+    g = k(_heads_out(layer, s.v))  # [b, H, T, d]
+    gram = torch.einsum("bhjd,bkjd->bjhk", g, g)  # [b, T, H, H]
+    a = s.probs[rows, :, queries]  # [b, Q, H, T]
+    squared = (torch.einsum("bqhj,bjhk->bqkj", a, gram) * a).sum(2)  # [b, Q, T]
+    kx = k(s.x[rows, queries])  # [b, Q, d]
+    cross = torch.einsum("bqhd,bqd->bqh", g.transpose(1, 2)[rows, queries], kx)  # <g_h(i), K x_i>
+    own = 2 * (_own(a, queries) * cross).sum(-1) + kx.square().sum(-1)  # [b, Q]
+    squared = squared.scatter_add(-1, queries[..., None], own[..., None])
+    scale = _scale(s.pre1[rows, queries], ln1) * _scale(s.pre2[rows, queries], ln2)  # [b, Q, 1]
+    return squared.clamp_min(0).sqrt() / scale
 
 
-def _alti_layer(layer, probs, v, x, queries, lengths) -> Tensor:
-    """ALTI's contributions of one layer, rows normalised: ``[b, Q, T]`` (see :func:`alti`)."""
-    pre, y = _attention_block(layer, probs, v, x)
-    rows = torch.arange(x.shape[0], device=x.device)[:, None]
-    pre, y = pre[rows, queries], y[rows, queries]
+def _alti_layer(layer, s: _LayerStates, queries, lengths) -> Tensor:
+    """ALTI's contributions of one layer, rows normalised: ``[b, Q, T]`` (see :func:`alti`).
+
+    ``T_i(x_j) = U_ij / s(i)`` with ``U_ij = sum_h A_h[i, j] phi_h(j) (+ psi_i at j = i)``,
+    ``phi_h(j) = gamma_1 * centred(f_h(x_j))`` and ``psi_i = gamma_1 * centred(x_i)`` formed once
+    per token (not per query), so ``d_ij = ||s(i) y_i - U_ij||_1 / s(i)``: one ``[Q, T, d]`` product
+    and one distance pass."""
     ln = layer.ln_1
-    t = _ln_linear(_mixing(layer, probs, v, x, queries), ln, _scale(pre, ln)[:, :, None])  # [b, Q, T, d]
-    distance = (y[:, :, None] - t).abs().sum(-1)
+    rows = torch.arange(s.x.shape[0], device=s.x.device)[:, None]
+    phi = _centred(_heads_out(layer, s.v)) * ln.weight  # [b, H, T, d]
+    a = s.probs[rows, :, queries]  # [b, Q, H, T]
+    u = torch.einsum("bqhj,bhjd->bqjd", a, phi)  # [b, Q, T, d], the residual not yet in
+    scale = _scale(s.pre1[rows, queries], ln)  # [b, Q, 1]
+    y = s.mid[rows, queries]  # [b, Q, d]: the block's output LN_1(p_i)
+    target = y * scale
+    distance = (target[:, :, None] - u).abs().sum(-1)
+    psi = _centred(s.x[rows, queries]) * ln.weight  # [b, Q, d]
+    own = u.gather(2, queries[:, :, None, None].expand(-1, -1, 1, u.shape[-1]))[:, :, 0]  # U_ii without psi_i
+    distance = distance.scatter(-1, queries[..., None], (target - own - psi).abs().sum(-1, keepdim=True))
+    distance = distance / scale
     c = (y.abs().sum(-1, keepdim=True) - distance).clamp_min(0)
+    # a key no head attends to, other than i itself, adds T_i(x_j) = 0: its c_ij is 0 exactly (not
+    # the rounding of ||y_i||_1 - ||y_i||_1, which a row whose own share is 0 would normalise)
+    reached = (a != 0).any(2).scatter(-1, queries[..., None], True)
+    c = c * reached.to(c.dtype)
     c = c * token_mask(lengths, c.shape[-1])[:, None].to(c.dtype)  # padded keys contribute nothing
     return _row_normalised(c)
 
@@ -713,27 +838,51 @@ def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int 
 
 def _zeroed_layer(layer, trace, index, lengths, pooled, budget) -> Tensor:
     """Value Zeroing's row-normalised distances of one layer, ``[b, T, T]`` (``[b, T]``: the pooled
-    rows when ``pooled`` is given)."""
-    probs, v, x, out = trace.probs[index], trace.v[index], trace.x[index], trace.x[index + 1]
+    rows when ``pooled`` is given).
+
+    Zeroing token j's values takes ``delta_ij = sum_h A_h[i, j] f_h(x_j)`` from query i's
+    pre-LayerNorm state ``p_i``; ``LN_1`` is affine at the altered state's own denominator
+    ``s_ij``, so the feed-forward network's first product is
+    ``LN_1(p_i - delta_ij) W_1 = (P_i - sum_h A_h[i, j] F_h(j)) / s_ij + beta_1 W_1`` with
+    ``P_i = (gamma_1 * centred(p_i)) W_1`` and ``F_h(j) = (gamma_1 * centred(f_h(x_j))) W_1``, each
+    formed once per token. Where a row has more queries than heads, that costs
+    ``H T d d_ff + Q T H d_ff`` multiply-adds a layer instead of the altered states' own
+    ``Q T d d_ff``; the activation and the second product are per (query, token) pair either way."""
+    s = trace.layer(index)
+    probs, v, x, out = s.probs, s.v, s.x, s.out
     batch, heads, width, dh = v.shape
     d = x.shape[-1]
     inter = layer.fc.weight.shape[0]
-    pre, _ = _attention_block(layer, probs, v, x)  # [b, T, d], the block's pre-LayerNorm states
+    pre = s.pre1  # [b, T, d], the block's pre-LayerNorm states
     f = _heads_out(layer, v)  # [b, H, T, d]
     if pooled is not None:  # only the pooled query
         rows = torch.arange(batch, device=x.device)
         probs = probs[rows, :, pooled][:, :, None]  # [b, H, 1, T]
         pre, out = pre[rows, pooled][:, None], out[rows, pooled][:, None]  # [b, 1, d]
     queries = pre.shape[1]
+    ln = layer.ln_1
+    factored = queries > heads
+    if factored:  # the first product by token, not by pair
+        w1 = layer.fc.weight.T
+        heads_w1 = (_centred(f) * ln.weight) @ w1  # F_h(j) [b, H, T, d_ff]
+        pre_w1 = (_centred(pre) * ln.weight) @ w1  # P_i [b, Q, d_ff]
+        bias_w1 = layer.fc(ln.bias)  # beta_1 W_1 + b_1
     pairs = token_mask(lengths, width).nonzero()  # (row, zeroed token j), every real position of a row
-    per_pair = x.element_size() * queries * (6 * d + 2 * inter)
+    per_pair = x.element_size() * queries * (6 * d + 3 * inter)
     scores = torch.zeros(batch, queries, width, dtype=x.dtype, device=x.device)
     for part in _chunks(pairs.shape[0], per_pair, budget):
         b, j = pairs[part, 0], pairs[part, 1]
         # minus what token j's values added to every query i of its row through W_O:
         # sum_h A_h[i, j] f_h(x_j) (the attention weights do not depend on the values)
-        altered = pre[b] - torch.einsum("nhq,nhd->nqd", probs[b, :, :, j], f[b, :, j])  # [n, Q, d]
-        _, changed = _ffn_block(layer, layer.ln_1(altered))
+        a = probs[b, :, :, j]  # [n, H, Q]
+        altered = pre[b] - torch.einsum("nhq,nhd->nqd", a, f[b, :, j])  # [n, Q, d]
+        mid = ln(altered)
+        if factored:
+            hidden = (pre_w1[b] - torch.einsum("nhq,nhe->nqe", a, heads_w1[b, :, j])) / _scale(altered, ln)
+            ffn = layer.proj(layer.act(hidden + bias_w1))
+        else:
+            ffn = layer.ffn(mid)
+        changed = layer.ln_2(ffn + mid)
         scores[b, :, j] = _cosine_distance(changed, out[b])
     if pooled is not None:
         return _row_normalised(scores[:, 0])
@@ -1027,6 +1176,9 @@ class _SubTrace:
         self.x = [x[rows, :width] for x in trace.x]
         self.probs = [p[rows, :, :width, :width] for p in trace.probs]
         self.v = [v[rows, :, :width] for v in trace.v]
+        self.pre1 = [u[rows, :width] for u in trace.pre1]
+        self.mid = [u[rows, :width] for u in trace.mid]
+        self.pre2 = [u[rows, :width] for u in trace.pre2]
 
 
 def _decompx_rows(layers, pooler, classifier, trace, lengths, pooled, fixed, per_query, budget) -> Tensor:
@@ -1042,7 +1194,7 @@ def _decompx_rows(layers, pooler, classifier, trace, lengths, pooled, fixed, per
         last = index == len(layers) - 1
         heads = layer.heads
         probs = trace.probs[index] * keep[:, None, None, :]  # padded keys carry nothing
-        pre1, a = _attention_block(layer, trace.probs[index], trace.v[index], trace.x[index])
+        pre1, a = trace.pre1[index], trace.mid[index]  # the model's own, recorded by the trace
         values = (comps @ layer.value_weight.T).unflatten(-1, (heads, -1))  # [b, T (j), T (k), H, dh], no b_V
         b_att = layer.out.weight @ layer.value_bias + layer.out.bias
         if last:  # only the pooled query is read after the last layer
@@ -1064,7 +1216,7 @@ def _decompx_rows(layers, pooler, classifier, trace, lengths, pooled, fixed, per
             hidden = layer.fc(aq)  # the FFN's pre-activation, once for theta and the state
             theta = _ratio(layer.act, hidden)  # [b, Q, d_ff]
             ffn = _absdot((theta[:, :, None] * zeta) @ layer.proj.weight.T, layer.proj.bias)
-            pre2 = layer.proj(layer.act(hidden)) + aq  # _ffn_block's pre-LayerNorm state
+            pre2 = trace.pre2[index][r, queries]  # the FFN block's pre-LayerNorm state
             ln2 = layer.ln_2
             outs.append(_absdot(_ln_linear(t + ffn, ln2, _scale(pre2, ln2)[:, :, None]), ln2.bias))
         comps = torch.cat(outs, 1) * (
