@@ -50,8 +50,9 @@ from torch import Tensor, nn
 
 from attnmetrics._deferred import deferred
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
-from attnmetrics.attributions import _chunks, _in_float32, _predicted_logit
+from attnmetrics.attributions import _in_float32, _predicted_logit, length_groups
 from attnmetrics.llm.layers import _norm_eps, _sequence, llama_layers
+from attnmetrics.loo import padded_calls
 from attnmetrics.protocol import eval_mode, token_mask
 
 __all__ = ["FACTORS", "attnlrp", "divide_gradient", "identity_rule", "rules"]
@@ -232,12 +233,16 @@ def attnlrp(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
         dtype = embeddings.weight.dtype
         batch, width = tokens.shape
         host_full = full.tolist()
-        row_bytes = _row_bytes(model, max(host_full), torch.finfo(dtype).bits // 8)
+        itemsize = torch.finfo(dtype).bits // 8
+        groups = length_groups(
+            host_full, lambda w: _row_bytes(model, w, itemsize), budget, padded_calls(tokens.device)
+        )  # by length, as the other methods (attributions.length_groups)
         out = torch.zeros(batch, width, dtype=dtype, device=tokens.device)
         columns = torch.arange(width, device=tokens.device)
-        with deferred(), rules(model, method):  # the chunks' logits checked once, at the end
-            for rows in _chunks(batch, row_bytes, budget):
-                w = max(host_full[rows])
+        with deferred(), rules(model, method):  # the groups' logits checked once, at the end
+            for group in groups:
+                w = host_full[group[-1]]
+                rows = torch.tensor(group, device=tokens.device)
                 n = full[rows]
                 index = torch.arange(len(n), device=tokens.device)
                 with torch.no_grad():

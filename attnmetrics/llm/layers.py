@@ -43,7 +43,8 @@ from torch import Tensor, nn
 
 from attnmetrics._deferred import deferred
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
-from attnmetrics.attributions import _chunks, _in_float32, _predicted_logit
+from attnmetrics.attributions import _chunks, _in_float32, _predicted_logit, length_groups
+from attnmetrics.loo import padded_calls
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import eval_mode, token_mask
 
@@ -396,8 +397,8 @@ def run(
     trailing: tuple[int, ...] = (),
 ) -> Tensor:
     """Check the inputs, then ``per_chunk(layers, trace, budget)`` -> ``[b, w, *trailing]`` scores over
-    the whole input's positions, one forward per chunk of rows (trimmed to its longest whole input),
-    laid out over the items: ``[B, T, *trailing]``, item t of row b the score of position
+    the whole input's positions, one forward per group of rows by length (``attributions.length_groups``:
+    trimmed to its longest whole input, little padded on the CPU), laid out over the items: ``[B, T, *trailing]``, item t of row b the score of position
     ``first[b] + t``, zero past each row's length. A half precision model runs in float32
     (``attributions._in_float32``)."""
     with _in_float32(model), eval_mode(model), torch.no_grad():
@@ -413,13 +414,17 @@ def run(
         inter = max(p.shape[0] for p in layers[0].mlp.parameters() if p.dim() == 2)
         host_full = full.tolist()
         itemsize = torch.finfo(dtype).bits // 8
-        row_bytes = _row_bytes(layers, max(host_full), d, inter, itemsize)
-        row_bytes *= _GRADIENT_ROW_FACTOR if gradients else 1
+        factor = _GRADIENT_ROW_FACTOR if gradients else 1
+        groups = length_groups(
+            host_full, lambda w: _row_bytes(layers, w, d, inter, itemsize) * factor, budget // 2,
+            padded_calls(tokens.device),
+        )  # fmt: skip
         out = torch.zeros(batch, width, *trailing, dtype=dtype, device=tokens.device)
         columns = torch.arange(width, device=tokens.device)
-        with deferred():  # the chunks' logits checked once, at the end
-            for rows in _chunks(batch, row_bytes, budget // 2):
-                w = max(host_full[rows])
+        with deferred():  # the groups' logits checked once, at the end
+            for group in groups:
+                w = host_full[group[-1]]  # the group's longest whole input
+                rows = torch.tensor(group, device=tokens.device)
                 with torch.enable_grad() if gradients else contextlib.nullcontext():
                     trace = Trace(model, layers, final, ids[rows, :w], full[rows], pooled[rows], gradients)
                     score = per_chunk(layers, trace, budget // 2).detach()
