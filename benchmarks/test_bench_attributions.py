@@ -19,7 +19,10 @@ the adapter ``HFClassifier``. Inputs, random WordPiece ids between ``[CLS]`` and
 - ``loop``: the rows the plain loops of all seven run on (on the CPU, also for the cuda cases' ratio):
   few and short (the Value Zeroing loop takes ~10 s per 8-10-id sentence on one CPU thread), so that
   each loop stays under ~30 s;
-- ``sst``: SST-like, 64 rows of 10-50 real tokens: each method's own cost (no loop).
+- ``sst``: SST-like, 64 rows of 10-50 real tokens: each method's own cost (no loop), and against
+  the same rows one call each (``test_one_by_one``: the batched call, rows grouped by length by
+  ``attributions.length_groups``, must not be slower than its rows one by one; values checked equal
+  first, the ratio in ``extra_info["ratio_vs_one_by_one"]``).
 
 The loops are Python loops over scalars and small vectors; the authors' code is vectorised within a
 sentence, so these ratios are against the plain reference, not the authors' code. Under
@@ -50,6 +53,7 @@ RTOL, ATOL = 2e-4, 1e-6
 _models: dict = {}
 _inputs: dict = {}
 _loops: dict = {}
+_one_by_one: dict = {}
 
 
 def model(small=False):
@@ -104,6 +108,24 @@ def test_plain_loop(benchmark, name):
     _loops[name, small] = (got, None if small else benchmark.stats.stats.median)
 
 
+@pytest.mark.parametrize("name", METHODS)
+def test_one_by_one(benchmark, name):
+    """Each ``sst`` row in a call of its own, at its own width: what the batched call must never be
+    slower than (issue 46, item 6). ``test_ours``'s ``sst`` case records the ratio
+    (``extra_info["ratio_vs_one_by_one"]``: this median over the batched call's)."""
+    small = benchmark.disabled
+    m, (tokens, lengths) = model(small), inputs("sst", small)
+    _record(benchmark, name, "sst one by one", tokens, lengths, "cpu")
+    rows = [(tokens[b : b + 1, :n], lengths[b : b + 1]) for b, n in enumerate(lengths.tolist())]
+
+    def run():
+        return [METHODS[name](m, *row) for row in rows]
+
+    with torch.no_grad():
+        got = benchmark.pedantic(run, rounds=1 if small else 3, iterations=1, warmup_rounds=0 if small else 1)
+    _one_by_one[name, small] = (got, None if small else benchmark.stats.stats.median)
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("name", METHODS)
@@ -118,6 +140,13 @@ def test_ours(benchmark, name, case, device):
         with torch.no_grad():
             got = benchmark.pedantic(run, rounds=3, iterations=1, warmup_rounds=1).cpu()
             assert got.shape == (tokens.shape[0], tokens.shape[1] - 1) and torch.isfinite(got).all()
+            if case == "sst" and (name, small) in _one_by_one:
+                rows, alone_s = _one_by_one[name, small]
+                for b, row in enumerate(rows):  # each row alone gives what it gives in the batch
+                    torch.testing.assert_close(got[b, : row.shape[1]], row[0].cpu(), rtol=RTOL, atol=ATOL)
+                if alone_s is not None and device == "cpu":
+                    ours = median_seconds(benchmark, run)
+                    benchmark.extra_info.update(one_by_one_s=alone_s, ours_s=ours, ratio_vs_one_by_one=alone_s / ours)
             if case == "loop" and (name, small) in _loops:
                 want, loop_s = _loops[name, small]
                 torch.testing.assert_close(got.double(), want, rtol=RTOL, atol=ATOL)
