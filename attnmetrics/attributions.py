@@ -63,7 +63,7 @@ from torch import Tensor, nn
 from attnmetrics._deferred import deferred
 from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
-from attnmetrics.loo import CPU_PADDING, padded_calls
+from attnmetrics.loo import CPU_PADDING, call_budget, padded_calls
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import EXTRACT_READOUT, causal_mask, eval_mode, token_mask
 
@@ -478,14 +478,24 @@ _GRADIENT_ROW_FACTOR = 4
 
 
 def _run(
-    model, tokens, lengths, memory_budget, method, per_chunk, gradients: bool = False, trailing: tuple = (), raw=False
+    model,
+    tokens,
+    lengths,
+    memory_budget,
+    method,
+    per_chunk,
+    gradients: bool = False,
+    trailing: tuple = (),
+    raw=False,
+    padding: float = CPU_PADDING,
 ) -> Tensor:
     """Check the inputs, then ``per_chunk(layers, tokens, lengths, trace)`` -> ``[b, width]`` over
     chunks of rows trimmed to their longest (one forward each), assembled into ``[B, T - lead]``.
     ``gradients``: each chunk's trace is recorded for autograd (``_Trace``'s ``gradients``) and
     ``per_chunk`` runs with gradients enabled. ``trailing``: ``per_chunk`` returns
     ``[b, width, *trailing]``; ``raw``: the assembled ``[B, T, *trailing]`` over every position is
-    returned as it is (zero past the chunks' widths), not laid out over the real tokens. A half
+    returned as it is (zero past the chunks' widths), not laid out over the real tokens. The rows run
+    in :func:`length_groups` (``padding``: how much padding a CPU group may take). A half
     precision model runs in float32 (:func:`_in_float32`; its parts read inside, so our GPT's value
     weights, a slice of ``qkv``'s, are float32 too), and so does everything after its forward."""
     with _in_float32(model), eval_mode(model), torch.no_grad():
@@ -500,8 +510,16 @@ def _run(
         itemsize = torch.finfo(dtype).bits // 8
         factor = _GRADIENT_ROW_FACTOR if gradients else 1
         groups = length_groups(
-            host_lengths, lambda w: _row_bytes(layers, w, itemsize) * factor, budget // 2, padded_calls(tokens.device)
+            host_lengths,
+            lambda w: _row_bytes(layers, w, itemsize) * factor,
+            budget // 2,
+            padded_calls(tokens.device),
+            padding,
         )
+        # what a method's own steps hold at a time: on the CPU at most loo.CPU_CALL_BYTES, whose
+        # products stay in the cache (Value Zeroing's (row, token) pairs ran 10-20 % slower in
+        # 128 MiB chunks than one row at a time)
+        work = call_budget(tokens.device, budget // 2)
         with deferred():  # the groups' logits checked once, at the end
             for group in groups:
                 w = host_lengths[group[-1]]  # the group's longest row: its positions past w are padding
@@ -509,7 +527,7 @@ def _run(
                 t, n = tokens[rows, :w], lengths[rows]
                 with torch.enable_grad() if gradients else contextlib.nullcontext():
                     trace = _Trace(model, stack, t, n, method, gradients, [host_lengths[b] for b in group])
-                    score = per_chunk(layers, t, n, trace, budget // 2)
+                    score = per_chunk(layers, t, n, trace, work)
                 out[rows, :w] = score.detach().to(dtype)
     return out if raw else _real(out, lengths, model, method)
 
@@ -624,7 +642,14 @@ def globenc(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFA
         row's real tokens.
     """
 
-    return _run(model, tokens, lengths, memory_budget, "globenc", _rolled_out(model, _norm_enc))
+    def per_chunk(layers, tokens, lengths, trace, budget):
+        pooled = _pooled(model, lengths)
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        matrices = [_masked_rows(_norm_enc(layer, trace.layer(index)), lengths) for index, layer in enumerate(layers)]
+        matrices[-1] = matrices[-1][rows, pooled]  # only the pooled row of the last factor is read
+        return _rollout_row(matrices)
+
+    return _run(model, tokens, lengths, memory_budget, "globenc", per_chunk)
 
 
 def alti(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
@@ -725,36 +750,37 @@ def _centred(u: Tensor) -> Tensor:
     return u - u.mean(-1, keepdim=True)
 
 
-def _own(values: Tensor, queries: Tensor) -> Tensor:
-    """Each query's entry at its own position: ``values`` ``[b, Q, ..., T]`` -> ``[b, Q, ...]``."""
-    index = queries.view(*queries.shape, *(1,) * (values.dim() - 2)).expand(*values.shape[:-1], 1)
-    return values.gather(-1, index)[..., 0]
+def _heads_map(layer: LayerParts, k: Callable[[Tensor], Tensor]) -> Tensor:
+    """``W_O^h`` followed by a map ``k`` that acts on each d-vector alone and linearly (centring,
+    scaling: applied to W_O's rows), per head: ``[H, dh, d]`` such that ``v_h(x_j) @ out[h] =
+    k(f_h(x_j))`` -- ``d^2`` elements mapped once instead of ``T H d`` per row."""
+    heads = layer.heads
+    return k(layer.out.weight.T).view(heads, -1, layer.out.weight.shape[0])
 
 
-def _norm_enc(layer, s: _LayerStates, queries, lengths) -> Tensor:
-    """GlobEnc's N_Enc of one layer: ``[b, Q, T]`` (see :func:`globenc`).
+def _norm_enc(layer, s: _LayerStates) -> Tensor:
+    """GlobEnc's N_Enc of one layer, every query: ``[b, T (i), T (j)]`` (see :func:`globenc`).
 
     ``LN_2'(LN_1'(z)) = K z / (s_1 s_2)`` with ``K`` the fixed linear map "centre, times gamma_1,
     centre, times gamma_2" (elementwise: no matrix is formed), so with ``g_h(j) = K f_h(x_j)`` and
     ``a_h = A_h[i, j]``, ``||K z_ij||^2 = a^T G_j a`` (``G_j`` the heads' Gram matrix of the
     ``g_h(j)``, ``[H, H]``), plus ``2 a . <g_h(i), K x_i> + ||K x_i||^2`` at ``j = i`` (the
-    residual): ``T^2 H^2`` multiply-adds a layer and row instead of the ``[Q, T, d]`` vectors'
-    ``T^2 H d``."""
+    residual): ``T H^2 d + T^2 H^2`` multiply-adds a layer and row instead of the ``[T, T, d]``
+    vectors' ``T^2 H d``, and no state larger than the values' ``[T, H, d]``."""
     ln1, ln2 = layer.ln_1, layer.ln_2
-    rows = torch.arange(s.x.shape[0], device=s.x.device)[:, None]
 
     def k(u):
         return _centred(_centred(u) * ln1.weight) * ln2.weight
 
-    g = k(_heads_out(layer, s.v))  # [b, H, T, d]
-    gram = torch.einsum("bhjd,bkjd->bjhk", g, g)  # [b, T, H, H]
-    a = s.probs[rows, :, queries]  # [b, Q, H, T]
-    squared = (torch.einsum("bqhj,bjhk->bqkj", a, gram) * a).sum(2)  # [b, Q, T]
-    kx = k(s.x[rows, queries])  # [b, Q, d]
-    cross = torch.einsum("bqhd,bqd->bqh", g.transpose(1, 2)[rows, queries], kx)  # <g_h(i), K x_i>
-    own = 2 * (_own(a, queries) * cross).sum(-1) + kx.square().sum(-1)  # [b, Q]
-    squared = squared.scatter_add(-1, queries[..., None], own[..., None])
-    scale = _scale(s.pre1[rows, queries], ln1) * _scale(s.pre2[rows, queries], ln2)  # [b, Q, 1]
+    g = torch.einsum("bhjk,hkd->bjhd", s.v, _heads_map(layer, k))  # g_h(j) = K f_h(x_j) [b, T (j), H, d]
+    gram = g @ g.transpose(-1, -2)  # [b, T (j), H, H]
+    a = s.probs.permute(0, 3, 2, 1)  # [b, T (j), T (i), H]
+    squared = ((a @ gram) * a).sum(-1).transpose(1, 2)  # [b, T (i), T (j)]
+    kx = k(s.x)  # K x_i [b, T, d]
+    cross = (g @ kx[..., None])[..., 0]  # <g_h(i), K x_i> [b, T, H]
+    own = 2 * (s.probs.diagonal(dim1=-2, dim2=-1).transpose(1, 2) * cross).sum(-1) + kx.square().sum(-1)
+    squared = squared + torch.diag_embed(own)
+    scale = _scale(s.pre1, ln1) * _scale(s.pre2, ln2)  # [b, T, 1]
     return squared.clamp_min(0).sqrt() / scale
 
 
@@ -767,7 +793,7 @@ def _alti_layer(layer, s: _LayerStates, queries, lengths) -> Tensor:
     and one distance pass."""
     ln = layer.ln_1
     rows = torch.arange(s.x.shape[0], device=s.x.device)[:, None]
-    phi = _centred(_heads_out(layer, s.v)) * ln.weight  # [b, H, T, d]
+    phi = torch.einsum("bhjk,hkd->bhjd", s.v, _heads_map(layer, lambda u: _centred(u) * ln.weight))  # [b, H, T, d]
     a = s.probs[rows, :, queries]  # [b, Q, H, T]
     u = torch.einsum("bqhj,bhjd->bqjd", a, phi)  # [b, Q, T, d], the residual not yet in
     scale = _scale(s.pre1[rows, queries], ln)  # [b, Q, 1]
@@ -825,18 +851,27 @@ def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int 
         tokens.
     """
 
+    maps: dict[int, Tensor] = {}  # per layer, once a call has enough positions (_zeroed_layer)
+    seen = [0]
+
     def per_chunk(layers, tokens, lengths, trace, budget):
         pooled = _pooled(model, lengths)
+        seen[0] += sum(trace.host_lengths)
+        mapped = seen[0] * (layers[0].heads - 1) > layers[0].out.weight.shape[0]
         matrices = [
-            _zeroed_layer(layer, trace, index, lengths, pooled if index == len(layers) - 1 else None, budget)
+            _zeroed_layer(
+                layer, trace, index, lengths, pooled if index == len(layers) - 1 else None, budget, maps, mapped
+            )
             for index, layer in enumerate(layers)
         ]
         return _rollout_row(matrices)
 
-    return _run(model, tokens, lengths, memory_budget, "value_zeroing", per_chunk)
+    # rows of one length a group on the CPU: every (row, token) pair recomputes the layer for each
+    # of the group's queries, padded ones included, so padding costs in full
+    return _run(model, tokens, lengths, memory_budget, "value_zeroing", per_chunk, padding=0.0)
 
 
-def _zeroed_layer(layer, trace, index, lengths, pooled, budget) -> Tensor:
+def _zeroed_layer(layer, trace, index, lengths, pooled, budget, maps=None, mapped=False) -> Tensor:
     """Value Zeroing's row-normalised distances of one layer, ``[b, T, T]`` (``[b, T]``: the pooled
     rows when ``pooled`` is given).
 
@@ -847,7 +882,11 @@ def _zeroed_layer(layer, trace, index, lengths, pooled, budget) -> Tensor:
     ``P_i = (gamma_1 * centred(p_i)) W_1`` and ``F_h(j) = (gamma_1 * centred(f_h(x_j))) W_1``, each
     formed once per token. Where a row has more queries than heads, that costs
     ``H T d d_ff + Q T H d_ff`` multiply-adds a layer instead of the altered states' own
-    ``Q T d d_ff``; the activation and the second product are per (query, token) pair either way."""
+    ``Q T d d_ff``; the activation and the second product are per (query, token) pair either way.
+    ``mapped``: ``F_h(j) = v_h(x_j) Z_h`` with ``Z_h = (W_O^h`` centred and scaled by ``gamma_1) W_1``
+    ``[H, dh, d_ff]`` formed once a call (``maps[index]``: ``d^2 d_ff`` multiply-adds, which a call's
+    rows repay once they hold more than ``d / (H - 1)`` positions), ``T d d_ff`` a row, not
+    ``H T d d_ff``."""
     s = trace.layer(index)
     probs, v, x, out = s.probs, s.v, s.x, s.out
     batch, heads, width, dh = v.shape
@@ -864,7 +903,12 @@ def _zeroed_layer(layer, trace, index, lengths, pooled, budget) -> Tensor:
     factored = queries > heads
     if factored:  # the first product by token, not by pair
         w1 = layer.fc.weight.T
-        heads_w1 = (_centred(f) * ln.weight) @ w1  # F_h(j) [b, H, T, d_ff]
+        if mapped:
+            if index not in maps:
+                maps[index] = _heads_map(layer, lambda u: _centred(u) * ln.weight) @ w1  # Z_h [H, dh, d_ff]
+            heads_w1 = v @ maps[index]  # F_h(j) [b, H, T, d_ff]
+        else:
+            heads_w1 = (_centred(f) * ln.weight) @ w1  # F_h(j) [b, H, T, d_ff]
         pre_w1 = (_centred(pre) * ln.weight) @ w1  # P_i [b, Q, d_ff]
         bias_w1 = layer.fc(ln.bias)  # beta_1 W_1 + b_1
     pairs = token_mask(lengths, width).nonzero()  # (row, zeroed token j), every real position of a row
