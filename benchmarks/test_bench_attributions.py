@@ -1,4 +1,4 @@
-"""The attention-derived attributions (attnmetrics/attributions.py: attention × value norm,
+"""The attention-derived attributions (the package attnmetrics/attributions/: attention × value norm,
 GlobEnc, ALTI, Value Zeroing, Chefer et al.'s gradient-weighted rollout, DecompX, attention flow) against the plain
 per-sentence loops of their reference tests (attnmetrics/testing/reference.py: one sentence at a
 time, per layer, head and token, every state from the weights; Value Zeroing recomputes the layer
@@ -162,7 +162,7 @@ def test_ours(benchmark, name, case, device):
 def _flow_graphs(m, tokens, lengths):
     """Each row's rollout matrices ``[L, n, n]`` float64 (attention flow's capacities) from one
     forward of the model, as ``attention_flow`` builds them."""
-    from attnmetrics.attributions import _masked_rows, _row_normalised, _stack, _Trace
+    from attnmetrics.attributions.layers import _masked_rows, _row_normalised, _stack, _Trace
     from attnmetrics.protocol import token_mask
 
     stack = _stack(m, "attention_flow")
@@ -185,7 +185,7 @@ def test_flow_step(benchmark, rows, side):
     ratios in ``extra_info["ratio_vs_loop"]`` (networkx) and ``["ratio_vs_scipy"]``."""
     import numpy as np
 
-    from attnmetrics.attributions import _max_flows
+    from attnmetrics.attributions.flow import _max_flows
     from attnmetrics.testing.reference import scipy_max_flows
 
     if side == "networkx" and rows > 8:

@@ -1,4 +1,4 @@
-"""The attention-derived attributions (attnmetrics/attributions.py) against plain loops written from
+"""The attention-derived attributions (the package attnmetrics/attributions/) against plain loops written from
 the papers' equations (attnmetrics/testing/reference.py): one sentence at a time, explicit loops over
 layers, heads and tokens, every state recomputed from the Hugging Face model's weights (embeddings
 included), on a small random ``BertForSequenceClassification`` (no download). The loop's own forward
@@ -14,7 +14,6 @@ transformers = pytest.importorskip("transformers")
 from attnmetrics.attributions import (  # noqa: E402
     FLOW_SCALE,
     METHODS,
-    _max_flows,
     alti,
     attention_flow,
     decompx,
@@ -22,6 +21,7 @@ from attnmetrics.attributions import (  # noqa: E402
     gradient_weighted_rollout,
     supports,
 )
+from attnmetrics.attributions.flow import _max_flows  # noqa: E402
 from attnmetrics.models.hf import HFClassifier  # noqa: E402
 from attnmetrics.protocol import token_mask  # noqa: E402
 from attnmetrics.testing.reference import (  # noqa: E402

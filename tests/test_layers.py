@@ -15,6 +15,7 @@ CORE = sorted(
         *(ROOT / "attnmetrics").glob("*.py"),
         *(ROOT / "attnmetrics" / "testing").glob("*.py"),
         *(ROOT / "attnmetrics" / "llm").glob("*.py"),
+        *(ROOT / "attnmetrics" / "attributions").glob("*.py"),
     ]
     if p.name != "__main__.py"
 )

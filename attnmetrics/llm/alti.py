@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnmetrics.attributions import _rollout_row, _row_normalised
+from attnmetrics.attributions.layers import _rollout_row, _row_normalised
 from attnmetrics.llm.layers import DEFAULT_MEMORY_BUDGET, mixing, per_query, run
 
 

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from attnmetrics._deferred import deferred
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
-from attnmetrics.attributions import _in_float32, _predicted_logit, length_groups
+from attnmetrics.attributions.layers import _in_float32, _predicted_logit, length_groups
 from attnmetrics.llm.layers import _norm_eps, _sequence, llama_layers
 from attnmetrics.loo import padded_calls
 from attnmetrics.protocol import eval_mode, token_mask

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnmetrics.attributions import _predicted_logit, _rollout_row
+from attnmetrics.attributions.layers import _predicted_logit, _rollout_row
 from attnmetrics.llm.layers import DEFAULT_MEMORY_BUDGET, run
 
 

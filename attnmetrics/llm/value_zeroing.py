@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnmetrics.attributions import _chunks, _cosine_distance, _rollout_row, _row_normalised
+from attnmetrics.attributions.layers import _chunks, _rollout_row, _row_normalised
+from attnmetrics.attributions.value_zeroing import _cosine_distance
 from attnmetrics.llm.layers import DEFAULT_MEMORY_BUDGET, heads_out, run
 
 

@@ -29,7 +29,7 @@ Which values are compared: ours are ``[B, T - 1]``, positions 1.. (``[CLS]``'s c
 padding zeroed; the authors' are every position of a row. So each row's positions 1 .. n-2 (its real tokens
 but ``[CLS]`` and ``[SEP]``) are compared, ``raw`` as they are and ``row_normalised`` after dividing each
 side's row by the sum of its absolute values over those positions (that takes out a difference of scale
-alone). The known definitional differences (attnmetrics/attributions.py's docstrings): ALTI's authors add
+alone). The known definitional differences (the docstrings of attnmetrics/attributions/): ALTI's authors add
 ``eps`` to the states before the standard deviation (``contributions.py`` line 206) and 1e-6 inside every L1
 distance (``F.pairwise_distance``, line 222), ours use the model's own LayerNorm denominator and the exact
 distance; DecompX's first layer splits the value bias by the attention weights and takes the AbsDot weights
