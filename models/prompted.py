@@ -425,7 +425,7 @@ class PromptedLM(HFClassifier):
         return logits, F.one_hot(lengths - 1, tokens.shape[1]).to(logits.dtype)
 
     #: not the protocol's ``[B, layers, heads, T, T]`` over the items (the template's positions are
-    #: in the graph): attention flow, which takes that graph, does not run on a prompted model
+    #: in the graph): attention flow builds its graph over the whole input from :meth:`whole_attentions`
     layer_attentions = None
 
     def whole_attentions(self, tokens: Tensor, lengths: Tensor) -> Tensor:

@@ -1131,6 +1131,71 @@ def _attributions() -> dict[str, Quote]:
     return s
 
 
+AUTHORS = "benchmarks/results/authors-methods-cpu1-2026-11-29.json"
+#: the authors' variants that authors_methods.py times, per method (its "authors_s" keys)
+AUTHOR_VARIANTS = {
+    "globenc": ("one_per_call", "batched"),
+    "alti": ("one_per_call", "contributions_once"),
+    "value_zeroing": ("one_per_call",),
+    "decompx": ("one_per_call", "batched"),
+}
+
+
+def _authors_methods() -> dict[str, Quote]:
+    """Our GlobEnc, ALTI, Value Zeroing and DecompX against the authors' code, same weights and ids, one
+    CPU thread (benchmarks/peers/authors_compare.py; docs/speed.md): ``authors.METHOD.{ours_s,ours_one_s}``
+    (one call on all rows; a row a call), ``authors.METHOD.VARIANT_s`` (the authors' code as run by
+    VARIANT), ``authors.METHOD.best_s`` (their fastest variant), ``authors.METHOD.ratio`` (that over ours,
+    one call) and ``.ratio_one`` (over ours a row a call), ``authors.METHOD.rel`` (the largest difference of
+    row-normalised values, relative to the row's largest, against their one-sentence variant)."""
+    s: dict[str, Quote] = {"authors.rows": one("d", AUTHORS, "rows"), "authors.tokens": one(",d", AUTHORS, "tokens")}
+    for method, variants in AUTHOR_VARIANTS.items():
+        at = ("methods", method)
+        ours = Value(AUTHORS, (*at, "ours_batched_s"))
+        alone = Value(AUTHORS, (*at, "ours_one_per_call_s"))
+        theirs = tuple(Value(AUTHORS, (*at, "authors_s", v)) for v in variants)
+        s[f"authors.{method}.ours_s"] = one(".2f", AUTHORS, *at, "ours_batched_s")
+        s[f"authors.{method}.ours_one_s"] = one(".2f", AUTHORS, *at, "ours_one_per_call_s")
+        for variant in variants:
+            s[f"authors.{method}.{variant}_s"] = one(".2f", AUTHORS, *at, "authors_s", variant)
+        s[f"authors.{method}.best_s"] = Quote("{:.2f}", theirs, lambda *t: min(t))
+        s[f"authors.{method}.ratio"] = Quote("{:.1f}", (ours, *theirs), lambda o, *t: min(t) / o)
+        s[f"authors.{method}.ratio_one"] = Quote("{:.1f}", (alone, *theirs), lambda o, *t: min(t) / o)
+        s[f"authors.{method}.rel"] = one(
+            ".1e", AUTHORS, *at, "differences", "one_per_call", "row_normalised", "max_rel"
+        )
+    return s
+
+
+LLM_LOO = "benchmarks/results/llm-loo-smollm2-cpu1-2026-11-29.json"
+
+
+def _llm_loo() -> dict[str, Quote]:
+    """SmolLM2's leave-one-out against Captum on one CPU thread (benchmarks/test_bench_llm_loo.py,
+    docs/speed.md): ``llmloo.{sentences,deletions,ours_s,stock_s,bucketed_s,vs_stock,vs_bucketed,positions,
+    macs,times_floor,diff}``."""
+    ours = ("benchmarks", {"name": "test_leave_one_out_prefix_reuse"}, "extra_info")
+    stock = ("benchmarks", {"name": "test_captum_llm_attribution_stock"}, "extra_info")
+    bucketed = ("benchmarks", {"name": "test_captum_feature_ablation_bucketed"}, "extra_info")
+    return {
+        "llmloo.sentences": one("d", LLM_LOO, *ours, "sentences"),
+        "llmloo.deletions": one(",d", LLM_LOO, *ours, "deletions"),
+        "llmloo.ours_s": one(".1f", LLM_LOO, *ours, "leave_one_out_s"),
+        "llmloo.stock_s": one(".1f", LLM_LOO, *stock, "captum_stock_s"),
+        "llmloo.bucketed_s": one(".1f", LLM_LOO, *bucketed, "captum_bucketed_s"),
+        "llmloo.vs_stock": one(".2f", LLM_LOO, *bucketed, "speedup_vs_stock"),
+        "llmloo.vs_bucketed": one(".2f", LLM_LOO, *bucketed, "speedup_vs_bucketed"),
+        "llmloo.positions": one(".3f", LLM_LOO, *ours, "positions_ratio"),
+        "llmloo.macs": one(".3f", LLM_LOO, *ours, "multiply_adds_ratio"),
+        "llmloo.times_floor": one(".2f", LLM_LOO, *ours, "times_floor"),
+        "llmloo.diff": Quote(
+            "{:.1e}",
+            (Value(LLM_LOO, (*stock, "max_abs_diff_vs_ours")), Value(LLM_LOO, (*bucketed, "max_abs_diff_vs_ours"))),
+            lambda *d: max(d),
+        ),
+    }
+
+
 def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
     sources: dict[str, Quote] = {}
     for part in parts:

@@ -44,6 +44,11 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
     at most token j's out-capacity ``sum_i Â_0[i, j]``; with one layer it is ``Â_0[p, j]``, with
     two ``sum_k min(Â_0[k, j], Â_1[p, k])`` (disjoint paths), both computed so, exactly.
 
+    A prompted decoder (``models/prompted.py``, no ``layer_attentions`` but ``whole_attentions``):
+    the graph spans the whole input, template included, and the flows run from each text token
+    ``(0, j)`` to the answer position ``(L, p)`` (the prompt's last token); only the text's tokens
+    are scored, ``[B, T]`` over them.
+
     The flows are not normalised: the authors' code (samiraabnar/attention_flow,
     ``attention_graph_util.compute_flows``) divides each output node's flows by their sum over
     every input position, special tokens included, a positive constant per row that changes no
@@ -94,6 +99,8 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
 
     from attnmetrics.rollout import layer_attentions, layer_matrices
 
+    if getattr(model, "layer_attentions", None) is None and callable(getattr(model, "whole_attentions", None)):
+        return _whole_input_flow(model, tokens, lengths, memory_budget)
     attentions = layer_attentions(model, "attention_flow")
     lengths = check_model_inputs(model, tokens, lengths)
     budget = check_budget(memory_budget)
@@ -111,6 +118,32 @@ def attention_flow(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int
             graphs = layer_matrices(probs, n).cpu().contiguous()  # [b, L, T, T] float64
             flows = ops.attention_flow(graphs, n.cpu(), pooled[rows].cpu(), model.lead, model.trail)
             out[rows, :used] = flows.to(out.device, out.dtype)  # NaN in a row not finite: _real names it
+    return _real(out, lengths, model, "attention_flow")
+
+
+def _whole_input_flow(model, tokens: Tensor, lengths: Tensor, memory_budget: int) -> Tensor:
+    """Attention flow of a prompted model (``models/prompted.py``: ``whole_attentions`` over the
+    whole input, ``sequence``, ``prefix_ids``, ``suffix_ids``): the graph of :func:`attention_flow`
+    over every position of the whole input, the template's included (they mix like any token), the
+    sources the text's tokens at layer 0 and the sink the answer position (the prompt's last token)
+    at the last layer; ``[B, T]`` over the text's tokens, zero past each row's length. The template's
+    own flows are not scored (docs/definitions.md §15)."""
+    from attnmetrics.rollout import layer_matrices
+
+    lengths = check_model_inputs(model, tokens, lengths)
+    budget = check_budget(memory_budget)
+    batch, width = tokens.shape
+    prefix, suffix = len(model.prefix_ids), len(model.suffix_ids)
+    with _in_float32(model), eval_mode(model), torch.no_grad():
+        seq = model.sequence(tokens, lengths)
+        probe = model.whole_attentions(tokens[:1], lengths[:1])  # a row's bytes: its probabilities and graphs
+        row_bytes = 2 * (probe.numel() * probe.element_size() + probe[:, :, 0].numel() * 8)
+        out = torch.zeros(batch, width, dtype=probe.dtype, device=tokens.device)
+        for rows in _chunks(batch, row_bytes, budget // 2):
+            n = seq.lengths[rows]
+            graphs = layer_matrices(model.whole_attentions(tokens[rows], lengths[rows]), n).cpu().contiguous()
+            flows = ops.attention_flow(graphs, n.cpu(), seq.pooled[rows].cpu(), prefix, suffix)  # [b, P + T + S]
+            out[rows] = flows[:, prefix : prefix + width].to(out.device, out.dtype)
     return _real(out, lengths, model, "attention_flow")
 
 

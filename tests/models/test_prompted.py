@@ -210,3 +210,29 @@ def test_a_chat_template_that_writes_the_bos_token_gets_one_not_two(chat_bos):
     prompt = Prompt("chat", "Review : {text}", {"neg": " negative", "pos": " positive"}, chat=True)
     model = PromptedLM(lm, tokenizer, prompt, ["neg", "pos"])
     assert model.prefix_ids.tolist() == [2, vocab["Review"], vocab[":"]]
+
+
+def test_attention_flow_runs_over_the_whole_input_from_the_text_to_the_answer_position():
+    """The graph of a prompted model holds the template's positions; each text token's flow to the
+    answer position equals networkx's max flow on a graph built here from the model's attention (0.5
+    head mean + 0.5 I, rows renormalised, over the whole input), one row at a time."""
+    from attnmetrics.attributions import attention_flow
+    from attnmetrics.testing.reference import networkx_max_flows
+
+    model = prompted(F64)
+    tokens, lengths = rows(model, lengths=(4, 1, 3))
+    got = attention_flow(model, tokens, lengths)
+    assert got.shape == tokens.shape
+    prefix = len(model.prefix_ids)
+    for b, n in enumerate(lengths.tolist()):
+        ids = torch.tensor([[*model.prefix_ids.tolist(), *tokens[b, :n].tolist(), *model.suffix_ids.tolist()]])
+        probs = model.whole_attentions(tokens[b : b + 1, :n], lengths[b : b + 1])[0]  # [L, H, N, N]
+        size = ids.shape[1]
+        capacities = []
+        for layer in probs:
+            mixed = 0.5 * layer.mean(0) + 0.5 * torch.eye(size, dtype=F64)
+            capacities.append((mixed / mixed.sum(-1, keepdim=True)).tolist())
+        want = networkx_max_flows(capacities, size - 1, range(prefix, prefix + n))
+        torch.testing.assert_close(got[b, :n], torch.tensor(want, dtype=F64), rtol=1e-9, atol=1e-12)
+        assert (got[b, n:] == 0).all()
+    assert float(got[0].std()) > 0  # tokens told apart

@@ -10,8 +10,10 @@ from attnmetrics.protocol import capability
 
 def _applies(model) -> bool:
     """Where rollout's importance applies (the model rolls out its attention) and the model hands
-    over its layers' attention (``layer_attentions``, what rollout rolls out)."""
-    return capability(model, "rollout") is not None and callable(getattr(model, "layer_attentions", None))
+    over its layers' attention (``layer_attentions``, what rollout rolls out; a prompted model's
+    ``whole_attentions``, over the template too)."""
+    hands_over = any(callable(getattr(model, name, None)) for name in ("layer_attentions", "whole_attentions"))
+    return capability(model, "rollout") is not None and hands_over
 
 
 IMPORTANCE = Importance(
