@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from attnmetrics._deferred import deferred
 from attnmetrics._validation import check_budget, check_logits, check_model_inputs
-from attnmetrics.loo import CPU_PADDING, call_budget, padded_calls
+from attnmetrics.loo import CPU_PADDING, CPU_SMALL_CALL, call_budget, padded_calls
 from attnmetrics.outputs import decision
 from attnmetrics.protocol import EXTRACT_READOUT, causal_mask, eval_mode, token_mask
 
@@ -439,6 +439,7 @@ def _run(
     trailing: tuple = (),
     raw=False,
     padding: float = CPU_PADDING,
+    small: int = CPU_SMALL_CALL,
 ) -> Tensor:
     """Check the inputs, then ``per_chunk(layers, tokens, lengths, trace)`` -> ``[b, width]`` over
     chunks of rows trimmed to their longest (one forward each), assembled into ``[B, T - lead]``.
@@ -446,7 +447,7 @@ def _run(
     ``per_chunk`` runs with gradients enabled. ``trailing``: ``per_chunk`` returns
     ``[b, width, *trailing]``; ``raw``: the assembled ``[B, T, *trailing]`` over every position is
     returned as it is (zero past the chunks' widths), not laid out over the real tokens. The rows run
-    in :func:`length_groups` (``padding``: how much padding a CPU group may take). A half
+    in :func:`length_groups` (``padding``, ``small``: how much padding a CPU group may take). A half
     precision model runs in float32 (:func:`_in_float32`; its parts read inside, so our GPT's value
     weights, a slice of ``qkv``'s, are float32 too), and so does everything after its forward."""
     with _in_float32(model), eval_mode(model), torch.no_grad():
@@ -466,6 +467,7 @@ def _run(
             budget // 2,
             padded_calls(tokens.device),
             padding,
+            small,
         )
         # what a method's own steps hold at a time: on the CPU at most loo.CPU_CALL_BYTES, whose
         # products stay in the cache (Value Zeroing's (row, token) pairs ran 10-20 % slower in
@@ -484,7 +486,12 @@ def _run(
 
 
 def length_groups(
-    lengths: list[int], row_bytes: Callable[[int], int], budget: int, padded: bool, padding: float = CPU_PADDING
+    lengths: list[int],
+    row_bytes: Callable[[int], int],
+    budget: int,
+    padded: bool,
+    padding: float = CPU_PADDING,
+    small: int = CPU_SMALL_CALL,
 ) -> list[list[int]]:
     """The rows of ``lengths`` (host ints) sorted by length, shortest first, in consecutive groups
     that each run as one call trimmed to their longest row ``w``: a group holds at most ``budget``
@@ -492,8 +499,11 @@ def length_groups(
     are not padded (``padded`` False: the CPU, :func:`attnmetrics.loo.padded_calls`, where a call's
     cost follows its positions), a group also takes a longer row only while its padded cost
     ``n w^2`` stays within ``padding`` of its rows' own ``sum w_b^2`` (these methods' cost grows
-    about as the square of a row's width, per layer): so a batch costs about what its rows cost one
-    by one, in fewer, larger calls. On a GPU (``padded``), the budget alone bounds a group."""
+    about as the square of a row's width, per layer), or, while the group holds at most ``small``
+    padded positions ``n w``, within twice their own (a call's fixed cost outweighs a few short rows'
+    padding: 3 rows of 8-10 ids ran 30 % faster as one call than as two): so a batch costs about what
+    its rows cost one by one, in fewer, larger calls. On a GPU (``padded``), the budget alone bounds a
+    group."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     groups: list[list[int]] = []
     own = 0
@@ -503,7 +513,8 @@ def length_groups(
         if group is not None:
             n = len(group) + 1
             fits = n * row_bytes(w) <= budget
-            little_padded = padded or n * w * w <= (1 + padding) * (own + w * w)
+            cost, real = n * w * w, own + w * w
+            little_padded = padded or cost <= (1 + padding) * real or (n * w <= small and cost <= 2 * real)
             if fits and little_padded:
                 group.append(b)
                 own += w * w

@@ -70,7 +70,7 @@ def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int 
 
     # rows of one length a group on the CPU: every (row, token) pair recomputes the layer for each
     # of the group's queries, padded ones included, so padding costs in full
-    return _run(model, tokens, lengths, memory_budget, "value_zeroing", per_chunk, padding=0.0)
+    return _run(model, tokens, lengths, memory_budget, "value_zeroing", per_chunk, padding=0.0, small=0)
 
 
 def _zeroed_layer(layer, trace, index, lengths, pooled, budget, maps=None, mapped=False) -> Tensor:
