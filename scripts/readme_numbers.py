@@ -342,7 +342,9 @@ GPT1_GROUPS = (
 )
 ATTRIBUTIONS = "benchmarks/results/attributions-cpu-1thread.json"
 # The attention-derived attributions whose ours-vs-loop ratios are in ATTRIBUTIONS.
-ATTRIBUTION_RATIOS = ("value_norm", "globenc", "alti", "value_zeroing")
+#: every attention-derived method of benchmarks/test_bench_attributions.py (attributions.METHODS)
+ATTRIBUTION_METHODS = ("value_norm", "globenc", "alti", "value_zeroing", "chefer", "decompx", "attention_flow")
+
 # The battery's methods in the MiniLM run's method table, by their battery names (the keys' middle part).
 MINILM_METHODS = (
     "alti",
@@ -1118,14 +1120,25 @@ def _attributions() -> dict[str, Quote]:
     def ours(method: str, case: str) -> tuple[Step, ...]:
         return ("benchmarks", {"name": f"test_ours[{method}-{case}-cpu]"})
 
-    for method, sst_fmt in zip(ATTRIBUTION_RATIOS, (".2f", ".2f", ".2f", ".1f")):
+    for method in ATTRIBUTION_METHODS:
+        sst_fmt = ".1f" if method in ("value_zeroing", "decompx") else ".2f"
         s[f"attributions.{method}.ours_ms"] = one(
             ".1f", ATTRIBUTIONS, *ours(method, "loop"), "extra_info", "ours_s", then=lambda x: 1e3 * x
         )
         s[f"attributions.{method}.loop_s"] = one(".3g", ATTRIBUTIONS, *ours(method, "loop"), "extra_info", "loop_s")
         s[f"attributions.{method}.loop_speedup"] = Quote("{:.0f}", (loop_ratio(method),))
         s[f"attributions.{method}.sst_s"] = one(sst_fmt, ATTRIBUTIONS, *ours(method, "sst"), "stats", "median")
-    ratios = tuple(loop_ratio(m) for m in ATTRIBUTION_RATIOS)
+    for method in ATTRIBUTION_METHODS:  # batched (rows grouped by length) against a row a call
+        info = (*ours(method, "sst"), "extra_info")
+        s[f"attributions.{method}.batched_s"] = one(".2f", ATTRIBUTIONS, *info, "ours_s")
+        s[f"attributions.{method}.one_by_one_s"] = one(".2f", ATTRIBUTIONS, *info, "one_by_one_s")
+        s[f"attributions.{method}.vs_one_by_one"] = one(".2f", ATTRIBUTIONS, *info, "ratio_vs_one_by_one")
+    gains = tuple(
+        Value(ATTRIBUTIONS, (*ours(m, "sst"), "extra_info", "ratio_vs_one_by_one")) for m in ATTRIBUTION_METHODS
+    )
+    s["attributions.vs_one_by_one.min"] = Quote("{:.2f}", gains, lambda *r: min(r))
+    s["attributions.vs_one_by_one.max"] = Quote("{:.2f}", gains, lambda *r: max(r))
+    ratios = tuple(loop_ratio(m) for m in ATTRIBUTION_METHODS)
     s["attributions.loop_speedup.min"] = Quote("{:.0f}", ratios, lambda *r: min(r))
     s["attributions.loop_speedup.max"] = Quote("{:.0f}", ratios, lambda *r: max(r))
     return s
@@ -1161,6 +1174,7 @@ def _authors_methods() -> dict[str, Quote]:
         s[f"authors.{method}.best_s"] = Quote("{:.2f}", theirs, lambda *t: min(t))
         s[f"authors.{method}.ratio"] = Quote("{:.1f}", (ours, *theirs), lambda o, *t: min(t) / o)
         s[f"authors.{method}.ratio_one"] = Quote("{:.1f}", (alone, *theirs), lambda o, *t: min(t) / o)
+        s[f"authors.{method}.same_top"] = one(".3f", AUTHORS, *at, "differences", "one_per_call", "same_top")
         s[f"authors.{method}.rel"] = one(
             ".1e", AUTHORS, *at, "differences", "one_per_call", "row_normalised", "max_rel"
         )
@@ -1230,6 +1244,8 @@ SOURCES: dict[str, Quote] = _sources(
     _transformer_floor(),
     _flow_step(),
     _attributions(),
+    _llm_loo(),
+    _authors_methods(),
 )
 
 
