@@ -1210,6 +1210,25 @@ def _llm_loo() -> dict[str, Quote]:
     }
 
 
+LLM_METHODS_FILE = "benchmarks/results/llm-methods-cpu1-2026-11-29.json"
+
+
+def _llm_methods() -> dict[str, Quote]:
+    """The decoder methods batched by length against a row a call (benchmarks/test_bench_llm_methods.py,
+    docs/speed.md): ``llmmethods.METHOD.{batched_s,one_by_one_s,vs_one_by_one}``, ``llmmethods.vs.{min,max}``."""
+    s: dict[str, Quote] = {}
+    gains = []
+    for method in ("value_norm", "alti", "alti_logit", "value_zeroing", "chefer", "attnlrp"):
+        info = ("benchmarks", {"name": f"test_batched[{method}]"}, "extra_info")
+        s[f"llmmethods.{method}.batched_s"] = one(".2f", LLM_METHODS_FILE, *info, "ours_s")
+        s[f"llmmethods.{method}.one_by_one_s"] = one(".2f", LLM_METHODS_FILE, *info, "one_by_one_s")
+        s[f"llmmethods.{method}.vs_one_by_one"] = one(".2f", LLM_METHODS_FILE, *info, "ratio_vs_one_by_one")
+        gains.append(Value(LLM_METHODS_FILE, (*info, "ratio_vs_one_by_one")))
+    s["llmmethods.vs.min"] = Quote("{:.2f}", tuple(gains), lambda *r: min(r))
+    s["llmmethods.vs.max"] = Quote("{:.2f}", tuple(gains), lambda *r: max(r))
+    return s
+
+
 def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
     sources: dict[str, Quote] = {}
     for part in parts:
@@ -1246,6 +1265,7 @@ SOURCES: dict[str, Quote] = _sources(
     _attributions(),
     _llm_loo(),
     _authors_methods(),
+    _llm_methods(),
 )
 
 
