@@ -59,6 +59,7 @@ def test_run_tests_a_prompted_causal_lm_zero_shot_and_evaluate_reloads_it(tmp_pa
     assert "LlamaForCausalLM zero-shot, prompt custom" in report and "nothing was trained" in report
     # the battery ran on the text tokens: the importances it could compute on this model are there
     assert "attention vs gradient" in results["kendall"] and "attention vs loo" in results["kendall"]
+    assert "attention vs attention_flow" in results["kendall"]  # over the whole input's graph
     assert not list((out / "model").glob("*.safetensors"))  # the weights are the source's, not copied
     again = tmp_path / "again"
     assert (
