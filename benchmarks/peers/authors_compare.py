@@ -59,7 +59,6 @@ Usage (about two minutes for 16 rows on one thread; the authors' side takes most
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import math
@@ -72,6 +71,8 @@ from importlib.metadata import version
 from pathlib import Path
 
 import torch
+
+from attnmetrics.app.io import write_json_atomic
 
 METHODS = ("globenc", "alti", "value_zeroing", "decompx")
 PEER = Path(__file__).with_name("authors_methods.py")
@@ -140,7 +141,7 @@ def prepare(args) -> int:
     hf = build_model(args.tiny)
     hf.save_pretrained(out)
     rows = draw_rows(args.rows)
-    write_json(out / "ids.json", {"rows": rows, "seed": 0, "lengths": [12, 52], "tiny": args.tiny})
+    write_json_atomic(out / "ids.json", {"rows": rows, "seed": 0, "lengths": [12, 52], "tiny": args.tiny})
     saved = load_model(out)
     with torch.no_grad():
         for a, b in zip(hf.state_dict().values(), saved.state_dict().values()):
@@ -321,7 +322,8 @@ def compare(args) -> int:
                 )
         result["methods"][name] = entry
         print(summary_line(name, entry), flush=True)
-    write_json(args.out, result)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(args.out, result)
     return 0
 
 
@@ -340,20 +342,6 @@ def summary_line(name: str, entry: dict) -> str:
 
 
 # ---- shared -------------------------------------------------------------------------------------
-
-
-def write_json(path: Path, data: dict) -> None:
-    """Atomically: a temporary file in the same folder, then ``os.replace``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def main(argv=None) -> int:
