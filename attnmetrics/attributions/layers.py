@@ -306,18 +306,16 @@ class _Trace:
         if any(s is None for s in (*self.pre1, *self.pre2)):
             raise ValueError(f"{method}: a layer's LayerNorms were not called by the model's forward")
 
-    def layer(self, index: int, rows=slice(None), width: int | None = None) -> _LayerStates:
-        """Layer ``index``'s states of the rows ``rows`` (a slice or indices), their first ``width``
-        positions (default all)."""
-        w = slice(None) if width is None else slice(0, width)
+    def layer(self, index: int) -> _LayerStates:
+        """Layer ``index``'s states of every row."""
         return _LayerStates(
-            probs=self.probs[index][rows][:, :, w, w],
-            v=self.v[index][rows][:, :, w],
-            x=self.x[index][rows][:, w],
-            pre1=self.pre1[index][rows][:, w],
-            mid=self.mid[index][rows][:, w],
-            pre2=self.pre2[index][rows][:, w],
-            out=self.x[index + 1][rows][:, w],
+            probs=self.probs[index],
+            v=self.v[index],
+            x=self.x[index],
+            pre1=self.pre1[index],
+            mid=self.mid[index],
+            pre2=self.pre2[index],
+            out=self.x[index + 1],
         )
 
     def _gpt(self, model, blocks: nn.ModuleList, tokens: Tensor, lengths: Tensor, gradients: bool):
