@@ -153,10 +153,12 @@ def test_encoders_have_no_edit_capability_and_a_bad_mask_token_is_named():
 WORDS = ["Review", ":", "Sentiment", "(", "positive", "or", "negative", "):", "good", "bad", "film"]
 
 
-def prompted(dtype=F64):
-    """A PromptedLM over a tiny random LlamaForCausalLM (grouped-query attention) with a word-level
-    tokenizer: template ``Review: {text}\\nSentiment (positive or negative):`` (2 prefix, 6 suffix
-    tokens), label words " negative", " positive"."""
+def prompted(dtype=F64, family: str = "llama"):
+    """A PromptedLM over a tiny random LlamaForCausalLM (grouped-query attention; ``family``
+    "qwen2": Qwen2's, its q/k/v biases made to count; "mistral_window": Mistral's with a sliding
+    window of 3, shorter than the rows) with a word-level tokenizer: template ``Review:
+    {text}\\nSentiment (positive or negative):`` (2 prefix, 6 suffix tokens), label words
+    " negative", " positive"."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from attnmetrics.models.prompted import Prompt, PromptedLM
@@ -167,12 +169,22 @@ def prompted(dtype=F64):
     tokenizer = transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
     )
-    config = transformers.LlamaConfig(
+    kind, extra = {
+        "llama": ("Llama", {}),
+        "qwen2": ("Qwen2", {}),
+        "mistral_window": ("Mistral", {"sliding_window": 3}),
+    }[family]
+    config = getattr(transformers, f"{kind}Config")(
         vocab_size=len(vocab), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=3,
+        num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=2, eos_token_id=3, **extra,
     )  # fmt: skip
     torch.manual_seed(0)
-    lm = transformers.LlamaForCausalLM(config).eval().to(dtype)
+    lm = getattr(transformers, f"{kind}ForCausalLM")(config).eval().to(dtype)
+    if family == "qwen2":  # its q/k/v biases start at 0: made to count
+        with torch.no_grad():
+            for layer in lm.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
     prompt = Prompt(
         "plain", "Review: {text}\nSentiment (positive or negative):", {"neg": " negative", "pos": " positive"}
     )

@@ -44,6 +44,40 @@ def test_the_protocol_forward_is_the_language_models_next_token_logits_of_the_la
     assert torch.equal(attention.argmax(-1), lengths - 1)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral_window"])
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_without_gradients_the_prefix_runs_once_and_the_logits_equal_the_whole_input_run(family, dtype):
+    """The no-gradient forward reuses the template prefix's keys and values (computed once): equal
+    to the LM run whole on each row's concatenated ids (float64 1e-10, float32 1e-5), for ragged
+    rows and a one-token text, on each Llama layout (Mistral's window shorter than the rows); a
+    weight changed in place afterwards is seen (the cache is computed again)."""
+    model = prompted(dtype, family)
+    tokens, lengths = rows(model)
+    atol = 1e-10 if dtype == F64 else 1e-5
+
+    def whole():
+        return torch.stack([lm_logits(model, tokens[b, :n].tolist()) for b, n in enumerate(lengths.tolist())])
+
+    with torch.no_grad():
+        logits, attention = model(tokens, lengths)
+        assert "_prefix_kv" in model.__dict__  # the reuse ran
+        torch.testing.assert_close(logits, whole(), rtol=0, atol=atol)
+        assert torch.equal(attention.argmax(-1), lengths - 1)
+        # encode's text states: each text position's final state in the whole run (the last: the answer's)
+        states = model.encode(model.embed(tokens), lengths)
+        P = len(model.prefix_ids)
+        for b, n in enumerate(lengths.tolist()):
+            ids = torch.tensor([[*model.prefix_ids.tolist(), *tokens[b, :n].tolist(), *model.suffix_ids.tolist()]])
+            run = model.hf.model(input_ids=ids).last_hidden_state[0]
+            want = torch.cat([run[P : P + n - 1], run[-1:]])
+            torch.testing.assert_close(states[b, :n], want, rtol=0, atol=atol)
+            assert not states[b, n:].any()
+        model.hf.model.layers[0].mlp.up_proj.weight.normal_(0, 1)  # the prefix's states change
+        again, _ = model(tokens, lengths)
+        torch.testing.assert_close(again, whole(), rtol=0, atol=atol)
+    assert (again - logits).abs().max() > 100 * atol
+
+
 def test_the_tested_attention_is_the_answer_positions_row_over_the_text_and_decomposes_exactly():
     model = prompted(F64)
     tokens, lengths = rows(model)
@@ -84,6 +118,23 @@ def test_the_tested_attention_is_the_answer_positions_row_over_the_text_and_deco
     alpha = torch.zeros_like(own.attention)
     alpha[:, :, 0] = 1
     torch.testing.assert_close(own.decoder(torch.einsum("bht,bhtd->bd", alpha, own.values)), want, rtol=0, atol=1e-10)
+
+
+def test_the_gradients_through_the_reused_prefix_equal_those_of_the_whole_input_run():
+    """Eval mode reuses the prefix (constants), train mode runs the whole input (no dropout in the
+    tiny model): the same gradient with respect to the text's embeddings (float64, 1e-10)."""
+    model = prompted(F64)
+    tokens, lengths = rows(model)
+    grads = []
+    for train in (False, True):
+        model.train(train)
+        embedded = model.embed(tokens).detach().requires_grad_(True)
+        logits = model.decoder(model.encode(embedded, lengths)[torch.arange(len(lengths)), lengths - 1])
+        (logits[:, 1] - logits[:, 0]).sum().backward()
+        grads.append(embedded.grad)
+    model.train(False)
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-10)
+    assert grads[0][3].abs().sum(-1).min() > 0  # the longest row: every token reached
 
 
 def test_gradients_reach_every_text_token_and_nothing_past_its_length():
