@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnmetrics.attributions.layers import _chunks, _rollout_row, _row_normalised
 from attnmetrics.attributions.value_zeroing import _cosine_distance
-from attnmetrics.llm.layers import DEFAULT_MEMORY_BUDGET, heads_out, run
+from attnmetrics.llm.layers import DEFAULT_MEMORY_BUDGET, heads_out, rms_scale, run
 
 
 def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int = DEFAULT_MEMORY_BUDGET) -> Tensor:
@@ -47,26 +47,66 @@ def value_zeroing(model, tokens: Tensor, lengths: Tensor, *, memory_budget: int 
 
 def _zeroed_layer(layers, trace, index: int, budget: int) -> Tensor:
     """Value Zeroing's row-normalised distances of layer ``index``, ``[b, w, w]`` (the last layer's:
-    the deciding row ``[b, w]``)."""
+    the deciding row ``[b, w]``).
+
+    Zeroing token j's values moves query i's residual stream after attention by
+    ``-sum_h A_h[i, j] f_h(x_j)``; on a causal model only the queries i >= j read token j, so token
+    j's altered states are those of queries ``j .. w - 1`` (one product for all the rows of a call;
+    the others' distances are 0). A gated MLP (``down(act(gate(w)) * up(w))``: Llama's, Qwen2's,
+    Mistral's) is factored where that is cheaper (more positions than twice the heads; not the
+    last layer, one query): with ``w = RMSNorm_2(m_i - sum_h A_h[i, j] f_h(x_j)) = s_ij * gamma *
+    (m_i - ...)``, ``gate(w) = s_ij * (G m_i - sum_h A_h[i, j] G f_h(x_j)) + b`` (G the gate's
+    weight times ``gamma``: the products ``G m_i`` and ``G f_h(x_j)`` once per token and head), the
+    same for ``up``; only ``down`` runs per (i, j)."""
     layer = layers[index]
     probs, mid, out = trace.probs[index], trace.mid[index], trace.x[index + 1]
     f = heads_out(layer, trace.v[index])  # [b, H, w, d]
     batch, width, d = mid.shape
-    last = index == len(layers) - 1
-    if last:  # only the deciding query
-        rows, p = trace.rows, trace.pooled
-        probs = probs[rows, :, p][:, :, None]  # [b, H, 1, w]
-        mid, out = mid[rows, p][:, None], out[rows, p][:, None]  # [b, 1, d]
-    queries = mid.shape[1]
+    valid = trace.valid
+    if index == len(layers) - 1:
+        return _deciding_row(layer, trace, probs, mid, out, f, budget)
+    mlp = layer.mlp
+    gated = all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
+    factored = gated and callable(getattr(mlp, "act_fn", None)) and width > 2 * layer.heads
+    inter = max(w.shape[0] for w in mlp.parameters() if w.dim() == 2)
+    if factored:
+        inter = mlp.gate_proj.out_features
+        # the gate's and the up projection's weights times gamma, applied to m_i and to every f_h(x_j)
+        gu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]) * layer.norm_2.weight  # [2 inter, d]
+        m_gu, f_gu = mid @ gu.T, f @ gu.T  # [b, w, 2 inter], [b, H, w, 2 inter]
+        bias = [p.bias if p.bias is not None else gu.new_zeros(inter) for p in (mlp.gate_proj, mlp.up_proj)]
+        bias = torch.cat(bias)
+    # what a row holds for one token j: its queries' altered states, products and MLP states
+    per_row = mid.element_size() * width * (3 * d + (2 * inter if factored else 0) + 4 * inter)
+    scores = torch.zeros(batch, width, width, dtype=mid.dtype, device=mid.device)
+    for rows in _chunks(batch, per_row, budget):
+        for j in range(width):
+            a = probs[rows, :, j:, j].transpose(1, 2)  # [n, w - j, H]: queries j .. w - 1
+            altered = torch.baddbmm(mid[rows, j:], a, f[rows, :, j], alpha=-1)  # [n, w - j, d]
+            if factored:
+                pre = torch.baddbmm(m_gu[rows, j:], a, f_gu[rows, :, j], alpha=-1)
+                gate, up = pre.mul_(rms_scale(altered, layer.norm_2)).add_(bias).split(inter, -1)
+                new = altered + mlp.down_proj(mlp.act_fn(gate) * up)
+            else:
+                new = layer.after_attention(altered)
+            scores[rows, j:, j] = _cosine_distance(new, out[rows, j:])
+    pair = valid[:, :, None] & valid[:, None, :]
+    return _row_normalised(torch.where(pair, scores, torch.zeros_like(scores)))
+
+
+def _deciding_row(layer, trace, probs, mid, out, f, budget: int) -> Tensor:
+    """The last layer's distances at the deciding query p only, ``[b, w]``: each token j <= p
+    zeroed in turn, the layer rerun from its residual stream after attention."""
+    batch, width, d = mid.shape
+    rows = torch.arange(batch, device=mid.device)
+    p = trace.pooled
+    a = probs[rows, :, p].transpose(1, 2)  # [b, w, H]: the deciding query's row
     inter = max(w.shape[0] for w in layer.mlp.parameters() if w.dim() == 2)
-    pairs = trace.valid.nonzero()  # (row, zeroed token j)
-    per_pair = mid.element_size() * queries * (6 * d + 3 * inter)
-    scores = torch.zeros(batch, queries, width, dtype=mid.dtype, device=mid.device)
-    for part in _chunks(pairs.shape[0], per_pair, budget):
-        b, j = pairs[part, 0], pairs[part, 1]
-        altered = mid[b] - torch.einsum("nhq,nhd->nqd", probs[b, :, :, j], f[b, :, j])  # [n, Q, d]
-        scores[b, :, j] = _cosine_distance(layer.after_attention(altered), out[b])
-    if last:
-        return _row_normalised(scores[:, 0])
-    keep = trace.valid.to(scores.dtype)
-    return _row_normalised(scores * keep[:, :, None] * keep[:, None, :])
+    per_row = mid.element_size() * width * (3 * d + 4 * inter)
+    scores = torch.zeros(batch, width, dtype=mid.dtype, device=mid.device)
+    for part in _chunks(batch, per_row, budget):
+        r = rows[part]
+        moved = mid[r, p[part]][:, None] - torch.einsum("bjh,bhjd->bjd", a[part], f[part])  # [n, w, d]
+        scores[part] = _cosine_distance(layer.after_attention(moved), out[r, p[part]][:, None])
+    keep = trace.valid & (torch.arange(width, device=mid.device) <= p[:, None])
+    return _row_normalised(torch.where(keep, scores, torch.zeros_like(scores)))
