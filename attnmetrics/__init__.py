@@ -16,7 +16,14 @@ from attnmetrics.attributions import (
     value_zeroing,
 )
 from attnmetrics.distances import jsd, tvd
-from attnmetrics.eraser import EraserResult, FullRows, comprehensiveness, full_rows, sufficiency
+from attnmetrics.eraser import (
+    EraserResult,
+    FullRows,
+    comprehensiveness,
+    comprehensiveness_and_sufficiency,
+    full_rows,
+    sufficiency,
+)
 from attnmetrics.flip import FlipResult, attention_gradient, flip_fraction
 from attnmetrics.importance import gradient_importance, input_x_gradient, integrated_gradients
 from attnmetrics.kendall import KendallTau, kendall_tau
@@ -41,6 +48,7 @@ __all__ = [
     "attention_value_norm",
     "AttentionClassifier",
     "comprehensiveness",
+    "comprehensiveness_and_sufficiency",
     "decision",
     "decompx",
     "EraserResult",

@@ -28,7 +28,7 @@ each block of rows once and recomputes each perturbed row only from its first ch
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -306,14 +306,32 @@ def rationale_sizes(
     return counted
 
 
+class _Request(NamedTuple):
+    """One metric of one ordering, planned: its rationale sizes ``k`` ``[B, F]``, each fraction's
+    first fraction of the same size ``first``, each real token's place in the ordering ``rank``,
+    ``host`` ``[B, 1 + F]`` (the lengths, then each fraction's k, -1 where it is not run), and
+    ``values`` ``[B, F]`` to fill."""
+
+    keep_rationale: bool
+    k: Tensor
+    first: Tensor
+    rank: Tensor
+    host: Tensor
+    values: Tensor
+
+
+def _effect(model, tokens, lengths, scores, fractions, keep_rationale, *args) -> EraserResult:
+    """One ordering's comprehensiveness (``keep_rationale`` False) or sufficiency: :func:`_effects`."""
+    return _effects(model, tokens, lengths, [(scores, keep_rationale)], fractions, *args)[0]
+
+
 @deferred()  # every model call's checks read once, at the end
-def _effect(
+def _effects(
     model,
     tokens,
     lengths,
-    scores,
+    requests,
     fractions,
-    keep_rationale,
     variant,
     mode,
     mask_token,
@@ -321,7 +339,10 @@ def _effect(
     rounding="ceil",
     full=None,
     aopc="eraser",
-):
+) -> list[EraserResult]:
+    """The :class:`EraserResult` of each ``(scores, keep_rationale)`` of ``requests`` on the same
+    rows: the inputs checked and the unperturbed rows run once; on a model with ``subset_logits``
+    each block of rows prepared once for all of them, a perturbed row two requests share run once."""
     lengths, mask_token = _check_loo_inputs(model, tokens, lengths, mode, mask_token, memory_budget)
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
@@ -331,55 +352,66 @@ def _effect(
     batch, width = tokens.shape
     device = tokens.device
     real = lengths - lead - trail
-    scores = _check_scores(scores, batch, real)
+    checked = [(_check_scores(scores, batch, real), keep) for scores, keep in requests]
     budget = call_budget(tokens.device, memory_budget)
     full = _full_rows(model, tokens, lengths, budget) if full is None else _check_full_rows(full, batch, device)
     probability, predicted, dtype = full.probability, full.predicted, full.dtype
-    k = rationale_sizes(scores, real, fractions, variant, rounding)
-    if mode == "delete" and not keep_rationale and lead + trail == 0:  # nothing may be left to encode
-        whole = (k == real[:, None]) & (real[:, None] > 0)
-        if whole.any():
-            b, j = (int(i) for i in whole.nonzero()[0])
-            raise ValueError(
-                f"comprehensiveness(mode='delete') on a model without special tokens (lead = trail = 0) "
-                f"would delete every token of row {b} (fraction {fractions[j]}: k = {int(k[b, j])} of "
-                f"{int(real[b])}), leaving an empty sequence, which no model can encode; use mode='mask' "
-                f"or leave rows that short out"
-            )
-    values = torch.full((batch, len(fractions)), math.nan, dtype=dtype, device=device)
+    planned = []
+    for scores, keep_rationale in checked:
+        k = rationale_sizes(scores, real, fractions, variant, rounding)
+        if mode == "delete" and not keep_rationale and lead + trail == 0:  # nothing may be left to encode
+            whole = (k == real[:, None]) & (real[:, None] > 0)
+            if whole.any():
+                b, j = (int(i) for i in whole.nonzero()[0])
+                raise ValueError(
+                    f"comprehensiveness(mode='delete') on a model without special tokens (lead = trail = 0) "
+                    f"would delete every token of row {b} (fraction {fractions[j]}: k = {int(k[b, j])} of "
+                    f"{int(real[b])}), leaving an empty sequence, which no model can encode; use mode='mask' "
+                    f"or leave rows that short out"
+                )
+        values = torch.full((batch, len(fractions)), math.nan, dtype=dtype, device=device)
+        planned.append((scores, keep_rationale, k, values))
     if full.bytes_per_position is None:  # no row has a real token
-        return EraserResult(values, values[:, 0].clone(), k, probability.to(dtype), predicted)
+        return [EraserResult(v, v[:, 0].clone(), k, probability.to(dtype), predicted) for _, _, k, v in planned]
 
     with eval_mode(model):
         with torch.no_grad():
-            # rank[b, t]: place of real token t in the descending order (ties: lower index first)
-            order = removal_order(scores.detach().to(torch.float64), real)
-            places = torch.arange(order.shape[1], device=device).expand_as(order)
-            rank = torch.empty_like(order).scatter_(1, order, places)
-            if rank.shape[1] < width - lead:  # positions past the scores are padding: never ranked
-                rank = torch.cat([rank, rank.new_full((batch, width - lead - rank.shape[1]), width)], 1)
-            # a fraction whose k an earlier fraction of the row has is not run again (copied below)
-            first = _repeated_sizes(k)
-            columns_all = torch.arange(len(fractions), device=device)
-            run = k.masked_fill((first != columns_all) | (k == 0), -1)  # k = 0 (DecompX's rounding): not run
-            host = torch.cat([lengths[:, None], run], 1).cpu()  # the one read; the calls plan from it
+            plans = []
+            for scores, keep_rationale, k, values in planned:
+                # rank[b, t]: place of real token t in the descending order (ties: lower index first)
+                order = removal_order(scores.detach().to(torch.float64), real)
+                places = torch.arange(order.shape[1], device=device).expand_as(order)
+                rank = torch.empty_like(order).scatter_(1, order, places)
+                if rank.shape[1] < width - lead:  # positions past the scores are padding: never ranked
+                    rank = torch.cat([rank, rank.new_full((batch, width - lead - rank.shape[1]), width)], 1)
+                # a fraction whose k an earlier fraction of the row has is not run again (copied below)
+                first = _repeated_sizes(k)
+                columns_all = torch.arange(len(fractions), device=device)
+                run = k.masked_fill((first != columns_all) | (k == 0), -1)  # k = 0 (DecompX's rounding): not run
+                host = torch.cat([lengths[:, None], run], 1).cpu()  # the one read; the calls plan from it
+                plans.append(_Request(keep_rationale, k, first, rank, host, values))
             subsets = capability(model, "subset_logits")
             if subsets is None:
-                _values_by_kernel(model, tokens, rank, host, keep_rationale, mode, mask_token, full, budget, values)
+                for r in plans:
+                    args = (r.keep_rationale, mode, mask_token, full, budget, r.values)
+                    _values_by_kernel(model, tokens, r.rank, r.host, *args)
             else:  # the model's own perturbed rows (a causal decoder: its prefix reused)
                 cap = call_budget(device, memory_budget, CPU_DELETION_CALL_BYTES)
-                args = (keep_rationale, mode, mask_token, full, budget, cap, values)
-                _values_by_model(model, subsets, tokens, lengths, rank, host, *args)
-            # the empty rationale: p(ŷ | nothing kept) for sufficiency's k = 0 and ALTI's bin 0
+                _values_by_model(model, subsets, tokens, lengths, plans, mode, mask_token, full, budget, cap)
+            # the empty rationale: p(ŷ | nothing kept) for sufficiency's k = 0 and ALTI's bin 0, run once
             empty = None
-            if keep_rationale and (aopc == "alti" or rounding == "decompx"):
+            if any(r.keep_rationale for r in plans) and (aopc == "alti" or rounding == "decompx"):
                 empty = probability - _empty_rationale(model, tokens, lengths, real, mode, mask_token, full, budget)
-            if rounding == "decompx":  # k = 0 counts: nothing removed (a drop of 0), or nothing kept
-                fill = empty[:, None].to(dtype) if keep_rationale else values.new_zeros(())
-                values = torch.where(k == 0, fill, values)
-            values = values.gather(1, first)
-            out = values.nanmean(1) if aopc == "eraser" else alti_aopc(values, empty, keep_rationale)
-    return EraserResult(values, out, k, probability.to(dtype), predicted)
+            out = []
+            for r in plans:
+                values = r.values
+                if rounding == "decompx":  # k = 0 counts: nothing removed (a drop of 0), or nothing kept
+                    fill = empty[:, None].to(dtype) if r.keep_rationale else values.new_zeros(())
+                    values = torch.where(r.k == 0, fill, values)
+                values = values.gather(1, r.first)
+                aopcs = values.nanmean(1) if aopc == "eraser" else alti_aopc(values, empty, r.keep_rationale)
+                out.append(EraserResult(values, aopcs, r.k, probability.to(dtype), predicted))
+    return out
 
 
 def _values_by_kernel(model, tokens, rank, host, keep_rationale, mode, mask_token, full: FullRows, budget, values):
@@ -435,26 +467,28 @@ def _values_by_kernel(model, tokens, rank, host, keep_rationale, mode, mask_toke
 SUBSET_REUSE_SHARE = 1.0
 
 
-def _values_by_model(
-    model, subsets, tokens, lengths, rank, host, keep_rationale, mode, mask_token, full: FullRows, budget, cap, values
-):
-    """:func:`_values_by_kernel` with the perturbed rows' logits from the model's ``subset_logits``
-    (``subsets``; a causal decoder reuses each row's keys and values before its first changed
-    token): prepared for a block of rows of about one length (within the ``cap``, at
-    ``full.bytes_per_position``, as :func:`attnmetrics.leave_one_out` blocks its rows), then fed the
-    block's perturbed rows as ``changed`` masks, sorted by their first changed position (a call's
+def _values_by_model(model, subsets, tokens, lengths, plans, mode, mask_token, full: FullRows, budget, cap):
+    """:func:`_values_by_kernel` for every request of ``plans`` (:class:`_Request`) with the perturbed
+    rows' logits from the model's ``subset_logits`` (``subsets``; a causal decoder reuses each row's
+    keys and values before its first changed token): prepared once for a block of rows of about
+    one length (within the ``cap``, at ``full.bytes_per_position``, as
+    :func:`attnmetrics.leave_one_out` blocks its rows), then fed every request's perturbed rows of
+    the block as ``changed`` masks, each distinct (row, mask) once (two orderings' or metrics'
+    equal rationales perturb a row identically), sorted by their first changed position (a call's
     edits recompute about as many positions), each call within the ``cap`` at the prepared
     callable's ``position_bytes`` per position. A block whose edits' ``cost`` (when the prepared
     callable has one) is not below :data:`SUBSET_REUSE_SHARE` of a full recomputation's runs
     whole, by :func:`_values_by_kernel` within ``budget``."""
     lead, trail, device = model.lead, model.trail, tokens.device
-    counted = host[:, 1:] >= 0
-    rows = counted.any(1).nonzero()[:, 0]
-    rows = rows[torch.argsort(host[rows, 0], stable=True)]
-    len_list = host[rows, 0].tolist()
+    host_lengths = plans[0].host[:, 0]
+    counted = [r.host[:, 1:] >= 0 for r in plans]
+    rows = torch.stack([c.any(1) for c in counted]).any(0).nonzero()[:, 0]
+    rows = rows[torch.argsort(host_lengths[rows], stable=True)]
+    len_list = host_lengths[rows].tolist()
     for bs, be in _length_groups([1] * len(len_list), len_list, full.bytes_per_position, cap, padding=None):
         T = len_list[be - 1]
-        idx = rows[bs:be].to(device)
+        block_rows = rows[bs:be]
+        idx = block_rows.to(device)
         prepared = subsets(model.embed(tokens[idx, :T]), lengths[idx], mask_token)
         position_bytes = getattr(prepared, "position_bytes", full.bytes_per_position)
         if isinstance(position_bytes, bool) or not isinstance(position_bytes, int) or position_bytes <= 0:
@@ -462,33 +496,47 @@ def _values_by_model(
                 f"model.subset_logits(...).position_bytes must be a positive int (bytes per position "
                 f"of a call's edits), got {position_bytes!r}"
             )
-        local, column = counted[rows[bs:be]].nonzero(as_tuple=True)  # every run fraction of the block's rows
-        k = host[rows[bs:be], 1:][local, column].to(device)
-        local, column = local.to(device), column.to(device)
-        real = (lengths[idx] - lead - trail)[local]
         t = torch.arange(T - lead, device=device)
-        # the tokens each perturbed row changes: the rationale (comprehensiveness) or the rest
-        changed = (t < real[:, None]) & ((rank[idx[local], : T - lead] < k[:, None]) != keep_rationale)
-        changed = torch.cat([changed.new_zeros(len(local), lead), changed], 1)  # [n, T], protocol positions
+        edits = []  # per request: its edits' (local row, fraction column) and changed masks
+        for r, c in zip(plans, counted):
+            local, column = c[block_rows].nonzero(as_tuple=True)  # every run fraction of the block's rows
+            k = r.host[block_rows, 1:][local, column].to(device)
+            local, column = local.to(device), column.to(device)
+            real = (lengths[idx] - lead - trail)[local]
+            # the tokens each perturbed row changes: the rationale (comprehensiveness) or the rest
+            changed = (t < real[:, None]) & ((r.rank[idx[local], : T - lead] < k[:, None]) != r.keep_rationale)
+            edits.append((local, column, torch.cat([changed.new_zeros(len(local), lead), changed], 1)))
+        every = torch.cat([torch.cat([e[0][:, None], e[2].long()], 1) for e in edits])  # [n, 1 + T]
+        if not len(every):
+            continue
+        distinct, inverse = torch.unique(every, dim=0, return_inverse=True)
+        local, changed = distinct[:, 0], distinct[:, 1:].bool()  # [protocol positions]
         cost = getattr(prepared, "cost", None)
         if cost is not None:
             reuse, whole = cost(local, changed)
             if reuse >= SUBSET_REUSE_SHARE * whole:  # the reuse would not save: the block runs whole
                 block = full._replace(probability=full.probability[idx], predicted=full.predicted[idx])
-                block_values = values[idx]
-                args = (rank[idx], host[rows[bs:be]], keep_rationale, mode, mask_token, block, budget, block_values)
-                _values_by_kernel(model, tokens[idx], *args)
-                values[idx] = block_values
+                for r in plans:
+                    block_values = r.values[idx]
+                    args = (r.keep_rationale, mode, mask_token, block, budget, block_values)
+                    _values_by_kernel(model, tokens[idx], r.rank[idx], r.host[block_rows], *args)
+                    r.values[idx] = block_values
                 continue
         first = torch.where(changed, torch.arange(T, device=device), T).min(1).values
         order = torch.argsort(first, stable=True)
         per_call = max(1, cap // max(1, T * position_bytes))
+        p = torch.empty(len(local), dtype=torch.float64, device=device)
         for c in range(0, len(order), per_call):
             part = order[c : c + per_call]
             src = idx[local[part]]
             logits = _checked_logits(prepared(local[part], changed[part]), len(part), "a perturbed row", full.classes)
-            p = output_distribution(logits).gather(1, full.predicted[src, None])[:, 0]
-            values[src, column[part]] = (full.probability[src] - p.to(torch.float64)).to(values.dtype)
+            p[part] = output_distribution(logits).gather(1, full.predicted[src, None])[:, 0].to(torch.float64)
+        start = 0
+        for r, (local_r, column, _) in zip(plans, edits):
+            mine = inverse[start : start + len(local_r)]
+            start += len(local_r)
+            src = idx[local_r]
+            r.values[src, column] = (full.probability[src] - p[mine]).to(r.values.dtype)
 
 
 def _empty_rationale(model, tokens, lengths, real, mode, mask_token, full: FullRows, budget: int) -> Tensor:
@@ -675,6 +723,39 @@ def sufficiency(
         full_rows,
         aopc,
     )
+
+
+def comprehensiveness_and_sufficiency(
+    model,
+    tokens: Tensor,
+    lengths: Tensor,
+    orderings: Mapping[str, Tensor],
+    fractions: Sequence[float] = ERASER_FRACTIONS,
+    *,
+    variant: str = "eraser",
+    rounding: str = "ceil",
+    mode: str = "delete",
+    mask_token: int | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    full_rows: FullRows | None = None,
+    aopc: str = "eraser",
+) -> dict[str, dict[str, EraserResult]]:
+    """:func:`comprehensiveness` and :func:`sufficiency` of several orderings of the same rows at
+    once: ``{name: {"comprehensiveness": EraserResult, "sufficiency": EraserResult}}``, each equal
+    to its own call (same arguments, ``scores`` the ordering's ``[B, S]``). What it saves: the
+    inputs are checked and the unperturbed rows run once; on a model with ``subset_logits`` (a
+    causal decoder) each block of rows is run once for its cached keys and values for every
+    ordering and metric, and a perturbed row that two orderings or metrics share (the same top
+    tokens of a row) runs once. ``orderings`` must not be empty (ValueError); other errors as
+    :func:`comprehensiveness`'."""
+    _check_rounding(rounding)
+    _check_aopc(aopc, variant)
+    if not isinstance(orderings, Mapping) or not orderings:
+        raise ValueError(f"orderings must be a non-empty mapping of names to [B, S] scores, got {orderings!r}")
+    requests = [(scores, keep) for scores in orderings.values() for keep in (False, True)]
+    args = (fractions, variant, mode, mask_token, memory_budget, rounding, full_rows, aopc)
+    results = iter(_effects(model, tokens, lengths, requests, *args))
+    return {name: {"comprehensiveness": next(results), "sufficiency": next(results)} for name in orderings}
 
 
 comprehensiveness.__doc__ += _DOC

@@ -396,3 +396,72 @@ def test_deleting_a_whole_row_without_special_tokens_is_named():
         comprehensiveness(model, tokens, lengths, scores)
     assert comprehensiveness(model, tokens, lengths, scores, mode="mask", mask_token=3).values.isfinite().all()
     assert sufficiency(model, tokens, lengths, scores).values.isfinite().all()
+
+
+def _distinct_edits(tokens, lengths, orderings, fractions, lead, trail):
+    """The distinct (row, changed text positions) of every ordering's and metric's perturbed rows
+    (ERASER's ceil rounding, ties to the lower index), built from the definition."""
+    seen = set()
+    for scores in orderings:
+        for b in range(tokens.shape[0]):
+            n = int(lengths[b]) - lead - trail
+            if n <= 0:
+                continue
+            by_score = sorted(range(n), key=lambda t: (-float(scores[b, t]), t))
+            for f in fractions:
+                top = frozenset(by_score[: min(n, math.ceil(Fraction(str(f)) * n))])
+                seen.add((b, top))  # comprehensiveness changes the rationale
+                seen.add((b, frozenset(range(n)) - top))  # sufficiency everything else
+    return len(seen)
+
+
+@pytest.mark.parametrize("mode", ["delete", "mask"])
+def test_both_metrics_of_several_orderings_at_once_equal_their_own_calls(mode):
+    """comprehensiveness_and_sufficiency on a model without subset_logits (a BiLSTM) and on a causal
+    decoder through a prompt (its rows prepared once for every ordering and metric, each distinct
+    perturbed row run once, counted): the values of the separate calls (float64, 1e-12); an
+    ordering given twice and ties included."""
+    from attnmetrics import comprehensiveness_and_sufficiency
+    from tests.models.test_causal_edits import prompted
+    from tests.models.test_prompted import rows as prompted_rows
+
+    mask = MASK if mode == "mask" else None
+    lstm = real_model(3, F64).eval()
+    lstm_rows = ragged(rows=9, width=11, seed=3)
+    decoder = prompted(F64)
+    decoder_rows = prompted_rows(decoder, lengths=(5, 2, 3, 7, 7, 2))  # a one-token text: refused (lead = 0)
+    for model, (tokens, lengths) in ((lstm, lstm_rows), (decoder, decoder_rows)):
+        g = torch.Generator().manual_seed(4)
+        width = tokens.shape[1]
+        first = torch.randn(len(lengths), width, generator=g, dtype=F64)
+        tied = torch.randint(0, 2, (len(lengths), width), generator=g).to(F64)
+        orderings = {"a": first, "tied": tied, "a again": first.clone()}
+        prepared = []
+        fed = []
+        original = getattr(model, "subset_logits", None)
+        if original is not None:
+
+            def counting(embedded, lengths_, mask_token, original=original):
+                edits = original(embedded, lengths_, mask_token)
+                prepared.append(len(lengths_))
+
+                def run(rows, changed):
+                    fed.append(len(rows))
+                    return edits(rows, changed)
+
+                run.position_bytes, run.cost = edits.position_bytes, edits.cost
+                return run
+
+            model.subset_logits = counting
+        together = comprehensiveness_and_sufficiency(model, tokens, lengths, orderings, mode=mode, mask_token=mask)
+        if original is not None:
+            assert sum(prepared) == int((lengths > 0).sum())  # every row prepared once, for all six requests
+            assert sum(fed) == _distinct_edits(tokens, lengths, orderings.values(), ERASER_FRACTIONS, 0, 0)
+            del model.subset_logits
+        for name, scores in orderings.items():
+            for metric, fn in (("comprehensiveness", comprehensiveness), ("sufficiency", sufficiency)):
+                alone = fn(model, tokens, lengths, scores, mode=mode, mask_token=mask)
+                for x, y in zip(together[name][metric], alone):
+                    torch.testing.assert_close(x, y, rtol=0, atol=1e-12, equal_nan=True)
+    with pytest.raises(ValueError, match="orderings must be a non-empty mapping"):
+        comprehensiveness_and_sufficiency(lstm, *lstm_rows, {})

@@ -316,16 +316,13 @@ def test_the_battery_step_uses_the_flags(monkeypatch):
 
     calls = []
 
-    def spy(name):
-        def fn(model, tokens, lengths, scores, fractions, **kwargs):
-            calls.append((name, tuple(fractions), kwargs))
-            n = tokens.shape[0]
-            return type("R", (), {"aopc": torch.zeros(n), "values": torch.zeros(n, len(fractions))})()
+    def spy(model, tokens, lengths, orderings, fractions, **kwargs):
+        calls.append((tuple(orderings), tuple(fractions), kwargs))
+        n = tokens.shape[0]
+        r = type("R", (), {"aopc": torch.zeros(n), "values": torch.zeros(n, len(fractions))})()
+        return {name: {"comprehensiveness": r, "sufficiency": r} for name in orderings}
 
-        return fn
-
-    monkeypatch.setattr(battery_eraser, "ERASER_METRICS", {"comprehensiveness": spy("c"), "sufficiency": spy("s")})
-    monkeypatch.setattr(battery_eraser, "full_rows", lambda *a, **k: None)
+    monkeypatch.setattr(battery_eraser, "comprehensiveness_and_sufficiency", spy)
     config = BatteryConfig(
         eraser_aopc="alti", eraser_fractions="decompx", eraser_rounding="decompx", eraser_mask_token=7
     )
@@ -345,7 +342,7 @@ def test_the_battery_step_uses_the_flags(monkeypatch):
 
     Block.config = config
     battery_eraser.step(Block())
-    assert len(calls) == 4 and "eraser/random/sufficiency/aopc" in kept
+    assert len(calls) == 1 and calls[0][0] == ("attention", "random") and "eraser/random/sufficiency/aopc" in kept
     for _, fractions, kwargs in calls:
         assert fractions == DECOMPX_FRACTIONS
         assert kwargs["aopc"] == "alti" and kwargs["rounding"] == "decompx"

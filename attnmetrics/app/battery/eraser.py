@@ -10,7 +10,7 @@ import numpy as np
 from attnmetrics.app.battery.registry import Context, Experiment
 from attnmetrics.app.markdown import fmt, table
 from attnmetrics.app.summaries import by_class, stats
-from attnmetrics.eraser import NAMED_FRACTIONS, comprehensiveness, full_rows, sufficiency
+from attnmetrics.eraser import NAMED_FRACTIONS, comprehensiveness, comprehensiveness_and_sufficiency, sufficiency
 
 #: ERASER's metrics (DeYoung et al. 2020, sec. 4), over every importance ordering the battery has
 ERASER_METRICS = {"comprehensiveness": comprehensiveness, "sufficiency": sufficiency}
@@ -84,21 +84,20 @@ def step(b) -> None:
         "random": b.keyed["eraser"].uniform(len(b.lengths), b.out.attention.shape[1:]),
     }
     ranked.update((k, v) for k, v in b.scores.items() if k != "attention")
-    full = full_rows(b.model, b.tokens, b.lengths)  # the unperturbed rows, once for every ordering and metric
-    fractions = NAMED_FRACTIONS[b.config.eraser_fractions]
-    for name, ranking in ranked.items():
-        for metric, fn in ERASER_METRICS.items():
-            r = fn(
-                b.model,
-                b.tokens,
-                b.lengths,
-                ranking.to(b.tokens.device),
-                fractions,
-                rounding=b.config.eraser_rounding,
-                full_rows=full,
-                aopc=b.config.eraser_aopc,
-                **_mode(b.config),
-            )
+    # every ordering's and metric's perturbed rows at once (the unperturbed rows run once; a
+    # causal decoder's rows prepared once, a perturbed row two orderings share run once)
+    results = comprehensiveness_and_sufficiency(
+        b.model,
+        b.tokens,
+        b.lengths,
+        {name: ranking.to(b.tokens.device) for name, ranking in ranked.items()},
+        NAMED_FRACTIONS[b.config.eraser_fractions],
+        rounding=b.config.eraser_rounding,
+        aopc=b.config.eraser_aopc,
+        **_mode(b.config),
+    )
+    for name, metrics in results.items():
+        for metric, r in metrics.items():
             b.keep(f"eraser/{name}/{metric}/aopc", r.aopc)
             b.keep(f"eraser/{name}/{metric}/values", r.values)
     b.lap("eraser")
