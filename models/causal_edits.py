@@ -141,9 +141,10 @@ def run_layers(
     past: Callable[[int], tuple[Tensor, Tensor]] | None = None,
     past_lengths: Tensor | None = None,
     cache: list | None = None,
+    every: bool = False,
 ) -> Tensor:
     """Run every layer on the positions of N sequences; return the final-normed state of each
-    one's last position ``[N, d]``.
+    one's last position ``[N, d]`` (``every``: of every position, packed as ``x``, ``[M, d]``).
 
     Args:
         x: ``[M, d]`` the sequences' word embeddings, packed (sequence i's ``count[i]`` positions, in order).
@@ -152,6 +153,7 @@ def run_layers(
         past: ``layer -> (keys, values) [N, kv_heads, S, dh]``, each sequence's cached keys and values
             of its positions ``0 .. past_lengths[i] - 1`` (the positions before ``positions[i, 0]``).
         cache: a list that receives each layer's keys and values ``[N, kv_heads, width, dh]``.
+        every: the last layer runs every position's query too (else only each sequence's last).
     """
     N, W = positions.shape[0], width
     where = token_mask(count, W)  # [N, W]: the packed positions
@@ -164,7 +166,7 @@ def run_layers(
     H, kvh, dh = decoder.heads, decoder.kv_heads, decoder.head_dim
     groups = H // kvh
     for index, layer in enumerate(decoder.layers):
-        final = index == len(decoder.layers) - 1
+        final = index == len(decoder.layers) - 1 and not every
         q, k, v = decoder.qkv(layer, x, rotary)
         padded = []
         for t, heads in ((k, kvh), (v, kvh)) if final else ((q, H), (k, kvh), (v, kvh)):

@@ -399,14 +399,21 @@ class PromptedLM(HFClassifier):
 
     def encode(self, embedded: Tensor, lengths: Tensor) -> Tensor:
         """The text positions' final states ``[B, T, d]``, the last one's replaced by the answer
-        position's (the state the label words are read from), zero on padding."""
+        position's (the state the label words are read from), zero on padding. In eval mode the
+        template's prefix is not rerun (:meth:`_after_the_prefix`)."""
+        if len(self.prefix_ids) and not self.training:
+            return self._after_the_prefix_states(embedded, lengths, every=True)
         inputs, full, pooled = self._embeddings(embedded, lengths)
         mask = token_mask(full, inputs.shape[1]).long()
         hidden = self.base(inputs_embeds=inputs, attention_mask=mask).last_hidden_state
         return self._text_states(hidden, lengths, pooled, embedded.shape[1])
 
-    def _text_states(self, hidden: Tensor, lengths: Tensor, pooled: Tensor, T: int) -> Tensor:
-        P = len(self.prefix_ids)
+    def _text_states(
+        self, hidden: Tensor, lengths: Tensor, pooled: Tensor, T: int, prefix: int | None = None
+    ) -> Tensor:
+        """Text positions ``prefix .. prefix + T - 1`` of ``hidden`` (default: the template's prefix
+        length), each row's last one replaced by its answer position's (``pooled``), zero on padding."""
+        P = len(self.prefix_ids) if prefix is None else prefix
         rows = torch.arange(len(lengths), device=lengths.device)
         text = hidden[:, P : P + T]
         last = F.one_hot(lengths - 1, T).bool()[..., None]
@@ -417,12 +424,69 @@ class PromptedLM(HFClassifier):
         """The label words' logits ``[B, C]`` and :meth:`attend`'s weights ``[B, T]``."""
         if attention is not None:
             raise ValueError("a prompted model takes no imposed attention (W&P's diagnostic models)")
+        if len(self.prefix_ids) and not self.training:
+            logits = self._after_the_prefix(tokens, lengths)
+            return logits, F.one_hot(lengths - 1, tokens.shape[1]).to(logits.dtype)
         seq = self.sequence(tokens, lengths)
         mask = token_mask(seq.lengths, seq.ids.shape[1]).long()
         hidden = self.base(input_ids=seq.ids, attention_mask=mask).last_hidden_state
         rows = torch.arange(len(tokens), device=tokens.device)
         logits = self.decoder(hidden[rows, seq.pooled])
         return logits, F.one_hot(lengths - 1, tokens.shape[1]).to(logits.dtype)
+
+    def _after_the_prefix(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """:meth:`forward`'s logits ``[B, C]`` in eval mode: the template's prefix is the same in
+        every row and comes first, so on a causal model its keys and values are the same in every
+        row; they are computed once (:meth:`_prefix_cache`, without gradients) and each row runs
+        only its text and the suffix, attending to them (``models/causal_edits.run_layers``; the
+        last layer at the answer position only). Equal to the whole input run up to rounding
+        (tests/models/test_prompted.py); gradients reach the text's embeddings as before, the
+        weights only through the text's and the suffix's positions (a prompted model is not
+        trained; in train mode the whole input runs). SmolLM2's chat template: 41 of an SST row's
+        ~70 positions not rerun."""
+        return self.decoder(self._after_the_prefix_states(self.embed(tokens), lengths, every=False))
+
+    def _after_the_prefix_states(self, embedded: Tensor, lengths: Tensor, every: bool) -> Tensor:
+        """The final-normed states after the cached prefix (:meth:`_after_the_prefix`): the answer
+        position's ``[B, d]``, or (``every``) :meth:`encode`'s text states ``[B, T, d]``."""
+        from attnmetrics.models.causal_edits import run_layers
+
+        decoder, cache = self._prefix_cache()
+        inputs, full, _ = self._embeddings(embedded, lengths)
+        P, (B, T, _) = len(self.prefix_ids), embedded.shape
+        count = full - P  # the text and the suffix
+        width = T + len(self.suffix_ids)
+        at = P + torch.arange(width, device=lengths.device).expand(B, -1)
+        where = token_mask(count, width)
+
+        def past(layer: int) -> tuple[Tensor, Tensor]:
+            k, v = cache[layer]
+            return k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)
+
+        prefix = torch.full_like(lengths, P)
+        states = run_layers(decoder, inputs[:, P:][where], count, at, width, past, prefix, every=every)
+        if not every:
+            return states
+        hidden = states.new_zeros(B, width, states.shape[-1])
+        hidden[where] = states
+        return self._text_states(hidden, lengths, count - 1, T, prefix=0)
+
+    def _prefix_cache(self):
+        """The template prefix's keys and values in every layer (``models/causal_edits.cache_rows``
+        of the one row ``prefix_ids``) and the layers' runner, computed once per device, dtype and
+        weights (a parameter changed in place, moved or cast: computed again)."""
+        from attnmetrics.models.causal_edits import cache_rows, decoder_of
+
+        key = tuple((p.data_ptr(), p.dtype, p._version) for p in self.hf.parameters())
+        cached = self.__dict__.get("_prefix_kv")
+        if cached is None or cached[0] != key:
+            decoder = decoder_of(self.base)
+            words = self.base.get_input_embeddings()(self.prefix_ids[None]).detach()
+            P = torch.tensor([len(self.prefix_ids)], device=words.device)
+            with torch.no_grad():  # constants: no gradient reaches the weights through the prefix
+                cached = (key, decoder, cache_rows(decoder, self.decoder, words, P).cache)
+            self.__dict__["_prefix_kv"] = cached
+        return cached[1], cached[2]
 
     #: not the protocol's ``[B, layers, heads, T, T]`` over the items (the template's positions are
     #: in the graph): attention flow builds its graph over the whole input from :meth:`whole_attentions`
