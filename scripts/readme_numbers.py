@@ -1229,6 +1229,24 @@ def _llm_methods() -> dict[str, Quote]:
     return s
 
 
+LLM_BATTERY = "benchmarks/results/smollm2-battery-cpu1-2026-11-29.json"
+
+
+def _llm_battery() -> dict[str, Quote]:
+    """SmolLM2's whole battery on 2 SST sentences, one thread, before and after 2026-11-29's changes
+    (docs/speed.md): ``llmbattery.{before,after}.{experiments,eraser,value_zeroing,ig}_s``,
+    ``llmbattery.ratio.{experiments,eraser,value_zeroing,ig}``."""
+    s: dict[str, Quote] = {}
+    runs = {"before": "before", "after": "and_eraser_shared"}
+    for key, run in runs.items():
+        s[f"llmbattery.{key}.experiments_s"] = one(".1f", LLM_BATTERY, "runs", run, "experiments_s")
+        for part in ("eraser", "value_zeroing", "ig"):
+            s[f"llmbattery.{key}.{part}_s"] = one(".1f", LLM_BATTERY, "runs", run, "per_experiment_s", part)
+    for part in ("experiments", "eraser", "value_zeroing", "ig"):
+        s[f"llmbattery.ratio.{part}"] = one(".1f", LLM_BATTERY, "ratios", part)
+    return s
+
+
 def _sources(*parts: dict[str, Quote]) -> dict[str, Quote]:
     sources: dict[str, Quote] = {}
     for part in parts:
@@ -1250,6 +1268,7 @@ SOURCES: dict[str, Quote] = _sources(
     _jw_protocol(),
     _bootstrap(),
     _smollm2(),
+    _llm_battery(),
     _wp_diagnostic(),
     _wp_ts_seeds(),
     _sweep(),
