@@ -257,15 +257,39 @@ class CachedRows(NamedTuple):
     logits: Tensor
 
 
-def cache_rows(decoder: CausalDecoder, readout: Callable[[Tensor], Tensor], inputs: Tensor, full: Tensor) -> CachedRows:
+def cache_rows(
+    decoder: CausalDecoder,
+    readout: Callable[[Tensor], Tensor],
+    inputs: Tensor,
+    full: Tensor,
+    prefix: list[tuple[Tensor, Tensor]] | None = None,
+) -> CachedRows:
     """Run G right-padded rows once (``inputs [G, Tf, d]`` word embeddings, ``full [G]`` int64
-    lengths >= 1), keeping every layer's keys and values: :class:`CachedRows`."""
+    lengths >= 1), keeping every layer's keys and values: :class:`CachedRows`.
+
+    ``prefix``: every layer's keys and values ``[1, kv_heads, P, dh]`` of the first P positions,
+    which every row shares (a prompt's template before the text, :func:`cache_rows` of it once):
+    only the positions from P on run, over them (each row longer than P)."""
     G, Tf, _ = inputs.shape
     cache: list[tuple[Tensor, Tensor]] = []
-    where = token_mask(full, Tf)
-    positions = torch.arange(Tf, device=inputs.device).expand(G, Tf)
-    logits = readout(run_layers(decoder, inputs[where], full, positions, Tf, cache=cache))
-    return CachedRows(cache, logits)
+    if prefix is None:
+        where = token_mask(full, Tf)
+        positions = torch.arange(Tf, device=inputs.device).expand(G, Tf)
+        logits = readout(run_layers(decoder, inputs[where], full, positions, Tf, cache=cache))
+        return CachedRows(cache, logits)
+    P = prefix[0][0].shape[2]
+    W = Tf - P
+    count = full - P
+    positions = P + torch.arange(W, device=inputs.device).expand(G, W)
+
+    def past(layer: int) -> tuple[Tensor, Tensor]:
+        k, v = prefix[layer]
+        return k.expand(G, -1, -1, -1), v.expand(G, -1, -1, -1)
+
+    rest = inputs[:, P:][token_mask(count, W)]
+    logits = readout(run_layers(decoder, rest, count, positions, W, past, torch.full_like(full, P), cache=cache))
+    joined = [(torch.cat([past(i)[0], k], 2), torch.cat([past(i)[1], v], 2)) for i, (k, v) in enumerate(cache)]
+    return CachedRows(joined, logits)
 
 
 def recompute(
@@ -321,6 +345,7 @@ def prepare_edits(
     first: Tensor,
     width: int,
     replacement: Tensor | None = None,
+    prefix: list[tuple[Tensor, Tensor]] | None = None,
 ) -> Callable[[Tensor, Tensor], Tensor]:
     """Prepare the one-token edits of G rows; returns a
     :class:`~attnmetrics.protocol.PreparedEdits`: ``edits(rows [N], positions [N])`` (int64) ->
@@ -340,6 +365,8 @@ def prepare_edits(
         full: ``[G]`` their lengths; the last position is read out.
         first: ``[G]`` each row's first text position (text position t is ``first + t``).
         width: the text's width (the protocol's T), for ``position_bytes``.
+        prefix: the keys and values of the positions before every row's first text position,
+            shared by every row (:func:`cache_rows`' ``prefix``), or None.
     """
     G, Tf, d = inputs.shape
     device = inputs.device
@@ -348,7 +375,7 @@ def prepare_edits(
         raise ValueError(
             f"a deletion needs inputs of at least 2 positions (one is left to read out), got lengths {full.tolist()}"
         )
-    cache, unedited = cache_rows(decoder, readout, inputs, full)
+    cache, unedited = cache_rows(decoder, readout, inputs, full, prefix)
     if masked:
         replacement = replacement.to(inputs.dtype)
 

@@ -40,6 +40,7 @@ def prepare_subsets(
     first: Tensor,
     lengths: Tensor,
     replacement: Tensor | None = None,
+    prefix: list[tuple[Tensor, Tensor]] | None = None,
 ) -> Callable[[Tensor, Tensor], Tensor]:
     """Prepare the many-token edits of G rows; returns a
     :class:`~attnmetrics.protocol.PreparedSubsets`: ``edits(rows [N] int64, changed [N, T]
@@ -65,6 +66,8 @@ def prepare_subsets(
         full: ``[G]`` int64, their lengths (>= 1); the last position is read out.
         first: ``[G]`` int64, each row's first text position (text position t is ``first + t``).
         lengths: ``[G]`` int64, each row's text length (the protocol's; ``changed`` is False past it).
+        prefix: the keys and values of the positions before every row's first text position, shared
+            by every row (``cache_rows``' ``prefix``: the rows' own forward starts after them), or None.
 
     Calls (and ``cost``) raise ValueError (naming ``changed``) for a ``changed`` that is not
     ``[N, T]`` bool with N >= 1 on the inputs' device (any T), that marks a position past its
@@ -78,10 +81,11 @@ def prepare_subsets(
         replacement = replacement.to(inputs.dtype)
     width = int(lengths.max()) if G else 0
     rows_run: list[CachedRows] = []  # the rows' own forward, run at the first call that needs it
+    shared = 0 if prefix is None else prefix[0][0].shape[2]  # positions the rows' forward does not run
 
     def cached() -> CachedRows:
         if not rows_run:
-            rows_run.append(cache_rows(decoder, readout, inputs, full))
+            rows_run.append(cache_rows(decoder, readout, inputs, full, prefix))
         return rows_run[0]
 
     def plan(rows: Tensor, changed: Tensor):
@@ -141,7 +145,7 @@ def prepare_subsets(
 
     def cost(rows: Tensor, changed: Tensor) -> tuple[int, int]:
         _, _, _, _, _, _, total, whole = plan(rows, changed)
-        return total + (0 if rows_run else int(full.sum())), whole
+        return total + (0 if rows_run else int(full.sum()) - G * shared), whole
 
     edits.recomputed = 0
     edits.unedited_logits = lambda: cached().logits

@@ -471,6 +471,13 @@ class PromptedLM(HFClassifier):
         hidden[where] = states
         return self._text_states(hidden, lengths, count - 1, T, prefix=0)
 
+    def _shared_prefix(self):
+        """The layers' runner and the template prefix's keys and values (:meth:`_prefix_cache`), or
+        None for a template with nothing before ``{text}``."""
+        from attnmetrics.models.causal_edits import decoder_of
+
+        return self._prefix_cache() if len(self.prefix_ids) else (decoder_of(self.base), None)
+
     def _prefix_cache(self):
         """The template prefix's keys and values in every layer (``models/causal_edits.cache_rows``
         of the one row ``prefix_ids``) and the layers' runner, computed once per device, dtype and
@@ -532,8 +539,8 @@ class PromptedLM(HFClassifier):
 
     def deletion_logits(self, embedded: Tensor, lengths: Tensor):
         """:class:`attnmetrics.protocol.DeletesTokens`: the label words' logits with one text token
-        deleted, for ``leave_one_out``. The whole inputs (template and text) run once, every
-        layer's keys and values kept; a deletion at text position t recomputes only the text after
+        deleted, for ``leave_one_out``. The inputs run once, every layer's keys and values kept
+        (the template's prefix once for every row: :meth:`_prefix_cache`); a deletion at text position t recomputes only the text after
         it (one place left, at its new rotary positions) and the suffix template, attending to the
         cached prefix (positions before ``P + t``). Equal to a full recomputation up to rounding."""
         return self._prefix_edits(embedded, lengths, None)
@@ -547,26 +554,28 @@ class PromptedLM(HFClassifier):
 
     def subset_logits(self, embedded: Tensor, lengths: Tensor, mask_token: int | None):
         """:class:`attnmetrics.protocol.EditsSubsets`: the label words' logits with a set of text
-        tokens deleted (``mask_token`` None) or replaced by ``mask_token``, for ERASER. The whole
-        inputs run once, every layer's keys and values kept; an edit recomputes only the positions
+        tokens deleted (``mask_token`` None) or replaced by ``mask_token``, for ERASER. The inputs
+        run once, every layer's keys and values kept (the template's prefix once for every row); an edit recomputes only the positions
         from its first changed token on (the kept text after it, at its new rotary positions, and
         the suffix template), attending to the cached prefix (models/causal_subsets.py). Equal to
         a full recomputation up to rounding."""
-        from attnmetrics.models.causal_edits import decoder_of, mask_embedding
+        from attnmetrics.models.causal_edits import mask_embedding
         from attnmetrics.models.causal_subsets import prepare_subsets
 
         words = self.base.get_input_embeddings()
         mask = None if mask_token is None else mask_embedding(words, mask_token, embedded.dtype)
         inputs, full, _ = self._embeddings(embedded, lengths)
         first = torch.full_like(lengths, len(self.prefix_ids))
-        return prepare_subsets(decoder_of(self.base), self.decoder, inputs, full, first, lengths, mask)
+        decoder, prefix = self._shared_prefix()
+        return prepare_subsets(decoder, self.decoder, inputs, full, first, lengths, mask, prefix)
 
     def _prefix_edits(self, embedded: Tensor, lengths: Tensor, replacement: Tensor | None):
-        from attnmetrics.models.causal_edits import decoder_of, prepare_edits
+        from attnmetrics.models.causal_edits import prepare_edits
 
         inputs, full, _ = self._embeddings(embedded, lengths)
         first = torch.full_like(lengths, len(self.prefix_ids))
-        return prepare_edits(decoder_of(self.base), self.decoder, inputs, full, first, embedded.shape[1], replacement)
+        decoder, prefix = self._shared_prefix()
+        return prepare_edits(decoder, self.decoder, inputs, full, first, embedded.shape[1], replacement, prefix)
 
 
 def sequence_of(model, tokens: Tensor, lengths: Tensor) -> FullSequence:

@@ -84,8 +84,10 @@ def test_a_decoders_subset_edits_equal_the_edited_inputs_run_whole(name, dtype, 
     counts = subset_counts(per_row, prefix, suffix, "mask" if masked else "delete")
     with torch.no_grad():
         prepared = model.subset_logits(model.embed(tokens), lengths, MASK if masked else None)
-        # counted before anything runs: the recomputed positions and the rows' own forward
-        assert prepared.cost(torch.tensor(rows), changed) == (counts.recomputed + counts.rows, counts.full)
+        # counted before anything runs: the recomputed positions and the rows' own forward (a prompt's
+        # template prefix not among them: it ran once, with the model)
+        own = counts.rows - len(lengths) * prefix
+        assert prepared.cost(torch.tensor(rows), changed) == (counts.recomputed + own, counts.full)
         got = torch.cat([prepared(torch.tensor(rows[c : c + 7]), changed[c : c + 7]) for c in range(0, len(rows), 7)])
         torch.testing.assert_close(prepared.unedited_logits(), model(tokens, lengths)[0], rtol=0, atol=ATOL[dtype])
         for i, (r, s) in enumerate(zip(rows, sets)):
