@@ -602,10 +602,38 @@ def _published_share_range(versions: list, cls: str, threshold: str) -> tuple[fl
     return min(v["shares"][cls][threshold][0] for v in versions), max(v["shares"][cls][threshold][1] for v in versions)
 
 
+SMOLLM2 = "reports/smollm2-sst/aggregate.json"
+#: the orderings of SmolLM2's battery (reports/smollm2-sst, docs/results.md)
+SMOLLM2_ORDERINGS = (
+    "attention", "gradient", "loo", "rollout", "value_norm", "alti", "value_zeroing", "chefer", "ig",
+    "alti_logit", "attnlrp", "random",
+)  # fmt: skip
+
+
 def _smollm2() -> dict[str, Quote]:
-    """SmolLM2 zero-shot on SST over three prompts (reports/smollm2-sst): ``smollm2.macro_f1.ci``."""
-    at = ("groups", "accuracy/sst-prompted-s0", "statistics", "test macro F1")
-    return {"smollm2.macro_f1.ci": interval("reports/smollm2-sst/aggregate.json", *at)}
+    """SmolLM2 zero-shot on SST over three prompts (reports/smollm2-sst): ``smollm2.{accuracy,macro_f1}.ci``
+    and ``.prompt.PROMPT`` (the whole test split), ``smollm2.instances``; the battery's
+    ``smollm2.battery.{accuracy.ci,instances}``, ``smollm2.battery.METHOD.{comprehensiveness,sufficiency}``
+    (AOPC, "estimate [low, high]"), ``smollm2.battery.tau.A.B`` (τ, A before B as the report names it)."""
+    s: dict[str, Quote] = {}
+    accuracy = ("groups", "accuracy/sst-prompted-s0", "statistics")
+    for key, name in (("accuracy", "test accuracy"), ("macro_f1", "test macro F1")):
+        s[f"smollm2.{key}.ci"] = interval(SMOLLM2, *accuracy, name)
+        for prompt in ("sentiment", "sentiment-oneword", "sentiment-plain"):
+            s[f"smollm2.{key}.prompt.{prompt}"] = one(".3f", SMOLLM2, *accuracy, name, "per_seed", prompt)
+    s["smollm2.instances"] = one(",d", SMOLLM2, *accuracy, "test accuracy", "instances")
+    battery = ("groups", "battery/sst-prompted-s0", "statistics")
+    s["smollm2.battery.accuracy.ci"] = interval(SMOLLM2, *battery, "test accuracy")
+    s["smollm2.battery.instances"] = one("d", SMOLLM2, *battery, "test accuracy", "instances")
+    for method in SMOLLM2_ORDERINGS:
+        for metric in ("comprehensiveness", "sufficiency"):
+            s[f"smollm2.battery.{method}.{metric}"] = interval(SMOLLM2, *battery, f"methods/{method}/{metric} AOPC")
+    for a, b in (("attention", "loo"), ("gradient", "loo"), ("attention", "value_norm")) + tuple(
+        ("loo", m) for m in ("rollout", "value_norm", "alti", "value_zeroing", "chefer", "ig", "alti_logit", "attnlrp")
+    ):
+        s[f"smollm2.battery.tau.{a}.{b}"] = interval(SMOLLM2, *battery, f"τ {a} vs {b}")
+    s["smollm2.battery.permutation"] = interval(SMOLLM2, *battery, "permutation median TVD")
+    return s
 
 
 def _bootstrap() -> dict[str, Quote]:
