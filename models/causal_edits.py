@@ -277,9 +277,31 @@ def cache_rows(
         positions = torch.arange(Tf, device=inputs.device).expand(G, Tf)
         logits = readout(run_layers(decoder, inputs[where], full, positions, Tf, cache=cache))
         return CachedRows(cache, logits)
+    logits = readout(run_after_prefix(decoder, prefix, inputs, full, cache=cache))
+    joined = [
+        (torch.cat([pk.expand(G, -1, -1, -1), k], 2), torch.cat([pv.expand(G, -1, -1, -1), v], 2))
+        for (pk, pv), (k, v) in zip(prefix, cache)
+    ]
+    return CachedRows(joined, logits)
+
+
+def run_after_prefix(
+    decoder: CausalDecoder,
+    prefix: list[tuple[Tensor, Tensor]],
+    inputs: Tensor,
+    full: Tensor,
+    every: bool = False,
+    cache: list | None = None,
+) -> Tensor:
+    """:func:`run_layers` on G right-padded rows ``inputs [G, Tf, d]`` (lengths ``full [G]``, each
+    longer than P) from position P on, over ``prefix``: every layer's keys and values ``[1, kv_heads,
+    P, dh]`` of the first P positions, which every row shares (a prompt's template before the text).
+    Returns the final-normed state of each row's last position ``[G, d]`` (``every``: of every
+    position run, packed: row i's ``full[i] - P``); ``cache`` receives each layer's keys and values
+    of the positions run."""
+    G, Tf, _ = inputs.shape
     P = prefix[0][0].shape[2]
-    W = Tf - P
-    count = full - P
+    W, count = Tf - P, full - P
     positions = P + torch.arange(W, device=inputs.device).expand(G, W)
 
     def past(layer: int) -> tuple[Tensor, Tensor]:
@@ -287,9 +309,7 @@ def cache_rows(
         return k.expand(G, -1, -1, -1), v.expand(G, -1, -1, -1)
 
     rest = inputs[:, P:][token_mask(count, W)]
-    logits = readout(run_layers(decoder, rest, count, positions, W, past, torch.full_like(full, P), cache=cache))
-    joined = [(torch.cat([past(i)[0], k], 2), torch.cat([past(i)[1], v], 2)) for i, (k, v) in enumerate(cache)]
-    return CachedRows(joined, logits)
+    return run_layers(decoder, rest, count, positions, W, past, torch.full_like(full, P), cache=cache, every=every)
 
 
 def recompute(

@@ -438,7 +438,7 @@ class PromptedLM(HFClassifier):
         """:meth:`forward`'s logits ``[B, C]`` in eval mode: the template's prefix is the same in
         every row and comes first, so on a causal model its keys and values are the same in every
         row; they are computed once (:meth:`_prefix_cache`, without gradients) and each row runs
-        only its text and the suffix, attending to them (``models/causal_edits.run_layers``; the
+        only its text and the suffix, attending to them (``models/causal_edits.run_after_prefix``; the
         last layer at the answer position only). Equal to the whole input run up to rounding
         (tests/models/test_prompted.py); gradients reach the text's embeddings as before, the
         weights only through the text's and the suffix's positions (a prompted model is not
@@ -449,26 +449,17 @@ class PromptedLM(HFClassifier):
     def _after_the_prefix_states(self, embedded: Tensor, lengths: Tensor, every: bool) -> Tensor:
         """The final-normed states after the cached prefix (:meth:`_after_the_prefix`): the answer
         position's ``[B, d]``, or (``every``) :meth:`encode`'s text states ``[B, T, d]``."""
-        from attnmetrics.models.causal_edits import run_layers
+        from attnmetrics.models.causal_edits import run_after_prefix
 
         decoder, cache = self._prefix_cache()
         inputs, full, _ = self._embeddings(embedded, lengths)
-        P, (B, T, _) = len(self.prefix_ids), embedded.shape
-        count = full - P  # the text and the suffix
-        width = T + len(self.suffix_ids)
-        at = P + torch.arange(width, device=lengths.device).expand(B, -1)
-        where = token_mask(count, width)
-
-        def past(layer: int) -> tuple[Tensor, Tensor]:
-            k, v = cache[layer]
-            return k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)
-
-        prefix = torch.full_like(lengths, P)
-        states = run_layers(decoder, inputs[:, P:][where], count, at, width, past, prefix, every=every)
+        B, T, _ = embedded.shape
+        states = run_after_prefix(decoder, cache, inputs, full, every=every)
         if not every:
             return states
-        hidden = states.new_zeros(B, width, states.shape[-1])
-        hidden[where] = states
+        count = full - len(self.prefix_ids)  # the text and the suffix
+        hidden = states.new_zeros(B, T + len(self.suffix_ids), states.shape[-1])
+        hidden[token_mask(count, hidden.shape[1])] = states
         return self._text_states(hidden, lengths, count - 1, T, prefix=0)
 
     def _shared_prefix(self):
