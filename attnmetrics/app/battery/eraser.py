@@ -10,10 +10,11 @@ import numpy as np
 from attnmetrics.app.battery.registry import Context, Experiment
 from attnmetrics.app.markdown import fmt, table
 from attnmetrics.app.summaries import by_class, stats
-from attnmetrics.eraser import NAMED_FRACTIONS, comprehensiveness, comprehensiveness_and_sufficiency, sufficiency
+from attnmetrics.eraser import NAMED_FRACTIONS, comprehensiveness_and_sufficiency
 
 #: ERASER's metrics (DeYoung et al. 2020, sec. 4), over every importance ordering the battery has
-ERASER_METRICS = {"comprehensiveness": comprehensiveness, "sufficiency": sufficiency}
+#: (computed together by ``comprehensiveness_and_sufficiency``)
+ERASER_METRICS = ("comprehensiveness", "sufficiency")
 #: k from a fraction f of a row's L real tokens, by ``BatteryConfig.eraser_rounding`` (``--eraser-rounding``)
 ROUNDING_TEXT = {
     "ceil": "k = ceil(f L) (this library's definition: every fraction removes at least one token; ERASER's "
