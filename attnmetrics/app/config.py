@@ -31,6 +31,7 @@ class RunConfig:
     dataset: str | None = None
     data_dir: Path | None = None
     limit: int | None = None
+    test_limit: int | None = None
     stratify: bool = False
     max_tokens: int | None = None
     split_seed: int = 0

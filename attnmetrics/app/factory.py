@@ -82,10 +82,12 @@ def load_data(
     max_tokens: int | None = None,
     protocol: Preset = PRESETS["attnmetrics"],
     stratify: bool = False,
+    test_limit: int | None = None,
 ) -> Splits:
-    """The data set's splits (``limit``: the first N of each; ``stratify``: the first of each class
-    in the split's class shares, see :func:`first_examples`), the preset's filter applied; their
-    sizes printed. Raises ValueError if a split is empty."""
+    """The data set's splits (``limit``: the first N of each; ``test_limit``: then the first N of
+    the test split alone; ``stratify``: the first of each class in the split's class shares, see
+    :func:`first_examples`), the preset's filter applied; their sizes printed. Raises ValueError if
+    a split is empty."""
     splits = load_dataset(dataset, data_dir=data_dir, seed=seed, max_tokens=max_tokens)
     if protocol.sst_length_filter and dataset == "sst":
         splits = jain_wallace_length_filter(splits)
@@ -93,6 +95,10 @@ def load_data(
         train, dev, test = (first_examples(x, limit, stratify) for x in (splits.train, splits.dev, splits.test))
         info = {**splits.info, "limit": f"first {limit} of each split" + (", stratified by class" if stratify else "")}
         splits = type(splits)(splits.name, splits.classes, train, dev, test, info)
+    if test_limit:
+        test = first_examples(splits.test, test_limit, stratify)
+        info = {**splits.info, "test_limit": f"first {test_limit} test examples" + (", stratified by class" if stratify else "")}
+        splits = type(splits)(splits.name, splits.classes, splits.train, splits.dev, test, info)
     print(splits.summary(), file=sys.stderr)
     empty = [name for name, n in splits.sizes().items() if n == 0]
     if empty:  # before any training: an empty split would give an untrained model or an empty report
@@ -236,7 +242,14 @@ def _zero_shot(config: RunConfig, results: Results) -> Built:
     count what --max-length cuts."""
     protocol = PRESETS[config.protocol]
     splits = load_data(
-        config.dataset, config.data_dir, config.limit, config.split_seed, config.max_tokens, protocol, config.stratify
+        config.dataset,
+        config.data_dir,
+        config.limit,
+        config.split_seed,
+        config.max_tokens,
+        protocol,
+        config.stratify,
+        config.test_limit,
     )
     model, inputs = _prompted_model(config, splits, results)
     say_truncated("dev", inputs.encode_split(splits.dev), inputs, results)
@@ -345,7 +358,14 @@ def _train(config: RunConfig, results: Results) -> Built:
     """Build the model ``--encoder`` names, train it with its family's recipe, record both."""
     protocol = PRESETS[config.protocol]
     splits = load_data(
-        config.dataset, config.data_dir, config.limit, config.split_seed, config.max_tokens, protocol, config.stratify
+        config.dataset,
+        config.data_dir,
+        config.limit,
+        config.split_seed,
+        config.max_tokens,
+        protocol,
+        config.stratify,
+        config.test_limit,
     )
     common = {
         "epochs": config.epochs,

@@ -69,9 +69,16 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, help="folder with the dataset's files (sst: train.txt, dev.txt, test.txt)")
     p.add_argument("--limit", type=positive_int, help="use only the first N examples of each split (quick runs)")
     p.add_argument(
+        "--test-limit",
+        type=positive_int,
+        metavar="N",
+        help="use only the first N test examples (with --stratify, in the class shares), train and dev whole: "
+        "the battery on a slice of the test split, the model trained on everything (after --limit)",
+    )
+    p.add_argument(
         "--stratify",
         action="store_true",
-        help="--limit takes the first examples of each class, in the split's class shares (SST's files list "
+        help="--limit and --test-limit take the first examples of each class, in the split's class shares (SST's files list "
         "one class first: its first N are nearly all positive)",
     )
     p.add_argument(

@@ -285,6 +285,30 @@ def test_counts_that_would_train_or_test_nothing_are_refused(tmp_path, capsys, f
     assert not (tmp_path / "r").exists()
 
 
+def test_a_test_limit_slices_the_test_split_alone_in_its_class_shares(tmp_path):
+    from attnmetrics.app.factory import first_examples, load_data
+    from attnmetrics.data import load_dataset
+
+    whole = load_dataset("sst", data_dir=SST_SAMPLE)
+    splits = load_data("sst", SST_SAMPLE, None, 0, stratify=True, test_limit=11)
+    assert splits.train == whole.train and splits.dev == whole.dev  # trained on everything
+    assert splits.test == first_examples(whole.test, 11, stratify=True) and len(splits.test) == 11
+    labels = [y for _, y in whole.test]
+    share = labels.count(1) / len(labels)
+    assert abs([y for _, y in splits.test].count(1) - 11 * share) < 1  # the split's class shares
+    assert splits.info["test_limit"] == "first 11 test examples, stratified by class"
+    both = load_data("sst", SST_SAMPLE, 40, 0, test_limit=7)  # after --limit
+    assert len(both.train) == 40 and both.test == whole.test[:7]
+    # the run records it and tests on the slice only
+    out = tmp_path / "r"
+    argv = ["run", *QUICK, "--test-limit", "9", "--skip", "flip", "kendall", "loo", "permutation"]
+    argv += ["adversarial", "single_removal", "single_token", "eraser", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads((out / "results.json").read_text())["data"]
+    assert data["sizes"]["test"] == 9 and data["sizes"]["train"] == 160
+    assert data["info"]["test_limit"] == "first 9 test examples"
+
+
 def test_empty_split_fails_before_training_in_one_line(tmp_path, capsys):
     data = tmp_path / "sst"
     data.mkdir()
