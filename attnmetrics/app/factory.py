@@ -97,7 +97,10 @@ def load_data(
         splits = type(splits)(splits.name, splits.classes, train, dev, test, info)
     if test_limit:
         test = first_examples(splits.test, test_limit, stratify)
-        info = {**splits.info, "test_limit": f"first {test_limit} test examples" + (", stratified by class" if stratify else "")}
+        info = {
+            **splits.info,
+            "test_limit": f"first {test_limit} test examples" + (", stratified by class" if stratify else ""),
+        }
         splits = type(splits)(splits.name, splits.classes, splits.train, splits.dev, test, info)
     print(splits.summary(), file=sys.stderr)
     empty = [name for name, n in splits.sizes().items() if n == 0]
