@@ -79,7 +79,7 @@ class EraserResult(NamedTuple):
     aopc: ``[B]`` the mean of ``values`` over the fractions that count (NaN if none); with
         ``aopc="alti"``, ALTI's AOPC of the row (:func:`alti_aopc`).
     k: ``[B, F]`` int64 size of each fraction's rationale (-1 where it does not count; 0, with
-        ``rounding="decompx"``, where it counts and is empty).
+        ``rounding="decompx"``, where comprehensiveness masks nothing and it counts).
     probability: ``[B]`` p(ŷ | x) (NaN for rows without real tokens: never run).
     predicted: ``[B]`` int64 ŷ, the decision on the full row (-1 for rows without real tokens).
     """
@@ -257,7 +257,12 @@ def alti_aopc(values: Tensor, empty: Tensor | None, keep_rationale: bool) -> Ten
 
 
 def rationale_sizes(
-    scores: Tensor, real: Tensor, fractions: Sequence[float], variant: str = "eraser", rounding: str = "ceil"
+    scores: Tensor,
+    real: Tensor,
+    fractions: Sequence[float],
+    variant: str = "eraser",
+    rounding: str = "ceil",
+    keep_rationale: bool = False,
 ) -> Tensor:
     """``[B, F]`` int64 size of each fraction's rationale; -1 where the fraction does not count.
 
@@ -268,7 +273,11 @@ def rationale_sizes(
     IEEE product, not rounded first (mohsenfayyaz/DecompX@b6bddf0b,
     experiments/notebooks/v3/analysis_v3.ipynb, ``CheckpointToLogit.mask``: ``mask_count =
     int(np.floor(len(rank) * self.masking_ratio))``, so 90 · 0.7 = 62.99999999999999 gives 62), and a
-    fraction with k = 0 counts (k = 0: the row unmasked, or nothing kept). ferret: ``k = floor(f L)`` tokens by score, of which only
+    fraction with k = 0 counts (k = 0: the row unmasked). For sufficiency (``keep_rationale``)
+    DecompX masks the least important ``floor(L K)`` tokens (their ``masking_strategy="min"``,
+    Tables A.1-A.2), so the rationale kept at fraction f is ``k = L - floor(L (1 - f))`` (K = 1 - f,
+    the decimal's double: 1 - 0.7 is 0.3), at least one token, and ``k = L`` (nothing masked)
+    counts. ferret: ``k = floor(f L)`` tokens by score, of which only
     those with a positive score form the rationale; a fraction whose k is 0, whose rationale is
     empty (no positive score among its top k: ferret 0.4.2's ``_get_id_tokens_top_k`` gives None),
     or whose rationale equals the previous counted one, does not count (``rounding`` must be left
@@ -287,7 +296,10 @@ def rationale_sizes(
     length = real.to(torch.float64)[:, None]
     # rounded first, so that f L = 3.0000000000000004 is 3, not 4
     if rounding == "decompx":  # DecompX: the IEEE product as numpy floors it; k = 0 counts
-        k = torch.floor(f * length).to(torch.int64).clamp(max=real[:, None])
+        if keep_rationale:  # the least important floor(L K) masked, K = 1 - f
+            k = real[:, None] - torch.floor(torch.round(1 - f, decimals=9) * length).to(torch.int64)
+        else:
+            k = torch.floor(f * length).to(torch.int64).clamp(max=real[:, None])
         return torch.where(real[:, None] > 0, k, -1)
     exact = torch.round(f * length, decimals=9)
     if variant == "eraser":
@@ -358,7 +370,7 @@ def _effects(
     probability, predicted, dtype = full.probability, full.predicted, full.dtype
     planned = []
     for scores, keep_rationale in checked:
-        k = rationale_sizes(scores, real, fractions, variant, rounding)
+        k = rationale_sizes(scores, real, fractions, variant, rounding, keep_rationale)
         if mode == "delete" and not keep_rationale and lead + trail == 0:  # nothing may be left to encode
             whole = (k == real[:, None]) & (real[:, None] > 0)
             if whole.any():
@@ -387,9 +399,11 @@ def _effects(
                 # a fraction whose k an earlier fraction of the row has is not run again (copied below)
                 first = _repeated_sizes(k)
                 columns_all = torch.arange(len(fractions), device=device)
-                run = k.masked_fill((first != columns_all) | (k == 0), -1)  # k = 0 (DecompX's rounding): not run
+                # a perturbed row that is the row itself (DecompX's k = 0 masked, or all kept): not run, a drop of 0
+                unchanged = k == (real[:, None] if keep_rationale else 0)
+                run = k.masked_fill((first != columns_all) | unchanged, -1)
                 host = torch.cat([lengths[:, None], run], 1).cpu()  # the one read; the calls plan from it
-                plans.append(_Request(keep_rationale, k, first, rank, host, values))
+                plans.append(_Request(keep_rationale, k, first, rank, host, values.masked_fill(unchanged, 0)))
             subsets = capability(model, "subset_logits")
             if subsets is None:
                 for r in plans:
@@ -398,17 +412,13 @@ def _effects(
             else:  # the model's own perturbed rows (a causal decoder: its prefix reused)
                 cap = call_budget(device, memory_budget, CPU_DELETION_CALL_BYTES)
                 _values_by_model(model, subsets, tokens, lengths, plans, mode, mask_token, full, budget, cap)
-            # the empty rationale: p(ŷ | nothing kept) for sufficiency's k = 0 and ALTI's bin 0, run once
+            # the empty rationale: p(ŷ | nothing kept) for ALTI's bin 0, run once
             empty = None
-            if any(r.keep_rationale for r in plans) and (aopc == "alti" or rounding == "decompx"):
+            if any(r.keep_rationale for r in plans) and aopc == "alti":
                 empty = probability - _empty_rationale(model, tokens, lengths, real, mode, mask_token, full, budget)
             out = []
             for r in plans:
-                values = r.values
-                if rounding == "decompx":  # k = 0 counts: nothing removed (a drop of 0), or nothing kept
-                    fill = empty[:, None].to(dtype) if r.keep_rationale else values.new_zeros(())
-                    values = torch.where(r.k == 0, fill, values)
-                values = values.gather(1, r.first)
+                values = r.values.gather(1, r.first)
                 aopcs = values.nanmean(1) if aopc == "eraser" else alti_aopc(values, empty, r.keep_rationale)
                 out.append(EraserResult(values, aopcs, r.k, probability.to(dtype), predicted))
     return out
@@ -555,8 +565,8 @@ def _empty_rationale(model, tokens, lengths, real, mode, mask_token, full: FullR
     else:
         if lead + trail == 0:
             raise ValueError(
-                "sufficiency(mode='delete') of the empty rationale (k = 0, which rounding='decompx' and "
-                "aopc='alti' run) on a model without special tokens (lead = trail = 0) would leave an empty "
+                "sufficiency(mode='delete') of the empty rationale (ALTI's bin 0, which aopc='alti' runs) "
+                "on a model without special tokens (lead = trail = 0) would leave an empty "
                 "sequence, which no model can encode; use mode='mask'"
             )
         ends = (n - trail)[:, None] + torch.arange(trail, device=tokens.device)
@@ -597,8 +607,9 @@ _DOC = """
             definition, DESIGN §7: every fraction removes at least one token), ``"floor"``
             (the rationale size of ERASER's ``encode_attend.py``; a fraction with k = 0 does not
             count: NaN, ``k = -1``, left out of the AOPC) or ``"decompx"`` (DecompX's
-            ``int(np.floor(L * f))`` of the IEEE product; a fraction with k = 0 counts: its value
-            is 0 for comprehensiveness, ``p(ŷ | x) - p(ŷ | the empty rationale)`` for sufficiency).
+            ``int(np.floor(L * f))`` of the IEEE product; a fraction with k = 0 counts, its value
+            0; sufficiency keeps ``L - floor(L (1 - f))``, DecompX's least important tokens masked,
+            and k = L, nothing masked, counts as 0; see :func:`rationale_sizes`).
             docs/definitions.md §18 has the source lines and why ceil is the default.
         aopc: how ``values`` make ``aopc``: ``"eraser"`` (default) their mean over the counted
             fractions; ``"alti"`` ALTI's: ``sum_j max(0, v_1..v_j) / (F + 1)`` for
@@ -621,7 +632,8 @@ _DOC = """
             ``[B, >= L_max]`` floats on the tokens' device or not finite on a real token;
             fractions empty or outside (0, 1]; an unknown variant, rounding or aopc, or
             ``rounding`` other than ``"ceil"`` or ``aopc="alti"`` with ferret; the empty rationale
-            deleted on a model without special tokens (sufficiency with ``"decompx"`` or ``"alti"``); model outputs that are not finite ``[N, C]`` logits;
+            deleted on a model without special tokens (sufficiency with ``aopc="alti"``); model
+            outputs that are not finite ``[N, C]`` logits;
             ``full_rows`` of other rows or on another device (TypeError: not a :class:`FullRows`);
             comprehensiveness deleting a whole row on a model without special tokens (GPT-2:
             nothing would be left to encode); a model's ``subset_logits(...).position_bytes`` that
@@ -662,7 +674,9 @@ def comprehensiveness(
       drop ``p(ŷ | x) - p(ŷ | masked)`` averaged over the instances per ratio, then over r = 0.1 ..
       0.9 (``np.mean(plot_y[1:])``; k = 0 counts as 0): with no NaN the same as the mean over
       rows of this ``aopc``. One difference left: their ``argsort`` (numpy's quicksort) breaks
-      ties in the scores its own way; here ties go to the lower index.
+      ties in the scores its own way; here ties go to the lower index. Their sufficiency (Tables
+      A.1-A.2, ``MASKING_STRATEGY = "min"``: the least important ``int(np.floor(L * K))`` masked)
+      is :func:`sufficiency` with the same arguments, the fraction f kept for K = 1 - f.
 
     On a pair task (J&W's question answering and inference model, ``models/pair.py``) the rationale is a
     set of passage words; the question stays in every input."""

@@ -179,34 +179,34 @@ def test_decompx_sizes_are_their_floor_of_the_float_product():
     assert NAMED_FRACTIONS == {"eraser": ERASER_FRACTIONS, "decompx": DECOMPX_FRACTIONS}
 
 
-@pytest.mark.parametrize("mode", ["delete", "mask"])
-def test_decompx_rounding_sufficiency_counts_the_empty_rationale(mode):
-    """k = 0 under DecompX's rounding keeps nothing: the drop to the row's special tokens alone
-    (delete) or every real token masked; k > 0 as ERASER's plain loop."""
-    model = real_model(2, F64).eval()
-    tokens, lengths = ragged(rows=8, width=16, seed=9)
-    lengths[2] = 2  # no real token
-    scores = torch.randn(8, 14, generator=torch.Generator().manual_seed(1), dtype=F64)
-    mask = MASK if mode == "mask" else None
-    got = sufficiency(model, tokens, lengths, scores, DECOMPX_FRACTIONS, rounding="decompx", mode=mode, mask_token=mask)
-    floor_k = reference(model, tokens, lengths, scores, DECOMPX_FRACTIONS, True, mask_token=mask, rounding="floor")
-    for b in range(8):
-        n = int(lengths[b]) - 2
-        row = tokens[b, : int(lengths[b])].tolist()
-        if n == 0:
-            assert got.values[b].isnan().all() and got.aopc[b].isnan()
-            continue
-        with torch.no_grad():
-            full = model_probabilities(model, row)
-        y = int(full.argmax())
-        empty = row[:1] + ([] if mask is None else [mask] * n) + row[-1:]
-        with torch.no_grad():
-            drop = float(full[y] - model_probabilities(model, empty)[y])
-        for j, f in enumerate(DECOMPX_FRACTIONS):
-            k = math.floor(n * f)
-            want = drop if k == 0 else floor_k[b][j]  # k > 0: the same rationale as floor
-            assert float(got.values[b, j]) == pytest.approx(want, abs=1e-10), (b, j)
-        assert float(got.aopc[b]) == pytest.approx(float(got.values[b].mean()), abs=1e-12)
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_decompx_sufficiency_against_their_least_important_masking_loop(dtype):
+    """Their Tables A.1-A.2 (``MASKING_STRATEGY = "min"``): the least important floor(L K) masked;
+    ours keeps the top L - floor(L (1 - f)), so fraction f is their ratio K = 1 - f."""
+    model = real_model(3, dtype).eval()
+    tokens, lengths = ragged(rows=8, width=95, seed=4)
+    lengths[0] = 92  # 90 real tokens: 90 * 0.7 = 62.99999999999999 (their K = 0.7 is our f = 0.3)
+    lengths[2] = 5  # 3 real tokens: nothing masked up to K = 30 % (a drop of 0)
+    lengths[3] = 3  # 1 real token: nothing ever masked
+    scores = torch.randn(8, 93, generator=torch.Generator().manual_seed(6), dtype=F64).to(dtype)
+    got = sufficiency(
+        model, tokens, lengths, scores, DECOMPX_FRACTIONS, rounding="decompx", mode="mask", mask_token=MASK
+    )
+    want = decompx_loop(model, tokens, lengths, scores, MASK, strategy="min")  # by their K = 0.1 .. 0.9
+    atol = 1e-5 if dtype == torch.float32 else 1e-10
+    check(got, [row[::-1] for row in want], atol)  # our f = 0.1 .. 0.9 is their K = 0.9 .. 0.1
+    assert int(got.k[0, 2]) == 90 - 62 and got.k[3].tolist() == [1] * 9 and (got.values[3] == 0).all()
+    assert got.k[2].tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 3] and (got.values[2, 6:] == 0).all()
+    table = np.mean(np.mean(np.asarray(want), axis=0))  # their number: over instances, then ratios
+    assert float(got.aopc.to(F64).mean()) == pytest.approx(table, abs=atol)
+
+
+def test_decompx_sufficiency_sizes_mask_their_floor_of_the_float_product():
+    real = torch.arange(0, 130)
+    k = rationale_sizes(torch.zeros(130, 130), real, DECOMPX_FRACTIONS, rounding="decompx", keep_rationale=True)
+    for n in range(130):
+        want = [n - int(np.floor(n * r)) if n else -1 for r in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)]
+        assert k[n].tolist() == want, n
 
 
 def test_defaults_are_unchanged():
@@ -253,10 +253,11 @@ def test_the_empty_rationale_deleted_without_special_tokens_is_named():
     model = test_hf.tiny("gpt2")
     tokens, lengths = test_hf.ragged("gpt2", 4, 11, 4)
     scores = torch.randn(4, 11, generator=torch.Generator().manual_seed(0))
-    for kwargs in ({"aopc": "alti"}, {"rounding": "decompx"}):
-        with pytest.raises(ValueError, match="empty rationale .* without special tokens"):
-            sufficiency(model, tokens, lengths, scores, **kwargs)
-        assert sufficiency(model, tokens, lengths, scores, mode="mask", mask_token=3, **kwargs).aopc.isfinite().all()
+    with pytest.raises(ValueError, match="empty rationale .* without special tokens"):
+        sufficiency(model, tokens, lengths, scores, aopc="alti")
+    assert sufficiency(model, tokens, lengths, scores, mode="mask", mask_token=3, aopc="alti").aopc.isfinite().all()
+    # DecompX's sufficiency keeps at least one token: deleting the rest leaves something to encode
+    assert sufficiency(model, tokens, lengths, scores, rounding="decompx").aopc.isfinite().all()
 
 
 # ---- the battery's flags ------------------------------------------------------------------
