@@ -537,6 +537,83 @@ def _method_sweeps() -> dict[str, Quote]:
     return s
 
 
+#: the MiniLM methods table under its authors' ERASER protocols (reports/minilm-protocols, issue 47):
+#: key prefix -> (group, the methods its grid ran)
+PROTOCOLS_FILE = "reports/minilm-protocols/aggregate.json"
+PROTOCOL_GROUPS = {
+    "mprot.alti": ("alti/sst-lstm-tanh", METHOD_SWEEP_NAMES),
+    "mprot.alti_l2": ("alti-l2/sst-lstm-tanh", ("attention", "gradient", "ig", "input_x_gradient")),
+    "mprot.decompx": ("decompx/sst-lstm-tanh", METHOD_SWEEP_NAMES),
+}
+#: the published numbers beside them (reports/minilm-protocols/published.json): key -> the authors' own
+#: method key, per paper and model
+PUBLISHED_PROTOCOLS = {
+    ("alti", "roberta"): (
+        "ours", "ours_l2", "ig_abs_mean", "ig_l2", "grad_input_mean_abs_mean", "grad_input_l2", "grad", "norm2",
+        "norm", "rollout",
+    ),
+    ("alti", "distilbert"): (
+        "ours", "ig_abs_mean", "ig_l2", "grad_input_mean_abs_mean", "grad_input_l2", "grad", "norm2", "rollout",
+    ),
+    ("decompx", "bert-base"): (
+        "DecompX", "ALTI (Ferrando et al., 2022)", "Integrated Gradients", "Gradient×Input",
+        "GlobEnc (Modarressi et al., 2022)", "+ FFN",
+    ),
+}  # fmt: skip
+
+
+#: the protocol tables' method pairs whose paired differences over the seeds the docs quote
+PROTOCOL_PAIRS = {
+    "mprot.alti": (
+        ("alti", "ig"), ("ig", "input_x_gradient"), ("input_x_gradient", "globenc"), ("globenc", "rollout"),
+        ("loo", "alti"), ("decompx", "alti"), ("chefer", "alti"),
+    ),
+    "mprot.decompx": (
+        ("decompx", "alti"), ("alti", "ig"), ("ig", "input_x_gradient"), ("input_x_gradient", "globenc"),
+        ("chefer", "alti"), ("chefer", "loo"),
+    ),
+}  # fmt: skip
+
+
+def _protocol_key(method: str) -> str:
+    """A published method's name as a key: DecompX's "GlobEnc (Modarressi et al., 2022)" -> "globenc"."""
+    return {"Gradient×Input": "gxi", "Integrated Gradients": "ig", "+ FFN": "globenc_ffn"}.get(
+        method, method.split(" (")[0].lower()
+    )
+
+
+def _protocols() -> dict[str, Quote]:
+    """The MiniLM methods table under ALTI's and DecompX's protocols over three seeds and the authors'
+    numbers (docs/results.md): ``mprot.GRID.METHOD.METRIC`` (``.ci``: "mean [low, high]"),
+    ``mprot.GRID.accuracy``, and ``pub.PAPER.MODEL.METHOD.METRIC``, METRIC comprehensiveness or
+    sufficiency."""
+    s: dict[str, Quote] = {}
+    metrics = ("comprehensiveness", "sufficiency")
+    for prefix, (group, methods) in PROTOCOL_GROUPS.items():
+        s[f"{prefix}.accuracy"] = one(".3f", PROTOCOLS_FILE, "groups", group, "statistics", "test accuracy", "estimate")
+        table = ("groups", group, "methods")
+        cells = [((*table, "methods", {"method": m}, c), f"{m}.{c}") for m in methods for c in metrics]
+        cells += [((*table, "baseline", "random", c), f"random.{c}") for c in metrics]
+        for at, name in cells:
+            s[f"{prefix}.{name}"] = one(".3f", PROTOCOLS_FILE, *at, "mean", minus="−")
+            s[f"{prefix}.{name}.ci"] = interval(PROTOCOLS_FILE, *at, estimate="mean", minus="−")
+    for prefix, pairs in PROTOCOL_PAIRS.items():
+        group = PROTOCOL_GROUPS[prefix][0]
+        for a, b in pairs:
+            for metric in metrics:
+                column = "methods/{}/" + metric + " AOPC"
+                s[f"{prefix}.{a}-{b}.{metric}.seed_t"] = seed_t_interval(
+                    PROTOCOLS_FILE, group, group, column.format(a), column.format(b)
+                )
+    published = "reports/minilm-protocols/published.json"
+    for (paper, model), methods in PUBLISHED_PROTOCOLS.items():
+        for method in methods:
+            for metric in metrics:
+                at = (paper, "models", model, method, metric)
+                s[f"pub.{paper}.{model}.{_protocol_key(method)}.{metric}"] = one(".3f", published, *at, minus="−")
+    return s
+
+
 def _jw_encoders() -> dict[str, Quote]:
     """J&W's CNN + tanh and BiLSTM + dot over three seeds (docs/results.md, J&W's protocol):
     ``jw3.MODEL.STATISTIC.ci`` quotes "estimate [low, high]"."""
@@ -1291,6 +1368,7 @@ SOURCES: dict[str, Quote] = _sources(
     _gpu_check_earlier(),
     _minilm_table(),
     _method_sweeps(),
+    _protocols(),
     _jw_encoders(),
     _jw_qa(),
     _jw_protocol(),
