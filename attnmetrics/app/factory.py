@@ -109,6 +109,21 @@ def load_data(
     return splits
 
 
+def run_data(config: RunConfig, protocol: Preset) -> Splits:
+    """:func:`load_data` with ``run``'s and ``train``'s data flags (``--dataset``, ``--data-dir``,
+    ``--limit``, ``--split-seed``, ``--max-tokens``, ``--stratify``, ``--test-limit``)."""
+    return load_data(
+        config.dataset,
+        config.data_dir,
+        config.limit,
+        config.split_seed,
+        config.max_tokens,
+        protocol,
+        config.stratify,
+        config.test_limit,
+    )
+
+
 def first_examples(examples: list, limit: int, stratify: bool = False) -> list:
     """The first ``limit`` examples, or with ``stratify`` the first ones of each class, as many as
     the class's share of ``examples`` gives (largest remainders; file order kept): SST's files list
@@ -244,16 +259,7 @@ def _zero_shot(config: RunConfig, results: Results) -> Built:
     """``--prompt``: the model used as it is, nothing trained; the dev split is encoded only to
     count what --max-length cuts."""
     protocol = PRESETS[config.protocol]
-    splits = load_data(
-        config.dataset,
-        config.data_dir,
-        config.limit,
-        config.split_seed,
-        config.max_tokens,
-        protocol,
-        config.stratify,
-        config.test_limit,
-    )
+    splits = run_data(config, protocol)
     model, inputs = _prompted_model(config, splits, results)
     say_truncated("dev", inputs.encode_split(splits.dev), inputs, results)
     results["data"].update(
@@ -360,16 +366,7 @@ def _pair_model(config: RunConfig, splits, results: Results) -> tuple[PairAttent
 def _train(config: RunConfig, results: Results) -> Built:
     """Build the model ``--encoder`` names, train it with its family's recipe, record both."""
     protocol = PRESETS[config.protocol]
-    splits = load_data(
-        config.dataset,
-        config.data_dir,
-        config.limit,
-        config.split_seed,
-        config.max_tokens,
-        protocol,
-        config.stratify,
-        config.test_limit,
-    )
+    splits = run_data(config, protocol)
     common = {
         "epochs": config.epochs,
         "batch_size": config.batch_size,
