@@ -78,6 +78,7 @@ class RunConfig:
     eraser_aopc: str | None = None
     eraser_fractions: str | None = None
     eraser_mask_token: int | None = None
+    resumable: bool = False
     # Wiegreffe & Pinter's trained experiments (run)
     consistent_adversary: tuple[float, ...] | None = None
     diagnostic: bool = False

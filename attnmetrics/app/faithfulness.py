@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import fields
+from pathlib import Path
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from attnmetrics.app.config import RunConfig
 from attnmetrics.app.conventions import OWN_ATTENTION, PAIR_TASK, conventions
 from attnmetrics.app.distributed import World
 from attnmetrics.app.results import Results
+from attnmetrics.app.resumable import BatteryBlocks, fingerprints
 from attnmetrics.flip import removal_order
 from attnmetrics.models.gpt_classifier import EXTRACT_READOUT, GPTClassifier
 from attnmetrics.models.pair import is_pair_model
@@ -30,11 +32,17 @@ from attnmetrics.protocol import capability
 #: optimiser steps, ERASER's model calls): SST's test set is 8 blocks on the CPU, 1 on a GPU.
 CPU_BLOCK_ROWS = 256
 GPU_BLOCK_ROWS = 2048
+#: Instances per battery block on the CPU under ``--resumable``: each finished block is kept, so a
+#: run cut off loses at most one block's work (on a GPU, :data:`CPU_BLOCK_ROWS`)
+RESUMABLE_CPU_ROWS = 32
 
 
-def block_rows(device, instances: int, ranks: int = 1) -> int:
+def block_rows(device, instances: int, ranks: int = 1, resumable: bool = False) -> int:
     """Instances per battery block on ``device`` (a ``torch.device``): :data:`CPU_BLOCK_ROWS` on
-    the CPU; on a GPU up to :data:`GPU_BLOCK_ROWS`, and no more than every rank's equal share."""
+    the CPU; on a GPU up to :data:`GPU_BLOCK_ROWS`, and no more than every rank's equal share.
+    Under ``resumable``: :data:`RESUMABLE_CPU_ROWS` on the CPU, :data:`CPU_BLOCK_ROWS` on a GPU."""
+    if resumable:
+        return RESUMABLE_CPU_ROWS if device.type == "cpu" else CPU_BLOCK_ROWS
     if device.type == "cpu":
         return CPU_BLOCK_ROWS
     return max(CPU_BLOCK_ROWS, min(GPU_BLOCK_ROWS, math.ceil(instances / ranks)))
@@ -49,16 +57,22 @@ def battery(
     results: Results,
     w: World,
     adversarial_amsgrad: bool = False,
+    blocks: Path | None = None,
 ) -> bool:
     """The battery on the test split, into ``results``; under torchrun on this rank's share of
     the batches, gathered on rank 0. False on the other ranks (they write nothing).
     ``adversarial_diversity``: the protocol preset's weight of the adversarial candidates' diversity;
     ``adversarial_amsgrad``: the preset's adversarial optimiser (AMSGrad or not), which
-    ``--adversarial-optimiser`` overrides."""
+    ``--adversarial-optimiser`` overrides; ``blocks``: the folder that keeps each finished
+    block (``--resumable``, :mod:`attnmetrics.app.resumable`), whose blocks finished by an
+    earlier start of the same run are read instead of run again.
+
+    Raises:
+        ValueError: ``blocks`` holds blocks of another run (what differs is named).
+    """
     t0 = time.perf_counter()
-    rows = block_rows(next(model.parameters()).device, len(test), w.size)
+    rows = block_rows(next(model.parameters()).device, len(test), w.size, blocks is not None)
     batches = [(int(b.index[0]), b.tokens, b.lengths) for b in test.batches(rows)]
-    mine = distributed.share(batches, [float(n.sum()) for _, _, n in batches], w)
     battery_config = BatteryConfig(
         experiments=[e for e in EXPERIMENTS if e not in config.skip],
         orders=config.orders,
@@ -79,11 +93,32 @@ def battery(
         options=importance_options(config),
     )
     settings = {f.name: getattr(battery_config, f.name) for f in fields(battery_config)}
-    part = collect(model, mine, progress=w.main and not config.no_progress, **settings)
+    kept, resumed = None, []
+    if blocks is not None:
+        prints = fingerprints(results["config"], settings, model, batches)
+        kept = BatteryBlocks.open(blocks, prints, len(batches), rows, results["versions"]["commit"])
+        # the blocks finished before this start, as rank 0 sees them (every rank shares the rest alike)
+        done = set(distributed.broadcast(kept.done([first for first, _, _ in batches]), w))
+        resumed = [kept.load(first) for first in sorted(done)] if w.main else []
+        batches = [b for b in batches if b[0] not in done]
+    mine = distributed.share(batches, [float(n.sum()) for _, _, n in batches], w)
+    part = collect(
+        model, mine, progress=w.main and not config.no_progress, on_block=kept.save if kept else None, **settings
+    )
     parts = distributed.gather((*part, time.perf_counter() - t0), w)
     if parts is None:
         return False
-    summary, instances = summarise(*merge([p[:2] for p in parts]), splits.classes, **settings)
+    merged = merge([p[:2] for p in parts] + [r[:2] for r in resumed])
+    summary, instances = summarise(*merged, splits.classes, **settings)
+    if kept is not None:
+        results["resumable"] = {
+            "folder": kept.folder.name,
+            "blocks": len(done) + len(batches),
+            "rows_per_block": rows,
+            "resumed_blocks": len(done),
+            # the code each block was computed with (blocks of an earlier start may predate this one)
+            "commits": sorted({r[2] for r in resumed} | {results["versions"]["commit"] or ""}),
+        }
     results["wall_time_s"]["experiments"] = time.perf_counter() - t0
     results["wall_time_s"]["per_experiment"] = summary.pop("seconds")
     if w.size > 1:  # each rank's share and wall time; per_experiment sums the ranks' times

@@ -325,6 +325,13 @@ def _add_battery_args(p: argparse.ArgumentParser) -> None:
         help="a token's integrated-gradients and gradient x input score from its attribution vector: |sum over "
         "the embedding| (default), l2: its L2 norm (ALTI's and DecompX's), mean_abs: the mean absolute value (ALTI's)",
     )
+    p.add_argument(
+        "--resumable",
+        action="store_true",
+        help="keep each finished battery block (32 instances on the CPU) in .OUT.battery beside --out, and when "
+        "the same command is started again after a kill or a time limit, continue from the blocks it finished "
+        "(the same flags, model weights and test instances, else refused); removed once --out is written",
+    )
 
 
 def _add_common_args(p: argparse.ArgumentParser, out_required: bool = False) -> None:

@@ -22,6 +22,7 @@ from attnmetrics.app.faithfulness import battery, examples, importance_settings,
 from attnmetrics.app.io import run_folder, write_json_atomic, write_npz_atomic, write_parquet_atomic
 from attnmetrics.app.report import render
 from attnmetrics.app.results import Results, new_results
+from attnmetrics.app.resumable import BatteryBlocks, blocks_folder
 from attnmetrics.app.table import run_table
 from attnmetrics.models.text import EncodedSplit
 from attnmetrics.models.training import Predictions, predict, prediction_metrics
@@ -50,10 +51,13 @@ def execute(config: RunConfig, w: World, *, with_battery: bool, after_battery: A
         protect = (config.model_run,) if config.command == "evaluate" else ()
         # under torchrun rank 0 alone claims and writes the run folder
         claim = run_folder(out, config.overwrite, protect) if w.main else contextlib.nullcontext()
+        kept = blocks_folder(out) if config.resumable and with_battery else None
         with claim as folder:
-            if not _in_folder(config, w, folder, results, trained_in, with_battery, after_battery):
+            if not _in_folder(config, w, folder, results, trained_in, with_battery, after_battery, kept):
                 return 0  # rank 0 writes
             _finish(results, folder, start)
+        if kept is not None:  # its blocks are in the run folder now
+            BatteryBlocks(kept, None).remove()
     except BaseException as e:
         if trained_in and (trained_in[0] / CHECKPOINT).exists():
             e.add_note(
@@ -81,9 +85,10 @@ def _in_folder(
     trained_in: list[Path],
     with_battery: bool,
     after_battery: AfterBattery | None,
+    blocks: Path | None = None,
 ) -> bool:
     """The work inside the claimed run folder (``folder``; None on ranks other than 0), up to
-    results.json; False where this rank writes nothing."""
+    results.json; False where this rank writes nothing. ``blocks``: ``--resumable``'s folder."""
     built = build(config, results, folder if w.main else None)
     if config.command != "evaluate" and folder is not None:
         trained_in.append(folder)
@@ -98,7 +103,15 @@ def _in_folder(
             results["battery"] = tested
         protocol = built.protocol
         if not battery(
-            config, model, test, built.splits, protocol.diversity_weight, results, w, protocol.adversarial_amsgrad
+            config,
+            model,
+            test,
+            built.splits,
+            protocol.diversity_weight,
+            results,
+            w,
+            protocol.adversarial_amsgrad,
+            blocks,
         ):
             return False
         if after_battery is not None:

@@ -86,6 +86,7 @@ class Results(TypedDict, total=False):
     data: Data
     wall_time_s: WallTimes
     distributed: Distributed  # only under torchrun
+    resumable: dict[str, Any]  # only under --resumable: its blocks, those resumed, their commits
     pretrained: dict[str, Any] | None  # GPT-1's and Hugging Face models' checkpoint; None from scratch
     model: dict[str, Any]  # the model's config.to_dict()
     training: Training

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +108,7 @@ def collect(
     batches: Iterable[tuple[int, Tensor, Tensor]],
     *,
     progress: bool = True,
+    on_block: Callable[[int, dict[str, np.ndarray], dict[str, float]], None] | None = None,
     **config,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """The battery's per-instance values over ``batches`` of (first, tokens [B, T] int64,
@@ -132,13 +133,21 @@ def collect(
     batches = list(batches)
     with contextlib.closing(Progress(len(batches), battery_parts(cfg.experiments), progress)) as bar:
         for index, (first, tokens, lengths) in enumerate(batches):
-            block = Block(run, model, acc, seconds, bar, index)
+            mine: dict[str, list[Tensor]] = defaultdict(list)
+            spent: dict[str, float] = defaultdict(float)
+            block = Block(run, model, mine, spent, bar, index)
             block.forward(first, tokens.to(device), lengths.to(device))
             for experiment in experiments():
                 if _runs(experiment, block):
                     if experiment.skippable:
                         block.start(experiment.name)
                     experiment.step(block)
+            if on_block is not None:
+                on_block(first, {k: torch.cat(v).cpu().numpy() for k, v in mine.items()}, dict(spent))
+            for k, v in mine.items():
+                acc[k].extend(v)
+            for k, v in spent.items():
+                seconds[k] += v
     return {k: torch.cat(v).cpu().numpy() for k, v in acc.items()}, dict(seconds)
 
 
