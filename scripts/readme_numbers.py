@@ -1292,7 +1292,7 @@ LLM_LOO = "benchmarks/results/llm-loo-smollm2-cpu1-2026-11-29.json"
 def _llm_loo() -> dict[str, Quote]:
     """SmolLM2's leave-one-out against Captum on one CPU thread (benchmarks/test_bench_llm_loo.py,
     docs/speed.md): ``llmloo.{sentences,deletions,ours_s,stock_s,bucketed_s,vs_stock,vs_bucketed,positions,
-    macs,times_floor,diff}``."""
+    macs,times_floor,diff}``, ``llmloo.load_{ours,stock,bucketed}`` (the load average at each side's end)."""
     ours = ("benchmarks", {"name": "test_leave_one_out_prefix_reuse"}, "extra_info")
     stock = ("benchmarks", {"name": "test_captum_llm_attribution_stock"}, "extra_info")
     bucketed = ("benchmarks", {"name": "test_captum_feature_ablation_bucketed"}, "extra_info")
@@ -1307,6 +1307,9 @@ def _llm_loo() -> dict[str, Quote]:
         "llmloo.positions": one(".3f", LLM_LOO, *ours, "positions_ratio"),
         "llmloo.macs": one(".3f", LLM_LOO, *ours, "multiply_adds_ratio"),
         "llmloo.times_floor": one(".2f", LLM_LOO, *ours, "times_floor"),
+        "llmloo.load_ours": one(".2f", LLM_LOO, *ours, "load_average"),
+        "llmloo.load_stock": one(".2f", LLM_LOO, *stock, "load_average"),
+        "llmloo.load_bucketed": one(".2f", LLM_LOO, *bucketed, "load_average"),
         "llmloo.diff": Quote(
             "{:.1e}",
             (Value(LLM_LOO, (*stock, "max_abs_diff_vs_ours")), Value(LLM_LOO, (*bucketed, "max_abs_diff_vs_ours"))),
