@@ -4,6 +4,7 @@ cell starts, and an interrupted sweep resumed on the SST-format sample the tests
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,7 +254,14 @@ def test_interrupted_sweep_resumes_without_redoing_finished_cells(tmp_path, caps
     assert "--overwrite" in capsys.readouterr().err
     assert os.stat(first).st_mtime_ns == before.st_mtime_ns
     assert main(["sweep", str(changed), "--out", str(out), "--dry-run"]) == 0
-    assert capsys.readouterr().out.count("done\t") == 2
+    listed = capsys.readouterr().out
+    assert listed.count("stale\t") == 2 and "done\t" not in listed  # what the sweep would refuse
+    kept = out / "g" / ".sst-lstm-tanh-s1.battery"  # a --resumable run's finished blocks
+    kept.mkdir()
+    (kept / f"block-{0:09d}.npz").write_bytes(b"")
+    assert main(["sweep", str(changed), "--out", str(out), "--dry-run"]) == 0
+    assert "stale (1 battery blocks kept)\tg/sst-lstm-tanh-s1" in capsys.readouterr().out
+    shutil.rmtree(kept)
 
     # damaged files are named in one line each; one bad cell leaves the report of the others
     (out / "status.json").write_text('{"cells": ')

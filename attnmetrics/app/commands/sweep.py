@@ -10,7 +10,7 @@ from pathlib import Path
 from attnmetrics.app.io import UnwritableFolder, check_folder_path, check_writable
 from attnmetrics.app.sweep import Runner, cell_command, load_config, run_sweep
 from attnmetrics.app.sweep.config import SLURM_KEYS
-from attnmetrics.app.sweep.runner import invalid_cells
+from attnmetrics.app.sweep.runner import cell_state, invalid_cells
 
 #: files only a sweep writes in its folder: a folder holding one is a sweep's own
 SWEEP_FILES = ("status.json", "aggregate.json", ".sweep.lock")
@@ -75,7 +75,7 @@ def sweep(args: SweepArgs) -> int:
         return 2
     if args.dry_run:
         for c in grid.cells:
-            state = "done" if c.is_done(grid.out) else "todo"
+            state = cell_state(c, grid.out)
             print(f"{state}\t{c.grid}/{c.name}\t{' '.join(cell_command(c, grid.out)[3:])}")
         print(f"{len(grid.cells)} cells in {grid.out}", file=sys.stderr)
         return 0

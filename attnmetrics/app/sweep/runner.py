@@ -48,6 +48,7 @@ from attnmetrics.app.io import (
 )
 from attnmetrics.app.parser import build_parser
 from attnmetrics.app.recipes import recipe_defaults
+from attnmetrics.app.resumable import blocks_folder
 from attnmetrics.app.sweep.config import IGNORED_CONFIG, Cell, Sweep, cell_command
 
 
@@ -86,6 +87,21 @@ def is_stale(cell: Cell, out: Path) -> bool:
     recorded = read_results(cell.folder(out) / "results.json").get("config", {})
     wanted = _config_of(cell_command(cell, out)[3:])
     return any(recorded[k] != v for k, v in wanted.items() if k in recorded and k not in IGNORED_CONFIG)
+
+
+def cell_state(cell: Cell, out: Path) -> str:
+    """A cell's state as ``--dry-run`` lists it: ``done``; ``stale`` (finished with other flags than
+    the config's: rerun only under ``--overwrite``); ``unreadable`` (its results.json); ``todo``;
+    with ``(N battery blocks kept)`` where a ``--resumable`` run of it left finished blocks."""
+    if cell.is_done(out):
+        try:
+            state = "stale" if is_stale(cell, out) else "done"
+        except ValueError:
+            return "unreadable"
+    else:
+        state = "todo"
+    kept = len(list(blocks_folder(cell.folder(out)).glob("block-*.npz")))
+    return f"{state} ({kept} battery blocks kept)" if kept and state != "done" else state
 
 
 def clean_partial(cell: Cell, out: Path) -> tuple[list[str], bool]:
