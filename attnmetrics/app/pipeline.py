@@ -22,7 +22,7 @@ from attnmetrics.app.faithfulness import battery, examples, importance_settings,
 from attnmetrics.app.io import run_folder, write_json_atomic, write_npz_atomic, write_parquet_atomic
 from attnmetrics.app.report import render
 from attnmetrics.app.results import Results, new_results
-from attnmetrics.app.resumable import BatteryBlocks, blocks_folder
+from attnmetrics.app.resumable import blocks_folder, remove_blocks
 from attnmetrics.app.table import run_table
 from attnmetrics.models.text import EncodedSplit
 from attnmetrics.models.training import Predictions, predict, prediction_metrics
@@ -57,7 +57,7 @@ def execute(config: RunConfig, w: World, *, with_battery: bool, after_battery: A
                 return 0  # rank 0 writes
             _finish(results, folder, start)
         if kept is not None:  # its blocks are in the run folder now
-            BatteryBlocks(kept, None).remove()
+            remove_blocks(kept)
     except BaseException as e:
         if trained_in and (trained_in[0] / CHECKPOINT).exists():
             e.add_note(

@@ -92,13 +92,18 @@ def fingerprints(
     }
 
 
+def remove_blocks(folder: str | Path) -> None:
+    """Remove a run's blocks folder once its run folder is written (the blocks are in its results)."""
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 class BatteryBlocks:
     """One run's finished battery blocks in ``folder`` (:func:`blocks_folder`).
 
     Use :meth:`open` before the battery, :meth:`done` for the blocks finished earlier,
     :meth:`save` as each block finishes (the ``on_block`` of
-    :func:`attnmetrics.app.battery.collect`), :meth:`load` for a finished block's values and
-    :meth:`remove` once the run folder is written.
+    :func:`attnmetrics.app.battery.collect`), :meth:`load` for a finished block's values;
+    :func:`remove_blocks` once the run folder is written.
     """
 
     def __init__(self, folder: Path, commit: str | None):
@@ -177,7 +182,3 @@ class BatteryBlocks:
         if instances is None or not len(instances) or int(instances[0]) != first:
             raise ValueError(f"--resumable: {path} does not hold block {first}'s instances; remove it")
         return values, seconds, commit
-
-    def remove(self) -> None:
-        """Remove the folder (the run folder is written: the blocks are in its results)."""
-        shutil.rmtree(self.folder, ignore_errors=True)
