@@ -48,7 +48,7 @@ from attnmetrics.loo import (
     call_budget,
 )
 from attnmetrics.outputs import decision, output_distribution
-from attnmetrics.protocol import capability, eval_mode
+from attnmetrics.protocol import capability, edits_whole_texts, eval_mode
 
 #: ERASER's fractions of the tokens in the rationale (DeYoung et al. 2020, sec. 4: "bins")
 ERASER_FRACTIONS = (0.01, 0.05, 0.1, 0.2, 0.5)
@@ -365,13 +365,15 @@ def _effects(
     device = tokens.device
     real = lengths - lead - trail
     checked = [(_check_scores(scores, batch, real), keep) for scores, keep in requests]
+    empty_texts = edits_whole_texts(model, "subset_logits")
     budget = call_budget(tokens.device, memory_budget)
     full = _full_rows(model, tokens, lengths, budget) if full is None else _check_full_rows(full, batch, device)
     probability, predicted, dtype = full.probability, full.predicted, full.dtype
     planned = []
     for scores, keep_rationale in checked:
         k = rationale_sizes(scores, real, fractions, variant, rounding, keep_rationale)
-        if mode == "delete" and not keep_rationale and lead + trail == 0:  # nothing may be left to encode
+        # nothing may be left to encode (a prompted decoder's subsets keep its template: they run it)
+        if mode == "delete" and not keep_rationale and lead + trail == 0 and not empty_texts:
             whole = (k == real[:, None]) & (real[:, None] > 0)
             if whole.any():
                 b, j = (int(i) for i in whole.nonzero()[0])
@@ -522,7 +524,9 @@ def _values_by_model(model, subsets, tokens, lengths, plans, mode, mask_token, f
         distinct, inverse = torch.unique(every, dim=0, return_inverse=True)
         local, changed = distinct[:, 0], distinct[:, 1:].bool()  # [protocol positions]
         cost = getattr(prepared, "cost", None)
-        if cost is not None:
+        # a whole text deleted (no special tokens) runs only here: the protocol's forward has no position left
+        whole_text = mode == "delete" and lead + trail == 0 and bool((changed.sum(1) == lengths[idx][local]).any())
+        if cost is not None and not whole_text:
             reuse, whole = cost(local, changed)
             if reuse >= SUBSET_REUSE_SHARE * whole:  # the reuse would not save: the block runs whole
                 block = full._replace(probability=full.probability[idx], predicted=full.predicted[idx])
@@ -562,6 +566,9 @@ def _empty_rationale(model, tokens, lengths, real, mode, mask_token, full: FullR
         pos = torch.arange(tokens.shape[1], device=tokens.device)
         seqs = rows.masked_fill((pos >= lead) & (pos < (n - trail)[:, None]), mask_token)
         seq_lengths = n
+    elif lead + trail == 0 and edits_whole_texts(model, "subset_logits"):  # a prompt's template alone
+        out[has] = _whole_texts_deleted(model, rows, n, full.predicted[has], full, budget)
+        return out
     else:
         if lead + trail == 0:
             raise ValueError(
@@ -576,6 +583,27 @@ def _empty_rationale(model, tokens, lengths, real, mode, mask_token, full: FullR
         model, seqs, seq_lengths, full.bytes_per_position, budget, "the empty rationale", full.classes
     )
     out[has] = output_distribution(logits).gather(1, full.predicted[has, None])[:, 0].to(torch.float64)
+    return out
+
+
+def _whole_texts_deleted(
+    model, tokens: Tensor, lengths: Tensor, predicted: Tensor, full: FullRows, budget: int
+) -> Tensor:
+    """``[N]`` float64 ``p(predicted | every text token deleted)`` of rows ``tokens [N, T]`` (``lead =
+    trail = 0``, ``lengths [N]`` >= 1) from the model's ``subset_logits`` (a prompt's template
+    alone), blocks of rows of about one length within the ``budget``."""
+    subsets = capability(model, "subset_logits")
+    order = torch.argsort(lengths, stable=True)
+    len_list = lengths[order].tolist()
+    out = torch.empty(len(lengths), dtype=torch.float64, device=tokens.device)
+    for bs, be in _length_groups([1] * len(len_list), len_list, full.bytes_per_position, budget, padding=None):
+        idx = order[bs:be]
+        T = len_list[be - 1]
+        prepared = subsets(model.embed(tokens[idx, :T]), lengths[idx], None)
+        changed = torch.arange(T, device=tokens.device) < lengths[idx][:, None]
+        local = torch.arange(be - bs, device=tokens.device)
+        logits = _checked_logits(prepared(local, changed), be - bs, "the empty rationale", full.classes)
+        out[idx] = output_distribution(logits).gather(1, predicted[idx, None])[:, 0].to(torch.float64)
     return out
 
 
@@ -636,7 +664,8 @@ _DOC = """
             outputs that are not finite ``[N, C]`` logits;
             ``full_rows`` of other rows or on another device (TypeError: not a :class:`FullRows`);
             comprehensiveness deleting a whole row on a model without special tokens (GPT-2:
-            nothing would be left to encode); a model's ``subset_logits(...).position_bytes`` that
+            nothing would be left to encode; a prompted decoder, ``encodes_empty_text``, runs
+            its template alone); a model's ``subset_logits(...).position_bytes`` that
             is not a positive int.
     """
 

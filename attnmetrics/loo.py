@@ -18,7 +18,7 @@ from attnmetrics._deferred import deferred
 from attnmetrics._ops import ops
 from attnmetrics._validation import DEFAULT_MEMORY_BUDGET, check_budget, check_logits, check_model_inputs
 from attnmetrics.outputs import output_distribution
-from attnmetrics.protocol import AttentionClassifier, capability, eval_mode
+from attnmetrics.protocol import AttentionClassifier, capability, edits_whole_texts, eval_mode
 
 #: leave_one_out modes: delete the token (J&W) or replace it with a mask token
 LOO_MODES = ("delete", "mask")
@@ -221,7 +221,9 @@ def leave_one_out(
     protocol (attention zero outside the real tokens) then has no position to attend to:
     J&W's classifier gives the zero context, so the output is the decoder's bias. A
     model returning NaN there (e.g. a softmax over no position) raises ValueError. If
-    ``lead == trail == 0`` that input is empty (length 0), which the model must accept.
+    ``lead == trail == 0`` that input is empty (length 0), which is refused, unless the model's
+    ``deletion_logits`` keeps positions around the text (``encodes_empty_text``: a prompted
+    decoder, whose template remains, docs/definitions.md §15).
 
     The model runs under ``torch.no_grad()`` in eval mode (its training mode is
     restored afterwards): once on the rows, then on every deletion of every row, built
@@ -268,7 +270,8 @@ def leave_one_out(
             lengths not ``[B]`` integers in ``[lead + trail, T]`` or on another device, an
             unknown mode, a missing, negative or superfluous mask_token, a non-positive
             memory_budget, or model outputs that are not finite ``[N, C]`` logits; deletion
-            of a one-token row on a model without special tokens (nothing would be left).
+            of a one-token row on a model without special tokens and without
+            ``encodes_empty_text`` (nothing would be left).
 
     Example (``attnmetrics.models`` holds J&W's classifier; any protocol model works)::
 
@@ -288,7 +291,9 @@ def leave_one_out(
     rows = torch.nonzero(real > 0).squeeze(1)
     rows = rows[torch.argsort(lengths[rows], stable=True)]
     row_list, len_list = rows.tolist(), lengths[rows].tolist()
-    if mode == "delete" and lead + trail == 0 and len_list and len_list[0] == 1:  # sorted: the shortest first
+    # sorted: the shortest first; a prompted decoder's deletions keep its template (nothing is empty)
+    empty_texts = edits_whole_texts(model, "deletion_logits")
+    if mode == "delete" and lead + trail == 0 and len_list and len_list[0] == 1 and not empty_texts:
         raise ValueError(
             f"leave_one_out(mode='delete') needs rows of at least 2 tokens on a model without special "
             f"tokens (lead = trail = 0): deleting the only token of row {row_list[0]} leaves an empty "

@@ -134,6 +134,17 @@ def capability(model: object, name: str) -> Callable | None:
     return method if callable(method) else None
 
 
+def edits_whole_texts(model: object, name: str) -> bool:
+    """Whether ``model``'s capability ``name`` (``"deletion_logits"`` or ``"subset_logits"``) is
+    there and may delete every real token of a row: the model's optional attribute
+    ``encodes_empty_text`` (default False) says that its input keeps positions around the text
+    that no edit removes (a prompted decoder's template: docs/definitions.md §15), so a deletion
+    of the whole text leaves something to read out. A model without it (``lead = trail = 0`` and
+    nothing around the text: a decoder classifier, GPT-2) would be left an empty input, which the
+    procedures refuse."""
+    return capability(model, name) is not None and bool(getattr(model, "encodes_empty_text", False))
+
+
 #: the members every AttentionClassifier has: callables, then plain attributes
 CALLABLE_MEMBERS = ("embed", "encode", "attend", "decoder")
 ATTRIBUTE_MEMBERS = ("lead", "trail")

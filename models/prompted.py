@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnmetrics._deferred import defer
 from attnmetrics.models.hf import (
     _LLAMA_LAYER,
     HALF_PRECISION,
@@ -284,6 +285,9 @@ class PromptedLM(HFClassifier):
                 f"MistralForCausalLM), got {type(lm).__name__}"
             )
         self.family, self.lead, self.trail = "llama", 0, 0
+        # deleting every text token leaves the template (its suffix ends at the answer position):
+        # leave_one_out and ERASER run a one-token text's deletion (attnmetrics.protocol.edits_whole_texts)
+        self.encodes_empty_text = True
         lm.set_attn_implementation("attnmetrics")
         self.hf, self.tokenizer, self.prompt, self.classes = lm, tokenizer, prompt, list(classes)
         text = prompt.template
@@ -377,6 +381,8 @@ class PromptedLM(HFClassifier):
     def _layout(self, lengths: Tensor, T: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Where each position of the whole input comes from, in ``cat([prefix, text (T), suffix])``:
         ``src [B, P + T + S]`` (padding: 0), the whole lengths, first text positions and answer positions."""
+        if len(lengths):  # read with the procedure's other checks (attnmetrics._deferred)
+            defer((lengths >= 1).all(), lambda: _empty_text(lengths))
         P, S = len(self.prefix_ids), len(self.suffix_ids)
         j = torch.arange(P + T + S, device=lengths.device)[None]
         L = lengths[:, None]
@@ -567,6 +573,15 @@ class PromptedLM(HFClassifier):
         first = torch.full_like(lengths, len(self.prefix_ids))
         decoder, prefix = self._shared_prefix()
         return prepare_edits(decoder, self.decoder, inputs, full, first, embedded.shape[1], replacement, prefix)
+
+
+def _empty_text(lengths: Tensor) -> ValueError:
+    b = int(lengths.argmin())
+    return ValueError(
+        f"lengths: a prompted model's rows need at least one text token (the last one carries the answer "
+        f"position's state, docs/definitions.md §15), got lengths[{b}] = {int(lengths[b])}; an empty text is the "
+        "template alone, which only the deletions of leave_one_out and ERASER run"
+    )
 
 
 def sequence_of(model, tokens: Tensor, lengths: Tensor) -> FullSequence:

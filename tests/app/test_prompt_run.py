@@ -156,3 +156,26 @@ def test_the_sweep_report_says_where_the_replicates_are_prompts():
     assert "In g/sst-prompted-s0, a zero-shot prompted model's groups, the replicates are the prompts" in text
     assert "h/sst-lstm-tanh" not in text
     assert "replicates are the prompts" not in "\n".join(_overview({"cells": {}, "groups": {"h/x": {}}}))
+
+
+def test_a_one_word_text_runs_through_the_whole_battery(tmp_path):
+    """SST sentences of one word (one token for the word-level tokenizer): leave-one-out and ERASER's
+    comprehensiveness delete the whole text, which leaves the template (lead = trail = 0, yet never an
+    empty input); the battery runs them instead of refusing the data set."""
+    import shutil
+
+    data = tmp_path / "sst"
+    shutil.copytree(SST_SAMPLE, data)
+    test = data / "test.txt"
+    test.write_text("(4 (4 good))\n(0 (0 awful))\n" + test.read_text())
+    lm = tiny_causal_lm(tmp_path / "lm")
+    out = tmp_path / "run"
+    flags = [*FLAGS, *FAST_BATTERY, "--data-dir", str(data), "--limit", "6", "--importances", "all"]
+    assert main(["run", *flags, "--model", f"hf:{lm}", *TEMPLATE, "--out", str(out)]) == 0
+    instances = json.loads((out / "results.json").read_text())["instances"]
+    assert instances["lengths"][:2] == [1, 1] and min(instances["lengths"][2:]) > 1
+    # every ordering deletes the one token: one comprehensiveness a row, the same for all, finite
+    for row in (0, 1):
+        values = {name: m["comprehensiveness"]["aopc"][row] for name, m in instances["eraser"].items()}
+        assert len(values) >= 10 and all(isinstance(v, float) for v in values.values()), values
+        assert max(values.values()) - min(values.values()) < 1e-6, values

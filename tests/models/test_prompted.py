@@ -146,6 +146,56 @@ def test_gradients_reach_every_text_token_and_nothing_past_its_length():
     assert (grads[protocol.token_mask(lengths, tokens.shape[1])] > 0).all()
 
 
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_deleting_a_one_token_text_leaves_the_template_which_leave_one_out_and_eraser_run(dtype, monkeypatch):
+    """A prompted model keeps its template when every text token is deleted (lead = trail = 0, yet
+    the input is never empty): leave-one-out's deletion of a one-token text, comprehensiveness'
+    deletion of a whole text (every fraction of a one-token text under ceil rounding) and ALTI's
+    empty rationale for sufficiency are the template alone, ``prefix + suffix`` run by the LM itself
+    (an independent forward); equal whether ERASER would choose the reuse or not (the protocol's
+    forward has no position left for an empty text, so such rows always take the reuse)."""
+    import attnmetrics
+    from attnmetrics.eraser import ERASER_FRACTIONS, alti_aopc
+    from tests.models.test_causal_edits import ATOL, Plain
+
+    model = prompted(dtype)
+    assert protocol.edits_whole_texts(model, "deletion_logits") and protocol.edits_whole_texts(model, "subset_logits")
+    plain = Plain(model)  # the protocol without the capabilities: nothing runs an empty text for it
+    plain.encodes_empty_text = True
+    assert not protocol.edits_whole_texts(plain, "subset_logits")
+    tokens, lengths = rows(model, seed=2, lengths=(4, 1, 3, 1))
+
+    def p(text):  # the output distribution from the LM's own head, float64
+        return torch.softmax(lm_logits(model, text).detach().to(F64), -1)
+
+    texts = [tokens[b, :n].tolist() for b, n in enumerate(lengths.tolist())]
+    own, template = [p(t) for t in texts], p([])
+    loo = attnmetrics.leave_one_out(model, tokens, lengths)
+    for b, text in enumerate(texts):
+        want = [0.5 * (own[b] - p(text[:t] + text[t + 1 :])).abs().sum() for t in range(len(text))]
+        torch.testing.assert_close(loo[b, : len(text)].to(F64), torch.stack(want), rtol=0, atol=ATOL[dtype])
+    scores = torch.randn(4, 4, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    for share in (1.0, 0.0):  # the reuse where it saves; a full recomputation chosen for every block
+        monkeypatch.setattr(attnmetrics.eraser, "SUBSET_REUSE_SHARE", share)
+        got = attnmetrics.comprehensiveness(model, tokens, lengths, scores)
+        for b in (1, 3):  # k = 1 of 1 at every fraction: the template alone
+            y = int(own[b].argmax())
+            want = torch.full((len(ERASER_FRACTIONS),), float(own[b][y] - template[y]), dtype=F64)
+            torch.testing.assert_close(got.values[b].to(F64), want, rtol=0, atol=ATOL[dtype])
+        suff = attnmetrics.sufficiency(model, tokens, lengths, scores, aopc="alti")
+        predicted = torch.stack(own).argmax(1)
+        empty = torch.stack([own[b][y] - template[y] for b, y in enumerate(predicted.tolist())])
+        want = alti_aopc(suff.values.to(F64), empty, keep_rationale=True)
+        torch.testing.assert_close(suff.aopc.to(F64), want, rtol=0, atol=ATOL[dtype])
+    # an empty text given as a row is named (the protocol's forward has no position for the answer's state)
+    empty_row = lengths.clone()
+    empty_row[2] = 0
+    for call in (lambda: model(tokens, empty_row), lambda: importance.gradient_importance(model, tokens, empty_row)):
+        with pytest.raises(ValueError, match=r"at least one text token .* got lengths\[2\] = 0"):
+            call()
+    assert attnmetrics.leave_one_out(model, tokens, empty_row)[2].eq(0).all()  # nothing to delete: zeros
+
+
 def test_a_prompted_model_saves_no_weights_and_reloads_from_its_source(tmp_path):
     model = prompted(F64)
     assert model.state_dict() == {}
