@@ -429,7 +429,7 @@ def test_both_metrics_of_several_orderings_at_once_equal_their_own_calls(mode):
     lstm = real_model(3, F64).eval()
     lstm_rows = ragged(rows=9, width=11, seed=3)
     decoder = prompted(F64)
-    decoder_rows = prompted_rows(decoder, lengths=(5, 2, 3, 7, 7, 2))  # a one-token text: refused (lead = 0)
+    decoder_rows = prompted_rows(decoder, lengths=(5, 2, 3, 7, 7, 2))  # one-token texts: test_prompted.py
     for model, (tokens, lengths) in ((lstm, lstm_rows), (decoder, decoder_rows)):
         g = torch.Generator().manual_seed(4)
         width = tokens.shape[1]
