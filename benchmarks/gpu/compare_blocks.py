@@ -15,7 +15,6 @@ breaks the other way changes what they are applied to, and the ascent follows th
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
