@@ -37,9 +37,11 @@ from attnmetrics.app.io import write_json_atomic, write_npz_atomic
 
 #: blocks.json's format; a folder of another format is refused
 FORMAT = 1
-#: the config keys that change no value of the battery (where it is written, how fast, what is shown)
+#: the config keys that change no value of the battery (where it is written, how fast, what is shown;
+#: where the data was read from: the test instances themselves are fingerprinted, so a copy of the
+#: data in another folder, on another machine, continues the blocks)
 NOT_FINGERPRINTED = frozenset(
-    {"command", "out", "overwrite", "no_progress", "debug", "threads", "examples", "resumable", "flags"}
+    {"command", "out", "overwrite", "no_progress", "debug", "threads", "examples", "resumable", "flags", "data_dir"}
 )
 #: what a fingerprint covers, in blocks.json and in a refusal's words
 PARTS = {

@@ -126,16 +126,18 @@ def test_blocks_of_another_run_are_refused_and_left_as_they_are(model_run, tmp_p
 
 
 def test_fingerprints_see_the_weights_the_instances_and_the_flags_but_not_where_or_how_fast():
+    """Nor where the data was read from: its instances are hashed, so a copy elsewhere continues."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     batches = [
         (0, torch.tensor([[2, 5, 3], [2, 3, 0]]), torch.tensor([3, 2])),
         (2, torch.tensor([[2, 7, 3]]), torch.tensor([3])),
     ]
-    config = {"seed": 0, "permutations": 100, "out": "a", "threads": 1}
+    config = {"seed": 0, "permutations": 100, "out": "a", "threads": 1, "data_dir": "/data/sst"}
     settings = {"experiments": ["flip"], "options": {}}
     base = fingerprints(config, settings, model, batches)
     assert fingerprints({**config, "out": "b", "threads": 2}, settings, model, batches) == base
+    assert fingerprints({**config, "data_dir": "/elsewhere/sst"}, settings, model, batches) == base
 
     def differs(prints):
         return {k for k in base if prints[k] != base[k]}
