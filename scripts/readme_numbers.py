@@ -683,7 +683,7 @@ SMOLLM2 = "reports/smollm2-sst/aggregate.json"
 #: the orderings of SmolLM2's battery (reports/smollm2-sst, docs/results.md)
 SMOLLM2_ORDERINGS = (
     "attention", "gradient", "loo", "rollout", "value_norm", "alti", "value_zeroing", "chefer", "ig",
-    "alti_logit", "attnlrp", "random",
+    "alti_logit", "attnlrp", "attention_flow", "random",
 )  # fmt: skip
 
 
@@ -691,7 +691,10 @@ def _smollm2() -> dict[str, Quote]:
     """SmolLM2 zero-shot on SST over three prompts (reports/smollm2-sst): ``smollm2.{accuracy,macro_f1}.ci``
     and ``.prompt.PROMPT`` (the whole test split), ``smollm2.instances``; the battery's
     ``smollm2.battery.{accuracy.ci,instances}``, ``smollm2.battery.METHOD.{comprehensiveness,sufficiency}``
-    (AOPC, "estimate [low, high]"), ``smollm2.battery.tau.A.B`` (τ, A before B as the report names it)."""
+    (AOPC, "estimate [low, high]"), ``smollm2.battery.tau.A.B`` (τ, A before B as the report names it),
+    ``smollm2.battery.loo-alti.comprehensiveness.paired`` (the adjacent methods' paired difference),
+    ``smollm2.battery.{permutation,adversarial}``, ``smollm2.battery.never_flips.attention`` and
+    ``smollm2.battery.flip.attention-random`` (the common rows' paired flip-fraction difference)."""
     s: dict[str, Quote] = {}
     accuracy = ("groups", "accuracy/sst-prompted-s0", "statistics")
     for key, name in (("accuracy", "test accuracy"), ("macro_f1", "test macro F1")):
@@ -710,6 +713,13 @@ def _smollm2() -> dict[str, Quote]:
     ):
         s[f"smollm2.battery.tau.{a}.{b}"] = interval(SMOLLM2, *battery, f"τ {a} vs {b}")
     s["smollm2.battery.permutation"] = interval(SMOLLM2, *battery, "permutation median TVD")
+    s["smollm2.battery.adversarial"] = interval(SMOLLM2, *battery, "adversarial max JSD (mean)")
+    s["smollm2.battery.never_flips.attention"] = interval(SMOLLM2, *battery, "never flips (attention)")
+    s["smollm2.battery.flip.attention-random"] = interval(
+        SMOLLM2, *battery, "flip fraction, common rows: attention − random", minus="−"
+    )
+    paired = ("groups", "battery/sst-prompted-s0", "methods", "paired", "pairs", {"a": "loo", "b": "alti"})
+    s["smollm2.battery.loo-alti.comprehensiveness.paired"] = interval(SMOLLM2, *paired, estimate="mean", minus="−")
     return s
 
 
