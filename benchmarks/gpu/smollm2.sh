@@ -21,9 +21,8 @@ BUDGET=${BUDGET:-470}; CPU_CELL=${CPU_CELL:-0}; RANKS=${RANKS:-10}
 T0=$(date +%s)
 stamp() { echo "[smollm2 $(( $(date +%s) - T0 )) s] $*" | tee -a "$OUT/stages.txt"; }
 left() { local l=$(( BUDGET - ($(date +%s) - T0) )); echo $(( l > 5 ? l : 5 )); }
-# the cells' commands name the SST folder (it is in --resumable's fingerprint): the CPU config's path
-SST=/work/shared/data/sst
-[ -d $SST ] || { mkdir -p /work/shared/data && cp -r "${SST_FROM:-.gpu/sst}" $SST; } || SST=$PWD/.gpu/sst
+# the SST folder (its path is not in --resumable's fingerprint: blocks made here continue elsewhere)
+SST=$(realpath "${SST:-.gpu/sst}")
 { nvidia-smi -L; python3 -c "import sys, torch, transformers; print(sys.version.split()[0], torch.__version__, transformers.__version__, torch.cuda.get_device_name(0))"
   nproc; lscpu | grep -m1 "Model name"; ls -l "$SMOL_GGUF"; echo "SST=$SST"; } > "$OUT/env.txt" 2>&1
 timeout 200 python3 -c "import attnmetrics._ops as o; o.load(); print('CUDA kernels:', o.CUDA_KERNELS)" > "$OUT/build.log" 2>&1
@@ -56,10 +55,11 @@ if [ -n "$CPU_JOB" ]; then
   wait $CPU_JOB
   stamp "CPU cell: $(tail -2 "$OUT/cpu-cell.log" | tr '\n' ' ') blocks: $(ls $W/cpu/battery/.*.battery 2> /dev/null | grep -c npz)"
 fi
-python3 - > "$OUT/times.json" 2>&1 <<'PY'
-import glob, json
+W=$W python3 - > "$OUT/times.json" 2>&1 <<'PY'
+import glob, json, os
 keys = ("command", "device", "threads", "versions", "machine", "wall_time_s", "test")
-print(json.dumps({p: {k: json.load(open(p)).get(k) for k in keys} for p in glob.glob("/tmp/smol/gpu/battery/*/results.json")}, indent=1))
+runs = glob.glob(os.environ["W"] + "/gpu/battery/*/results.json")
+print(json.dumps({p: {k: json.load(open(p)).get(k) for k in keys} for p in runs}, indent=1))
 PY
 tar czf $W/smollm2.tgz -C $W --exclude='*.safetensors' gpu cpu 2>> "$OUT/stages.txt"
 split -b 15M $W/smollm2.tgz "$OUT/smollm2.tgz.part-"
